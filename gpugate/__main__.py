@@ -1,0 +1,3 @@
+from gpugate.cli import main
+
+raise SystemExit(main())

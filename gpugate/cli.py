@@ -1,0 +1,79 @@
+"""The `gpugate` command: check, status, serve, sim run, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIG_PATHS = (Path("consumers.yaml"), Path("/etc/gpugate/consumers.yaml"))
+
+
+def default_config_path() -> Path:
+    """$GPUGATE_CONFIG, else ./consumers.yaml, else /etc/gpugate/consumers.yaml."""
+    env = os.environ.get("GPUGATE_CONFIG")
+    if env:
+        return Path(env)
+    for candidate in DEFAULT_CONFIG_PATHS:
+        if candidate.exists():
+            return candidate
+    return DEFAULT_CONFIG_PATHS[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpugate",
+        description="VRAM admission gate for GPU runtimes (Ollama, ComfyUI, whisper.cpp, ...).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="validate a consumers.yaml")
+    check.add_argument("file", nargs="?", type=Path, help="default: $GPUGATE_CONFIG or ./consumers.yaml")
+
+    status = sub.add_parser("status", help="the VRAM budget per GPU")
+    status.add_argument("--json", action="store_true", help="machine-readable, in bytes")
+    status.add_argument("--config", type=Path, help="consumers.yaml (for attribution)")
+
+    serve = sub.add_parser("serve", help="run the gate")
+    serve.add_argument("--config", type=Path, help="consumers.yaml")
+
+    sim = sub.add_parser("sim", help="the simulated GPU host")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True)
+    sim_run = sim_sub.add_parser("run", help="start a simulated host from HOST.yaml")
+    sim_run.add_argument("host_file", type=Path)
+    sim_run.add_argument("--state-dir", type=Path, help="where the device state lives (default: a temporary directory)")
+
+    demo = sub.add_parser("demo", help="a simulated host with the gate in front of it")
+    demo.add_argument("--host-file", type=Path, help="default: sim/demo-host.yaml")
+    demo.add_argument("--config", type=Path, help="default: sim/demo-consumers.yaml")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check":
+        from gpugate.config.check import run_check
+
+        return run_check(args.file or default_config_path())
+    if args.command == "status":
+        from gpugate.status import run_status
+
+        return run_status(config_path=args.config, as_json=args.json)
+    if args.command == "serve":
+        from gpugate.serve import run_serve
+
+        return run_serve(args.config or default_config_path())
+    if args.command == "sim":
+        from gpugate.sim.host import run_host
+
+        return run_host(args.host_file, state_dir=args.state_dir)
+    if args.command == "demo":
+        from gpugate.demo import run_demo
+
+        return run_demo(host_file=args.host_file, config_path=args.config)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
