@@ -1,0 +1,1 @@
+"""consumers.yaml: the typed configuration, its loader and its validation."""

@@ -1,0 +1,367 @@
+"""Read consumers.yaml into the typed Config, reporting every problem with its file and line.
+
+The YAML is composed, not constructed, so every node keeps its position. One walker follows
+the attrs model (field types plus the `kind`, `yaml` and `keyed_by` metadata described in
+gpugate.config.model) with a small table of scalar readers. Problems are collected rather than
+raised one at a time, so an operator sees the whole list in one run of `gpugate check`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import logging
+import os
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from gpugate.config.model import Config, default_classes
+from gpugate.config.relations import check_relations
+from gpugate.config.scalars import SCALARS, Scalar, describe, is_null, nonblank
+
+log = logging.getLogger(__name__)
+
+
+class Severity(enum.Enum):
+    """An error stops the file from loading; a warning does not."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@attrs.frozen
+class ConfigIssue:
+    """One problem found in a configuration file: where it is and what is wrong."""
+
+    file: Path
+    line: int | None
+    """1-based; None when the problem is with the file as a whole (missing, unreadable)."""
+    path: str
+    """Dotted field path: `consumers.ollama.residency.ttl`, `identities[1].sources[0]`."""
+    message: str
+    severity: Severity = Severity.ERROR
+
+    def __str__(self) -> str:
+        parts = [f"{self.file}:{self.line}" if self.line else str(self.file)]
+        if self.path:
+            parts.append(self.path)
+        if self.severity is Severity.WARNING:
+            parts.append("warning")
+        parts.append(self.message)
+        return ": ".join(parts)
+
+
+class ConfigError(ValueError):
+    """The file cannot be loaded; `issues` holds every error and warning in file order."""
+
+    def __init__(self, issues: Sequence[ConfigIssue]) -> None:
+        self.issues = list(issues)
+        super().__init__("\n".join(str(issue) for issue in self.issues))
+
+    @property
+    def errors(self) -> list[ConfigIssue]:
+        """The issues that stopped the file from loading."""
+        return [issue for issue in self.issues if issue.severity is Severity.ERROR]
+
+
+@attrs.frozen
+class LoadedConfig:
+    """A configuration that loaded, with the warnings found on the way."""
+
+    config: Config
+    warnings: tuple[ConfigIssue, ...]
+
+
+def load_config(path: Path) -> Config:
+    """Load consumers.yaml; warnings go to the log, errors raise ConfigError."""
+    loaded = load_config_with_warnings(path)
+    for warning in loaded.warnings:
+        log.warning("%s", warning)
+    return loaded.config
+
+
+def load_config_text(text: str, source: Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Load configuration text as if read from `source`; errors raise ConfigError."""
+    return load_config_text_with_warnings(text, source, environ).config
+
+
+def load_config_with_warnings(path: Path) -> LoadedConfig:
+    """Load consumers.yaml and return it with its warnings; errors raise ConfigError."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError([ConfigIssue(path, None, "", "no such file")]) from None
+    except OSError as exc:
+        raise ConfigError([ConfigIssue(path, None, "", f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        message = f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})"
+        raise ConfigError([ConfigIssue(path, None, "", message)]) from None
+    return load_config_text_with_warnings(text, path)
+
+
+def load_config_text_with_warnings(
+    text: str, source: Path, environ: Mapping[str, str] | None = None
+) -> LoadedConfig:
+    """Load configuration text as if read from `source`, with its warnings.
+
+    `environ` resolves `env:NAME` tokens (default: the process environment).
+    """
+    walker = _Walker(source, os.environ if environ is None else environ)
+    config = walker.load(text)
+    issues = sorted(walker.issues, key=lambda issue: issue.line or 0)
+    if config is None or any(issue.severity is Severity.ERROR for issue in issues):
+        raise ConfigError(issues)
+    return LoadedConfig(config, tuple(issues))
+
+
+def yaml_key(field: attrs.Attribute) -> str:
+    """The key a field is written as in the file (`class` for a `priority` field)."""
+    return field.metadata.get("yaml", field.name)
+
+
+class _Invalid:
+    """Marks a value that could not be read; the reason has already been reported."""
+
+
+_INVALID = _Invalid()
+
+
+def _optional(tp: object) -> object:
+    """`X | None` -> `X`; anything else unchanged."""
+    rest = [arg for arg in typing.get_args(tp) if arg is not type(None)]
+    return rest[0] if len(rest) == 1 else tp
+
+
+def _line(node: Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class _Walker:
+    """Walks a composed YAML tree against the attrs model, collecting issues as it goes.
+
+    Mappings keyed by name keep their valid entries when one entry is broken, so checks
+    across entries still run; a list with a broken item is invalid as a whole, because the
+    positions (`identities[2]`) that later messages name would no longer match the file.
+    """
+
+    def __init__(self, source: Path, environ: Mapping[str, str]) -> None:
+        self.source = source
+        self.environ = environ
+        self.issues: list[ConfigIssue] = []
+        self.lines: dict[str, int] = {}
+        """Line of every key and list item seen, by dotted path, for checks across fields."""
+        self.scalars = {**SCALARS, "token": Scalar("a token", (str,), self._token)}
+        self._constructor = SafeConstructor()
+
+    def report(self, path: str, message: str, line: int | None = None) -> None:
+        """Record an error at `path` (at `line`, else where `path` or its parent is written)."""
+        line = self._nearest_line(path) if line is None else line
+        self.issues.append(ConfigIssue(self.source, line, path, message))
+
+    def warn(self, path: str, message: str) -> None:
+        """Record a warning at `path` (where it or its parent is written)."""
+        line = self._nearest_line(path)
+        self.issues.append(ConfigIssue(self.source, line, path, message, Severity.WARNING))
+
+    def has_errors_under(self, path: str) -> bool:
+        """Whether an error was already reported at `path` or inside it."""
+        return any(issue.path.startswith(path) for issue in self.issues)
+
+    def line_of(self, path: str) -> int | None:
+        """The line `path` is written on; None when the file leaves it out."""
+        return self.lines.get(path)
+
+    def _nearest_line(self, path: str) -> int | None:
+        """Line of `path`, or of its nearest ancestor written in the file."""
+        while path and path not in self.lines:
+            path = path[: max(path.rfind("."), path.rfind("["), 0)]
+        return self.lines.get(path)
+
+    def load(self, text: str) -> Config | None:
+        """The Config in `text`, with cross-field checks run; None if it is not YAML at all."""
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            message = f"invalid YAML: {exc.problem or exc.context}"
+            if exc.problem and exc.context and exc.context_mark:
+                context = f"{exc.context} at line {exc.context_mark.line + 1}"
+                message = f"invalid YAML: {context}: {exc.problem}"
+            self.report("", message, mark.line + 1 if mark else None)
+            return None
+        except yaml.YAMLError as exc:
+            self.issues.append(ConfigIssue(self.source, None, "", f"invalid YAML: {exc}"))
+            return None
+        if root is None or is_null(root):
+            root = MappingNode("tag:yaml.org,2002:map", [])
+        values, _ = self.fields(Config, root, "", 1, {"source": self.source})
+        if "classes" in values:
+            given = {settings.priority: settings for settings in values["classes"]}
+            values["classes"] = tuple(given.get(d.priority, d) for d in default_classes())
+        # Sections that failed take their defaults here, so the checks across fields see
+        # only what was read correctly and never report a consequence of an earlier error.
+        config = Config(**values)
+        check_relations(config, self)
+        return config
+
+    def value(self, tp: object, meta: Mapping[str, object], node: Node, path: str, line: int):
+        """`node` read as type `tp`, or _INVALID after reporting why not."""
+        tp = _optional(tp)
+        if typing.get_origin(tp) is tuple:
+            item = typing.get_args(tp)[0]
+            if "keyed_by" in meta:
+                return self.keyed(item, str(meta["keyed_by"]), node, path)
+            return self.sequence(item, meta, node, path)
+        spec = self.scalars.get(meta.get("kind", tp))
+        if spec is not None:
+            return self.scalar(spec, node, path)
+        values, ok = self.fields(typing.cast(type, tp), node, path, line, {})
+        return typing.cast(type, tp)(**values) if ok else _INVALID
+
+    def scalar(self, spec: Scalar, node: Node, path: str, raw: str | None = None):
+        """A scalar read with `spec`; `raw` replaces the node's value (keys are read as text)."""
+        if not isinstance(node, ScalarNode):
+            self.report(path, f"expected {spec.expected}, got {describe(node)}", _line(node))
+            return _INVALID
+        value: object = raw
+        if raw is None:
+            try:
+                value = self._constructor.construct_object(node)
+            except yaml.YAMLError as exc:
+                problem = getattr(exc, "problem", None) or exc
+                self.report(path, f"cannot read this value: {problem}", _line(node))
+                return _INVALID
+        wrong_bool = isinstance(value, bool) and bool not in spec.accepts
+        if wrong_bool or not isinstance(value, spec.accepts):
+            self.report(path, f"expected {spec.expected}, got {describe(node)}", _line(node))
+            return _INVALID
+        try:
+            return spec.convert(value)
+        except ValueError as exc:
+            self.report(path, str(exc), _line(node))
+            return _INVALID
+
+    def _token(self, text: str) -> str:
+        """A bearer token: literal text, or `env:NAME` for that environment variable's value."""
+        nonblank(text)
+        if not text.startswith("env:"):
+            return text
+        name = text.removeprefix("env:").strip()
+        if not name:
+            raise ValueError("expected an environment variable name after 'env:'")
+        if name not in self.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        if not self.environ[name].strip():
+            raise ValueError(f"environment variable {name} is empty")
+        return self.environ[name]
+
+    def pairs(self, node: MappingNode, path: str) -> Iterator[tuple[str, Node, Node]]:
+        """(key, key node, value node) of each entry; odd and repeated keys are reported."""
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, ScalarNode):
+                message = f"a key must be a name, got {describe(key_node)}"
+                self.report(path, message, _line(key_node))
+                continue
+            key, sub, line = key_node.value, _join(path, key_node.value), _line(key_node)
+            if key in first:
+                self.report(sub, f"'{key}' is given twice (first at line {first[key]})", line)
+                continue
+            first[key] = line
+            self.lines[sub] = line
+            yield key, key_node, value_node
+
+    def fields(
+        self, cls: type, node: Node, path: str, line: int, fixed: dict[str, object]
+    ) -> tuple[dict[str, object], bool]:
+        """Keyword arguments for `cls` from a mapping, and whether every field was valid.
+
+        `fixed` fields come from outside the mapping (the key of a keyed entry, the source
+        file) and may not be written inside it. Absent and null keys take the default.
+        """
+        by_key = {yaml_key(f): f for f in attrs.fields(attrs.resolve_types(cls))}
+        by_key = {key: f for key, f in by_key.items() if f.name not in fixed}
+        if is_null(node):
+            node = MappingNode("tag:yaml.org,2002:map", [])
+        if not isinstance(node, MappingNode):
+            message = f"expected a mapping with keys {', '.join(by_key)}, got {describe(node)}"
+            self.report(path, message, _line(node))
+            return {}, False
+        values, given, ok = dict(fixed), set(), True
+        for key, key_node, value_node in self.pairs(node, path):
+            sub, field = _join(path, key), by_key.get(key)
+            if field is None:
+                self.unknown_key(key, sub, by_key)
+                ok = False
+                continue
+            given.add(key)
+            if is_null(value_node):
+                if field.default is attrs.NOTHING:
+                    self.report(sub, f"'{key}' needs a value", _line(value_node))
+                    ok = False
+                continue
+            result = self.value(field.type, field.metadata, value_node, sub, _line(key_node))
+            if result is _INVALID:
+                ok = False
+            else:
+                values[field.name] = result
+        for key, field in by_key.items():
+            if field.default is attrs.NOTHING and key not in given:
+                self.report(path, f"missing required field '{key}'", line)
+                ok = False
+        return values, ok
+
+    def unknown_key(self, key: str, path: str, by_key: dict[str, attrs.Attribute]) -> None:
+        # `priority:` where the file says `class:` is the likeliest slip; difflib misses it.
+        renamed = [k for k, f in by_key.items() if f.name == key and k != key]
+        close = renamed or difflib.get_close_matches(key, list(by_key), n=1)
+        if close:
+            hint = f"did you mean '{close[0]}'?"
+        else:
+            hint = f"expected one of {', '.join(by_key)}" if by_key else "nothing goes here"
+        self.report(path, f"unknown key '{key}'; {hint}")
+
+    def keyed(self, cls: type, key_field: str, node: Node, path: str):
+        """A mapping of entries keyed by name (or class), each entry read as `cls`."""
+        if not isinstance(node, MappingNode):
+            message = f"expected a mapping of entries by name, got {describe(node)}"
+            self.report(path, message, _line(node))
+            return _INVALID
+        spec = self.scalars[attrs.fields_dict(attrs.resolve_types(cls))[key_field].type]
+        items, first = [], {}
+        for key, key_node, value_node in self.pairs(node, path):
+            sub, line = _join(path, key), _line(key_node)
+            name = self.scalar(spec, key_node, sub, raw=key)
+            if name is _INVALID:
+                continue
+            if name in first:
+                label = getattr(name, "label", name)
+                self.report(sub, f"'{label}' is given twice (first at line {first[name]})", line)
+                continue
+            first[name] = line
+            values, ok = self.fields(cls, value_node, sub, line, {key_field: name})
+            if ok:
+                items.append(cls(**values))
+        return tuple(items)
+
+    def sequence(self, item: object, meta: Mapping[str, object], node: Node, path: str):
+        """A list, each item read as `item`; invalid as a whole if any item is."""
+        if not isinstance(node, SequenceNode):
+            self.report(path, f"expected a list, got {describe(node)}", _line(node))
+            return _INVALID
+        items = []
+        for index, item_node in enumerate(node.value):
+            sub = f"{path}[{index}]"
+            self.lines[sub] = _line(item_node)
+            items.append(self.value(item, meta, item_node, sub, _line(item_node)))
+        return _INVALID if any(item is _INVALID for item in items) else tuple(items)

@@ -1,0 +1,366 @@
+"""The configuration as typed, frozen attrs classes.
+
+Every field's meaning is documented in docs/configuration.md. Field metadata tells the
+loader (gpugate.config.loader) how the YAML is spelled:
+
+* `kind`: how to read a scalar: "size" ("7.5GiB", "1216348160"), "duration" ("15m", "901s"),
+  "token" (a literal or "env:NAME").
+* `yaml`: the key's name in the file when it differs from the field's (`class:` for `priority`).
+* `keyed_by`: a tuple written as a YAML mapping whose keys fill this field of each entry
+  (`consumers: {ollama: {...}}` fills `Consumer.name`).
+
+Defaults here are the defaults a user gets when a key is absent.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import attrs
+
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.units import GiB
+
+SIZE = {"kind": "size"}
+DURATION = {"kind": "duration"}
+TOKEN = {"kind": "token"}
+CLASS_KEY = {"yaml": "class"}
+MAX_CLASS_KEY = {"yaml": "max_class"}
+BY_NAME = {"keyed_by": "name"}
+BY_CLASS = {"keyed_by": "priority"}
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+
+
+class RuntimeKind(enum.Enum):
+    """Which adapter speaks to a consumer's upstream."""
+
+    OLLAMA = "ollama"
+    COMFYUI = "comfyui"
+    WHISPER = "whisper"
+    HTTP = "http"
+
+    @classmethod
+    def parse(cls, text: str) -> RuntimeKind:
+        """Read a runtime name ("ollama", "comfyui", "whisper", "http"); ValueError otherwise."""
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ValueError(
+                f"unknown runtime {text!r} (one of {', '.join(k.value for k in cls)})"
+            ) from None
+
+
+def _check_host(host: str, written: object) -> str:
+    """`host` if it is an IP address or a DNS name, else ValueError quoting `written`."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if host.replace(".", "").isdigit() or not _HOSTNAME.fullmatch(host):
+        raise ValueError(f"{host!r} in {written!r} is not an IP address or host name")
+    return host
+
+
+def _check_port(port: object, written: object) -> int:
+    if isinstance(port, str):
+        if not (port.isascii() and port.isdigit()):
+            raise ValueError(f"expected a port number in {written!r}, got {port!r}")
+        port = int(port)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port {port} in {written!r} is outside 1-65535")
+    return port
+
+
+@attrs.frozen
+class Address:
+    """A listen address: "0.0.0.0:11434", "127.0.0.1:9411", "[::1]:8188" or ":8188"."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @classmethod
+    def parse(cls, value: str | int) -> Address:
+        """Read "host:port", "[v6]:port", ":port" or a bare port (all interfaces: 0.0.0.0)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls("0.0.0.0", _check_port(value, value))
+        text = value.strip()
+        host, colon, port = text.rpartition(":")
+        if not colon and not text.isdigit():
+            raise ValueError(f"expected an address like '0.0.0.0:11434', got {value!r}")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+            if ":" not in host:
+                raise ValueError(f"brackets are for IPv6 addresses, got {value!r}")
+        elif ":" in host:
+            raise ValueError(f"write an IPv6 address in brackets, like '[::1]:8188', got {value!r}")
+        port_number = _check_port(port, value)
+        return cls(_check_host(host, value) if host else "0.0.0.0", port_number)
+
+    @property
+    def reaches_loopback(self) -> bool:
+        """Whether a connection to 127.0.0.1 (or ::1) on this port lands on this listener."""
+        if self.host in ("0.0.0.0", "::", "localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+@attrs.frozen
+class Upstream:
+    """Where the real runtime listens: "http://127.0.0.1:11435"."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str) -> Upstream:
+        """Read "http://127.0.0.1:11435"; the port defaults to the scheme's (80, 443)."""
+        example = "like 'http://127.0.0.1:11435'"
+        parts = urlsplit(text.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http:// or https:// URL {example}, got {text!r}")
+        extras = [
+            what
+            for what, present in (
+                ("a user name", parts.username is not None),
+                ("a path", parts.path not in ("", "/")),
+                ("a query", bool(parts.query)),
+                ("a fragment", bool(parts.fragment)),
+            )
+            if present
+        ]
+        if extras:
+            raise ValueError(f"an upstream is scheme://host:port only, {text!r} has {extras[0]}")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"expected a port number in {text!r}") from None
+        if port is None:
+            port = 443 if parts.scheme == "https" else 80
+        host = _check_host(parts.hostname, text)
+        return cls(parts.scheme, host, _check_port(port, text))
+
+    @property
+    def is_loopback(self) -> bool:
+        """Whether the runtime is reachable only from this host (127.0.0.0/8, ::1, localhost)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+@attrs.frozen
+class ProcessMatch:
+    """How PIDs seen by NVML are attributed to a consumer or an external service.
+
+    A process matches when its cgroup names one of `units`, or its command line contains
+    one of `commands`, or its name (comm) equals one of `names`; a process whose
+    ancestor matches belongs to the same owner (Ollama's runners are its children).
+    """
+
+    units: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.units or self.commands or self.names)
+
+
+@attrs.frozen
+class Residency:
+    """How long a model stays in VRAM after its last request."""
+
+    policy: ResidencyPolicy = ResidencyPolicy.KEEP_WARM
+    ttl: float | None = attrs.field(default=None, metadata=DURATION)
+    """Idle time before unload; keep_warm only (defaults to 5m there)."""
+
+    @property
+    def idle_ttl(self) -> float | None:
+        """Seconds a model may stay idle: None means forever (always_warm)."""
+        if self.policy is ResidencyPolicy.ALWAYS_WARM:
+            return None
+        if self.policy is ResidencyPolicy.LOAD_ON_DEMAND:
+            return 0.0
+        return 300.0 if self.ttl is None else self.ttl
+
+
+@attrs.frozen
+class ModelOverride:
+    """Per-model settings of a consumer; anything unset falls back to the consumer's."""
+
+    name: str
+    priority: PriorityClass | None = attrs.field(default=None, metadata=CLASS_KEY)
+    residency: Residency | None = None
+    """Replaces the consumer's residency as a whole (policy and ttl) for this model."""
+    envelope: int | None = attrs.field(default=None, metadata=SIZE)
+    """VRAM the model takes when loaded (weights + KV cache + runtime overhead)."""
+    reload_seconds: float | None = attrs.field(default=None, metadata=DURATION)
+    """How long a reload takes; cheaper-to-reload models are evicted first."""
+
+
+@attrs.frozen
+class Consumer:
+    """A managed runtime: the gate listens on `listen` and forwards to `upstream`."""
+
+    name: str
+    runtime: RuntimeKind
+    listen: Address
+    upstream: Upstream
+    gpu: int = 0
+    priority: PriorityClass = attrs.field(default=PriorityClass.INTERACTIVE, metadata=CLASS_KEY)
+    residency: Residency = Residency()
+    envelope: int | None = attrs.field(default=None, metadata=SIZE)
+    """Default VRAM per model (or for the whole runtime when it has no models)."""
+    queue_limit: int = 32
+    """Tickets this consumer may have waiting at once; one more is QUEUE_FULL."""
+    max_body: int = attrs.field(default=64 * 1024**2, metadata=SIZE)
+    """Largest request body the gate will read to classify or rewrite."""
+    processes: ProcessMatch = ProcessMatch()
+    models: tuple[ModelOverride, ...] = attrs.field(default=(), metadata=BY_NAME)
+
+    def model(self, name: str) -> ModelOverride | None:
+        """The override for model `name`, if this consumer has one."""
+        for override in self.models:
+            if override.name == name:
+                return override
+        return None
+
+
+@attrs.frozen
+class ExternalService:
+    """A GPU user the gate does not manage (Plex, Tdarr): observed, never controlled."""
+
+    name: str
+    processes: ProcessMatch = ProcessMatch()
+
+
+@attrs.frozen
+class ClassSettings:
+    """Queueing rules of one priority class."""
+
+    priority: PriorityClass
+    max_wait: float = attrs.field(metadata=DURATION)
+    """Longest a ticket of this class waits for a lease before LEASE_TIMEOUT."""
+
+
+@attrs.frozen
+class Identity:
+    """A client identity by source address or bearer token, mapped to a class."""
+
+    name: str
+    priority: PriorityClass = attrs.field(metadata=CLASS_KEY)
+    sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    tokens: tuple[str, ...] = attrs.field(default=(), metadata=TOKEN)
+    max_priority: PriorityClass | None = attrs.field(default=None, metadata=MAX_CLASS_KEY)
+    """Highest class the X-GPUGate-Priority header may ask for (default: `priority`)."""
+
+
+@attrs.frozen
+class GpuSettings:
+    """Settings of one GPU, by NVML index."""
+
+    index: int
+    reserve: int | None = attrs.field(default=None, metadata=SIZE)
+    """Safety margin on this GPU (default: budget.reserve)."""
+
+
+@attrs.frozen
+class BudgetSettings:
+    """How the VRAM budget is sampled and how much of it is held back."""
+
+    reserve: int = attrs.field(default=GiB, metadata=SIZE)
+    """Bytes kept free on every GPU on top of everything counted."""
+    reserve_max: int = attrs.field(default=2 * GiB, metadata=SIZE)
+    """Ceiling the reserve may grow to when external use is volatile."""
+    sample_interval: float = attrs.field(default=0.5, metadata=DURATION)
+    """How often NVML memory and processes are sampled."""
+    stale_after: float = attrs.field(default=5.0, metadata=DURATION)
+    """A sample older than this cannot admit anything (SCHEDULER_STATE_STALE)."""
+    reclaim_timeout: float = attrs.field(default=5.0, metadata=DURATION)
+    """How long an eviction may take to show up in NVML before GPU_MEMORY_NOT_RECLAIMED."""
+
+
+@attrs.frozen
+class GateSettings:
+    """The gate's own listener, storage and process settings."""
+
+    control: Address = Address("127.0.0.1", 9411)
+    """Control listener: /metrics and /gate/v1/."""
+    database: Path | None = None
+    """SQLite file for events, lease history and measured envelopes (None: in memory)."""
+    shutdown_grace: float = attrs.field(default=30.0, metadata=DURATION)
+    """How long in-flight streams may run on after a shutdown signal."""
+    proc_root: Path = Path("/proc")
+    """Where process attribution reads /proc/<pid>/{cgroup,cmdline,comm,status}."""
+    nvml_library: Path | None = None
+    """Load this libnvidia-ml.so.1 instead of the system one."""
+
+
+DEFAULT_MAX_WAIT = {
+    PriorityClass.PRODUCTION: 600.0,
+    PriorityClass.INTERACTIVE: 120.0,
+    PriorityClass.BACKGROUND: 1800.0,
+    PriorityClass.BENCHMARK: 3600.0,
+    PriorityClass.MAINTENANCE: 21600.0,
+}
+
+
+def default_classes() -> tuple[ClassSettings, ...]:
+    """Every class with its default max_wait, highest first."""
+    return tuple(ClassSettings(p, DEFAULT_MAX_WAIT[p]) for p in PriorityClass.ordered())
+
+
+@attrs.frozen
+class Config:
+    """The whole consumers.yaml."""
+
+    source: Path | None = None
+    gate: GateSettings = GateSettings()
+    budget: BudgetSettings = BudgetSettings()
+    gpus: tuple[GpuSettings, ...] = ()
+    classes: tuple[ClassSettings, ...] = attrs.field(factory=default_classes, metadata=BY_CLASS)
+    identities: tuple[Identity, ...] = ()
+    consumers: tuple[Consumer, ...] = attrs.field(default=(), metadata=BY_NAME)
+    external: tuple[ExternalService, ...] = attrs.field(default=(), metadata=BY_NAME)
+
+    def consumer(self, name: str) -> Consumer:
+        """The consumer called `name`; KeyError if there is none."""
+        for consumer in self.consumers:
+            if consumer.name == name:
+                return consumer
+        raise KeyError(name)
+
+    def class_settings(self, priority: PriorityClass) -> ClassSettings:
+        """Queueing rules of `priority` (its defaults when the file leaves it out)."""
+        for settings in self.classes:
+            if settings.priority is priority:
+                return settings
+        return ClassSettings(priority, DEFAULT_MAX_WAIT[priority])
+
+    def reserve_for(self, gpu: int) -> int:
+        """The reserve on GPU `gpu`: its own setting, else budget.reserve."""
+        for settings in self.gpus:
+            if settings.index == gpu and settings.reserve is not None:
+                return settings.reserve
+        return self.budget.reserve

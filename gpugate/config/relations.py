@@ -1,0 +1,194 @@
+"""Rules of consumers.yaml that span several fields: each value is fine, the combination is not.
+
+These run on a Config whose every value has been read; sections that could not be read are at
+their defaults, so a rule here never reports a consequence of an error already reported.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpugate.config.model import Address, Config, Consumer, Residency
+from gpugate.core.classes import ResidencyPolicy
+from gpugate.core.units import format_duration, format_gib
+
+
+class Findings(Protocol):
+    """Where the rules report, by dotted field path; the file positions are known there."""
+
+    def report(self, path: str, message: str) -> None:
+        """An error at `path` (or its nearest written ancestor)."""
+
+    def warn(self, path: str, message: str) -> None:
+        """A warning at `path`."""
+
+    def line_of(self, path: str) -> int | None:
+        """The line `path` is written on; None when the file leaves it out."""
+
+    def has_errors_under(self, path: str) -> bool:
+        """Whether an error was already reported at `path` or inside it."""
+
+
+def _at(findings: Findings, path: str) -> str:
+    """`path`, with its line when the file has it: "consumers.ollama.listen (line 7)"."""
+    line = findings.line_of(path)
+    return path if line is None else f"{path} (line {line})"
+
+
+def check_relations(config: Config, findings: Findings) -> None:
+    """Report every cross-field error and warning of `config` to `findings`."""
+    _check_budget(config, findings)
+    _check_consumers(config, findings)
+    _check_external(config, findings)
+    _check_identities(config, findings)
+
+
+def _check_budget(config: Config, findings: Findings) -> None:
+    budget = config.budget
+    if budget.reserve > budget.reserve_max:
+        findings.report(
+            "budget.reserve",
+            f"reserve ({format_gib(budget.reserve)}) is larger than "
+            f"reserve_max ({format_gib(budget.reserve_max)})",
+        )
+    if budget.sample_interval <= 0:
+        findings.report("budget.sample_interval", "must be longer than 0s")
+    elif budget.stale_after <= budget.sample_interval:
+        findings.report(
+            "budget.stale_after",
+            f"must be longer than sample_interval ({format_duration(budget.sample_interval)}), "
+            "or every sample would be stale before the next one arrives",
+        )
+    first: dict[int, str] = {}
+    for index, gpu in enumerate(config.gpus):
+        path = f"gpus[{index}]"
+        if gpu.index in first:
+            findings.report(
+                f"{path}.index",
+                f"GPU {gpu.index} is already listed at {_at(findings, first[gpu.index])}",
+            )
+        first.setdefault(gpu.index, path)
+        if gpu.reserve is not None and gpu.reserve > budget.reserve_max:
+            findings.report(
+                f"{path}.reserve",
+                f"reserve ({format_gib(gpu.reserve)}) is larger than "
+                f"budget.reserve_max ({format_gib(budget.reserve_max)})",
+            )
+
+
+def _check_consumers(config: Config, findings: Findings) -> None:
+    control = config.gate.control
+    listeners: dict[int, tuple[str, Address]] = {control.port: ("gate.control", control)}
+    for consumer in config.consumers:
+        path = f"consumers.{consumer.name}.listen"
+        taken = listeners.get(consumer.listen.port)
+        if taken is None:
+            listeners[consumer.listen.port] = (path, consumer.listen)
+        else:
+            findings.report(
+                path,
+                f"port {consumer.listen.port} is already used by {_at(findings, taken[0])}",
+            )
+    gpus = {gpu.index for gpu in config.gpus}
+    check_gpus = bool(gpus) and not findings.has_errors_under("gpus")
+    for consumer in config.consumers:
+        path = f"consumers.{consumer.name}"
+        upstream = consumer.upstream
+        loop = listeners.get(upstream.port) if upstream.is_loopback else None
+        if loop is not None and loop[1].reaches_loopback:
+            findings.report(
+                f"{path}.upstream",
+                f"{upstream.url} is the gate's own listener ({loop[0]}); point it at the "
+                "port the runtime itself listens on",
+            )
+        if not upstream.is_loopback:
+            findings.warn(
+                f"{path}.upstream",
+                f"{upstream.host} is not a loopback address: clients could bypass the gate "
+                "by talking to it directly",
+            )
+        if consumer.processes.empty:
+            findings.warn(
+                f"{path}.processes",
+                "no units, commands or names: its VRAM will be counted as external 'other'",
+            )
+        if check_gpus and consumer.gpu not in gpus:
+            listed = ", ".join(str(index) for index in sorted(gpus))
+            findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {listed})")
+        _check_residencies(consumer, path, findings)
+    if not config.consumers and not findings.has_errors_under("consumers"):
+        findings.warn("consumers", "no consumers: the gate has nothing to front")
+
+
+def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> None:
+    residencies: list[tuple[Residency, str]] = [(consumer.residency, f"{path}.residency")]
+    residencies += [
+        (model.residency, f"{path}.models.{model.name}.residency")
+        for model in consumer.models
+        if model.residency is not None
+    ]
+    for residency, where in residencies:
+        if residency.ttl is None or residency.policy is ResidencyPolicy.KEEP_WARM:
+            continue
+        why = (
+            "never unloads for idleness"
+            if residency.policy is ResidencyPolicy.ALWAYS_WARM
+            else "unloads as soon as its last request is done"
+        )
+        findings.report(
+            f"{where}.ttl", f"a ttl applies only to keep_warm; {residency.policy.value} {why}"
+        )
+
+
+def _check_external(config: Config, findings: Findings) -> None:
+    consumers = {consumer.name for consumer in config.consumers}
+    for service in config.external:
+        path = f"external.{service.name}"
+        if service.name in consumers:
+            consumer = _at(findings, f"consumers.{service.name}")
+            findings.report(
+                path, f"'{service.name}' is also {consumer}; each owner needs its own name"
+            )
+        if service.processes.empty:
+            findings.warn(
+                f"{path}.processes", "no units, commands or names: it can never match a process"
+            )
+
+
+def _check_identities(config: Config, findings: Findings) -> None:
+    names: dict[str, str] = {}
+    token_owner: dict[str, str] = {}
+    source_owner: dict[object, str] = {}
+    for index, identity in enumerate(config.identities):
+        path = f"identities[{index}]"
+        if identity.name in names:
+            first = names[identity.name]
+            findings.report(
+                f"{path}.name",
+                f"identity '{identity.name}' is already defined at {_at(findings, first)}",
+            )
+        names.setdefault(identity.name, path)
+        if not identity.sources and not identity.tokens:
+            findings.report(path, "matches no client: give sources, tokens or both")
+        ceiling = identity.max_priority
+        if ceiling is not None and ceiling < identity.priority:
+            findings.report(
+                f"{path}.max_class",
+                f"max_class {ceiling.label} is below class {identity.priority.label}; "
+                "it must be at least the identity's own class",
+            )
+        for position, token in enumerate(identity.tokens):
+            if token in token_owner:
+                # Never echo the token itself: the output may end up in a log.
+                findings.report(
+                    f"{path}.tokens[{position}]",
+                    f"the same token is already given for identity '{token_owner[token]}'",
+                )
+            token_owner.setdefault(token, identity.name)
+        for position, network in enumerate(identity.sources):
+            if network in source_owner:
+                findings.report(
+                    f"{path}.sources[{position}]",
+                    f"{network} is already a source of identity '{source_owner[network]}'",
+                )
+            source_owner.setdefault(network, identity.name)
