@@ -1,0 +1,372 @@
+"""A simulated host described in YAML (HOST.yaml): GPUs, holder processes, fake runtimes.
+
+    gpus:
+      - name: NVIDIA GeForce RTX 4080
+        total: 16GiB
+        reserved: 434MiB          # driver/firmware reserved (NVML v2 `reserved`)
+        base_used: 0              # used memory no process accounts for
+    holders:                      # processes that hold VRAM, like Plex or whisper-server
+      - name: Plex Transcoder     # process name (comm, cut to 15 characters) and cmdline
+        command: ["/usr/lib/plexmediaserver/Plex Transcoder", "-codec:0", "hevc"]
+        bytes: 1.5GiB
+        gpu: 0
+        children: []              # holders started as this one's children
+        pulse_period: 2s          # optional: hold pulse_bytes more for 2 s, rest 2 s, repeat
+        pulse_bytes: 1GiB
+    ollama:                       # a simulated Ollama (see gpugate.sim.ollama)
+      listen: 127.0.0.1:11435
+      ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from gpugate.core.units import GiB, MiB, parse_duration, parse_size
+
+
+@attrs.frozen
+class GpuSpec:
+    name: str = "NVIDIA GeForce RTX 4080"
+    total: int = 16 * GiB
+    reserved: int = 0
+    base_used: int = 0
+    uuid: str | None = None
+
+
+@attrs.frozen
+class HolderSpec:
+    """A process that holds `bytes` of VRAM from start to exit."""
+
+    name: str
+    bytes: int = 0
+    gpu: int = 0
+    command: tuple[str, ...] = ()
+    kind: str = "C"
+    children: tuple[HolderSpec, ...] = ()
+    pulse_period: float | None = None
+    """Seconds `pulse_bytes` more are held, then as many seconds without (Plex transcodes)."""
+    pulse_bytes: int = 0
+
+
+@attrs.frozen
+class OllamaModelSpec:
+    """A model the simulated Ollama has on disk."""
+
+    name: str
+    size: int
+    """VRAM the runner holds with default options (weights + default KV cache + overhead)."""
+    load_seconds: float = 0.5
+    context_length: int = 8192
+    """Training context; num_ctx above it is capped."""
+    default_num_ctx: int = 4096
+    kv_bytes_per_token: int = 0
+    """KV cache bytes per token of context; num_ctx changes the runner's size by this."""
+    embedding: bool = False
+    family: str = "llama"
+    parameter_size: str = ""
+    quantization_level: str = "Q4_K_M"
+    digest: str = ""
+    file_size: int = 0
+    """Bytes on disk (/api/tags `size`); 0: the runner size without the default KV cache."""
+    embedding_length: int = 16
+    """Dimension of the deterministic embedding vectors."""
+    block_count: int = 32
+    """Layers; `num_gpu: N` below this puts N/block_count of the model on the GPU."""
+    tokens_per_second: float | None = None
+    """Overrides the server's token rate for this model."""
+
+
+@attrs.frozen
+class PreloadSpec:
+    model: str
+    keep_alive: str = "5m"
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class OllamaSpec:
+    listen: str = "127.0.0.1:11435"
+    gpu: int = 0
+    keep_alive: str = "5m"
+    """OLLAMA_KEEP_ALIVE: the duration a load gets when the request carries none."""
+    tokens_per_second: float = 200.0
+    version: str = "0.33.0"
+    max_queue: int = 512
+    """OLLAMA_MAX_QUEUE: pending loads beyond this are answered 503."""
+    num_parallel: int = 4
+    """OLLAMA_NUM_PARALLEL: requests one loaded model serves at once (embedding models: 1)."""
+    max_loaded_models: int = 3
+    """OLLAMA_MAX_LOADED_MODELS: loading one more evicts one first."""
+    fit_margin: int = 256 * MiB
+    """VRAM left free when a model only partly fits (llama-server's fit target)."""
+    origins: tuple[str, ...] = ()
+    """OLLAMA_ORIGINS: extra CORS origins (`*` wildcards allowed)."""
+    models: tuple[OllamaModelSpec, ...] = ()
+    preload: tuple[PreloadSpec, ...] = ()
+
+
+@attrs.frozen
+class HostSpec:
+    source: Path | None = None
+    driver: str = "550.54.15"
+    cuda: int = 12040
+    gpus: tuple[GpuSpec, ...] = (GpuSpec(),)
+    holders: tuple[HolderSpec, ...] = ()
+    ollama: OllamaSpec | None = None
+
+
+class ScenarioError(ValueError):
+    """A HOST.yaml that cannot be read; the message names the file and the field."""
+
+
+def load_host(path: str | Path) -> HostSpec:
+    """Read a HOST.yaml file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+    try:
+        return _host(data, path)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+def _host(data: dict[str, Any], path: Path) -> HostSpec:
+    _only(data, "host", {"driver", "cuda", "gpus", "holders", "ollama"})
+    gpus = tuple(_gpu(g, i) for i, g in enumerate(data.get("gpus") or [{}]))
+    holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
+    for i, holder in enumerate(holders):
+        _check_gpus(holder, f"holders[{i}]", len(gpus))
+    ollama = _ollama(data["ollama"]) if data.get("ollama") is not None else None
+    return HostSpec(
+        source=path,
+        driver=str(data.get("driver", "550.54.15")),
+        cuda=_number(data, "cuda", "host", int, 12040, minimum=0),
+        gpus=gpus,
+        holders=holders,
+        ollama=ollama,
+    )
+
+
+def _only(data: Any, where: str, allowed: set[str]) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+
+
+def _gpu(data: dict[str, Any], index: int) -> GpuSpec:
+    _only(data, f"gpus[{index}]", {"name", "total", "reserved", "base_used", "uuid"})
+    where = f"gpus[{index}]"
+    uuid = data.get("uuid")
+    if uuid is not None and (not isinstance(uuid, str) or len(uuid.split()) != 1):
+        raise ValueError(f"{where}.uuid: expected one word like GPU-5f0e3a41-..., got {uuid!r}")
+    return GpuSpec(
+        name=str(data.get("name", GpuSpec.name)),
+        total=_field_size(data, "total", where, 16 * GiB),
+        reserved=_field_size(data, "reserved", where, 0),
+        base_used=_field_size(data, "base_used", where, 0),
+        uuid=uuid,
+    )
+
+
+def _holder(data: dict[str, Any], where: str) -> HolderSpec:
+    keys = {"name", "bytes", "gpu", "command", "kind", "children", "pulse_period", "pulse_bytes"}
+    _only(data, where, keys)
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where}.name: required, a non-empty string")
+    kind = str(data.get("kind", "C"))
+    if kind not in ("C", "G", "CG"):
+        raise ValueError(f"{where}.kind: expected C, G or CG, got {kind!r}")
+    command = data.get("command") or []
+    if not isinstance(command, list) or not all(isinstance(c, str | int | float) for c in command):
+        raise ValueError(f"{where}.command: expected a list of words, got {command!r}")
+    children = data.get("children") or []
+    if not isinstance(children, list):
+        raise ValueError(f"{where}.children: expected a list of holders")
+    pulse_period = data.get("pulse_period")
+    if pulse_period is not None:
+        try:
+            pulse_period = parse_duration(pulse_period)
+        except ValueError as exc:
+            raise ValueError(f"{where}.pulse_period: {exc}") from None
+        if pulse_period <= 0:
+            raise ValueError(f"{where}.pulse_period: must be positive")
+    pulse_bytes = _field_size(data, "pulse_bytes", where, 0)
+    if (pulse_period is None) != (pulse_bytes == 0):
+        raise ValueError(f"{where}: pulse_period and pulse_bytes go together")
+    return HolderSpec(
+        name=name,
+        bytes=_field_size(data, "bytes", where, 0),
+        gpu=_number(data, "gpu", where, int, 0, minimum=0),
+        command=tuple(str(c) for c in command),
+        kind=kind,
+        children=tuple(_holder(c, f"{where}.children[{i}]") for i, c in enumerate(children)),
+        pulse_period=pulse_period,
+        pulse_bytes=pulse_bytes,
+    )
+
+
+def _check_gpus(holder: HolderSpec, where: str, count: int) -> None:
+    if holder.gpu >= count:
+        raise ValueError(f"{where}.gpu: no GPU {holder.gpu} (the host has {count})")
+    for i, child in enumerate(holder.children):
+        _check_gpus(child, f"{where}.children[{i}]", count)
+
+
+def _ollama(data: dict[str, Any]) -> OllamaSpec:
+    # Imported here: the simulated Ollama's package imports this module.
+    from gpugate.sim.ollama.catalog import ModelName
+    from gpugate.sim.ollama.duration import DurationError, parse_keep_alive_setting
+
+    simple = {"listen", "gpu", "keep_alive", "tokens_per_second", "version", "max_queue"}
+    knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins"}
+    _only(data, "ollama", simple | knobs | {"models", "preload"})
+
+    def keep_alive(value: Any, where: str) -> str:
+        try:
+            parse_keep_alive_setting(value)
+        except DurationError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        return str(value)
+
+    models = tuple(
+        _ollama_model(m, f"ollama.models[{i}]") for i, m in enumerate(data.get("models") or [])
+    )
+    keys: list[str] = []
+    for i, m in enumerate(models):
+        name = ModelName.parse(m.name)
+        if name is None:
+            raise ValueError(f"ollama.models[{i}].name: invalid model name {m.name!r}")
+        if name.key in keys:
+            raise ValueError(f"ollama.models[{i}].name: {m.name!r} is listed twice")
+        keys.append(name.key)
+    preload = []
+    for i, p in enumerate(data.get("preload") or []):
+        where = f"ollama.preload[{i}]"
+        _only(p, where, {"model", "keep_alive", "options"})
+        if "model" not in p:
+            raise ValueError(f"{where}.model: missing")
+        wanted = ModelName.parse(str(p["model"]))
+        if wanted is None or wanted.key not in keys:
+            raise ValueError(f"{where}.model: {p['model']!r} is not one of ollama.models")
+        options = p.get("options") or {}
+        if not isinstance(options, dict):
+            raise ValueError(f"{where}.options: expected a mapping")
+        preload.append(
+            PreloadSpec(
+                str(p["model"]),
+                keep_alive(p.get("keep_alive", "5m"), f"{where}.keep_alive"),
+                dict(options),
+            )
+        )
+    default = {f.name: f.default for f in attrs.fields(OllamaSpec)}
+    origins = data.get("origins") or ()
+    if isinstance(origins, str):
+        origins = [o.strip() for o in origins.split(",") if o.strip()]
+    if not isinstance(origins, list | tuple) or not all(isinstance(o, str) for o in origins):
+        raise ValueError("ollama.origins: expected a list of origins or a comma-separated string")
+    return OllamaSpec(
+        listen=str(data.get("listen", default["listen"])),
+        gpu=_number(data, "gpu", "ollama", int, 0, minimum=0),
+        keep_alive=keep_alive(data.get("keep_alive", "5m"), "ollama.keep_alive"),
+        tokens_per_second=_number(
+            data, "tokens_per_second", "ollama", float, default["tokens_per_second"], positive=True
+        ),
+        version=str(data.get("version", default["version"])),
+        max_queue=_number(data, "max_queue", "ollama", int, default["max_queue"], minimum=0),
+        num_parallel=_number(
+            data, "num_parallel", "ollama", int, default["num_parallel"], minimum=1
+        ),
+        max_loaded_models=_number(
+            data, "max_loaded_models", "ollama", int, default["max_loaded_models"], minimum=1
+        ),
+        fit_margin=_field_size(data, "fit_margin", "ollama", default["fit_margin"]),
+        origins=tuple(origins),
+        models=models,
+        preload=tuple(preload),
+    )
+
+
+def _ollama_model(data: Any, where: str) -> OllamaModelSpec:
+    _only(data, where, {f.name for f in attrs.fields(OllamaModelSpec)})
+    if "name" not in data or "size" not in data:
+        raise ValueError(f"{where}: 'name' and 'size' are required")
+    default = {f.name: f.default for f in attrs.fields(OllamaModelSpec)}
+    load_seconds = data.get("load_seconds", default["load_seconds"])
+    try:
+        load_seconds = parse_duration(load_seconds)
+    except ValueError as exc:
+        raise ValueError(f"{where}.load_seconds: {exc}") from None
+    rate = data.get("tokens_per_second")
+    embedding = data.get("embedding", False)
+    if not isinstance(embedding, bool):
+        raise ValueError(f"{where}.embedding: expected true or false, got {embedding!r}")
+    spec = OllamaModelSpec(
+        name=str(data["name"]),
+        size=_field_size(data, "size", where, 0),
+        load_seconds=load_seconds,
+        context_length=_number(
+            data, "context_length", where, int, default["context_length"], minimum=1
+        ),
+        default_num_ctx=_number(
+            data, "default_num_ctx", where, int, default["default_num_ctx"], minimum=1
+        ),
+        kv_bytes_per_token=_field_size(data, "kv_bytes_per_token", where, 0),
+        embedding=embedding,
+        family=str(data.get("family", default["family"])),
+        parameter_size=str(data.get("parameter_size", "")),
+        quantization_level=str(data.get("quantization_level", default["quantization_level"])),
+        digest=str(data.get("digest", "")),
+        file_size=_field_size(data, "file_size", where, 0),
+        embedding_length=_number(
+            data, "embedding_length", where, int, default["embedding_length"], minimum=1
+        ),
+        block_count=_number(data, "block_count", where, int, default["block_count"], minimum=1),
+        tokens_per_second=None
+        if rate is None
+        else _number(data, "tokens_per_second", where, float, 0.0, positive=True),
+    )
+    if spec.default_num_ctx > spec.context_length:
+        raise ValueError(
+            f"{where}.default_num_ctx: {spec.default_num_ctx} is above context_length "
+            f"{spec.context_length}"
+        )
+    return spec
+
+
+def _number(
+    data: dict[str, Any],
+    key: str,
+    where: str,
+    kind: type[int] | type[float],
+    default: float,
+    *,
+    minimum: float | None = None,
+    positive: bool = False,
+) -> Any:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}.{key}: expected a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ValueError(f"{where}.{key}: expected a whole number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{where}.{key}: must be at least {minimum}, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{where}.{key}: must be positive, got {value!r}")
+    return kind(value)
+
+
+def _field_size(data: dict[str, Any], key: str, where: str, default: int) -> int:
+    try:
+        return parse_size(data.get(key, default))
+    except ValueError as exc:
+        raise ValueError(f"{where}.{key}: {exc}") from None
