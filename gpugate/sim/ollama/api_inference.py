@@ -1,0 +1,351 @@
+"""/api/generate, /api/chat, /api/embed and /api/embeddings: the routes that load models."""
+
+from __future__ import annotations
+
+import contextlib
+
+from aiohttp import web
+
+from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
+from gpugate.sim.ollama.catalog import Capability, CatalogModel
+from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
+from gpugate.sim.ollama.runnerref import Lease, ScheduleError
+from gpugate.sim.ollama.services import (
+    Services,
+    bind_message,
+    go_quote,
+    keep_alive_of,
+    services,
+)
+from gpugate.sim.ollama.wire import NDJSON, api_error, json_response, ndjson_line, now_ns, rfc3339
+
+GENERATE = Struct(
+    "api.GenerateRequest",
+    {
+        "model": GoType.STRING,
+        "prompt": GoType.STRING,
+        "suffix": GoType.STRING,
+        "system": GoType.STRING,
+        "template": GoType.STRING,
+        "context": GoType.INTS,
+        "stream": GoType.BOOL,
+        "raw": GoType.BOOL,
+        "keep_alive": GoType.DURATION,
+        "images": GoType.STRINGS,
+        "options": GoType.OPTIONS,
+    },
+)
+CHAT = Struct(
+    "api.ChatRequest",
+    {
+        "model": GoType.STRING,
+        "messages": GoType.MESSAGES,
+        "stream": GoType.BOOL,
+        "keep_alive": GoType.DURATION,
+        "options": GoType.OPTIONS,
+    },
+)
+EMBED = Struct(
+    "api.EmbedRequest",
+    {
+        "model": GoType.STRING,
+        "keep_alive": GoType.DURATION,
+        "truncate": GoType.BOOL,
+        "dimensions": GoType.INT,
+        "options": GoType.OPTIONS,
+    },
+)
+EMBEDDINGS = Struct(
+    "api.EmbeddingRequest",
+    {
+        "model": GoType.STRING,
+        "prompt": GoType.STRING,
+        "keep_alive": GoType.DURATION,
+        "options": GoType.OPTIONS,
+    },
+)
+
+
+def options_of(body: dict[str, object]) -> dict[str, object] | None:
+    """The bound `options` object (binding has checked it is an object or absent)."""
+    options = body.get("options")
+    return options if isinstance(options, dict) else None
+
+
+def metrics(finished: Finished, started_ns: int, load_ns: int) -> dict[str, object]:
+    return {
+        "total_duration": max(1, now_ns() - started_ns),
+        "load_duration": max(1, load_ns),
+        "prompt_eval_count": finished.prompt_eval_count,
+        "prompt_eval_duration": finished.prompt_eval_ns,
+        "eval_count": finished.eval_count,
+        "eval_duration": finished.eval_ns,
+    }
+
+
+class Completion:
+    """One /api/generate or /api/chat answer, streamed as NDJSON or collected."""
+
+    def __init__(self, svc: Services, name: str, chat: bool, stream: bool) -> None:
+        self.svc = svc
+        self.name = name
+        self.chat = chat
+        self.stream = stream
+        self.started_ns = now_ns()
+
+    def chunk(self, text: str) -> dict[str, object]:
+        head: dict[str, object] = {"model": self.name, "created_at": rfc3339(now_ns())}
+        if self.chat:
+            return {**head, "message": {"role": "assistant", "content": text}, "done": False}
+        return {**head, "response": text, "done": False}
+
+    def final(self, text: str, reason: DoneReason, extra: dict[str, object]) -> dict[str, object]:
+        head: dict[str, object] = {"model": self.name, "created_at": rfc3339(now_ns())}
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {**head, "message": message, "done_reason": reason.value, "done": True, **extra}
+        return {**head, "response": text, "done": True, "done_reason": reason.value, **extra}
+
+    async def run(
+        self, request: web.Request, lease: Lease, prompt: str, options: RequestOptions
+    ) -> web.StreamResponse:
+        events = self.svc.engine.complete(lease, prompt, options)
+        response: web.StreamResponse | None = None
+        collected: list[str] = []
+        async with contextlib.aclosing(events):
+            try:
+                async for event in events:
+                    if isinstance(event, Token):
+                        collected.append(event.text)
+                        if self.stream:
+                            response = await self._write(request, response, self.chunk(event.text))
+                        continue
+                    extra = metrics(event, self.started_ns, lease.load_ns)
+                    if not self.chat:
+                        extra = {"context": list(event.context), **extra}
+                    text = "" if self.stream else "".join(collected)
+                    body = self.final(text, event.done_reason, extra)
+                    if not self.stream:
+                        return json_response(body)
+                    response = await self._write(request, response, body)
+            except GenerationFailed as failure:
+                if response is None:
+                    # Nothing sent yet: Ollama can still answer with a real status.
+                    return api_error(500, failure.message)
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write(ndjson_line({"error": failure.message}))
+            except ConnectionResetError:
+                # The client went away between two writes; its answer ends here.
+                return response if response is not None else web.Response(status=499)
+        assert response is not None
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    @staticmethod
+    async def _write(
+        request: web.Request, response: web.StreamResponse | None, body: dict[str, object]
+    ) -> web.StreamResponse:
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": NDJSON})
+            await response.prepare(request)
+        await response.write(ndjson_line(body))
+        return response
+
+
+async def _schedule(
+    svc: Services, model: CatalogModel, options: RequestOptions, keep_alive: int | None
+) -> Lease | web.Response:
+    try:
+        return await svc.scheduler.acquire(model, options, keep_alive)
+    except ScheduleError as exc:
+        return api_error(exc.status, exc.message)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        body = bind(await request.read(), GENERATE)
+        keep_alive = keep_alive_of(body)
+    except BindError as exc:
+        return api_error(400, bind_message(exc))
+    name = text_field(body, "model")
+    model = svc.catalog.find(name)
+    if model is None:
+        return api_error(404, f"model '{name}' not found")
+    prompt = text_field(body, "prompt")
+    if prompt == "" and keep_alive == 0:
+        svc.scheduler.expire(model)
+        head = {"model": name, "created_at": rfc3339(now_ns()), "response": ""}
+        return json_response({**head, "done": True, "done_reason": "unload"})
+    if body.get("think") not in (None, False):
+        return api_error(400, f"{go_quote(name)} does not support thinking")
+    if Capability.COMPLETION not in model.capabilities:
+        return api_error(400, f"{go_quote(name)} does not support generate")
+    try:
+        options = parse_options(model, options_of(body))
+    except OptionError as exc:
+        return api_error(500, str(exc))
+    completion = Completion(svc, name, chat=False, stream=body.get("stream") is not False)
+    lease = await _schedule(svc, model, options, keep_alive)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        if prompt == "":
+            head = {"model": name, "created_at": rfc3339(now_ns()), "response": ""}
+            return json_response({**head, "done": True, "done_reason": "load"})
+        return await completion.run(request, lease, prompt, options)
+    finally:
+        svc.scheduler.release(lease)
+
+
+def chat_prompt(messages: list[object]) -> str:
+    """The text the model sees; BindError when a message content is not a string."""
+    lines = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            kind = "array" if isinstance(content, list) else type(content).__name__
+            kind = {"dict": "object", "int": "number", "float": "number"}.get(kind, kind)
+            raise BindError(
+                f"json: cannot unmarshal {kind} into Go struct field "
+                "ChatRequest.messages.content of type string"
+            )
+        lines.append(f"{message.get('role', '')}: {content or ''}")
+    return "\n".join(lines)
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        body = bind(await request.read(), CHAT)
+        keep_alive = keep_alive_of(body)
+        messages = body.get("messages") or []
+        assert isinstance(messages, list)
+        prompt = chat_prompt(messages)
+    except BindError as exc:
+        return api_error(400, bind_message(exc))
+    name = text_field(body, "model")
+    if not name.strip():
+        return api_error(400, "model is required")
+    model = svc.catalog.find(name)
+    if model is None:
+        return api_error(404, f"model '{name}' not found")
+    if not messages and keep_alive == 0:
+        svc.scheduler.expire(model)
+        head = {"model": name, "created_at": rfc3339(now_ns())}
+        message = {"role": "assistant", "content": ""}
+        return json_response({**head, "message": message, "done_reason": "unload", "done": True})
+    if body.get("think") not in (None, False):
+        return api_error(400, f"{go_quote(name)} does not support thinking")
+    if Capability.COMPLETION not in model.capabilities:
+        return api_error(400, f"{go_quote(name)} does not support chat")
+    try:
+        options = parse_options(model, options_of(body))
+    except OptionError as exc:
+        return api_error(500, str(exc))
+    completion = Completion(svc, name, chat=True, stream=body.get("stream") is not False)
+    lease = await _schedule(svc, model, options, keep_alive)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        if not messages:
+            head = {"model": name, "created_at": rfc3339(now_ns())}
+            message = {"role": "assistant", "content": ""}
+            return json_response({**head, "message": message, "done_reason": "load", "done": True})
+        return await completion.run(request, lease, prompt, options)
+    finally:
+        svc.scheduler.release(lease)
+
+
+def _embed_inputs(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise BindError("invalid input type")
+
+
+async def embed(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    started = now_ns()
+    try:
+        body = bind(await request.read(), EMBED)
+        keep_alive = keep_alive_of(body)
+    except BindError as exc:
+        return api_error(400, bind_message(exc))
+    name = text_field(body, "model")
+    if not name.strip():
+        return api_error(404, f"model '{name}' not found")
+    try:
+        inputs = _embed_inputs(body.get("input"))
+    except BindError as exc:
+        return api_error(400, str(exc))
+    model = svc.catalog.find(name)
+    if model is None:
+        return api_error(404, f"model {go_quote(name)} not found, try pulling it first")
+    try:
+        options = parse_options(model, options_of(body))
+    except OptionError as exc:
+        return api_error(500, str(exc))
+    lease = await _schedule(svc, model, options, keep_alive)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        if not inputs:
+            return json_response({"model": name, "embeddings": []})
+        vectors, tokens = await svc.engine.embed(lease, inputs)
+        dimensions = body.get("dimensions")
+        if isinstance(dimensions, int) and 0 < dimensions < len(vectors[0]):
+            vectors = [_renormalise(v[:dimensions]) for v in vectors]
+        return json_response(
+            {
+                "model": name,
+                "embeddings": vectors,
+                "total_duration": max(1, now_ns() - started),
+                "load_duration": max(1, lease.load_ns),
+                "prompt_eval_count": tokens,
+            }
+        )
+    finally:
+        svc.scheduler.release(lease)
+
+
+def _renormalise(vector: list[float]) -> list[float]:
+    norm = sum(v * v for v in vector) ** 0.5 or 1.0
+    return [round(v / norm, 6) for v in vector]
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        body = bind(await request.read(), EMBEDDINGS)
+        keep_alive = keep_alive_of(body)
+    except BindError as exc:
+        return api_error(400, bind_message(exc))
+    name = text_field(body, "model")
+    if not name.strip():
+        return api_error(400, "model is required")
+    model = svc.catalog.find(name)
+    if model is None:
+        return api_error(404, f"model {go_quote(name)} not found, try pulling it first")
+    try:
+        options = parse_options(model, options_of(body))
+    except OptionError as exc:
+        return api_error(500, str(exc))
+    lease = await _schedule(svc, model, options, keep_alive)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        prompt = text_field(body, "prompt")
+        if not prompt:
+            return json_response({"embedding": []})
+        vectors, _ = await svc.engine.embed(lease, [prompt])
+        return json_response({"embedding": vectors[0]})
+    finally:
+        svc.scheduler.release(lease)

@@ -1,0 +1,386 @@
+"""The OpenAI-compatible routes (/v1/*), as Ollama's middleware translates them.
+
+These routes cannot carry keep_alive or runner options: Ollama's request structs have no
+such fields, so a /v1 request loads with the server default keep_alive and the model's
+default options, and leaves a loaded runner's keep_alive untouched. The one extension
+is for tests: a top-level `options` object may carry the simulation's `sim_*` keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import random
+import struct
+import time
+
+from aiohttp import web
+
+from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
+from gpugate.sim.ollama.catalog import Capability, CatalogModel
+from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
+from gpugate.sim.ollama.runnerref import Lease, ScheduleError
+from gpugate.sim.ollama.services import Services, go_quote, services
+from gpugate.sim.ollama.wire import (
+    EVENT_STREAM,
+    SSE_DONE,
+    encoder_response,
+    openai_error,
+    sse_event,
+)
+
+CHAT_COMPLETION = Struct(
+    "openai.ChatCompletionRequest",
+    {
+        "model": GoType.STRING,
+        "messages": GoType.OPENAI_MESSAGES,
+        "stream": GoType.BOOL,
+        "stream_options": GoType.STREAM_OPTIONS,
+        "max_tokens": GoType.INT,
+        "temperature": GoType.FLOAT,
+        "top_p": GoType.FLOAT,
+        "seed": GoType.INT,
+    },
+)
+COMPLETION = Struct(
+    "openai.CompletionRequest",
+    {
+        "model": GoType.STRING,
+        "prompt": GoType.STRING,
+        "stream": GoType.BOOL,
+        "stream_options": GoType.STREAM_OPTIONS,
+        "max_tokens": GoType.INT,
+        "suffix": GoType.STRING,
+    },
+)
+EMBEDDING = Struct(
+    "openai.EmbedRequest",
+    {"model": GoType.STRING, "dimensions": GoType.INT, "encoding_format": GoType.STRING},
+)
+FINGERPRINT = "fp_ollama"
+
+
+def _message_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise BindError("invalid message format")
+            if part.get("type") == "text":
+                if not isinstance(part.get("text"), str):
+                    raise BindError("invalid message format")
+                parts.append(part["text"])
+            elif part.get("type") != "image_url":
+                raise BindError("invalid message format")
+        return "".join(parts)
+    kind = "<nil>" if content is None else type(content).__name__
+    raise BindError(f"invalid message content type: {kind}")
+
+
+def _sim_options(model: CatalogModel, body: dict[str, object]) -> RequestOptions:
+    raw = body.get("options")
+    sim = {k: v for k, v in raw.items() if k.startswith("sim_")} if isinstance(raw, dict) else {}
+    if body.get("max_tokens") is not None:
+        sim["num_predict"] = body["max_tokens"]
+    return parse_options(model, sim, runner_options=False)
+
+
+def _usage(finished: Finished) -> dict[str, int]:
+    return {
+        "prompt_tokens": finished.prompt_eval_count,
+        "completion_tokens": finished.eval_count,
+        "total_tokens": finished.prompt_eval_count + finished.eval_count,
+    }
+
+
+class OpenAICompletion:
+    """One /v1/chat/completions or /v1/completions answer, as SSE or one JSON object."""
+
+    def __init__(self, name: str, chat: bool, stream: bool, include_usage: bool) -> None:
+        self.name = name
+        self.chat = chat
+        self.stream = stream
+        self.include_usage = include_usage
+        prefix = "chatcmpl" if chat else "cmpl"
+        self.id = f"{prefix}-{random.randrange(999)}"
+        self.created = int(time.time())
+
+    def chunk(self, text: str, reason: str | None) -> dict[str, object]:
+        if self.chat:
+            choice = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": text},
+                "finish_reason": reason,
+            }
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"text": text, "index": 0, "finish_reason": reason}
+        body = self._envelope("text_completion", [choice], choices_first=True)
+        if self.include_usage:
+            body["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        return body
+
+    def _envelope(
+        self, kind: str, choices: list[object], *, choices_first: bool = False
+    ) -> dict[str, object]:
+        if choices_first:
+            return {
+                "id": self.id,
+                "object": kind,
+                "created": self.created,
+                "choices": choices,
+                "model": self.name,
+                "system_fingerprint": FINGERPRINT,
+            }
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.name,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
+
+    def whole(self, text: str, reason: str, usage: dict[str, int]) -> dict[str, object]:
+        if self.chat:
+            choice: dict[str, object] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": reason,
+            }
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"text": text, "index": 0, "finish_reason": reason}
+            body = self._envelope("text_completion", [choice])
+        return {**body, "usage": usage}
+
+    async def run(
+        self, svc: Services, request: web.Request, lease: Lease, prompt: str, opts: RequestOptions
+    ) -> web.StreamResponse:
+        events = svc.engine.complete(lease, prompt, opts)
+        response: web.StreamResponse | None = None
+        collected: list[str] = []
+        async with contextlib.aclosing(events):
+            try:
+                async for event in events:
+                    if isinstance(event, Token):
+                        collected.append(event.text)
+                        if self.stream:
+                            response = await self._send(
+                                request, response, self.chunk(event.text, None)
+                            )
+                        continue
+                    reason, usage = event.done_reason.value, _usage(event)
+                    if not self.stream:
+                        return encoder_response(self.whole("".join(collected), reason, usage))
+                    response = await self.finish(request, response, reason, usage)
+            except GenerationFailed as failure:
+                if response is None:
+                    return openai_error(500, failure.message)
+                # Ollama's SSE writer decodes the error line as an empty response: one
+                # chunk with an empty delta, and the stream ends without [DONE].
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write(sse_event(self.chunk("", None)))
+            except ConnectionResetError:
+                # The client went away between two writes; its answer ends here.
+                return response if response is not None else web.Response(status=499)
+        assert response is not None
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    async def finish(
+        self,
+        request: web.Request,
+        response: web.StreamResponse | None,
+        reason: str,
+        usage: dict[str, int],
+    ) -> web.StreamResponse:
+        """The closing chunk, the usage chunk when asked for, and [DONE]."""
+        last = self.chunk("", reason)
+        response = await self._send(request, response, last)
+        if self.include_usage:
+            await response.write(sse_event({**last, "choices": [], "usage": usage}))
+        await response.write(SSE_DONE)
+        return response
+
+    @staticmethod
+    async def _send(
+        request: web.Request, response: web.StreamResponse | None, body: dict[str, object]
+    ) -> web.StreamResponse:
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": EVENT_STREAM})
+            await response.prepare(request)
+        await response.write(sse_event(body))
+        return response
+
+
+async def _lease(svc: Services, model: CatalogModel, opts: RequestOptions) -> Lease | web.Response:
+    try:
+        return await svc.scheduler.acquire(model, opts, None)
+    except ScheduleError as exc:
+        return openai_error(exc.status, exc.message)
+
+
+def _stream_flags(body: dict[str, object]) -> tuple[bool, bool]:
+    options = body.get("stream_options")
+    usage = isinstance(options, dict) and options.get("include_usage") is True
+    return body.get("stream") is True, usage
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        body = bind(await request.read(), CHAT_COMPLETION)
+        messages = body.get("messages") or []
+        assert isinstance(messages, list)
+        if not messages:
+            return openai_error(400, "[] is too short - 'messages'")
+        prompt = "\n".join(
+            f"{m.get('role', '')}: {_message_text(m.get('content'))}"
+            for m in messages
+            if isinstance(m, dict)
+        )
+    except BindError as exc:
+        return openai_error(400, str(exc))
+    name = text_field(body, "model")
+    if not name.strip():
+        return openai_error(400, "model is required")
+    model = svc.catalog.find(name)
+    if model is None:
+        return openai_error(404, f"model '{name}' not found")
+    if Capability.COMPLETION not in model.capabilities:
+        return openai_error(400, f"{go_quote(name)} does not support chat")
+    try:
+        opts = _sim_options(model, body)
+    except OptionError as exc:
+        return openai_error(500, str(exc))
+    stream, usage = _stream_flags(body)
+    lease = await _lease(svc, model, opts)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        answer = OpenAICompletion(name, chat=True, stream=stream, include_usage=usage)
+        return await answer.run(svc, request, lease, prompt, opts)
+    finally:
+        svc.scheduler.release(lease)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        body = bind(await request.read(), COMPLETION)
+    except BindError as exc:
+        return openai_error(400, str(exc))
+    name = text_field(body, "model")
+    model = svc.catalog.find(name)
+    if model is None:
+        return openai_error(404, f"model '{name}' not found")
+    if Capability.COMPLETION not in model.capabilities:
+        return openai_error(400, f"{go_quote(name)} does not support generate")
+    try:
+        opts = _sim_options(model, body)
+    except OptionError as exc:
+        return openai_error(500, str(exc))
+    stream, usage = _stream_flags(body)
+    answer = OpenAICompletion(name, chat=False, stream=stream, include_usage=usage)
+    lease = await _lease(svc, model, opts)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        prompt = text_field(body, "prompt")
+        if prompt:
+            return await answer.run(svc, request, lease, prompt, opts)
+        # An empty prompt only loads the model, and says so in finish_reason.
+        load = DoneReason.LOAD.value
+        empty = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        if not stream:
+            return encoder_response(answer.whole("", load, empty))
+        response = await answer.finish(request, None, load, empty)
+        await response.write_eof()
+        return response
+    finally:
+        svc.scheduler.release(lease)
+
+
+def _floats_base64(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        body = bind(await request.read(), EMBEDDING)
+    except BindError as exc:
+        return openai_error(400, str(exc))
+    encoding = text_field(body, "encoding_format")
+    if encoding and encoding.lower() not in ("float", "base64"):
+        message = (
+            f"Invalid value for 'encoding_format' = {encoding}. "
+            "Supported values: ['float', 'base64']."
+        )
+        return openai_error(400, message)
+    texts = body.get("input")
+    if texts == "":
+        texts = [""]
+    if texts is None or texts == []:
+        return openai_error(400, "invalid input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return openai_error(400, "invalid input type")
+    name = text_field(body, "model")
+    model = svc.catalog.find(name) if name.strip() else None
+    if model is None:
+        if not name.strip():
+            return openai_error(404, f"model '{name}' not found")
+        return openai_error(404, f"model {go_quote(name)} not found, try pulling it first")
+    try:
+        opts = _sim_options(model, body)
+    except OptionError as exc:
+        return openai_error(500, str(exc))
+    lease = await _lease(svc, model, opts)
+    if isinstance(lease, web.Response):
+        return lease
+    try:
+        vectors, tokens = await svc.engine.embed(lease, list(texts))
+    finally:
+        svc.scheduler.release(lease)
+    dimensions = body.get("dimensions")
+    if isinstance(dimensions, int) and 0 < dimensions < len(vectors[0]):
+        vectors = [v[:dimensions] for v in vectors]
+    data = [
+        {
+            "object": "embedding",
+            "embedding": _floats_base64(v) if encoding.lower() == "base64" else v,
+            "index": i,
+        }
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return encoder_response({"object": "list", "data": data, "model": name, "usage": usage})
+
+
+def _model_entry(model: CatalogModel, name: str) -> dict[str, object]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(model.modified_at),
+        "owned_by": model.name.namespace,
+    }
+
+
+async def list_models(request: web.Request) -> web.StreamResponse:
+    catalog = sorted(services(request).catalog, key=lambda m: -int(m.modified_at))
+    data = [_model_entry(m, m.display) for m in catalog] or None
+    return encoder_response({"object": "list", "data": data})
+
+
+async def retrieve_model(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["model"]
+    model = services(request).catalog.find(name)
+    if model is None:
+        return openai_error(404, f"model '{name}' not found")
+    return encoder_response(_model_entry(model, name))

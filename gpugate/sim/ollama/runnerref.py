@@ -1,0 +1,101 @@
+"""A runner as the scheduler tracks it (Ollama's runnerRef), and scheduling errors."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import attrs
+
+from gpugate.sim.ollama.catalog import CatalogModel
+from gpugate.sim.ollama.duration import FOREVER, seconds
+from gpugate.sim.ollama.options import RunnerOptions
+from gpugate.sim.ollama.process import RunnerProcess
+from gpugate.sim.ollama.state import RunnerInfo, RunnerPhase
+
+MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+
+
+class ScheduleError(Exception):
+    """A request the scheduler could not serve; `status` is the HTTP status Ollama uses."""
+
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class QueueFull(ScheduleError):
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__(MAX_QUEUE_MESSAGE)
+
+
+class LoadFailed(ScheduleError):
+    status = 500
+
+
+@attrs.define(eq=False)
+class Runner:
+    """One runner: a model loaded (or loading) with fixed options in a child process."""
+
+    model: CatalogModel
+    options: RunnerOptions
+    size: int
+    size_vram: int
+    context_length: int
+    slots: asyncio.Semaphore
+    keep_alive: int
+    process: RunnerProcess | None = None
+    phase: RunnerPhase = RunnerPhase.LOADING
+    refcount: int = 0
+    expires_at: datetime | None = None
+    draining: bool = False
+    """Chosen for eviction or reload: takes no new requests, unloads once idle."""
+    timer: asyncio.TimerHandle | None = None
+    idle: asyncio.Event = attrs.field(factory=asyncio.Event)
+    gone: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+    @property
+    def key(self) -> str:
+        return self.model.name.key
+
+    def serves(self, options: RunnerOptions) -> bool:
+        return (
+            self.phase is RunnerPhase.READY
+            and not self.draining
+            and self.process is not None
+            and self.process.alive
+            and not self.options.needs_reload(options)
+        )
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def info(self) -> RunnerInfo:
+        """The runner as /sim/state shows it."""
+        return RunnerInfo(
+            model=self.model.display,
+            pid=None if self.process is None else self.process.pid,
+            phase=self.phase,
+            size=self.size,
+            size_vram=self.size_vram,
+            context_length=self.context_length,
+            refcount=self.refcount,
+            draining=self.draining,
+            options=self.options,
+            keep_alive=None if self.keep_alive >= FOREVER else seconds(self.keep_alive),
+            expires_at=self.expires_at if self.refcount == 0 else None,
+        )
+
+
+@attrs.frozen
+class Lease:
+    """A request's hold on a runner, from scheduling until its response ends."""
+
+    runner: Runner
+    load_ns: int

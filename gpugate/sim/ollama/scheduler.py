@@ -1,0 +1,401 @@
+"""Ollama's scheduler, simulated: loaded runners, one load at a time, keep_alive, eviction.
+
+The rules follow Ollama's server/sched.go:
+
+* A request for a loaded model whose runner options match bypasses the queue and shares
+  the runner (up to `num_parallel` generating at once; the rest wait for a slot).
+* Every other request joins the pending queue (at most `max_queue`, else 503) and the
+  scheduler serves it alone: reload on different runner options, evict to make room
+  (idle runners first, shortest keep_alive first, then by model path, as
+  `findRunnerToUnload`), and load. With nothing else loaded a model that does not fit
+  loads anyway with part of it in system memory (`size_vram < size`).
+* A runner's keep_alive counts down from the moment its last request ends; it is only
+  replaced by a request that carries one. Duration 0 unloads right after that request.
+
+Everything here runs on one event loop and decides without awaiting between a read of
+the state and the change it gates; the awaits are only on child processes and events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import attrs
+
+from gpugate.sim.device import SimulatedGpuHost
+from gpugate.sim.ollama.catalog import CatalogModel
+from gpugate.sim.ollama.duration import FOREVER, parse_keep_alive_setting, seconds
+from gpugate.sim.ollama.options import (
+    RequestOptions,
+    effective_num_ctx,
+    requested_gpu_share,
+    runner_size,
+)
+from gpugate.sim.ollama.process import LoadOutcome, RunnerCommand, RunnerProcess
+from gpugate.sim.ollama.runnerref import Lease, LoadFailed, QueueFull, Runner
+from gpugate.sim.ollama.state import Counters, RunnerPhase, SimState
+from gpugate.sim.scenario import OllamaSpec
+
+_UINT64 = (1 << 64) - 1
+
+
+@attrs.define(eq=False)
+class Pending:
+    model: CatalogModel
+    options: RequestOptions
+    keep_alive: int | None
+    future: asyncio.Future[Runner]
+    abandoned: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+
+class Scheduler:
+    """Owns every runner of one simulated Ollama."""
+
+    def __init__(
+        self,
+        spec: OllamaSpec,
+        gpu: SimulatedGpuHost,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._spec = spec
+        self._gpu = gpu
+        self._clock = clock
+        self.default_keep_alive = parse_keep_alive_setting(spec.keep_alive)
+        self.counters = Counters()
+        self._runners: dict[str, Runner] = {}
+        self._loading: Runner | None = None
+        self._current: Pending | None = None
+        self._queue: collections.deque[Pending] = collections.deque()
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # -- requests ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name="sim-ollama-scheduler")
+
+    async def acquire(
+        self, model: CatalogModel, options: RequestOptions, keep_alive: int | None
+    ) -> Lease:
+        """A runner for this request, loading (and evicting) as needed.
+
+        Raises QueueFull or LoadFailed. Cancelling the caller abandons a queued request
+        and aborts a load in progress that was started for it.
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        runner = self._runners.get(model.name.key)
+        if runner is not None and runner.serves(options.runner):
+            self._use(runner, keep_alive)
+            return Lease(runner, int((loop.time() - started) * 1e9))
+        if len(self._queue) >= self._spec.max_queue:
+            raise QueueFull()
+        pending = Pending(model, options, keep_alive, loop.create_future())
+        self._queue.append(pending)
+        self._wake.set()
+        self.changed()
+        try:
+            runner = await pending.future
+        except asyncio.CancelledError:
+            pending.abandoned.set()
+            future = pending.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(Lease(future.result(), 0))
+            with contextlib.suppress(ValueError):
+                self._queue.remove(pending)
+            self.changed()
+            raise
+        return Lease(runner, int((loop.time() - started) * 1e9))
+
+    def release(self, lease: Lease) -> None:
+        """The request is over: drop the refcount; the last one starts the keep_alive."""
+        runner = lease.runner
+        runner.refcount -= 1
+        if runner.refcount == 0:
+            if runner.draining or runner.phase is not RunnerPhase.READY:
+                runner.idle.set()
+            else:
+                self._start_keep_alive(runner)
+        self.changed()
+
+    def expire(self, model: CatalogModel) -> None:
+        """The unload shortcut: keep_alive 0 now; unloads when (or once) idle."""
+        runner = self._runners.get(model.name.key)
+        if runner is None or runner.phase is not RunnerPhase.READY:
+            return
+        runner.cancel_timer()
+        runner.keep_alive = 0
+        runner.expires_at = self._now()
+        if runner.refcount == 0 and not runner.draining:
+            self._begin_unload(runner)
+        self.changed()
+
+    # -- observation ---------------------------------------------------------------------
+
+    def loaded(self) -> list[Runner]:
+        """Runners that are loaded (what /api/ps lists), in load order."""
+        return [r for r in self._runners.values() if r.phase is RunnerPhase.READY]
+
+    def expires_at(self, runner: Runner) -> datetime:
+        """/api/ps `expires_at`: the deadline of an idle runner, an estimate for a busy one."""
+        if runner.refcount == 0 and runner.expires_at is not None:
+            return runner.expires_at
+        return self._now(runner.keep_alive)
+
+    def snapshot(self) -> SimState:
+        runners = list(self._runners.values())
+        if self._loading is not None:
+            runners.append(self._loading)
+        return SimState(
+            runners=tuple(r.info() for r in runners),
+            counters=self.counters.copy(),
+            pending=len(self._queue),
+        )
+
+    def changed(self) -> None:
+        """Wake everything waiting in `wait_until`."""
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def wait_until(
+        self, predicate: Callable[[SimState], bool], timeout: float = 10.0
+    ) -> SimState:
+        """Wait for a state that satisfies `predicate` (TimeoutError after `timeout`)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                event = self._changed
+                state = self.snapshot()
+                if predicate(state):
+                    return state
+                await event.wait()
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop scheduling and kill every runner child, waiting for each to exit."""
+        current = self._current
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        for pending in [*self._queue, *([current] if current else [])]:
+            pending.future.cancel()
+        self._queue.clear()
+        victims = list(self._runners.values())
+        if self._loading is not None:
+            victims.append(self._loading)
+            self._loading = None
+        for runner in victims:
+            runner.cancel_timer()
+            if runner.process is not None:
+                await runner.process.kill()
+            self._forget(runner)
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.changed()
+
+    # -- the scheduling loop -------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            pending = self._queue.popleft()
+            self.changed()
+            if pending.abandoned.is_set() or pending.future.done():
+                continue
+            self._current = pending
+            try:
+                await self._serve(pending)
+            except Exception as exc:  # a broken state file must fail the request, not us
+                if not pending.future.done():
+                    pending.future.set_exception(LoadFailed(str(exc)))
+            finally:
+                self._current = None
+
+    async def _serve(self, pending: Pending) -> None:
+        key = pending.model.name.key
+        while not pending.abandoned.is_set():
+            current = self._runners.get(key)
+            if current is not None:
+                if current.serves(pending.options.runner):
+                    self._grant(pending, current)
+                    return
+                await self._evict(current)
+                continue
+            others = list(self._runners.values())
+            if len(others) >= self._spec.max_loaded_models:
+                await self._evict(self._victim(others))
+                continue
+            size = runner_size(pending.model, pending.options.runner)
+            explicit = requested_gpu_share(pending.model, pending.options.runner, size)
+            free = self._gpu.read().free(self._spec.gpu)
+            if explicit is None and size > free and others:
+                await self._evict(self._victim(others))
+                continue
+            await self._load(pending, size, explicit, free)
+            return
+
+    def _victim(self, runners: list[Runner]) -> Runner:
+        """findRunnerToUnload: shortest keep_alive (as uint64) first, then model path."""
+        ordered = sorted(runners, key=lambda r: (r.keep_alive & _UINT64, r.model.blob_path))
+        for wanted in (
+            lambda r: r.phase is RunnerPhase.READY and not r.draining and r.refcount == 0,
+            lambda r: r.phase is RunnerPhase.READY and not r.draining,
+        ):
+            for runner in ordered:
+                if wanted(runner):
+                    return runner
+        return ordered[0]
+
+    async def _evict(self, runner: Runner) -> None:
+        if runner.phase is not RunnerPhase.READY:
+            await runner.gone.wait()
+            return
+        runner.draining = True
+        runner.cancel_timer()
+        self.changed()
+        while runner.refcount > 0:
+            runner.idle.clear()
+            await runner.idle.wait()
+        await self._unload(runner)
+
+    async def _load(self, pending: Pending, size: int, explicit: int | None, free: int) -> None:
+        model, options = pending.model, pending.options.runner
+        if explicit is not None:
+            vram = explicit
+        elif size <= free:
+            vram = size
+        else:
+            vram = max(0, free - self._spec.fit_margin)
+        blocks = model.spec.block_count
+        layers = blocks * vram // size if vram < size else blocks + 1
+        parallel = 1 if model.spec.embedding else self._spec.num_parallel
+        runner = Runner(
+            model=model,
+            options=options,
+            size=size,
+            size_vram=vram,
+            context_length=effective_num_ctx(model, options),
+            slots=asyncio.Semaphore(parallel),
+            keep_alive=self.default_keep_alive
+            if pending.keep_alive is None
+            else pending.keep_alive,
+        )
+        command = RunnerCommand(
+            state_dir=self._gpu.directory,
+            gpu=self._spec.gpu,
+            vram_bytes=vram,
+            load_seconds=model.spec.load_seconds,
+            blob_path=model.blob_path,
+            num_ctx=runner.context_length,
+            num_parallel=parallel,
+            num_batch=options.num_batch,
+            gpu_layers=layers,
+            fail="simulated load failure" if pending.options.load_fail else None,
+        )
+        self._loading = runner
+        try:
+            runner.process = await RunnerProcess.spawn(command)
+            self.changed()
+            outcome = await runner.process.wait_ready(pending.abandoned)
+        except OSError as exc:
+            self._loading = None
+            self.counters.load_failures += 1
+            self._fail(pending, f"llama runner process has terminated: {exc}")
+            return
+        self._loading = None
+        if outcome is LoadOutcome.READY:
+            runner.phase = RunnerPhase.READY
+            self._runners[runner.key] = runner
+            self.counters.loads += 1
+            if pending.future.done():
+                self._start_keep_alive(runner)
+            else:
+                self._grant(pending, runner)
+        elif outcome is LoadOutcome.ABANDONED:
+            await runner.process.kill()
+            self._forget(runner)
+            self.counters.loads_aborted += 1
+        else:
+            reason = await runner.process.failure()
+            self._forget(runner)
+            self.counters.load_failures += 1
+            self._fail(pending, f"llama runner process has terminated: {reason}")
+        self.changed()
+
+    # -- runner bookkeeping --------------------------------------------------------------
+
+    def _grant(self, pending: Pending, runner: Runner) -> None:
+        if pending.future.done():
+            return
+        self._use(runner, pending.keep_alive)
+        pending.future.set_result(runner)
+
+    def _fail(self, pending: Pending, message: str) -> None:
+        if not pending.future.done():
+            pending.future.set_exception(LoadFailed(message))
+
+    def _use(self, runner: Runner, keep_alive: int | None) -> None:
+        runner.cancel_timer()
+        if keep_alive is not None:
+            runner.keep_alive = keep_alive
+        runner.refcount += 1
+        runner.expires_at = None
+        runner.idle.clear()
+        self.changed()
+
+    def _start_keep_alive(self, runner: Runner) -> None:
+        if runner.keep_alive <= 0:
+            self._begin_unload(runner)
+            return
+        runner.expires_at = self._now(runner.keep_alive)
+        if runner.keep_alive < FOREVER:
+            loop = asyncio.get_running_loop()
+            runner.timer = loop.call_later(seconds(runner.keep_alive), self._expired, runner)
+
+    def _expired(self, runner: Runner) -> None:
+        runner.timer = None
+        if runner.refcount == 0 and runner.phase is RunnerPhase.READY and not runner.draining:
+            self._begin_unload(runner)
+
+    def _begin_unload(self, runner: Runner) -> None:
+        task = asyncio.create_task(self._unload(runner))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _unload(self, runner: Runner) -> None:
+        if runner.phase is not RunnerPhase.READY:
+            await runner.gone.wait()
+            return
+        runner.phase = RunnerPhase.UNLOADING
+        runner.cancel_timer()
+        self.changed()
+        if runner.process is not None:
+            await runner.process.kill()
+        self._forget(runner)
+        self.counters.unloads += 1
+        self.changed()
+
+    def _forget(self, runner: Runner) -> None:
+        if self._runners.get(runner.key) is runner:
+            del self._runners[runner.key]
+        runner.phase = RunnerPhase.GONE
+        runner.gone.set()
+        runner.idle.set()
+
+    def _now(self, plus_ns: int = 0) -> datetime:
+        moment = datetime.fromtimestamp(self._clock()).astimezone()
+        return moment + timedelta(microseconds=max(0, plus_ns) // 1000)
