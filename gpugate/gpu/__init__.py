@@ -1,0 +1,1 @@
+"""GPU observation: NVML device and process samples, and who owns each process."""

@@ -1,0 +1,183 @@
+"""Host observations: an NVML sample with every process attributed to its owner.
+
+Reading NVML and /proc blocks, so it runs in a worker thread; the event loop only waits.
+Reads never pile up: while one is running, every caller of `sample()` that arrives
+shares the single read that starts right after it. A caller therefore always gets a
+reading that began after it asked, which is what verifying an eviction needs, and two
+NVML reads never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol, cast
+
+from gpugate.config.model import Config
+from gpugate.core.observation import (
+    OTHER,
+    GpuObservation,
+    HostObservation,
+    Owner,
+    OwnerKind,
+    ProcessUsage,
+)
+from gpugate.gpu.attribution import Attribution, MatchKind, ProcessAttributor
+from gpugate.gpu.nvml import DeviceSample, HostSample, NvmlError, NvmlReader, library_from
+
+
+class DeviceReader(Protocol):
+    """What the sampler needs of NVML (`NvmlReader`, or a fake)."""
+
+    def read(self) -> HostSample: ...
+
+    def close(self) -> None: ...
+
+
+class Attributor(Protocol):
+    """What the sampler needs of process attribution (`ProcessAttributor`, or a fake)."""
+
+    def attribute(self, pids: Collection[int]) -> Mapping[int, Attribution]: ...
+
+
+class Sampler:
+    """Turns NVML reads into `HostObservation`s, on demand or at a fixed interval."""
+
+    def __init__(
+        self,
+        reader: DeviceReader,
+        attributor: Attributor,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.reader = reader
+        self.attributor = attributor
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._running: asyncio.Task[HostObservation] | None = None
+        self._queued: asyncio.Task[HostObservation] | None = None
+        self._poked: asyncio.Event | None = None
+        self.latest: HostObservation | None = None
+        """The most recent observation, whoever asked for it."""
+
+    @classmethod
+    def from_config(cls, config: Config) -> Sampler:
+        """A sampler over the system's NVML and /proc, as the configuration says."""
+        reader = NvmlReader(library_from(config.gate.nvml_library))
+        return cls(reader, ProcessAttributor.from_config(config))
+
+    def close(self) -> None:
+        """Release NVML."""
+        self.reader.close()
+
+    # -- one sample --------------------------------------------------------------------
+
+    def sample_blocking(self) -> HostObservation:
+        """Read and attribute now, in this thread; a driver error is returned, not raised."""
+        try:
+            host = self.reader.read()
+        except NvmlError as exc:
+            failed = HostObservation(self._clock(), self._wall_clock(), error=exc.fault())
+            self.latest = failed
+            return failed
+        # The memory figures are of this moment; attribution only names their holders.
+        taken_at, wall_time = self._clock(), self._wall_clock()
+        pids = {p.pid for device in host.devices for p in device.processes}
+        owners = self.attributor.attribute(pids)
+        devices = tuple(_observe(device, owners) for device in host.devices)
+        observation = HostObservation(taken_at, wall_time, devices, host.driver_version)
+        self.latest = observation
+        return observation
+
+    async def sample(self) -> HostObservation:
+        """A sample whose read began after this call; concurrent calls share one read."""
+        task = self._queued
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._read_after(self._running))
+            if self._running is None:
+                self._running = task
+            else:
+                self._queued = task
+        # A caller that gives up must not cancel the read others are waiting for.
+        return await asyncio.shield(task)
+
+    async def _read_after(self, previous: asyncio.Task[HostObservation] | None) -> HostObservation:
+        me = cast("asyncio.Task[HostObservation]", asyncio.current_task())
+        if previous is not None:
+            await asyncio.wait([previous])
+            self._queued = None
+            self._running = me
+        try:
+            return await asyncio.to_thread(self.sample_blocking)
+        finally:
+            if self._running is me:
+                self._running = None
+
+    # -- sampling forever --------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Ask `run()` for an extra sample now (e.g. while waiting for an eviction)."""
+        if self._poked is not None:
+            self._poked.set()
+
+    async def run(self, interval: float, on_sample: Callable[[HostObservation], None]) -> None:
+        """Sample every `interval` seconds, and once more per `poke()`, until cancelled.
+
+        Ticks stay on a fixed grid from the start, so slow reads do not add up to drift;
+        a read longer than the interval skips the ticks it overran. An exception raised
+        by `on_sample` ends the loop.
+        """
+        if not interval > 0:
+            raise ValueError(f"sample interval must be positive, not {interval!r}")
+        loop = asyncio.get_running_loop()
+        poked = self._poked = asyncio.Event()
+        start = loop.time()
+        try:
+            while True:
+                poked.clear()
+                on_sample(await self.sample())
+                now = loop.time()
+                delay = next_tick(start, interval, now) - now
+                if delay > 0 and not poked.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(poked.wait(), delay)
+        finally:
+            if self._poked is poked:
+                self._poked = None
+
+
+def next_tick(start: float, interval: float, now: float) -> float:
+    """The first time on the grid start + k·interval that is after `now`."""
+    ticks = math.floor((now - start) / interval) + 1
+    return start + max(ticks, 1) * interval
+
+
+def _observe(device: DeviceSample, owners: Mapping[int, Attribution]) -> GpuObservation:
+    processes = []
+    for p in device.processes:
+        attribution = owners.get(p.pid)
+        if attribution is None:
+            # Only a fake attributor can leave a PID out; treat it as vanished.
+            attribution = _vanished(p.pid)
+        processes.append(
+            ProcessUsage(p.pid, p.used, attribution.owner, attribution.name, p.kind.letters)
+        )
+    return GpuObservation(
+        device.index,
+        device.uuid,
+        device.name,
+        device.total,
+        device.reserved,
+        device.used,
+        device.free,
+        tuple(processes),
+        device.process_fault,
+    )
+
+
+def _vanished(pid: int) -> Attribution:
+    return Attribution(pid, Owner(OwnerKind.EXTERNAL, OTHER), MatchKind.VANISHED)
