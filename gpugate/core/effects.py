@@ -1,0 +1,87 @@
+"""What the core decides: effects for the gate to carry out, and events to record."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from gpugate.core.failures import Failure
+from gpugate.core.residents import ResidentKey
+from gpugate.core.tickets import Lease
+
+
+@attrs.frozen
+class Grant:
+    """A waiting ticket got its lease: wake its request."""
+
+    ticket_id: int
+    lease: Lease
+
+
+@attrs.frozen
+class Reject:
+    """A waiting ticket failed: answer its request with the failure."""
+
+    ticket_id: int
+    failure: Failure
+
+
+class UnloadReason(enum.Enum):
+    EVICTION = "eviction"
+    """Idle lower-class memory taken for a higher-class demand."""
+    REPLACE = "replace"
+    """The same model with other runner options is about to be loaded."""
+    TTL = "ttl"
+    """Idle longer than its residency policy allows."""
+    PRESSURE = "pressure"
+    """External use grew into the reserve; idle memory is given back."""
+
+
+@attrs.frozen
+class Unload:
+    """Unload a resident and confirm with NVML that its bytes came back."""
+
+    key: ResidentKey
+    gpu: int
+    bytes: int
+    reason: UnloadReason
+    for_ticket: int | None = None
+
+
+class EventKind(enum.Enum):
+    LEASE_GRANTED = "lease_granted"
+    LEASE_RELEASED = "lease_released"
+    TICKET_QUEUED = "ticket_queued"
+    TICKET_CANCELLED = "ticket_cancelled"
+    FAILURE = "failure"
+    EVICTION_STARTED = "eviction_started"
+    EVICTION_DONE = "eviction_done"
+    OUT_OF_BAND_RESIDENT = "out_of_band_resident"
+    RESIDENT_GONE = "resident_gone"
+    PARTIAL_OFFLOAD = "partial_offload"
+    PRESSURE_ENTERED = "pressure_entered"
+    PRESSURE_CLEARED = "pressure_cleared"
+    ENVELOPE_MEASURED = "envelope_measured"
+
+
+@attrs.frozen
+class Event:
+    """A structured event for the log, the store and the metrics."""
+
+    kind: EventKind
+    time: float
+    key: ResidentKey | None = None
+    consumer: str | None = None
+    model: str | None = None
+    gpu: int | None = None
+    bytes: int | None = None
+    detail: str = ""
+    failure: Failure | None = None
+    wait: float | None = None
+    reason: str | None = None
+    priority: str | None = None
+    """The class of the request (lease events) as a label."""
+
+
+Effect = Grant | Reject | Unload | Event

@@ -1,0 +1,100 @@
+"""Failure messages a person can act on, built from the budget and the residents."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpugate.core.budget import GpuBudget
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.residents import Resident
+from gpugate.core.tickets import Demand
+from gpugate.core.units import GiB, format_gib
+
+
+def _gib1(nbytes: int) -> str:
+    return f"{nbytes / GiB:.1f}"
+
+
+def describe_external(budget: GpuBudget) -> str:
+    """'external 3.2 GiB: plex 3.0, unattributed 0.2' (or 'no external use')."""
+    if not budget.external_total:
+        return "no external use"
+    parts = ", ".join(f"{row.name} {_gib1(row.bytes)}" for row in budget.external if row.bytes)
+    return f"external {format_gib(budget.external_total)}: {parts}"
+
+
+def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
+    """Who holds the memory the demand would need, and why it cannot have it now."""
+    others = [r for r in residents if r.key != demand.key and r.bytes]
+    lower = [r for r in others if r.priority < demand.priority]
+    if not lower:
+        holders = "nothing evictable below class " + demand.priority.label
+    else:
+        busy = [r for r in lower if not r.idle]
+        holders = (
+            "lower-class holders busy: " + ", ".join(f"{r.key} {_gib1(r.bytes)} GiB" for r in busy)
+            if busy
+            else "lower-class holders pinned by policy"
+        )
+    top = sorted(others, key=lambda r: -r.bytes)[:3]
+    if top:
+        holders += "; largest: " + ", ".join(
+            f"{r.key} {_gib1(r.bytes)} GiB ({r.priority.label}, "
+            f"{'idle' if r.idle else r.state.value if r.in_flight == 0 else 'busy'})"
+            for r in top
+        )
+    return holders
+
+
+def explain(
+    failure: FailureClass,
+    demand: Demand,
+    needed: int,
+    budget: GpuBudget | None,
+    residents: Sequence[Resident],
+    extra: str = "",
+) -> str:
+    """One line: class, what was needed, what was schedulable, and who holds the rest."""
+    head = f"{failure.value}: {demand.model} needs {format_gib(needed)}"
+    if budget is None:
+        return f"{head} on GPU {demand.gpu}, which has no current sample{extra}"
+    schedulable = max(0, budget.schedulable)
+    return (
+        f"{head}, {format_gib(schedulable)} schedulable on GPU {budget.gpu} "
+        f"({describe_external(budget)}; {describe_holders(demand, residents)}){extra}"
+    )
+
+
+DEFAULT_RETRY_AFTER = {
+    FailureClass.QUEUE_FULL: 5.0,
+    FailureClass.LEASE_TIMEOUT: 10.0,
+    FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM: 30.0,
+    FailureClass.SCHEDULER_STATE_STALE: 5.0,
+    FailureClass.DRIVER_ERROR: 30.0,
+    FailureClass.GPU_MEMORY_NOT_RECLAIMED: 10.0,
+}
+
+
+def make_failure(
+    failure_class: FailureClass,
+    demand: Demand,
+    needed: int,
+    budget: GpuBudget | None,
+    residents: Sequence[Resident],
+    *,
+    retry_after: float | None = None,
+    extra: str = "",
+) -> Failure:
+    """A failure for a demand, with its message and a Retry-After for capacity classes."""
+    if retry_after is None and failure_class.is_capacity:
+        retry_after = DEFAULT_RETRY_AFTER.get(failure_class, 5.0)
+    return Failure(
+        failure_class,
+        explain(failure_class, demand, needed, budget, residents, extra),
+        consumer=demand.consumer,
+        model=demand.model,
+        gpu=demand.gpu,
+        bytes_needed=needed,
+        bytes_schedulable=max(0, budget.schedulable) if budget else None,
+        retry_after=retry_after,
+    )

@@ -1,0 +1,275 @@
+"""The planner: for one demand, grant now, evict these then grant, wait, or fail.
+
+A pure function of the demand, the bytes still free for it (the pool left after every
+earlier ticket in the queue took its share) and the residents on its GPU. It never
+changes anything; the core state applies what it decides.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.failures import FailureClass
+from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
+from gpugate.core.tickets import Demand
+
+
+@attrs.frozen
+class PlannerSettings:
+    equal_class_grace: float = 30.0
+    """An idle resident of the demand's own class may be evicted only after this long idle."""
+
+
+class PlanKind(enum.Enum):
+    GRANT = "grant"
+    EVICT = "evict"
+    WAIT = "wait"
+    FAIL = "fail"
+
+
+@attrs.frozen
+class Plan:
+    kind: PlanKind
+    needed: int
+    """Bytes the demand adds to the budget (0 when its model is already resident)."""
+    victims: tuple[ResidentKey, ...] = ()
+    """EVICT: the residents to unload, in eviction order."""
+    counting_on: tuple[ResidentKey, ...] = ()
+    """WAIT/EVICT: residents whose bytes the demand expects to get; later tickets keep off."""
+    eventual: int = 0
+    """WAIT/EVICT: bytes those residents will free by the deadline."""
+    earliest: float | None = None
+    """When the demand could fit at the soonest (None: never, as far as anyone can tell)."""
+    failure: FailureClass | None = None
+    reason: str = ""
+
+
+def same_model(resident: ResidentKey, demand: ResidentKey) -> bool:
+    return resident.consumer == demand.consumer and resident.model == demand.model
+
+
+def reusable(resident: ResidentKey, demand: ResidentKey) -> bool:
+    """A request can use this loaded model without making the runtime reload it."""
+    if not same_model(resident, demand):
+        return False
+    return resident.options == demand.options or (
+        resident.options == ANY_OPTIONS and demand.options == ""
+    )
+
+
+def class_allows(resident: Resident, demand: Demand) -> bool:
+    """May a demand of this class ever take this resident's memory (when it is idle)?"""
+    if resident.policy is ResidencyPolicy.ALWAYS_WARM:
+        return (
+            demand.priority is PriorityClass.PRODUCTION
+            and resident.priority < PriorityClass.PRODUCTION
+        )
+    return resident.priority <= demand.priority
+
+
+def evictable_now(
+    resident: Resident, demand: Demand, now: float, settings: PlannerSettings
+) -> bool:
+    """Idle, its policy allows it, and of lower class (equal: only after the idle grace)."""
+    if not resident.idle or not class_allows(resident, demand):
+        return False
+    if resident.priority == demand.priority:
+        return now - resident.last_used >= settings.equal_class_grace
+    return True
+
+
+def victim_order(resident: Resident) -> tuple[int, float, float]:
+    """Lowest class first, then cheapest to reload per byte freed, then least recently used."""
+    return (int(resident.priority), resident.reload_cost_per_byte(), resident.last_used)
+
+
+def release_time(
+    resident: Resident, demand: Demand, now: float, settings: PlannerSettings
+) -> float | None:
+    """The soonest this resident's bytes could be the demand's (None: not before shutdown).
+
+    Requests in flight have no known end, so a busy resident is assumed to become idle
+    now: the demand waits for it rather than giving up.
+    """
+    if resident.state is ResidentState.UNLOADING:
+        return now
+    if class_allows(resident, demand):
+        if resident.priority == demand.priority:
+            idle_since = resident.last_used if resident.idle else now
+            return max(now, idle_since + settings.equal_class_grace)
+        return now
+    if resident.idle_ttl is None:
+        return None
+    expiry = resident.expires_at()
+    return expiry if expiry is not None else now + resident.idle_ttl
+
+
+def plan(
+    demand: Demand,
+    *,
+    pool: int,
+    residents: Sequence[Resident],
+    schedulable: int | None = None,
+    now: float,
+    deadline: float,
+    settings: PlannerSettings = PlannerSettings(),
+    claimed: Iterable[ResidentKey] = (),
+    releasable_unexplained: int = 0,
+    may_evict: bool = True,
+) -> Plan:
+    """Decide for one demand.
+
+    `pool` is what is schedulable for it after earlier tickets' shares (may be negative);
+    `schedulable` is the GPU's schedulable bytes before those shares (default: `pool`),
+    used to tell "never" from "not yet": earlier tickets hold their shares only for a while.
+    `residents` are those on the demand's GPU. `claimed` residents are counted on by
+    earlier waiting tickets and are not this demand's to take. `releasable_unexplained` is
+    memory of this GPU's consumers the gate cannot name yet but will be able to reclaim once
+    the runtime lists it. With `may_evict` false (its earlier unloads are still under way)
+    the demand waits for those instead of choosing more victims on numbers that are
+    moving under it.
+    """
+    claimed = set(claimed)
+    exact = [r for r in residents if reusable(r.key, demand.key)]
+    for resident in exact:
+        if resident.state is ResidentState.RESIDENT:
+            return Plan(PlanKind.GRANT, 0, reason=f"{resident.key} is resident")
+    needed = demand.envelope
+    if exact:
+        # Loading under another lease (this one rides on it) or being unloaded: wait.
+        state = exact[0].state.value
+        return Plan(
+            PlanKind.WAIT,
+            needed,
+            counting_on=tuple(r.key for r in exact),
+            eventual=0,
+            earliest=now,
+            reason=f"{exact[0].key} is {state}",
+        )
+
+    # Another copy of the same model with other runner options: the runtime would replace
+    # it anyway, so it goes first, whatever its class, once it is idle.
+    replaced = [r for r in residents if same_model(r.key, demand.key) and r.key not in claimed]
+    if any(not r.idle for r in replaced):
+        busy = [r for r in replaced if not r.idle]
+        return Plan(
+            PlanKind.WAIT,
+            needed,
+            counting_on=tuple(r.key for r in replaced),
+            eventual=sum(r.bytes for r in replaced),
+            earliest=now,
+            reason=f"{busy[0].key} must be replaced and is {_busy_word(busy[0])}",
+        )
+    forced = sorted(replaced, key=victim_order)
+    forced_bytes = sum(r.bytes for r in forced)
+    # Unloads already under way (for this demand, or for nobody in particular) bring their
+    # bytes back soon: count them before choosing anyone else.
+    unloading = [
+        r
+        for r in residents
+        if r.state is ResidentState.UNLOADING
+        and r.key not in claimed
+        and not same_model(r.key, demand.key)
+    ]
+    incoming = sum(r.bytes for r in unloading)
+    coming = tuple(r.key for r in unloading)
+
+    if needed <= pool and not forced:
+        return Plan(PlanKind.GRANT, needed, reason="fits")
+    if (needed <= pool + incoming or not may_evict) and not forced:
+        return Plan(
+            PlanKind.WAIT,
+            needed,
+            counting_on=coming,
+            eventual=incoming,
+            earliest=now,
+            reason="waiting for unloads under way",
+        )
+
+    taken = {r.key for r in forced}
+    candidates = sorted(
+        (
+            r
+            for r in residents
+            if r.key not in claimed
+            and r.key not in taken
+            and evictable_now(r, demand, now, settings)
+        ),
+        key=victim_order,
+    )
+    victims = list(forced)
+    freed = forced_bytes + incoming
+    for resident in candidates:
+        if pool + freed >= needed:
+            break
+        victims.append(resident)
+        freed += resident.bytes
+    if pool + freed >= needed:
+        keys = tuple(r.key for r in victims)
+        return Plan(
+            PlanKind.EVICT,
+            needed,
+            victims=keys,
+            counting_on=keys + coming,
+            eventual=freed,
+            earliest=now,
+            reason=f"evict {', '.join(str(k) for k in keys)}",
+        )
+
+    # Not now. Could it ever fit, and before the deadline? Residents claimed by earlier
+    # tickets still count for that question (they are earlier tickets' only for a while)
+    # but not for what this one may expect to get.
+    releases: list[tuple[float, int, ResidentKey | None]] = []
+    for resident in residents:
+        when = release_time(resident, demand, now, settings)
+        if when is not None:
+            releases.append((when, resident.bytes, resident.key))
+    if releasable_unexplained > 0:
+        releases.append((now, releasable_unexplained, None))
+    releases.sort(key=lambda item: item[0])
+    have = pool if schedulable is None else max(pool, schedulable)
+    earliest: float | None = None
+    for when, nbytes, _ in releases:
+        if have >= needed:
+            break
+        have += nbytes
+        earliest = when
+    if have < needed:
+        return Plan(
+            PlanKind.FAIL,
+            needed,
+            failure=FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM,
+            reason="cannot fit even after everything evictable for its class is gone",
+        )
+    earliest = now if earliest is None else earliest
+    if earliest > deadline:
+        return Plan(
+            PlanKind.FAIL,
+            needed,
+            earliest=earliest,
+            failure=FailureClass.DEADLINE_CANNOT_BE_MET,
+            reason="the memory it needs frees up only after its maximum wait",
+        )
+    counting = [
+        (key, nbytes) for when, nbytes, key in releases
+        if when <= deadline and key is not None and key not in claimed
+    ]
+    unexplained = releasable_unexplained if releasable_unexplained > 0 else 0
+    return Plan(
+        PlanKind.WAIT,
+        needed,
+        counting_on=tuple(key for key, _ in counting),
+        eventual=sum(nbytes for _, nbytes in counting) + unexplained,
+        earliest=earliest,
+        reason="waiting for memory to be released",
+    )
+
+
+def _busy_word(resident: Resident) -> str:
+    if resident.state is ResidentState.RESIDENT:
+        return f"serving {resident.in_flight} request(s)"
+    return resident.state.value

@@ -1,0 +1,66 @@
+"""External pressure: a reserve that grows with external volatility, and hysteresis.
+
+The gate cannot stop Plex from growing; it can keep enough headroom that Plex's next
+burst does not land on a model load, and give idle memory back when the headroom is
+eaten. Both react to samples only: time is the sample's time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from gpugate.core.units import MiB
+
+
+@attrs.frozen
+class ReserveSettings:
+    base: int
+    """The reserve with calm external use."""
+    ceiling: int
+    """The most the reserve grows to."""
+    window: float = 600.0
+    """How far back an external peak still counts."""
+    clear_margin: int = 256 * MiB
+    """Pressure ends only when this much is schedulable again (hysteresis)."""
+
+
+@attrs.define
+class ExternalHistory:
+    """External bytes over the last window, to size the reserve of one GPU."""
+
+    settings: ReserveSettings
+    _samples: deque[tuple[float, int]] = attrs.field(factory=deque)
+
+    def observe(self, now: float, external: int) -> None:
+        self._samples.append((now, external))
+        horizon = now - self.settings.window
+        while self._samples and self._samples[0][0] < horizon:
+            self._samples.popleft()
+
+    def reserve(self) -> int:
+        """Base reserve plus how far external use may rebound to its recent peak."""
+        if not self._samples:
+            return self.settings.base
+        current = self._samples[-1][1]
+        peak = max(external for _, external in self._samples)
+        return min(self.settings.ceiling, self.settings.base + max(0, peak - current))
+
+
+@attrs.define
+class PressureGauge:
+    """Over-committed or not, with hysteresis so one noisy sample does not flap."""
+
+    clear_margin: int
+    active: bool = False
+
+    def update(self, schedulable: int) -> bool | None:
+        """Feed the latest schedulable bytes; True on entering pressure, False on leaving."""
+        if not self.active and schedulable < 0:
+            self.active = True
+            return True
+        if self.active and schedulable >= self.clear_margin:
+            self.active = False
+            return False
+        return None

@@ -1,0 +1,361 @@
+"""Queueing: admit a demand, walk each GPU's queue in order, grant, evict for, or fail.
+
+A pass over a GPU's queue hands each ticket, in class-then-arrival order, the bytes the
+earlier tickets left (the pool). A ticket that must wait keeps back the part of its need
+that what it waits for will not cover, and the residents it counts on; a later ticket
+may only use what is left (backfill that never delays an earlier ticket). Tickets for a
+model another ticket is already waiting for ride on that one.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from gpugate.core.books import Books
+from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, UnloadReason
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.planner import PlanKind, PlannerSettings, plan
+from gpugate.core.queue import TicketQueue
+from gpugate.core.residents import ResidentKey
+from gpugate.core.telemetry import Telemetry
+from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+
+UNEXPLAINED = ResidentKey("", "<unexplained>")
+"""Claim marker for memory a runtime will name at its next listing."""
+
+FailureFactory = Callable[..., Failure]
+
+
+@attrs.frozen
+class Admission:
+    """The answer to a demand: a lease now, a ticket to wait on, or a failure."""
+
+    ticket_id: int
+    lease: Lease | None = None
+    failure: Failure | None = None
+    effects: tuple[Effect, ...] = ()
+
+    @property
+    def waiting(self) -> bool:
+        return self.lease is None and self.failure is None
+
+
+class Outcome(enum.Enum):
+    GRANTED = "granted"
+    FAILED = "failed"
+    WAITING = "waiting"
+    FULL = "full"
+    """It would have to wait, but its consumer's queue is full."""
+
+
+@attrs.define
+class _Tail:
+    """What a queue pass left: a ticket that sorts last can be planned from it alone."""
+
+    version: int
+    schedulable: int
+    pool: int
+    claimed: set[ResidentKey]
+    riding: set[ResidentKey]
+
+
+def granted_event(lease: Lease) -> Event:
+    return Event(
+        EventKind.LEASE_GRANTED,
+        lease.granted,
+        key=lease.key,
+        consumer=lease.key.consumer,
+        model=lease.key.model,
+        gpu=lease.gpu,
+        bytes=lease.pending,
+        wait=lease.waited,
+    )
+
+
+def failure_event(failure: Failure, now: float) -> Event:
+    return Event(
+        EventKind.FAILURE,
+        now,
+        consumer=failure.consumer,
+        model=failure.model,
+        gpu=failure.gpu,
+        bytes=failure.bytes_needed,
+        failure=failure,
+        detail=failure.message,
+    )
+
+
+class Scheduler:
+    """Tickets and per-GPU queues. Reads the books and telemetry; changes only the books'
+    leases and unloads, and its own tickets."""
+
+    def __init__(
+        self,
+        books: Books,
+        telemetry: Telemetry,
+        *,
+        planner: PlannerSettings,
+        max_wait: Callable[[Demand], float],
+        queue_limit: Callable[[str], int],
+        reconcilable: frozenset[str],
+        usable: Callable[[int, float], FailureClass | None],
+        fail: FailureFactory,
+    ) -> None:
+        self.books = books
+        self.telemetry = telemetry
+        self.planner = planner
+        self._max_wait = max_wait
+        self._queue_limit = queue_limit
+        self._reconcilable = reconcilable
+        self._usable = usable
+        self._fail = fail
+        self.tickets: dict[int, Ticket] = {}
+        self.queues: dict[int, TicketQueue] = {}
+        self.wake: dict[int, float] = {}
+        self._tails: dict[int, _Tail] = {}
+        self._full: set[int] = set()
+        self._ids = itertools.count(1)
+
+    # -- demands -------------------------------------------------------------------------
+
+    def submit(self, demand: Demand, now: float) -> Admission:
+        """A request needs VRAM: grant it, queue it, or fail it."""
+        ticket_id = next(self._ids)
+        gpu = demand.gpu
+        resident = self.books.reusable(demand.key)
+        if resident is not None:
+            lease = self.books.open_lease(ticket_id, demand, now, now, 0, resident)
+            return Admission(ticket_id, lease=lease, effects=(granted_event(lease),))
+        unusable = self._usable(gpu, now)
+        if unusable is not None:
+            failure = self._fail(unusable, demand, demand.envelope, now)
+            return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
+        queue = self.queues.setdefault(gpu, TicketQueue())
+        ticket = Ticket(ticket_id, demand, arrived=now, deadline=now + self._max_wait(demand))
+        may_wait = queue.waiting_for(demand.consumer) < self._queue_limit(demand.consumer)
+        effects: list[Effect] = []
+        if queue.would_be_last(ticket):
+            # Earlier tickets' plans do not depend on a later one: plan it from the tail.
+            tail = self._tails.get(gpu)
+            if tail is None or tail.version != self.books.version:
+                effects.extend(self.schedule(gpu, now))
+                tail = self._tails[gpu]
+            outcome = self._plan_one(ticket, tail, now, effects, may_wait=may_wait)
+            if outcome is Outcome.WAITING:
+                self._enqueue(ticket)
+                tail.version = self.books.version
+        else:
+            self._enqueue(ticket)
+            effects.extend(self.schedule(gpu, now, no_wait=() if may_wait else (ticket_id,)))
+            outcome = Outcome.WAITING if ticket.state is TicketState.WAITING else Outcome.GRANTED
+            if ticket_id in self._full:
+                self._full.discard(ticket_id)
+                self._dequeue(ticket)
+                effects.extend(self.schedule(gpu, now))
+                outcome = Outcome.FULL
+        if outcome is Outcome.FULL:
+            failure = self._fail(
+                FailureClass.QUEUE_FULL,
+                demand,
+                demand.envelope,
+                now,
+                extra=f"; {demand.consumer} already has {queue.waiting_for(demand.consumer)} "
+                "requests waiting",
+            )
+            return Admission(
+                ticket_id, failure=failure, effects=(*effects, failure_event(failure, now))
+            )
+        if ticket.state is TicketState.WAITING:
+            effects.append(
+                Event(
+                    EventKind.TICKET_QUEUED,
+                    now,
+                    key=demand.key,
+                    consumer=demand.consumer,
+                    model=demand.model,
+                    gpu=gpu,
+                    bytes=demand.envelope,
+                )
+            )
+            return Admission(ticket_id, effects=tuple(effects))
+        mine = [e for e in effects if isinstance(e, Grant | Reject) and e.ticket_id == ticket_id]
+        rest = tuple(e for e in effects if not any(e is m for m in mine))
+        if isinstance(mine[0], Grant):
+            return Admission(ticket_id, lease=mine[0].lease, effects=rest)
+        return Admission(ticket_id, failure=mine[0].failure, effects=rest)
+
+    def cancel(self, ticket_id: int, now: float) -> list[Effect]:
+        """The client of a waiting ticket went away."""
+        ticket = self.tickets.get(ticket_id)
+        if ticket is None:
+            return []
+        self._dequeue(ticket)
+        ticket.state = TicketState.CANCELLED
+        demand = ticket.demand
+        cancelled = Event(EventKind.TICKET_CANCELLED, now, key=demand.key,
+                          consumer=demand.consumer, model=demand.model, gpu=demand.gpu,
+                          wait=now - ticket.arrived, detail="its client went away")
+        return [cancelled, *self.schedule(demand.gpu, now)]
+
+    def reject(self, ticket: Ticket, failure: Failure, now: float) -> list[Effect]:
+        """Fail a waiting ticket."""
+        self._dequeue(ticket)
+        ticket.state = TicketState.FAILED
+        return [Reject(ticket.id, failure), failure_event(failure, now)]
+
+    def expire(self, now: float) -> tuple[list[Effect], set[int]]:
+        """Fail tickets past their deadline; returns effects and the GPUs to re-plan."""
+        effects: list[Effect] = []
+        gpus: set[int] = set()
+        for ticket in list(self.tickets.values()):
+            if ticket.deadline <= now:
+                failure = self._fail(
+                    FailureClass.LEASE_TIMEOUT,
+                    ticket.demand,
+                    ticket.demand.envelope,
+                    now,
+                    extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
+                    f"{ticket.demand.priority.label} may wait",
+                )
+                effects.extend(self.reject(ticket, failure, now))
+                gpus.add(ticket.demand.gpu)
+        for ticket_id, at in self.wake.items():
+            ticket = self.tickets.get(ticket_id)
+            if ticket is not None and at <= now:
+                gpus.add(ticket.demand.gpu)
+        return effects, gpus
+
+    def next_wakeup(self) -> float | None:
+        times = [t.deadline for t in self.tickets.values()] + list(self.wake.values())
+        return min(times) if times else None
+
+    # -- the pass ------------------------------------------------------------------------
+
+    def schedule(self, gpu: int, now: float, no_wait: Iterable[int] = ()) -> list[Effect]:
+        """Walk the GPU's queue in order; grant, evict for, or fail each ticket."""
+        effects: list[Effect] = []
+        budget = self.telemetry.budget(gpu, self.books)
+        schedulable = budget.schedulable if budget else 0
+        tail = _Tail(self.books.version, schedulable, schedulable, set(), set())
+        queue = self.queues.get(gpu)
+        if queue and budget is not None and self._usable(gpu, now) is None:
+            no_wait = set(no_wait)
+            for ticket in queue:
+                if ticket.demand.key in tail.riding:
+                    continue
+                outcome = self._plan_one(
+                    ticket, tail, now, effects, may_wait=ticket.id not in no_wait
+                )
+                if outcome is Outcome.FULL:
+                    self._full.add(ticket.id)
+        tail.version = self.books.version
+        self._tails[gpu] = tail
+        return effects
+
+    def _plan_one(
+        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
+    ) -> Outcome:
+        """Plan one ticket against what earlier tickets left, and apply the plan."""
+        demand = ticket.demand
+        gpu = demand.gpu
+        releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
+        decision = plan(
+            demand,
+            pool=tail.pool,
+            schedulable=tail.schedulable,
+            residents=self.books.on_gpu(gpu),
+            now=now,
+            deadline=ticket.deadline,
+            settings=self.planner,
+            claimed=tail.claimed,
+            releasable_unexplained=releasable,
+            may_evict=not any(key in self.books.unloads for key in ticket.evicting),
+        )
+        queued = ticket.id in self.tickets
+        if decision.kind is PlanKind.GRANT:
+            if queued:
+                self._dequeue(ticket)
+            ticket.state = TicketState.GRANTED
+            resident = self.books.reusable(demand.key)
+            lease = self.books.open_lease(
+                ticket.id, demand, now, ticket.arrived, decision.needed, resident
+            )
+            tail.pool -= decision.needed
+            effects.append(Grant(ticket.id, lease))
+            effects.append(granted_event(lease))
+            tail.version = self.books.version
+            return Outcome.GRANTED
+        if decision.kind is PlanKind.FAIL:
+            assert decision.failure is not None
+            retry = None
+            if decision.earliest is not None:
+                retry = float(max(1, math.ceil(decision.earliest - now)))
+            failure = self._fail(
+                decision.failure,
+                demand,
+                decision.needed,
+                now,
+                retry_after=retry,
+                extra=f"; {decision.reason}",
+            )
+            if queued:
+                effects.extend(self.reject(ticket, failure, now))
+            else:
+                ticket.state = TicketState.FAILED
+                effects.append(Reject(ticket.id, failure))
+                effects.append(failure_event(failure, now))
+            return Outcome.FAILED
+        if not may_wait:
+            return Outcome.FULL
+        if decision.kind is PlanKind.EVICT:
+            ticket.evicting = decision.victims
+            for key in decision.victims:
+                resident = self.books.residents[key]
+                reason = (
+                    UnloadReason.REPLACE if key.model == demand.model else UnloadReason.EVICTION
+                )
+                effects.append(self.books.start_unload(resident, reason, ticket.id))
+                effects.append(
+                    Event(
+                        EventKind.EVICTION_STARTED,
+                        now,
+                        key=key,
+                        consumer=key.consumer,
+                        model=key.model,
+                        gpu=gpu,
+                        bytes=resident.bytes,
+                        reason=reason.value,
+                        detail=f"for {demand.key} ({demand.priority.label})",
+                    )
+                )
+        if decision.earliest is not None and decision.earliest > now:
+            self.wake[ticket.id] = decision.earliest
+        else:
+            self.wake.pop(ticket.id, None)
+        tail.claimed.update(decision.counting_on)
+        if releasable and decision.kind is PlanKind.WAIT:
+            tail.claimed.add(UNEXPLAINED)
+        tail.riding.add(demand.key)
+        tail.pool -= max(0, decision.needed - decision.eventual)
+        tail.version = self.books.version
+        return Outcome.WAITING
+
+    def _releasable_unexplained(self, gpu: int) -> int:
+        rows = self.telemetry.unexplained.get(gpu, {})
+        return sum(b for c, b in rows.items() if c in self._reconcilable)
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        self.tickets[ticket.id] = ticket
+        self.queues.setdefault(ticket.demand.gpu, TicketQueue()).add(ticket)
+        self.books.touch()
+
+    def _dequeue(self, ticket: Ticket) -> None:
+        if self.tickets.pop(ticket.id, None) is not None:
+            self.queues[ticket.demand.gpu].remove(ticket)
+        self.wake.pop(ticket.id, None)
+        self.books.touch()

@@ -1,0 +1,443 @@
+"""The core state: the gate's books, changed only by events, answering with effects.
+
+`GateCore` owns residents, leases and queued tickets for every GPU. Each public method
+is one event (a demand, a release, a sample, a listing, a timer, an unload that
+finished); it changes the books synchronously and returns what must happen next. There
+is no I/O, no asyncio and no clock here: the caller passes `now`, so tests drive a fake
+clock and the gate's event loop is the only caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from gpugate.core.books import Books
+from gpugate.core.budget import GpuBudget
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.effects import Effect, Event, EventKind, Unload, UnloadReason
+from gpugate.core.explain import make_failure
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
+from gpugate.core.planner import PlannerSettings, victim_order
+from gpugate.core.pressure import ReserveSettings
+from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
+from gpugate.core.scheduling import Admission, Scheduler
+from gpugate.core.telemetry import Telemetry
+from gpugate.core.tickets import Demand, Lease, Ticket
+
+__all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
+
+
+@attrs.frozen
+class CoreSettings:
+    """Everything the core needs from the configuration, already resolved."""
+
+    reserve: ReserveSettings
+    reserve_by_gpu: Mapping[int, ReserveSettings] = attrs.field(factory=dict)
+    max_wait: Mapping[PriorityClass, float] = attrs.field(factory=dict)
+    consumer_gpus: Mapping[str, int] = attrs.field(factory=dict)
+    queue_limit: Mapping[str, int] = attrs.field(factory=dict)
+    default_queue_limit: int = 32
+    stale_after: float = 5.0
+    planner: PlannerSettings = attrs.field(factory=PlannerSettings)
+    reconcilable: frozenset[str] = frozenset()
+    """Consumers whose runtime lists what it has loaded (their unknown memory gets a name)."""
+
+    def wait_for(self, priority: PriorityClass) -> float:
+        return self.max_wait.get(priority, 120.0)
+
+
+@attrs.frozen
+class ListedModel:
+    """A model a runtime says it has loaded (Ollama's /api/ps), with the config for it."""
+
+    model: str
+    bytes: int
+    """Bytes in VRAM (size_vram)."""
+    size: int
+    """Total bytes including what was offloaded to the CPU."""
+    priority: PriorityClass
+    policy: ResidencyPolicy
+    idle_ttl: float | None
+    reload_seconds: float = 1.0
+
+
+class GateCore:
+    """The single owner of the gate's books. Every public method is one event."""
+
+    def __init__(self, settings: CoreSettings) -> None:
+        self.settings = settings
+        self.books = Books()
+        self.telemetry = Telemetry(
+            settings.reserve, dict(settings.reserve_by_gpu), settings.consumer_gpus
+        )
+        self.scheduler = Scheduler(
+            self.books,
+            self.telemetry,
+            planner=settings.planner,
+            max_wait=lambda demand: settings.wait_for(demand.priority),
+            queue_limit=lambda c: settings.queue_limit.get(c, settings.default_queue_limit),
+            reconcilable=settings.reconcilable,
+            usable=self._unusable,
+            fail=self._failure,
+        )
+
+    # -- views ---------------------------------------------------------------------------
+
+    @property
+    def fault(self) -> DriverFault | None:
+        return self.telemetry.fault
+
+    def gpus(self) -> list[int]:
+        return sorted(self.telemetry.observations)
+
+    def observation(self, gpu: int) -> GpuObservation | None:
+        return self.telemetry.observations.get(gpu)
+
+    def sample_age(self, gpu: int, now: float) -> float | None:
+        return self.telemetry.sample_age(gpu, now)
+
+    def budget(self, gpu: int) -> GpuBudget | None:
+        return self.telemetry.budget(gpu, self.books)
+
+    def in_pressure(self, gpu: int) -> bool:
+        gauge = self.telemetry.pressure.get(gpu)
+        return bool(gauge and gauge.active)
+
+    def residents(self, gpu: int | None = None) -> list[Resident]:
+        residents = self.books.residents.values()
+        return [r for r in residents if gpu is None or r.gpu == gpu]
+
+    def resident(self, key: ResidentKey) -> Resident | None:
+        return self.books.residents.get(key)
+
+    def leases(self) -> list[Lease]:
+        return list(self.books.leases.values())
+
+    def lease(self, lease_id: int) -> Lease | None:
+        return self.books.leases.get(lease_id)
+
+    def waiting(self, gpu: int | None = None) -> list[Ticket]:
+        if gpu is not None:
+            queue = self.scheduler.queues.get(gpu)
+            return list(queue) if queue else []
+        return [t for q in self.scheduler.queues.values() for t in q]
+
+    def unloads(self) -> list[Unload]:
+        return list(self.books.unloads.values())
+
+    # -- events: demands and their requests ----------------------------------------------
+
+    def submit(self, demand: Demand, now: float) -> Admission:
+        """A request needs VRAM: a lease now, a ticket to wait on, or a failure."""
+        return self.scheduler.submit(demand, now)
+
+    def cancel(self, ticket_id: int, now: float) -> list[Effect]:
+        """The client of a waiting ticket went away."""
+        return self.scheduler.cancel(ticket_id, now)
+
+    def loaded(self, lease_id: int, now: float) -> list[Effect]:
+        """The runtime answered the lease's request, so its model is in VRAM now."""
+        lease = self.books.leases.get(lease_id)
+        if lease is None or not lease.pending:
+            return []
+        self.books.materialise(lease, now)
+        return self.scheduler.schedule(lease.gpu, now)
+
+    def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]:
+        """The lease's request ended: done, failed, or abandoned by its client."""
+        closed = self.books.close_lease(lease_id, now, failed=failed)
+        if closed is None:
+            return []
+        lease, resident = closed
+        effects: list[Effect] = [
+            Event(
+                EventKind.LEASE_RELEASED,
+                now,
+                key=lease.key,
+                consumer=lease.key.consumer,
+                model=lease.key.model,
+                gpu=lease.gpu,
+                wait=lease.waited,
+                reason="failed" if failed else "done",
+            )
+        ]
+        if resident is not None and resident.idle and resident.idle_ttl == 0:
+            effects.extend(self._expire(resident, now))
+        self.telemetry.explain(lease.gpu, self.books)
+        effects.extend(self.scheduler.schedule(lease.gpu, now))
+        return effects
+
+    # -- events: what the world reports --------------------------------------------------
+
+    def observe(self, sample: HostObservation, now: float) -> list[Effect]:
+        """A new NVML sample, or a driver fault."""
+        effects: list[Effect] = []
+        for gpu in self.telemetry.observe(sample, self.books):
+            self.books.touch()
+            effects.extend(self._relieve_pressure(gpu, now))
+            effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
+
+    def reconcile(
+        self,
+        consumer: str,
+        gpu: int,
+        listed: Sequence[ListedModel],
+        *,
+        asked_at: float,
+        now: float,
+    ) -> list[Effect]:
+        """A runtime listed what it has loaded (asked at `asked_at`, answered by `now`).
+
+        Residents it no longer lists are gone; models it lists that the books do not know
+        were loaded behind the gate's back and become residents like any other; measured
+        sizes replace envelopes.
+        """
+        effects: list[Effect] = []
+        names = {m.model for m in listed}
+        for resident in self.residents(gpu):
+            if (
+                resident.key.consumer == consumer
+                and resident.state is ResidentState.RESIDENT
+                and resident.key.model not in names
+                and resident.in_flight == 0
+                and resident.changed_at <= asked_at
+            ):
+                del self.books.residents[resident.key]
+                effects.append(
+                    self._event(
+                        EventKind.RESIDENT_GONE, now, resident, "no longer listed by the runtime"
+                    )
+                )
+        for model in listed:
+            same = [
+                r
+                for r in self.residents(gpu)
+                if r.key.consumer == consumer and r.key.model == model.model
+            ]
+            if not same:
+                resident = Resident(
+                    key=ResidentKey(consumer, model.model, ANY_OPTIONS),
+                    gpu=gpu,
+                    bytes=model.bytes,
+                    priority=model.priority,
+                    policy=model.policy,
+                    idle_ttl=model.idle_ttl,
+                    last_used=now,
+                    changed_at=now,
+                    reload_seconds=model.reload_seconds,
+                    out_of_band=True,
+                )
+                self.books.residents[resident.key] = resident
+                effects.append(
+                    self._event(
+                        EventKind.OUT_OF_BAND_RESIDENT, now, resident, "loaded without a lease"
+                    )
+                )
+                same = [resident]
+            for resident in same:
+                if resident.state is not ResidentState.RESIDENT:
+                    continue
+                if resident.bytes != model.bytes:
+                    effects.append(
+                        self._event(
+                            EventKind.ENVELOPE_MEASURED,
+                            now,
+                            resident,
+                            f"accounted {resident.bytes} bytes, the runtime reports {model.bytes}",
+                            nbytes=model.bytes,
+                        )
+                    )
+                    resident.bytes = model.bytes
+                if model.bytes < model.size and not resident.offload_reported:
+                    resident.offload_reported = True
+                    effects.append(
+                        self._event(
+                            EventKind.PARTIAL_OFFLOAD,
+                            now,
+                            resident,
+                            f"{model.bytes} of {model.size} bytes on the GPU, the rest on the CPU",
+                        )
+                    )
+        self.books.touch()
+        self.telemetry.explain(gpu, self.books)
+        effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
+
+    def unloaded(self, key: ResidentKey, now: float, *, reclaimed: bool) -> list[Effect]:
+        """An unload finished: NVML showed the bytes back, or it did not in time."""
+        finished = self.books.finish_unload(key)
+        if finished is None:
+            return []
+        unload, _ = finished
+        effects: list[Effect] = [
+            Event(
+                EventKind.EVICTION_DONE,
+                now,
+                key=key,
+                consumer=key.consumer,
+                model=key.model,
+                gpu=unload.gpu,
+                bytes=unload.bytes,
+                reason=unload.reason.value,
+                detail="reclaimed" if reclaimed else "not reclaimed",
+            )
+        ]
+        if not reclaimed and unload.for_ticket is not None:
+            ticket = self.scheduler.tickets.get(unload.for_ticket)
+            if ticket is not None:
+                failure = self._failure(
+                    FailureClass.GPU_MEMORY_NOT_RECLAIMED,
+                    ticket.demand,
+                    ticket.demand.envelope,
+                    now,
+                    extra=f"; {key} was unloaded but NVML did not show its "
+                    f"{unload.bytes / 2**30:.1f} GiB come back",
+                )
+                effects.extend(self.scheduler.reject(ticket, failure, now))
+        self.telemetry.explain(unload.gpu, self.books)
+        effects.extend(self.scheduler.schedule(unload.gpu, now))
+        return effects
+
+    def tick(self, now: float) -> list[Effect]:
+        """Time passed: expire tickets past their deadline and residents past their TTL."""
+        effects, gpus = self.scheduler.expire(now)
+        for resident in self.residents():
+            expiry = resident.expires_at()
+            if expiry is not None and expiry <= now:
+                effects.extend(self._expire(resident, now))
+                gpus.add(resident.gpu)
+        for gpu in sorted(gpus):
+            effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
+
+    def next_wakeup(self) -> float | None:
+        """When `tick` next has something to do (None: nothing is timed)."""
+        times = [at for r in self.books.residents.values() if (at := r.expires_at()) is not None]
+        scheduled = self.scheduler.next_wakeup()
+        if scheduled is not None:
+            times.append(scheduled)
+        return min(times) if times else None
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _expire(self, resident: Resident, now: float) -> list[Effect]:
+        """Unload a resident idle for longer than its policy allows."""
+        unload = self.books.start_unload(resident, UnloadReason.TTL, None)
+        idle = now - resident.last_used
+        return [
+            unload,
+            self._event(EventKind.EVICTION_STARTED, now, resident,
+                        f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s",
+                        reason=UnloadReason.TTL.value),
+        ]
+
+    def _unusable(self, gpu: int, now: float) -> FailureClass | None:
+        if self.telemetry.fault is not None:
+            return FailureClass.DRIVER_ERROR
+        age = self.telemetry.sample_age(gpu, now)
+        if age is None or age > self.settings.stale_after:
+            return FailureClass.SCHEDULER_STATE_STALE
+        return None
+
+    def _failure(
+        self,
+        failure_class: FailureClass,
+        demand: Demand,
+        needed: int,
+        now: float,
+        *,
+        retry_after: float | None = None,
+        extra: str = "",
+    ) -> Failure:
+        fault = self.telemetry.fault
+        if failure_class is FailureClass.DRIVER_ERROR and fault is not None:
+            extra = f"; NVML {fault.name} ({fault.code}): {fault.message}{extra}"
+        elif failure_class is FailureClass.SCHEDULER_STATE_STALE:
+            age = self.telemetry.sample_age(demand.gpu, now)
+            seen = "no NVML sample yet" if age is None else f"last NVML sample is {age:.1f}s old"
+            extra = f"; {seen}{extra}"
+        return make_failure(
+            failure_class,
+            demand,
+            needed,
+            self.budget(demand.gpu),
+            self.residents(demand.gpu),
+            retry_after=retry_after,
+            extra=extra,
+        )
+
+    def _relieve_pressure(self, gpu: int, now: float) -> list[Effect]:
+        """Give idle memory back when external use ate into the reserve."""
+        budget = self.budget(gpu)
+        if budget is None:
+            return []
+        gauge = self.telemetry.gauge(gpu)
+        change = gauge.update(budget.schedulable)
+        effects: list[Effect] = []
+        if change is True:
+            effects.append(
+                Event(
+                    EventKind.PRESSURE_ENTERED,
+                    now,
+                    gpu=gpu,
+                    bytes=-budget.schedulable,
+                    detail=f"over-committed by {-budget.schedulable} bytes",
+                )
+            )
+        elif change is False:
+            effects.append(
+                Event(EventKind.PRESSURE_CLEARED, now, gpu=gpu, bytes=budget.schedulable)
+            )
+        if not gauge.active:
+            return effects
+        unloading = sum(u.bytes for u in self.books.unloads.values() if u.gpu == gpu)
+        deficit = -budget.schedulable - unloading
+        victims = sorted(
+            (
+                r
+                for r in self.residents(gpu)
+                if r.idle and r.policy is not ResidencyPolicy.ALWAYS_WARM and r.bytes > 0
+            ),
+            key=victim_order,
+        )
+        for resident in victims:
+            if deficit <= 0:
+                break
+            effects.append(self.books.start_unload(resident, UnloadReason.PRESSURE, None))
+            effects.append(
+                self._event(
+                    EventKind.EVICTION_STARTED,
+                    now,
+                    resident,
+                    "external use ate into the reserve",
+                    reason=UnloadReason.PRESSURE.value,
+                )
+            )
+            deficit -= resident.bytes
+        return effects
+
+    @staticmethod
+    def _event(
+        kind: EventKind,
+        now: float,
+        resident: Resident,
+        detail: str,
+        *,
+        nbytes: int | None = None,
+        reason: str | None = None,
+    ) -> Event:
+        return Event(
+            kind,
+            now,
+            key=resident.key,
+            consumer=resident.key.consumer,
+            model=resident.key.model,
+            gpu=resident.gpu,
+            bytes=resident.bytes if nbytes is None else nbytes,
+            detail=detail,
+            reason=reason,
+        )

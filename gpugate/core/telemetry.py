@@ -1,0 +1,83 @@
+"""The latest NVML view of every GPU, and what follows from it: reserve, pressure, budget."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpugate.core.books import Books
+from gpugate.core.budget import GpuBudget, compute_budget, unexplained_after_sample
+from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
+from gpugate.core.pressure import ExternalHistory, PressureGauge, ReserveSettings
+
+
+class Telemetry:
+    """Per-GPU samples as the core last saw them. Changed only by `observe`."""
+
+    def __init__(
+        self,
+        reserve: ReserveSettings,
+        reserve_by_gpu: dict[int, ReserveSettings] | None = None,
+        consumer_gpus: Mapping[str, int] | None = None,
+    ) -> None:
+        self._reserve = reserve
+        self._reserve_by_gpu = dict(reserve_by_gpu or {})
+        self.consumer_gpus = dict(consumer_gpus or {})
+        self.observations: dict[int, GpuObservation] = {}
+        self.observed_at: dict[int, float] = {}
+        self.fault: DriverFault | None = None
+        self.unexplained: dict[int, dict[str, int]] = {}
+        self._history: dict[int, ExternalHistory] = {}
+        self.pressure: dict[int, PressureGauge] = {}
+
+    def reserve_settings(self, gpu: int) -> ReserveSettings:
+        return self._reserve_by_gpu.get(gpu, self._reserve)
+
+    def observe(self, sample: HostObservation, books: Books) -> list[int]:
+        """Take a sample in; returns the GPUs it updated."""
+        if sample.error is not None:
+            self.fault = sample.error
+            return []
+        self.fault = None
+        updated = []
+        for device in sample.devices:
+            gpu = device.index
+            self.observations[gpu] = device
+            self.observed_at[gpu] = sample.taken_at
+            history = self._history.setdefault(gpu, ExternalHistory(self.reserve_settings(gpu)))
+            history.observe(sample.taken_at, sum(device.external.values()))
+            self.explain(gpu, books)
+            updated.append(gpu)
+        return updated
+
+    def explain(self, gpu: int, books: Books) -> None:
+        """Recompute what the last sample shows beyond the books (after either changed)."""
+        observation = self.observations.get(gpu)
+        if observation is not None:
+            self.unexplained[gpu] = unexplained_after_sample(
+                observation, books.on_gpu(gpu), books.leases_on(gpu)
+            )
+
+    def reserve(self, gpu: int) -> int:
+        history = self._history.get(gpu)
+        return history.reserve() if history else self.reserve_settings(gpu).base
+
+    def sample_age(self, gpu: int, now: float) -> float | None:
+        at = self.observed_at.get(gpu)
+        return None if at is None else max(0.0, now - at)
+
+    def budget(self, gpu: int, books: Books) -> GpuBudget | None:
+        observation = self.observations.get(gpu)
+        if observation is None:
+            return None
+        return compute_budget(
+            observation,
+            sampled_at=self.observed_at[gpu],
+            reserve=self.reserve(gpu),
+            residents=books.residents.values(),
+            leases=books.leases.values(),
+            unexplained=self.unexplained.get(gpu, {}),
+            consumers=[c for c, g in self.consumer_gpus.items() if g == gpu],
+        )
+
+    def gauge(self, gpu: int) -> PressureGauge:
+        return self.pressure.setdefault(gpu, PressureGauge(self.reserve_settings(gpu).clear_margin))

@@ -1,0 +1,84 @@
+"""Demands, tickets and leases: a request's claim on VRAM from arrival to release."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.residents import ResidentKey
+
+
+@attrs.frozen
+class Demand:
+    """What an adapter says a request needs before it may be forwarded."""
+
+    key: ResidentKey
+    gpu: int
+    envelope: int
+    """Bytes the model takes once loaded; leased in full when it is not resident."""
+    priority: PriorityClass
+    """The request's class: decides its place in the queue and whom it may evict."""
+    resident_priority: PriorityClass
+    """The model's class once loaded: decides who may evict it."""
+    policy: ResidencyPolicy
+    idle_ttl: float | None
+    reload_seconds: float = 1.0
+    sets_ttl: bool = True
+    """The request sets the model's idle time; otherwise it keeps whatever was set before
+    (Ollama's keep_alive is sticky, and /v1 requests cannot carry one)."""
+
+    @property
+    def consumer(self) -> str:
+        return self.key.consumer
+
+    @property
+    def model(self) -> str:
+        return self.key.model
+
+
+class TicketState(enum.Enum):
+    WAITING = "waiting"
+    GRANTED = "granted"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@attrs.define
+class Ticket:
+    """A demand waiting for a lease, in a per-GPU queue ordered by class then arrival."""
+
+    id: int
+    demand: Demand
+    arrived: float
+    deadline: float
+    state: TicketState = TicketState.WAITING
+    evicting: tuple[ResidentKey, ...] = ()
+    """Residents being unloaded so that this ticket fits; their bytes are earmarked for it."""
+
+    def order(self) -> tuple[int, float, int]:
+        """Queue order: highest class first, then arrival, then id."""
+        return (-int(self.demand.priority), self.arrived, self.id)
+
+
+@attrs.define
+class Lease:
+    """The right to have a request in flight: `pending` bytes not yet visible as a resident."""
+
+    id: int
+    demand: Demand
+    granted: float
+    waited: float
+    pending: int
+    """Bytes leased for a load that has not completed; 0 once materialised or when resident."""
+    loads: bool
+    """True when this lease loads the model (it was not resident when granted)."""
+
+    @property
+    def key(self) -> ResidentKey:
+        return self.demand.key
+
+    @property
+    def gpu(self) -> int:
+        return self.demand.gpu

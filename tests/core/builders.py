@@ -1,0 +1,100 @@
+"""Small builders for decision-core tests: observations, demands and a core on a fake clock."""
+
+from __future__ import annotations
+
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.observation import (
+    GpuObservation,
+    HostObservation,
+    Owner,
+    OwnerKind,
+    ProcessUsage,
+)
+from gpugate.core.planner import PlannerSettings
+from gpugate.core.pressure import ReserveSettings
+from gpugate.core.residents import ResidentKey
+from gpugate.core.state import CoreSettings, GateCore
+from gpugate.core.tickets import Demand
+from gpugate.core.units import GiB, MiB
+
+TOTAL = 16 * GiB
+RESERVED = 434 * MiB
+RESERVE = 1 * GiB
+
+
+def proc(pid: int, nbytes: int, owner: str, *, managed: bool = True) -> ProcessUsage:
+    kind = OwnerKind.CONSUMER if managed else OwnerKind.EXTERNAL
+    return ProcessUsage(pid, nbytes, Owner(kind, owner))
+
+
+def gpu(
+    *processes: ProcessUsage,
+    index: int = 0,
+    total: int = TOTAL,
+    reserved: int = RESERVED,
+    unattributed: int = 0,
+) -> GpuObservation:
+    used = sum(p.used or 0 for p in processes) + unattributed
+    return GpuObservation(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA GeForce RTX 4080",
+        total=total,
+        reserved=reserved,
+        used=used,
+        free=total - reserved - used,
+        processes=tuple(processes),
+    )
+
+
+def host(*devices: GpuObservation, at: float) -> HostObservation:
+    return HostObservation(taken_at=at, wall_time=at, devices=tuple(devices))
+
+
+def demand(
+    model: str,
+    envelope: int,
+    *,
+    priority: PriorityClass = PriorityClass.INTERACTIVE,
+    resident_priority: PriorityClass | None = None,
+    consumer: str = "ollama",
+    options: str = "",
+    policy: ResidencyPolicy = ResidencyPolicy.KEEP_WARM,
+    ttl: float | None = 900.0,
+    reload_seconds: float = 1.0,
+    gpu_index: int = 0,
+) -> Demand:
+    return Demand(
+        key=ResidentKey(consumer, model, options),
+        gpu=gpu_index,
+        envelope=envelope,
+        priority=priority,
+        resident_priority=resident_priority if resident_priority is not None else priority,
+        policy=policy,
+        idle_ttl=ttl,
+        reload_seconds=reload_seconds,
+    )
+
+
+def make_core(
+    *,
+    reserve: int = RESERVE,
+    reserve_max: int | None = None,
+    max_wait: float = 60.0,
+    queue_limit: int = 32,
+    stale_after: float = 5.0,
+    grace: float = 30.0,
+    consumers: tuple[str, ...] = ("ollama",),
+    reconcilable: tuple[str, ...] = ("ollama",),
+) -> GateCore:
+    return GateCore(
+        CoreSettings(
+            reserve=ReserveSettings(reserve, reserve if reserve_max is None else reserve_max),
+            max_wait={p: max_wait for p in PriorityClass},
+            consumer_gpus={c: 0 for c in consumers},
+            queue_limit={c: queue_limit for c in consumers},
+            stale_after=stale_after,
+            planner=PlannerSettings(equal_class_grace=grace),
+            reconcilable=frozenset(reconcilable),
+        )
+    )
