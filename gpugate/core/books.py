@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-import attrs
-
 from gpugate.core.effects import Unload, UnloadReason
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease
 
 
 class Books:
-    """Mutable ledger owned by the core; `version` changes on every mutation."""
+    """Mutable ledger owned by the core.
+
+    `version` changes with every change the queue's plans depend on; `residents_version`
+    only when residents or leases change (not when a ticket joins or leaves the queue).
+    """
 
     def __init__(self) -> None:
         self.residents: dict[ResidentKey, Resident] = {}
         self.leases: dict[int, Lease] = {}
         self.unloads: dict[ResidentKey, Unload] = {}
         self.version = 0
+        self.residents_version = 0
 
-    def touch(self) -> None:
+    def touch(self, *, residents: bool = True) -> None:
+        """Record a change: to the queue only, or (the default) to what holds memory."""
         self.version += 1
+        if residents:
+            self.residents_version += 1
 
     def on_gpu(self, gpu: int) -> list[Resident]:
         return [r for r in self.residents.values() if r.gpu == gpu]
@@ -33,7 +39,7 @@ class Books:
         if exact is not None and exact.state is ResidentState.RESIDENT:
             return exact
         if key.options == "":
-            loose = self.residents.get(attrs.evolve(key, options=ANY_OPTIONS))
+            loose = self.residents.get(ResidentKey(key.consumer, key.model, ANY_OPTIONS))
             if loose is not None and loose.state is ResidentState.RESIDENT:
                 return loose
         return None
@@ -63,10 +69,12 @@ class Books:
             if demand.sets_ttl:
                 resident.idle_ttl = demand.idle_ttl
         else:
+            # A loading resident carries its lease's bytes for planning (what it will free
+            # one day); the budget counts them as the lease's until the load completes.
             self.residents[demand.key] = Resident(
                 key=demand.key,
                 gpu=demand.gpu,
-                bytes=0,
+                bytes=needed,
                 priority=demand.resident_priority,
                 policy=demand.policy,
                 idle_ttl=demand.idle_ttl,

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from gpugate.core.observation import GpuObservation
+from gpugate.core.observation import UNATTRIBUTED, GpuObservation
 from gpugate.core.residents import Resident, ResidentState
 from gpugate.core.tickets import Lease
 
@@ -60,6 +60,8 @@ class GpuBudget:
     consumers: tuple[ConsumerUsage, ...]
     reserve: int
     sampled_at: float
+    reclaiming: int = 0
+    """Unattributed bytes taken to be unloading runners' memory on its way back."""
 
     @property
     def external_total(self) -> int:
@@ -112,9 +114,12 @@ def compute_budget(
     """The budget rows of one GPU. Pure: the same inputs always give the same rows."""
     gpu = observation.index
     resident: dict[str, int] = {}
+    unloading: dict[str, int] = {}
     for r in residents:
         if r.gpu == gpu:
             resident[r.key.consumer] = resident.get(r.key.consumer, 0) + resident_bytes(r)
+            if r.state is ResidentState.UNLOADING:
+                unloading[r.key.consumer] = unloading.get(r.key.consumer, 0) + r.bytes
     pending: dict[str, int] = {}
     for lease in leases:
         if lease.gpu == gpu and lease.pending:
@@ -132,9 +137,23 @@ def compute_budget(
         )
         for name in names
     )
+    # A runner being unloaded can drop out of NVML's process list before the driver has
+    # its memory back: for a moment its bytes are unattributed while its resident still
+    # counts them. Unattributed bytes up to what unloading residents no longer show are
+    # those bytes on their way back, already counted once.
+    vanished = sum(
+        min(nbytes, max(0, resident.get(name, 0) - observed.get(name, 0)))
+        for name, nbytes in unloading.items()
+    )
+    outside = dict(observation.external)
+    reclaiming = min(outside.get(UNATTRIBUTED, 0), vanished)
+    if reclaiming:
+        outside[UNATTRIBUTED] -= reclaiming
+        if not outside[UNATTRIBUTED]:
+            del outside[UNATTRIBUTED]
     external = tuple(
         ExternalUsage(name, nbytes)
-        for name, nbytes in sorted(observation.external.items(), key=lambda kv: (-kv[1], kv[0]))
+        for name, nbytes in sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))
     )
     return GpuBudget(
         gpu=gpu,
@@ -148,6 +167,7 @@ def compute_budget(
         consumers=rows,
         reserve=reserve,
         sampled_at=sampled_at,
+        reclaiming=reclaiming,
     )
 
 

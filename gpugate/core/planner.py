@@ -8,7 +8,7 @@ changes anything; the core state applies what it decides.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 
 import attrs
 
@@ -108,16 +108,58 @@ def release_time(
     return expiry if expiry is not None else now + resident.idle_ttl
 
 
+class ResidentView:
+    """The residents of one GPU at one moment, indexed for planning many demands.
+
+    Built once per queue pass: lookups by model, the victim order and, per demand class,
+    the sorted release schedule are shared by every ticket the pass plans.
+    """
+
+    def __init__(
+        self,
+        residents: Sequence[Resident],
+        now: float,
+        settings: PlannerSettings,
+        *,
+        version: int = 0,
+    ) -> None:
+        self.now = now
+        self.version = version
+        """The books' version it was built at; a change to the books makes it stale."""
+        self.settings = settings
+        self.by_model: dict[tuple[str, str], list[Resident]] = {}
+        for resident in residents:
+            model = (resident.key.consumer, resident.key.model)
+            self.by_model.setdefault(model, []).append(resident)
+        self.in_victim_order = sorted(residents, key=victim_order)
+        self.unloading = [r for r in residents if r.state is ResidentState.UNLOADING]
+        self._releases: dict[PriorityClass, list[tuple[float, int, ResidentKey]]] = {}
+        self._residents = residents
+
+    def releases(self, demand: Demand) -> list[tuple[float, int, ResidentKey]]:
+        """(when, bytes, key) for every resident that can ever be the demand's, soonest first."""
+        cached = self._releases.get(demand.priority)
+        if cached is None:
+            cached = []
+            for resident in self._residents:
+                when = release_time(resident, demand, self.now, self.settings)
+                if when is not None:
+                    cached.append((when, resident.bytes, resident.key))
+            cached.sort(key=lambda item: item[0])
+            self._releases[demand.priority] = cached
+        return cached
+
+
 def plan(
     demand: Demand,
     *,
     pool: int,
-    residents: Sequence[Resident],
+    residents: ResidentView | Sequence[Resident],
     schedulable: int | None = None,
     now: float,
     deadline: float,
     settings: PlannerSettings = PlannerSettings(),
-    claimed: Iterable[ResidentKey] = (),
+    claimed: Collection[ResidentKey] = frozenset(),
     releasable_unexplained: int = 0,
     may_evict: bool = True,
 ) -> Plan:
@@ -126,15 +168,18 @@ def plan(
     `pool` is what is schedulable for it after earlier tickets' shares (may be negative);
     `schedulable` is the GPU's schedulable bytes before those shares (default: `pool`),
     used to tell "never" from "not yet": earlier tickets hold their shares only for a while.
-    `residents` are those on the demand's GPU. `claimed` residents are counted on by
-    earlier waiting tickets and are not this demand's to take. `releasable_unexplained` is
-    memory of this GPU's consumers the gate cannot name yet but will be able to reclaim once
-    the runtime lists it. With `may_evict` false (its earlier unloads are still under way)
-    the demand waits for those instead of choosing more victims on numbers that are
-    moving under it.
+    `residents` are those on the demand's GPU (a `ResidentView` when many demands are
+    planned at once). `claimed` residents are counted on by earlier waiting tickets and are
+    not this demand's to take. `releasable_unexplained` is memory of this GPU's consumers
+    the gate cannot name yet but will be able to reclaim once the runtime lists it. With
+    `may_evict` false (its earlier unloads are still under way) the demand waits for those
+    instead of choosing more victims on numbers that are moving under it.
     """
-    claimed = set(claimed)
-    exact = [r for r in residents if reusable(r.key, demand.key)]
+    view = (
+        residents if isinstance(residents, ResidentView) else ResidentView(residents, now, settings)
+    )
+    same = view.by_model.get((demand.key.consumer, demand.key.model), [])
+    exact = [r for r in same if reusable(r.key, demand.key)]
     for resident in exact:
         if resident.state is ResidentState.RESIDENT:
             return Plan(PlanKind.GRANT, 0, reason=f"{resident.key} is resident")
@@ -153,7 +198,7 @@ def plan(
 
     # Another copy of the same model with other runner options: the runtime would replace
     # it anyway, so it goes first, whatever its class, once it is idle.
-    replaced = [r for r in residents if same_model(r.key, demand.key) and r.key not in claimed]
+    replaced = [r for r in same if r.key not in claimed]
     if any(not r.idle for r in replaced):
         busy = [r for r in replaced if not r.idle]
         return Plan(
@@ -165,15 +210,10 @@ def plan(
             reason=f"{busy[0].key} must be replaced and is {_busy_word(busy[0])}",
         )
     forced = sorted(replaced, key=victim_order)
-    forced_bytes = sum(r.bytes for r in forced)
     # Unloads already under way (for this demand, or for nobody in particular) bring their
     # bytes back soon: count them before choosing anyone else.
     unloading = [
-        r
-        for r in residents
-        if r.state is ResidentState.UNLOADING
-        and r.key not in claimed
-        and not same_model(r.key, demand.key)
+        r for r in view.unloading if r.key not in claimed and not same_model(r.key, demand.key)
     ]
     incoming = sum(r.bytes for r in unloading)
     coming = tuple(r.key for r in unloading)
@@ -190,24 +230,20 @@ def plan(
             reason="waiting for unloads under way",
         )
 
-    taken = {r.key for r in forced}
-    candidates = sorted(
-        (
-            r
-            for r in residents
-            if r.key not in claimed
-            and r.key not in taken
-            and evictable_now(r, demand, now, settings)
-        ),
-        key=victim_order,
-    )
     victims = list(forced)
-    freed = forced_bytes + incoming
-    for resident in candidates:
-        if pool + freed >= needed:
-            break
-        victims.append(resident)
-        freed += resident.bytes
+    freed = sum(r.bytes for r in forced) + incoming
+    if pool + freed < needed:
+        taken = {r.key for r in forced}
+        for resident in view.in_victim_order:
+            if (
+                resident.key not in claimed
+                and resident.key not in taken
+                and evictable_now(resident, demand, now, settings)
+            ):
+                victims.append(resident)
+                freed += resident.bytes
+                if pool + freed >= needed:
+                    break
     if pool + freed >= needed:
         keys = tuple(r.key for r in victims)
         return Plan(
@@ -223,21 +259,22 @@ def plan(
     # Not now. Could it ever fit, and before the deadline? Residents claimed by earlier
     # tickets still count for that question (they are earlier tickets' only for a while)
     # but not for what this one may expect to get.
-    releases: list[tuple[float, int, ResidentKey | None]] = []
-    for resident in residents:
-        when = release_time(resident, demand, now, settings)
-        if when is not None:
-            releases.append((when, resident.bytes, resident.key))
-    if releasable_unexplained > 0:
-        releases.append((now, releasable_unexplained, None))
-    releases.sort(key=lambda item: item[0])
     have = pool if schedulable is None else max(pool, schedulable)
     earliest: float | None = None
-    for when, nbytes, _ in releases:
-        if have >= needed:
+    if releasable_unexplained > 0 and have < needed:
+        have += releasable_unexplained
+        earliest = now
+    counting: list[ResidentKey] = []
+    eventual = max(0, releasable_unexplained)
+    for when, nbytes, key in view.releases(demand):
+        if have < needed:
+            have += nbytes
+            earliest = when
+        if when <= deadline and key not in claimed:
+            counting.append(key)
+            eventual += nbytes
+        elif have >= needed:
             break
-        have += nbytes
-        earliest = when
     if have < needed:
         return Plan(
             PlanKind.FAIL,
@@ -254,16 +291,11 @@ def plan(
             failure=FailureClass.DEADLINE_CANNOT_BE_MET,
             reason="the memory it needs frees up only after its maximum wait",
         )
-    counting = [
-        (key, nbytes) for when, nbytes, key in releases
-        if when <= deadline and key is not None and key not in claimed
-    ]
-    unexplained = releasable_unexplained if releasable_unexplained > 0 else 0
     return Plan(
         PlanKind.WAIT,
         needed,
-        counting_on=tuple(key for key, _ in counting),
-        eventual=sum(nbytes for _, nbytes in counting) + unexplained,
+        counting_on=tuple(counting),
+        eventual=eventual,
         earliest=earliest,
         reason="waiting for memory to be released",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import attrs
 
@@ -12,12 +13,12 @@ ANY_OPTIONS = "*"
 """Options fingerprint of a resident whose runner options are unknown (loaded out of band)."""
 
 
-@attrs.frozen(order=True)
-class ResidentKey:
+class ResidentKey(NamedTuple):
     """What must match for a request to reuse a loaded model without a reload.
 
     For Ollama that is the model plus its runner options (num_ctx, num_gpu, ...): a request
-    with other runner options makes Ollama reload the model.
+    with other runner options makes Ollama reload the model. A tuple, because the planner
+    looks keys up in sets and dicts thousands of times per queue pass.
     """
 
     consumer: str

@@ -19,7 +19,7 @@ import attrs
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.planner import PlanKind, PlannerSettings, plan
+from gpugate.core.planner import PlanKind, PlannerSettings, ResidentView, plan
 from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import ResidentKey
 from gpugate.core.telemetry import Telemetry
@@ -62,6 +62,7 @@ class _Tail:
     pool: int
     claimed: set[ResidentKey]
     riding: set[ResidentKey]
+    view: ResidentView
 
 
 def granted_event(lease: Lease) -> Event:
@@ -74,6 +75,7 @@ def granted_event(lease: Lease) -> Event:
         gpu=lease.gpu,
         bytes=lease.pending,
         wait=lease.waited,
+        priority=lease.demand.priority.label,
     )
 
 
@@ -197,9 +199,16 @@ class Scheduler:
         self._dequeue(ticket)
         ticket.state = TicketState.CANCELLED
         demand = ticket.demand
-        cancelled = Event(EventKind.TICKET_CANCELLED, now, key=demand.key,
-                          consumer=demand.consumer, model=demand.model, gpu=demand.gpu,
-                          wait=now - ticket.arrived, detail="its client went away")
+        cancelled = Event(
+            EventKind.TICKET_CANCELLED,
+            now,
+            key=demand.key,
+            consumer=demand.consumer,
+            model=demand.model,
+            gpu=demand.gpu,
+            wait=now - ticket.arrived,
+            detail="its client went away",
+        )
         return [cancelled, *self.schedule(demand.gpu, now)]
 
     def reject(self, ticket: Ticket, failure: Failure, now: float) -> list[Effect]:
@@ -241,7 +250,10 @@ class Scheduler:
         effects: list[Effect] = []
         budget = self.telemetry.budget(gpu, self.books)
         schedulable = budget.schedulable if budget else 0
-        tail = _Tail(self.books.version, schedulable, schedulable, set(), set())
+        view = ResidentView(
+            self.books.on_gpu(gpu), now, self.planner, version=self.books.residents_version
+        )
+        tail = _Tail(self.books.version, schedulable, schedulable, set(), set(), view)
         queue = self.queues.get(gpu)
         if queue and budget is not None and self._usable(gpu, now) is None:
             no_wait = set(no_wait)
@@ -268,7 +280,7 @@ class Scheduler:
             demand,
             pool=tail.pool,
             schedulable=tail.schedulable,
-            residents=self.books.on_gpu(gpu),
+            residents=self._view(tail, gpu, now),
             now=now,
             deadline=ticket.deadline,
             settings=self.planner,
@@ -345,6 +357,13 @@ class Scheduler:
         tail.version = self.books.version
         return Outcome.WAITING
 
+    def _view(self, tail: _Tail, gpu: int, now: float) -> ResidentView:
+        """The pass's resident view, rebuilt when a grant or an eviction changed the books."""
+        version = self.books.residents_version
+        if tail.view.now != now or tail.view.version != version:
+            tail.view = ResidentView(self.books.on_gpu(gpu), now, self.planner, version=version)
+        return tail.view
+
     def _releasable_unexplained(self, gpu: int) -> int:
         rows = self.telemetry.unexplained.get(gpu, {})
         return sum(b for c, b in rows.items() if c in self._reconcilable)
@@ -352,10 +371,10 @@ class Scheduler:
     def _enqueue(self, ticket: Ticket) -> None:
         self.tickets[ticket.id] = ticket
         self.queues.setdefault(ticket.demand.gpu, TicketQueue()).add(ticket)
-        self.books.touch()
+        self.books.touch(residents=False)
 
     def _dequeue(self, ticket: Ticket) -> None:
         if self.tickets.pop(ticket.id, None) is not None:
             self.queues[ticket.demand.gpu].remove(ticket)
         self.wake.pop(ticket.id, None)
-        self.books.touch()
+        self.books.touch(residents=False)

@@ -144,10 +144,14 @@ class GateCore:
         if lease is None or not lease.pending:
             return []
         self.books.materialise(lease, now)
+        if not self.scheduler.queues.get(lease.gpu):
+            return []
         return self.scheduler.schedule(lease.gpu, now)
 
     def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]:
         """The lease's request ended: done, failed, or abandoned by its client."""
+        open_lease = self.books.leases.get(lease_id)
+        loading = open_lease is not None and open_lease.pending > 0
         closed = self.books.close_lease(lease_id, now, failed=failed)
         if closed is None:
             return []
@@ -166,8 +170,11 @@ class GateCore:
         ]
         if resident is not None and resident.idle and resident.idle_ttl == 0:
             effects.extend(self._expire(resident, now))
-        self.telemetry.explain(lease.gpu, self.books)
-        effects.extend(self.scheduler.schedule(lease.gpu, now))
+        if loading:
+            # A load ended (completed or not): what NVML shows means something else now.
+            self.telemetry.explain(lease.gpu, self.books)
+        if self.scheduler.queues.get(lease.gpu):
+            effects.extend(self.scheduler.schedule(lease.gpu, now))
         return effects
 
     # -- events: what the world reports --------------------------------------------------
@@ -176,7 +183,7 @@ class GateCore:
         """A new NVML sample, or a driver fault."""
         effects: list[Effect] = []
         for gpu in self.telemetry.observe(sample, self.books):
-            self.books.touch()
+            self.books.touch(residents=False)  # the budget moved; the residents did not
             effects.extend(self._relieve_pressure(gpu, now))
             effects.extend(self.scheduler.schedule(gpu, now))
         return effects
@@ -330,9 +337,13 @@ class GateCore:
         idle = now - resident.last_used
         return [
             unload,
-            self._event(EventKind.EVICTION_STARTED, now, resident,
-                        f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s",
-                        reason=UnloadReason.TTL.value),
+            self._event(
+                EventKind.EVICTION_STARTED,
+                now,
+                resident,
+                f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s",
+                reason=UnloadReason.TTL.value,
+            ),
         ]
 
     def _unusable(self, gpu: int, now: float) -> FailureClass | None:

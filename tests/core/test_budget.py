@@ -45,7 +45,9 @@ def test_incident_rows_attribute_each_consumer_and_leave_the_formula_exact():
 
 
 def _lease(nbytes: int, pending: int) -> Lease:
-    return Lease(1, demand("gemma3:12b", nbytes), granted=0.0, waited=0.0, pending=pending, loads=True)
+    return Lease(
+        1, demand("gemma3:12b", nbytes), granted=0.0, waited=0.0, pending=pending, loads=True
+    )
 
 
 def test_a_model_that_is_loading_is_counted_once():
@@ -64,7 +66,10 @@ def test_unexplained_memory_is_counted_on_top_of_new_leases():
     # 3 GiB loaded behind the gate's back; then a 2 GiB lease is granted before the next sample.
     observation = gpu(proc(7, 3 * GiB, "ollama"))
     budget = compute_budget(
-        observation, sampled_at=0.0, reserve=RESERVE, leases=[_lease(2 * GiB, 2 * GiB)],
+        observation,
+        sampled_at=0.0,
+        reserve=RESERVE,
+        leases=[_lease(2 * GiB, 2 * GiB)],
         unexplained={"ollama": 3 * GiB},
     )
     assert budget.consumer("ollama").committed == 5 * GiB
@@ -81,8 +86,13 @@ def test_committed_is_never_less_than_either_view_and_never_the_sum(
 ):
     arrived = int(envelope * loaded_fraction)
     resident = Resident(
-        ResidentKey("ollama", "bge-m3"), 0, resident_bytes, PriorityClass.BACKGROUND,
-        ResidencyPolicy.KEEP_WARM, 900.0, state=ResidentState.RESIDENT,
+        ResidentKey("ollama", "bge-m3"),
+        0,
+        resident_bytes,
+        PriorityClass.BACKGROUND,
+        ResidencyPolicy.KEEP_WARM,
+        900.0,
+        state=ResidentState.RESIDENT,
     )
     observation = gpu(
         proc(1, resident_bytes, "ollama"),
@@ -90,7 +100,10 @@ def test_committed_is_never_less_than_either_view_and_never_the_sum(
         proc(3, external, "plex", managed=False),
     )
     budget = compute_budget(
-        observation, sampled_at=0.0, reserve=RESERVE, residents=[resident],
+        observation,
+        sampled_at=0.0,
+        reserve=RESERVE,
+        residents=[resident],
         leases=[_lease(envelope, envelope)],
     )
     row = budget.consumer("ollama")
@@ -99,3 +112,36 @@ def test_committed_is_never_less_than_either_view_and_never_the_sum(
     # Counted once: the loading bytes are in `observed` and in `pending`, never added twice.
     assert row.committed == resident_bytes + envelope
     assert budget.schedulable == TOTAL - RESERVED - external - row.committed - RESERVE
+
+
+def test_an_unloading_runner_that_left_the_process_list_is_not_counted_twice():
+    going = Resident(
+        ResidentKey("ollama", "bge-m3"),
+        0,
+        2 * GiB,
+        PriorityClass.BACKGROUND,
+        ResidencyPolicy.KEEP_WARM,
+        900.0,
+        state=ResidentState.UNLOADING,
+    )
+    # NVML: the runner is gone from the list, but `used` still holds its 2 GiB.
+    observation = gpu(proc(1, 6 * GiB, "ollama"), unattributed=2 * GiB + 100 * MiB)
+    staying = Resident(
+        ResidentKey("ollama", "gemma"),
+        0,
+        6 * GiB,
+        PriorityClass.INTERACTIVE,
+        ResidencyPolicy.KEEP_WARM,
+        900.0,
+    )
+    budget = compute_budget(
+        observation, sampled_at=0.0, reserve=RESERVE, residents=[going, staying]
+    )
+    assert budget.reclaiming == 2 * GiB
+    assert [(row.name, row.bytes) for row in budget.external] == [(UNATTRIBUTED, 100 * MiB)]
+    assert budget.consumer("ollama").committed == 8 * GiB
+    # While the runner is still listed nothing is taken off the external rows.
+    listed = gpu(proc(1, 6 * GiB, "ollama"), proc(2, 2 * GiB, "ollama"), unattributed=100 * MiB)
+    budget = compute_budget(listed, sampled_at=0.0, reserve=RESERVE, residents=[going, staying])
+    assert budget.reclaiming == 0
+    assert budget.external_total == 100 * MiB

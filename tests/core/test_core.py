@@ -196,8 +196,9 @@ def test_stale_sample_and_driver_fault_fail_closed_for_new_loads(core):
     stale = core.submit(demand("gemma", 1 * GiB), 10.0)
     assert stale.failure.failure_class is FailureClass.SCHEDULER_STATE_STALE
     assert "10.0s old" in stale.failure.message
-    core.observe(HostObservation(11.0, 11.0, error=DriverFault(15, "GpuIsLost", "GPU is lost")),
-                 11.0)
+    core.observe(
+        HostObservation(11.0, 11.0, error=DriverFault(15, "GpuIsLost", "GPU is lost")), 11.0
+    )
     fault = core.submit(demand("gemma", 1 * GiB), 11.0)
     assert fault.failure.failure_class is FailureClass.DRIVER_ERROR
     assert "GpuIsLost (15)" in fault.failure.message
@@ -214,8 +215,9 @@ def test_resident_requests_still_pass_while_nvml_is_down(core):
 def test_out_of_band_load_becomes_a_resident_and_is_evicted_like_any_other(core):
     core.observe(host(gpu(proc(66, 8 * GiB, "ollama")), at=1.0), 1.0)
     assert core.budget(0).consumer("ollama").unexplained == 8 * GiB
-    listed = ListedModel("gemma3:12b", 8 * GiB, 8 * GiB, P.BACKGROUND,
-                         ResidencyPolicy.KEEP_WARM, 900.0)
+    listed = ListedModel(
+        "gemma3:12b", 8 * GiB, 8 * GiB, P.BACKGROUND, ResidencyPolicy.KEEP_WARM, 900.0
+    )
     effects = core.reconcile("ollama", 0, [listed], asked_at=1.0, now=1.5)
     key = ResidentKey("ollama", "gemma3:12b", ANY_OPTIONS)
     assert [e.key for e in events(effects, EventKind.OUT_OF_BAND_RESIDENT)] == [key]
@@ -254,9 +256,7 @@ def test_external_pressure_gives_idle_memory_back_and_clears_with_hysteresis(cor
         3.0,
     )
     assert events(effects, EventKind.PRESSURE_ENTERED)
-    assert [(u.key.model, u.reason) for u in of(effects, Unload)] == [
-        ("bg", UnloadReason.PRESSURE)
-    ]
+    assert [(u.key.model, u.reason) for u in of(effects, Unload)] == [("bg", UnloadReason.PRESSURE)]
     core.unloaded(lease.key, 4.0, reclaimed=True)
     cleared = core.observe(host(gpu(proc(9, 11 * GiB, "plex", managed=False)), at=4.0), 4.0)
     assert events(cleared, EventKind.PRESSURE_CLEARED)
@@ -275,14 +275,14 @@ def test_reserve_grows_with_external_volatility():
 
 
 def test_model_larger_than_the_card_is_refused_with_an_actionable_message(core):
-    core.observe(host(gpu(proc(9, 3 * GiB, "plex", managed=False),
-                          proc(5, 200 * MiB, "ollama")), at=1.0), 1.0)
+    core.observe(
+        host(gpu(proc(9, 3 * GiB, "plex", managed=False), proc(5, 200 * MiB, "ollama")), at=1.0),
+        1.0,
+    )
     admission = core.submit(demand("gemma3:12b", 14 * GiB, priority=P.INTERACTIVE), 1.0)
     failure = admission.failure
     assert failure.failure_class is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
-    assert failure.message.startswith(
-        "INSUFFICIENT_SCHEDULABLE_VRAM: gemma3:12b needs 14.0 GiB, "
-    )
+    assert failure.message.startswith("INSUFFICIENT_SCHEDULABLE_VRAM: gemma3:12b needs 14.0 GiB, ")
     assert "schedulable on GPU 0 (external 3.0 GiB: plex 3.0;" in failure.message
     assert "nothing evictable below class interactive" in failure.message
     assert failure.retry_after == 30.0

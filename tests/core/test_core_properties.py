@@ -48,9 +48,7 @@ class CoreWorld(RuleBasedStateMachine):
     # -- the world -------------------------------------------------------------------
 
     def _sample(self) -> None:
-        loading = sum(
-            lease.pending // 2 for lease in self.core.leases() if lease.pending
-        )
+        loading = sum(lease.pending // 2 for lease in self.core.leases() if lease.pending)
         processes = [proc(10 + i, b, "ollama") for i, b in enumerate(self.materialised.values())]
         if loading:
             processes.append(proc(99, loading, "ollama"))
@@ -77,19 +75,20 @@ class CoreWorld(RuleBasedStateMachine):
         budget = self.core.budget(0)
         positive = [lease for lease in granted if lease.pending > 0]
         if positive:
-            assert budget.committed_total + budget.external_total + budget.reserve + RESERVED <= TOTAL
+            assert (
+                budget.committed_total + budget.external_total + budget.reserve + RESERVED <= TOTAL
+            )
         waiting = self.core.waiting(0)
         seen: set[ResidentKey] = set()
         for ticket in waiting:
             key = ticket.demand.key
-            riding = key in seen or any(
-                r.key.model == key.model for r in self.core.residents(0)
-            )
+            riding = key in seen or any(r.key.model == key.model for r in self.core.residents(0))
             seen.add(key)
             if riding:
                 continue
             lower_bytes = sum(
-                lease.pending for lease in positive
+                lease.pending
+                for lease in positive
                 if lease.demand.priority < ticket.demand.priority
             )
             if lower_bytes:
@@ -196,6 +195,8 @@ class CoreWorld(RuleBasedStateMachine):
 
 TestCoreWorld = CoreWorld.TestCase
 TestCoreWorld.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

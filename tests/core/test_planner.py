@@ -26,15 +26,28 @@ def resident(
     state: ResidentState = ResidentState.RESIDENT,
 ) -> Resident:
     return Resident(
-        ResidentKey("ollama", model, options), 0, nbytes, priority, policy, ttl,
-        state=state, in_flight=in_flight, last_used=last_used, reload_seconds=reload_seconds,
+        ResidentKey("ollama", model, options),
+        0,
+        nbytes,
+        priority,
+        policy,
+        ttl,
+        state=state,
+        in_flight=in_flight,
+        last_used=last_used,
+        reload_seconds=reload_seconds,
     )
 
 
 def decide(d, pool, residents, now=100.0, deadline=160.0, grace=30.0, **kw):
     return plan(
-        d, pool=pool, residents=residents, now=now, deadline=deadline,
-        settings=PlannerSettings(equal_class_grace=grace), **kw,
+        d,
+        pool=pool,
+        residents=residents,
+        now=now,
+        deadline=deadline,
+        settings=PlannerSettings(equal_class_grace=grace),
+        **kw,
     )
 
 
@@ -99,8 +112,9 @@ def test_equal_class_only_after_the_idle_grace():
 
 
 def test_always_warm_yields_only_to_production():
-    warm = resident("whisper-ish", 6 * GiB, P.BACKGROUND, policy=ResidencyPolicy.ALWAYS_WARM,
-                    ttl=None)
+    warm = resident(
+        "whisper-ish", 6 * GiB, P.BACKGROUND, policy=ResidencyPolicy.ALWAYS_WARM, ttl=None
+    )
     interactive = decide(demand("gemma", 6 * GiB, priority=P.INTERACTIVE), 1 * GiB, [warm])
     assert interactive.kind is PlanKind.FAIL
     assert interactive.failure is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
@@ -116,8 +130,13 @@ def test_too_big_for_the_card_fails_at_once():
 
 def test_memory_that_frees_only_after_the_deadline_fails_with_deadline_class():
     pinned = resident("prod", 8 * GiB, P.PRODUCTION, last_used=100.0, ttl=900.0)
-    result = decide(demand("gemma", 8 * GiB, priority=P.INTERACTIVE), 1 * GiB, [pinned],
-                    now=100.0, deadline=220.0)
+    result = decide(
+        demand("gemma", 8 * GiB, priority=P.INTERACTIVE),
+        1 * GiB,
+        [pinned],
+        now=100.0,
+        deadline=220.0,
+    )
     assert result.kind is PlanKind.FAIL
     assert result.failure is FailureClass.DEADLINE_CANNOT_BE_MET
     assert result.earliest == 1000.0
@@ -132,8 +151,9 @@ def test_a_loading_model_is_waited_for_not_loaded_twice():
 
 def test_claimed_residents_are_not_victims_but_still_worth_waiting_for():
     victim = resident("bg", 6 * GiB, P.BACKGROUND)
-    result = decide(demand("gemma", 6 * GiB, priority=P.PRODUCTION), 1 * GiB, [victim],
-                    claimed={victim.key})
+    result = decide(
+        demand("gemma", 6 * GiB, priority=P.PRODUCTION), 1 * GiB, [victim], claimed={victim.key}
+    )
     assert result.kind is PlanKind.WAIT
     assert result.victims == ()
     assert victim.key not in result.counting_on
@@ -158,7 +178,8 @@ def test_while_its_unloads_run_a_demand_chooses_no_more_victims():
     going = resident("bg", 2 * GiB, P.BACKGROUND, state=ResidentState.UNLOADING)
     spare = resident("other", 8 * GiB, P.INTERACTIVE)
     # A transient dip (3 GiB instead of 5) must not cost `spare` its place.
-    result = decide(demand("qwen", 6 * GiB, priority=P.PRODUCTION), 3 * GiB, [going, spare],
-                    may_evict=False)
+    result = decide(
+        demand("qwen", 6 * GiB, priority=P.PRODUCTION), 3 * GiB, [going, spare], may_evict=False
+    )
     assert result.kind is PlanKind.WAIT
     assert result.victims == ()
