@@ -1,21 +1,21 @@
 """A simulated host described in YAML (HOST.yaml): GPUs, holder processes, fake runtimes.
 
-    gpus:
-      - name: NVIDIA GeForce RTX 4080
-        total: 16GiB
-        reserved: 434MiB          # driver/firmware reserved (NVML v2 `reserved`)
-        base_used: 0              # used memory no process accounts for
-    holders:                      # processes that hold VRAM, like Plex or whisper-server
-      - name: Plex Transcoder     # process name (comm, cut to 15 characters) and cmdline
-        command: ["/usr/lib/plexmediaserver/Plex Transcoder", "-codec:0", "hevc"]
-        bytes: 1.5GiB
-        gpu: 0
-        children: []              # holders started as this one's children
-        pulse_period: 2s          # optional: hold pulse_bytes more for 2 s, rest 2 s, repeat
-        pulse_bytes: 1GiB
-    ollama:                       # a simulated Ollama (see gpugate.sim.ollama)
-      listen: 127.0.0.1:11435
-      ...
+gpus:
+  - name: NVIDIA GeForce RTX 4080
+    total: 16GiB
+    reserved: 434MiB          # driver/firmware reserved (NVML v2 `reserved`)
+    base_used: 0              # used memory no process accounts for
+holders:                      # processes that hold VRAM, like Plex or whisper-server
+  - name: Plex Transcoder     # process name (comm, cut to 15 characters) and cmdline
+    command: ["/usr/lib/plexmediaserver/Plex Transcoder", "-codec:0", "hevc"]
+    bytes: 1.5GiB
+    gpu: 0
+    children: []              # holders started as this one's children
+    pulse_period: 2s          # optional: hold pulse_bytes more for 2 s, rest 2 s, repeat
+    pulse_bytes: 1GiB
+ollama:                       # a simulated Ollama (see gpugate.sim.ollama)
+  listen: 127.0.0.1:11435
+  ...
 """
 
 from __future__ import annotations

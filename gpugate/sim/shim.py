@@ -42,8 +42,20 @@ def build(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     subprocess.run(
-        [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
-         f"-Wl,-soname,{SONAME}", "-o", str(tmp), str(SOURCE), "-lpthread"],
+        [
+            gcc,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-Wl,-soname,{SONAME}",
+            "-o",
+            str(tmp),
+            str(SOURCE),
+            "-lpthread",
+        ],
         check=True,
     )
     os.replace(tmp, out)

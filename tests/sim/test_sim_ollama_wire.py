@@ -237,3 +237,14 @@ def test_go_json_is_compact_and_html_safe() -> None:
     assert go_json({"a": "<b>&", "n": [1, 2], "u": "é"}) == (
         '{"a":"\\u003cb\\u003e\\u0026","n":[1,2],"u":"é"}'
     )
+
+
+def test_sim_tokens_sets_the_answer_length_and_num_predict_still_cuts_it():
+    from gpugate.sim.ollama.engine import DoneReason, plan
+
+    natural = plan("same prompt", -1)
+    longer = plan("same prompt", -1, 500)
+    assert len(longer.tokens) == 500
+    assert longer.tokens[: len(natural.tokens) - 1] == natural.tokens[:-1]
+    cut = plan("same prompt", 40, 500)
+    assert len(cut.tokens) == 40 and cut.done_reason is DoneReason.LENGTH

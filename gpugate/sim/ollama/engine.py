@@ -77,11 +77,15 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+|[^\w\s]", text)
 
 
-def plan(prompt: str, num_predict: int) -> Plan:
-    """The tokens a prompt produces: a fixed function of the prompt, cut at num_predict."""
+def plan(prompt: str, num_predict: int, length: int | None = None) -> Plan:
+    """The tokens a prompt produces: a fixed function of the prompt, cut at num_predict.
+
+    `length` (the `sim_tokens` option) fixes how long the answer is, for long streams.
+    """
     digest = hashlib.shake_256(prompt.encode()).digest(MIN_TOKENS + MAX_EXTRA_TOKENS + 1)
-    length = MIN_TOKENS + digest[0] % MAX_EXTRA_TOKENS
-    words = [VOCABULARY[b % len(VOCABULARY)] for b in digest[1 : length + 1]]
+    natural = MIN_TOKENS + digest[0] % MAX_EXTRA_TOKENS
+    length = natural if length is None else length
+    words = [VOCABULARY[digest[1 + i % natural] % len(VOCABULARY)] for i in range(length)]
     tokens = [words[0].capitalize(), *(" " + w for w in words[1:])]
     tokens[-1] += "."
     reason = DoneReason.STOP
@@ -124,7 +128,7 @@ class Engine:
         Closing the iterator early (the client went away) counts as a cancellation.
         """
         counters = self._scheduler.counters
-        steps = plan(prompt, options.num_predict)
+        steps = plan(prompt, options.num_predict, options.tokens)
         delay = 1.0 / self._rate(lease)
         loop = asyncio.get_running_loop()
         async with lease.runner.slots:

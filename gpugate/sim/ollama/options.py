@@ -55,6 +55,8 @@ class RequestOptions:
     """sim_fail_after_tokens: end the generation with an error after this many tokens."""
     load_fail: bool = False
     """sim_load_fail: the runner fails to load the model."""
+    tokens: int | None = None
+    """sim_tokens: the answer is this many tokens long (before num_predict cuts it)."""
 
 
 def _integer(options: dict[str, object], key: str) -> int | None:
@@ -100,11 +102,13 @@ def parse_options(
     )
     num_predict = _integer(options, "num_predict")
     fail_after = _integer(options, "sim_fail_after_tokens")
+    tokens = _integer(options, "sim_tokens")
     return RequestOptions(
         runner=runner,
         num_predict=-1 if num_predict is None else num_predict,
         fail_after_tokens=None if fail_after is None else max(0, fail_after),
         load_fail=bool(_boolean(options, "sim_load_fail")),
+        tokens=None if tokens is None else max(1, tokens),
     )
 
 
