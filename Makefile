@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SHIM   := build/fakenvml/libnvidia-ml.so.1
+PROMTOOL := build/prom/usr/bin/promtool
+WRK    := build/wrk/usr/bin/wrk
 
 .PHONY: run test bench lint shim clean
 
@@ -21,13 +23,25 @@ $(SHIM): gpugate/sim/fakenvml.c
 
 shim: $(SHIM)
 
+# promtool lints the /metrics exposition in the tests; Debian ships it in `prometheus`.
+$(PROMTOOL):
+	mkdir -p build/prom
+	cd build && apt-get download prometheus && dpkg -x prometheus_*.deb prom && rm -f prometheus_*.deb
+
 run: $(STAMP) $(SHIM)
 	$(BIN)/gpugate demo
 
-test: $(STAMP) $(SHIM)
+test: $(STAMP) $(SHIM) $(PROMTOOL)
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP) $(SHIM)
+# wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.
+$(WRK):
+	mkdir -p build/wrk
+	cd build && apt-get download wrk libluajit-5.1-2 && \
+		for deb in wrk_*.deb libluajit-5.1-2_*.deb; do dpkg -x $$deb wrk; done && \
+		rm -f wrk_*.deb libluajit-5.1-2_*.deb
+
+bench: $(STAMP) $(SHIM) $(WRK)
 	$(BIN)/python -m bench
 
 lint: $(STAMP)

@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="validate a consumers.yaml")
-    check.add_argument("file", nargs="?", type=Path, help="default: $GPUGATE_CONFIG or ./consumers.yaml")
+    check.add_argument(
+        "file", nargs="?", type=Path, help="default: $GPUGATE_CONFIG or ./consumers.yaml"
+    )
 
     status = sub.add_parser("status", help="the VRAM budget per GPU")
     status.add_argument("--json", action="store_true", help="machine-readable, in bytes")
@@ -42,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
     sim_run = sim_sub.add_parser("run", help="start a simulated host from HOST.yaml")
     sim_run.add_argument("host_file", type=Path)
-    sim_run.add_argument("--state-dir", type=Path, help="where the device state lives (default: a temporary directory)")
+    sim_run.add_argument(
+        "--state-dir", type=Path, help="where the device state lives (default: a temporary one)"
+    )
 
     demo = sub.add_parser("demo", help="a simulated host with the gate in front of it")
     demo.add_argument("--host-file", type=Path, help="default: sim/demo-host.yaml")

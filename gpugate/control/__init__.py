@@ -1,0 +1,1 @@
+"""The control listener: /metrics, the /gate/v1/ API."""

@@ -1,0 +1,107 @@
+"""The control listener (loopback by default): /metrics and /gate/v1/."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
+from gpugate.control.metrics import GateMetrics
+from gpugate.status import SCHEMA, budget_document
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate
+
+
+def gate_document(gate: Gate) -> dict[str, Any]:
+    """The gate's budget, residents, leases and queue, in bytes and seconds."""
+    core = gate.core
+    now = gate.clock()
+    gpus = []
+    for gpu in core.gpus():
+        budget = core.budget(gpu)
+        if budget is not None:
+            gpus.append(budget_document(budget, core.sample_age(gpu, now)))
+    fault = core.fault
+    return {
+        "schema": SCHEMA,
+        "source": "gate",
+        "nvml": None
+        if fault is None
+        else {"code": fault.code, "error": fault.name, "message": fault.message},
+        "gpus": gpus,
+        "residents": [
+            {
+                "consumer": r.key.consumer,
+                "model": r.key.model,
+                "options": r.key.options,
+                "gpu": r.gpu,
+                "bytes": r.bytes,
+                "state": r.state.value,
+                "class": r.priority.label,
+                "policy": r.policy.value,
+                "in_flight": r.in_flight,
+                "idle_seconds": round(now - r.last_used, 3) if r.in_flight == 0 else 0.0,
+                "expires_in_seconds": None
+                if (at := r.expires_at()) is None
+                else round(at - now, 3),
+                "out_of_band": r.out_of_band,
+            }
+            for r in sorted(core.residents(), key=lambda r: (r.gpu, -r.bytes))
+        ],
+        "leases": [
+            {
+                "id": lease.id,
+                "consumer": lease.key.consumer,
+                "model": lease.key.model,
+                "gpu": lease.gpu,
+                "class": lease.demand.priority.label,
+                "pending": lease.pending,
+                "waited_seconds": round(lease.waited, 3),
+            }
+            for lease in core.leases()
+        ],
+        "queue": [
+            {
+                "ticket": t.id,
+                "consumer": t.demand.consumer,
+                "model": t.demand.model,
+                "gpu": t.demand.gpu,
+                "class": t.demand.priority.label,
+                "bytes": t.demand.envelope,
+                "waiting_seconds": round(now - t.arrived, 3),
+                "deadline_in_seconds": round(t.deadline - now, 3),
+            }
+            for t in core.waiting()
+        ],
+    }
+
+
+def control_app(gate: Gate, metrics: GateMetrics) -> web.Application:
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(gate_document(gate))
+
+    async def events(request: web.Request) -> web.Response:
+        from gpugate.gate.events import event_json
+
+        lines = [event_json(e) for e in gate.recent_events()]
+        return web.Response(
+            text="\n".join(lines) + ("\n" if lines else ""), content_type="application/x-ndjson"
+        )
+
+    async def scrape(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encoder(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def health(request: web.Request) -> web.Response:
+        ok = gate.started and gate.core.fault is None
+        return web.json_response({"ok": ok}, status=200 if ok else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    app.router.add_get("/gate/v1/status", status)
+    app.router.add_get("/gate/v1/events", events)
+    app.router.add_get("/gate/v1/health", health)
+    return app

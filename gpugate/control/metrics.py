@@ -1,0 +1,196 @@
+"""Prometheus metrics: the budget rows as gauges on scrape, events as counters.
+
+Gauges are computed from the gate's books when scraped (never by calling NVML on the
+event loop); counters and the wait histogram are fed by events as they happen. Labels
+are bounded: GPU index, consumer, external service, class, failure class, reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpugate.core.effects import Event, EventKind
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate
+
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class BudgetCollector(Collector):
+    """Reads the gate's books at scrape time."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self.gate
+        core = gate.core
+        now = gate.clock()
+        up = GaugeMetricFamily("gpugate_nvml_up", "1 when the last NVML sample succeeded.")
+        up.add_metric([], 0.0 if core.fault is not None else 1.0)
+        yield up
+        info = InfoMetricFamily("gpugate_gpu", "GPU identity.", labels=["gpu", "uuid", "name"])
+        families = {
+            name: GaugeMetricFamily(f"gpugate_{name}", doc, labels=labels)
+            for name, doc, labels in (
+                ("gpu_memory_total_bytes", "Device memory (NVML total).", ["gpu"]),
+                ("gpu_memory_driver_reserved_bytes", "Reserved by driver and firmware.", ["gpu"]),
+                ("gpu_memory_used_bytes", "Allocated, as NVML reports it.", ["gpu"]),
+                ("gpu_memory_free_bytes", "Free, as NVML reports it.", ["gpu"]),
+                ("sample_age_seconds", "Age of the NVML sample behind the budget.", ["gpu"]),
+                (
+                    "budget_external_bytes",
+                    "Memory of processes the gate does not manage.",
+                    ["gpu", "service"],
+                ),
+                ("budget_observed_bytes", "Memory NVML shows for a consumer.", ["gpu", "consumer"]),
+                ("budget_resident_bytes", "Models the gate knows are loaded.", ["gpu", "consumer"]),
+                (
+                    "budget_leased_pending_bytes",
+                    "Leased for loads not yet complete.",
+                    ["gpu", "consumer"],
+                ),
+                (
+                    "budget_committed_bytes",
+                    "max(observed, resident + unexplained + leased).",
+                    ["gpu", "consumer"],
+                ),
+                ("budget_reserve_bytes", "Safety margin, grown with external volatility.", ["gpu"]),
+                (
+                    "budget_schedulable_bytes",
+                    "What a new load may take (negative: over-committed).",
+                    ["gpu"],
+                ),
+                ("pressure", "1 while external use has eaten into the reserve.", ["gpu"]),
+            )
+        }
+        for gpu in core.gpus():
+            budget = core.budget(gpu)
+            if budget is None:
+                continue
+            g = str(gpu)
+            info.add_metric([g, budget.uuid, budget.name], {})
+            families["gpu_memory_total_bytes"].add_metric([g], budget.total)
+            families["gpu_memory_driver_reserved_bytes"].add_metric([g], budget.reserved)
+            families["gpu_memory_used_bytes"].add_metric([g], budget.used)
+            families["gpu_memory_free_bytes"].add_metric([g], budget.free)
+            families["sample_age_seconds"].add_metric([g], core.sample_age(gpu, now) or 0.0)
+            for row in budget.external:
+                families["budget_external_bytes"].add_metric([g, row.name], row.bytes)
+            for row in budget.consumers:
+                families["budget_observed_bytes"].add_metric([g, row.name], row.observed)
+                families["budget_resident_bytes"].add_metric([g, row.name], row.resident)
+                families["budget_leased_pending_bytes"].add_metric([g, row.name], row.pending)
+                families["budget_committed_bytes"].add_metric([g, row.name], row.committed)
+            families["budget_reserve_bytes"].add_metric([g], budget.reserve)
+            families["budget_schedulable_bytes"].add_metric([g], budget.schedulable)
+            families["pressure"].add_metric([g], 1.0 if core.in_pressure(gpu) else 0.0)
+        yield info
+        yield from families.values()
+        leases = GaugeMetricFamily(
+            "gpugate_leases_active", "Requests in flight under a lease.", labels=["consumer"]
+        )
+        counts: dict[str, int] = {c.name: 0 for c in gate.config.consumers}
+        for lease in core.leases():
+            counts[lease.key.consumer] = counts.get(lease.key.consumer, 0) + 1
+        for name, count in sorted(counts.items()):
+            leases.add_metric([name], count)
+        yield leases
+        queued = GaugeMetricFamily(
+            "gpugate_queue_tickets", "Requests waiting for a lease.", labels=["gpu", "class"]
+        )
+        depth: dict[tuple[str, str], int] = {}
+        for ticket in core.waiting():
+            label = (str(ticket.demand.gpu), ticket.demand.priority.label)
+            depth[label] = depth.get(label, 0) + 1
+        for (g, klass), count in sorted(depth.items()):
+            queued.add_metric([g, klass], count)
+        yield queued
+        residents = GaugeMetricFamily(
+            "gpugate_residents", "Models in VRAM by state.", labels=["consumer", "state"]
+        )
+        states: dict[tuple[str, str], int] = {}
+        for resident in core.residents():
+            label = (resident.key.consumer, resident.state.value)
+            states[label] = states.get(label, 0) + 1
+        for (consumer, state), count in sorted(states.items()):
+            residents.add_metric([consumer, state], count)
+        yield residents
+
+
+class GateMetrics:
+    """The registry served at /metrics."""
+
+    def __init__(self, gate: Gate) -> None:
+        # `_created` series double every counter for no use on a long-running daemon.
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        self.registry.register(BudgetCollector(gate))
+        r = self.registry
+        self.granted = Counter(
+            "gpugate_leases_granted", "Leases granted.", ["consumer", "class"], registry=r
+        )
+        self.failures = Counter(
+            "gpugate_failures",
+            "Requests failed at the gate, by class.",
+            ["consumer", "failure_class"],
+            registry=r,
+        )
+        self.evictions = Counter(
+            "gpugate_evictions", "Unloads started, by reason.", ["consumer", "reason"], registry=r
+        )
+        self.reclaims = Counter(
+            "gpugate_unloads_finished",
+            "Unloads finished, by outcome.",
+            ["consumer", "outcome"],
+            registry=r,
+        )
+        self.offloads = Counter(
+            "gpugate_partial_offloads", "Loads that spilled to the CPU.", ["consumer"], registry=r
+        )
+        self.out_of_band = Counter(
+            "gpugate_out_of_band_loads",
+            "Models found loaded without a lease.",
+            ["consumer"],
+            registry=r,
+        )
+        self.wait = Histogram(
+            "gpugate_lease_wait_seconds",
+            "Time from arrival to lease.",
+            ["class"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        # One pair per (consumer, class), looked up once rather than on every request.
+        self._lease_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        gate.events.subscribe(self.on_event)
+
+    def on_event(self, event: Event) -> None:
+        consumer = event.consumer or ""
+        if event.kind is EventKind.LEASE_GRANTED:
+            klass = event.priority or ""
+            children = self._lease_children.get((consumer, klass))
+            if children is None:
+                children = (self.granted.labels(consumer, klass), self.wait.labels(klass))
+                self._lease_children[(consumer, klass)] = children
+            children[0].inc()
+            children[1].observe(event.wait or 0.0)
+        elif event.kind is EventKind.FAILURE and event.failure is not None:
+            self.failures.labels(consumer, event.failure.failure_class.value).inc()
+        elif event.kind is EventKind.EVICTION_STARTED:
+            self.evictions.labels(consumer, event.reason or "").inc()
+        elif event.kind is EventKind.EVICTION_DONE:
+            self.reclaims.labels(consumer, event.detail or "").inc()
+        elif event.kind is EventKind.PARTIAL_OFFLOAD:
+            self.offloads.labels(consumer).inc()
+        elif event.kind is EventKind.OUT_OF_BAND_RESIDENT:
+            self.out_of_band.labels(consumer).inc()

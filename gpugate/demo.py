@@ -1,0 +1,79 @@
+"""`gpugate demo` (what `make run` starts): the incident host, simulated, with the gate in front.
+
+The simulated card is the one from the incident of 2026-07-10: gemma3:12b pinned for 24 h
+and bge-m3 loaded straight at Ollama, whisper-server, mVoice and an idle ComfyUI. The gate
+listens where Ollama's clients expect it (127.0.0.1:11434); the simulated Ollama sits
+behind it on 127.0.0.1:11435.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from gpugate.sim.host import HostStartError, SimulatedHostProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HOST = ROOT / "sim" / "incident-2026-07-10.yaml"
+DEFAULT_CONFIG = ROOT / "sim" / "demo-consumers.yaml"
+
+HOW_TO = """\
+gpugate demo: a simulated 16 GiB GPU (the incident of 2026-07-10) with the gate in front.
+
+  Ollama, through the gate:  http://127.0.0.1:11434
+  the simulated Ollama:      http://127.0.0.1:11435  (what the gate forwards to)
+  control:                   http://127.0.0.1:9411/gate/v1/status  and  /metrics
+
+gemma3:12b and bge-m3 were loaded behind the gate's back with keep_alive 24h; 2.5 GiB is
+schedulable. Ask for a model that does not fit and watch the gate evict the idle one:
+
+  curl -s 127.0.0.1:11434/api/generate -d '{{"model": "qwen2.5:7b", "prompt": "hi"}}'
+  OLLAMA_HOST=127.0.0.1:11434 .venv/bin/python -c \
+      "import ollama; print(ollama.generate('llama3.2:3b', 'hi', keep_alive='24h').response)"
+  curl -s 127.0.0.1:11434/api/ps
+  .venv/bin/gpugate status --config {config}
+
+Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.
+"""
+
+
+def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> int:
+    """Start the simulated host and `gpugate serve`; stop both on Ctrl-C."""
+    host_file = host_file or DEFAULT_HOST
+    config_path = config_path or DEFAULT_CONFIG
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"starting the simulated host from {host_file} ...", flush=True)
+    try:
+        host = SimulatedHostProcess(host_file).start()
+    except HostStartError as exc:
+        print(f"gpugate demo: {exc}", file=sys.stderr)
+        return 1
+    try:
+        assert host.environment is not None
+        gate = subprocess.Popen(
+            [sys.executable, "-m", "gpugate", "serve", "--config", str(config_path)],
+            env=host.environment.apply(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert gate.stdout is not None
+        for line in gate.stdout:
+            print(line.rstrip(), flush=True)
+            if line.startswith("gpugate: ready"):
+                break
+        else:
+            print("gpugate demo: the gate did not start (see above)", file=sys.stderr)
+            return 1
+        print(HOW_TO.format(config=config_path), flush=True)
+        threading.Thread(target=lambda: gate.wait() and stop.set(), daemon=True).start()
+        stop.wait()
+        gate.send_signal(signal.SIGTERM)
+        code = gate.wait(timeout=60)
+        return 0 if code in (0, -signal.SIGTERM) else code
+    finally:
+        host.stop()

@@ -1,0 +1,389 @@
+"""The gate: the single owner of live state.
+
+Everything that changes the books goes through here, on the event loop, without an
+`await` between reading the state a decision depends on and the decision (the core
+call is synchronous). Effects the core asks for (unloads with reclaim checks, waking
+waiting requests, timers) run as tasks that report back as new events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+import attrs
+
+from gpugate.config.model import Config, Consumer, RuntimeKind
+from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, Unload
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.observation import HostObservation
+from gpugate.core.planner import PlannerSettings
+from gpugate.core.pressure import ReserveSettings
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.state import CoreSettings, GateCore, ListedModel
+from gpugate.core.tickets import Demand, Lease
+from gpugate.gate.events import ROUTINE, EventHub
+from gpugate.gate.unloads import UnloadRunner
+from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.ollama import OllamaAdapter, OllamaError
+from gpugate.store.db import LeaseRecord, MeasuredEnvelope, Store
+
+log = logging.getLogger("gpugate.gate")
+
+RECONCILE_INTERVAL = 2.0
+ESTIMATE_TTL = 60.0
+
+
+class GateFailure(Exception):
+    """A request cannot be admitted; carries the failure to tell its client."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@attrs.define
+class Link:
+    """A managed consumer with its adapter and its upstream connection pool."""
+
+    consumer: Consumer
+    adapter: OllamaAdapter
+    session: aiohttp.ClientSession | None = None
+    reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+
+def core_settings(config: Config) -> CoreSettings:
+    """Resolve the configuration into what the decision core needs."""
+    budget = config.budget
+    reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
+    by_gpu = {
+        g.index: ReserveSettings(g.reserve, max(g.reserve, budget.reserve_max))
+        for g in config.gpus
+        if g.reserve is not None
+    }
+    return CoreSettings(
+        reserve=reserve,
+        reserve_by_gpu=by_gpu,
+        max_wait={c.priority: c.max_wait for c in config.classes},
+        consumer_gpus={c.name: c.gpu for c in config.consumers},
+        queue_limit={c.name: c.queue_limit for c in config.consumers},
+        stale_after=budget.stale_after,
+        planner=PlannerSettings(),
+        reconcilable=frozenset(c.name for c in config.consumers if c.runtime is RuntimeKind.OLLAMA),
+    )
+
+
+class Gate:
+    """Owns the core and runs its effects. Used by the proxy and the control API."""
+
+    def __init__(
+        self,
+        config: Config,
+        sampler: Sampler,
+        *,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.sampler = sampler
+        self.store = store
+        self.clock = clock
+        self.core = GateCore(core_settings(config))
+        self.events = EventHub()
+        self.links = {
+            c.name: Link(c, OllamaAdapter(c))
+            for c in config.consumers
+            if c.runtime is RuntimeKind.OLLAMA
+        }
+        self._waiters: dict[int, asyncio.Future[Lease]] = {}
+        self._granted_at: dict[int, float] = {}
+        self._measured: dict[ResidentKey, int] = {}
+        self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._unloads = UnloadRunner(self)
+        self.started = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store, take a first sample, and start sampling and reconciling."""
+        if self.store is not None:
+            await self.store.open()
+            for envelope in await self.store.envelopes():
+                key = ResidentKey(envelope.consumer, envelope.model, envelope.options)
+                self._measured[key] = envelope.bytes
+        for link in self.links.values():
+            link.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            )
+        self.observe(await self.sampler.sample())
+        self._spawn(self.sampler.run(self.config.budget.sample_interval, self.observe), "sampler")
+        for link in self.links.values():
+            self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
+        self.started = True
+
+    async def close(self) -> None:
+        """Stop background work and close connections (leases end with their requests)."""
+        self.started = False
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for future in self._waiters.values():
+            if not future.done():
+                future.cancel()
+        for link in self.links.values():
+            if link.session is not None:
+                await link.session.close()
+        if self.store is not None:
+            await self.store.close()
+        self.sampler.close()
+
+    # -- the proxy's side ------------------------------------------------------------------
+
+    async def acquire(self, demand: Demand) -> Lease:
+        """Wait for a lease for this demand; raises GateFailure when it cannot have one."""
+        admission = self.core.submit(demand, self.clock())
+        future: asyncio.Future[Lease] | None = None
+        if admission.waiting:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[admission.ticket_id] = future
+        self._apply(admission.effects)
+        if admission.lease is not None:
+            self._granted_at[admission.lease.id] = self.clock()
+            return admission.lease
+        if admission.failure is not None:
+            raise GateFailure(admission.failure)
+        assert future is not None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiters.pop(admission.ticket_id, None)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result(), failed=True)
+            else:
+                self._apply(self.core.cancel(admission.ticket_id, self.clock()))
+            raise
+
+    def loaded(self, lease: Lease) -> None:
+        """The runtime started answering the lease's request: its model is loaded."""
+        if lease.pending:
+            self._apply(self.core.loaded(lease.id, self.clock()))
+
+    def release(self, lease: Lease, *, failed: bool = False) -> None:
+        """The lease's request is over."""
+        now = self.clock()
+        started = self._granted_at.pop(lease.id, now)
+        self._apply(self.core.release(lease.id, now, failed=failed))
+        if self.store is not None:
+            outcome = "failed" if failed else "done"
+            self.store.record_lease(LeaseRecord(lease, held=now - started, outcome=outcome))
+
+    def report(self, failure: Failure) -> None:
+        """A failure seen outside the core (an upstream that crashed or could not load)."""
+        self._apply(
+            [
+                Event(
+                    EventKind.FAILURE,
+                    self.clock(),
+                    consumer=failure.consumer,
+                    model=failure.model,
+                    gpu=failure.gpu,
+                    failure=failure,
+                    detail=failure.message,
+                )
+            ]
+        )
+
+    def want_reconcile(self, consumer: str) -> None:
+        """Something changed behind the books (an unload request): list residents soon."""
+        link = self.links.get(consumer)
+        if link is not None:
+            link.reconcile_wanted.set()
+
+    def known_envelope(self, link: Link, model: str, options: str) -> int | None:
+        """Configured or measured bytes for a model, when the gate has them without asking."""
+        configured = link.adapter.configured_envelope(model)
+        if configured is not None:
+            return configured
+        return self._measured.get(ResidentKey(link.consumer.name, model, options))
+
+    async def envelope(self, link: Link, model: str, options: str) -> int | None:
+        """Bytes to lease for a model: configured, else measured, else estimated.
+
+        None when the runtime does not know the model (it answers 404 without loading).
+        """
+        known = self.known_envelope(link, model, options)
+        if known is not None:
+            return known
+        adapter = link.adapter
+        cache_key = (link.consumer.name, model, options)
+        cached = self._estimates.get(cache_key)
+        now = self.clock()
+        if cached is not None and now - cached[0] < ESTIMATE_TTL:
+            return cached[1]
+        assert link.session is not None
+        try:
+            estimate = await adapter.estimate(link.session, model, options)
+        except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
+            raise GateFailure(
+                Failure(
+                    FailureClass.RUNTIME_CRASH,
+                    f"RUNTIME_CRASH: cannot size {model}: {link.consumer.name} upstream "
+                    f"{link.consumer.upstream.url} did not answer ({exc})",
+                    consumer=link.consumer.name,
+                    model=model,
+                    gpu=link.consumer.gpu,
+                )
+            ) from exc
+        self._estimates[cache_key] = (now, estimate)
+        return estimate
+
+    # -- what the world reports ------------------------------------------------------------
+
+    def observe(self, sample: HostObservation) -> None:
+        """A sample from NVML (called by the sampler and by unload checks)."""
+        if sample.error is not None and self.core.fault is None:
+            log.warning("NVML error: %s (%s)", sample.error.message, sample.error.name)
+        self._apply(self.core.observe(sample, self.clock()))
+        # Memory the books cannot explain is usually a model loaded behind the gate's back:
+        # ask the runtime what it has rather than wait for the next periodic listing.
+        for gpu in self.core.gpus():
+            budget = self.core.budget(gpu)
+            for row in budget.consumers if budget else ():
+                if row.unexplained and row.name in self.links:
+                    self.want_reconcile(row.name)
+
+    async def reconcile(self, link: Link) -> None:
+        """List what the runtime has loaded and fold it into the books."""
+        assert link.session is not None
+        asked_at = self.clock()
+        loaded = await link.adapter.loaded(link.session)
+        adapter = link.adapter
+        listed = []
+        for model in loaded:
+            residency = adapter.residency(model.name)
+            listed.append(
+                ListedModel(
+                    model=model.name,
+                    bytes=model.size_vram,
+                    size=max(model.size, model.size_vram),
+                    priority=adapter.model_priority(model.name),
+                    policy=residency.policy,
+                    idle_ttl=residency.idle_ttl,
+                    reload_seconds=adapter.reload_seconds(model.name, model.size),
+                )
+            )
+        self._apply(
+            self.core.reconcile(
+                link.consumer.name, link.consumer.gpu, listed, asked_at=asked_at, now=self.clock()
+            )
+        )
+        self._learn_envelopes(link, listed)
+
+    def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
+        sizes = {m.model: m.size for m in listed}
+        for resident in self.core.residents(link.consumer.gpu):
+            key = resident.key
+            size = sizes.get(key.model)
+            if (
+                key.consumer != link.consumer.name
+                or size is None
+                or resident.out_of_band
+                or resident.state is not ResidentState.RESIDENT
+                or self._measured.get(key) == size
+            ):
+                continue
+            self._measured[key] = size
+            if self.store is not None:
+                self.store.record_envelope(
+                    MeasuredEnvelope(key.consumer, key.model, key.options, size)
+                )
+
+    async def _reconcile_loop(self, link: Link) -> None:
+        while True:
+            try:
+                await self.reconcile(link)
+            except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
+                log.debug("listing %s failed: %s", link.consumer.name, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.reconcile_wanted.wait(), RECONCILE_INTERVAL)
+            link.reconcile_wanted.clear()
+
+    # -- effects ---------------------------------------------------------------------------
+
+    def _apply(self, effects: tuple[Effect, ...] | list[Effect]) -> None:
+        if not effects:
+            return
+        for effect in effects:
+            if isinstance(effect, Grant):
+                self._wake(effect)
+            elif isinstance(effect, Reject):
+                future = self._waiters.pop(effect.ticket_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(GateFailure(effect.failure))
+            elif isinstance(effect, Unload):
+                self._spawn(self._unloads.run(effect), f"unload-{effect.key}")
+            elif isinstance(effect, Event):
+                self.events.publish(effect)
+                if self.store is not None and effect.kind not in ROUTINE:
+                    self.store.record_event(effect)
+        self._arm_timer()
+
+    def _wake(self, grant: Grant) -> None:
+        future = self._waiters.pop(grant.ticket_id, None)
+        if future is None or future.done():
+            # Its client is gone: the lease ends before it began.
+            self._apply(self.core.release(grant.lease.id, self.clock(), failed=True))
+            return
+        self._granted_at[grant.lease.id] = self.clock()
+        future.set_result(grant.lease)
+
+    def _arm_timer(self) -> None:
+        """Keep one timer for the core's next deadline.
+
+        A timer already set for an earlier moment stays: when it fires, `tick` finds
+        nothing due yet and the timer is set again for what is due next. That keeps the
+        per-request path from cancelling and re-creating timers.
+        """
+        wake = self.core.next_wakeup()
+        if wake is None:
+            return
+        if self._timer is not None:
+            if self._timer_at <= wake + 1e-6:
+                return
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_later(
+            max(0.0, wake - self.clock()), self._on_timer
+        )
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._apply(self.core.tick(self.clock()))
+
+    def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(coro, name=f"gpugate-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    # -- views for the control API ---------------------------------------------------------
+
+    def recent_events(self) -> list[Event]:
+        return list(self.events.recent)

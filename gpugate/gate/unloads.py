@@ -1,0 +1,104 @@
+"""Unloads, verified: ask the runtime, then watch NVML until the bytes come back.
+
+Ollama answers an unload before its runner has exited, and NVML can lag behind the
+exit; a grant made on the strength of the answer alone would land on memory that is
+still taken. So after asking, the gate samples NVML quickly until the device's free
+memory rose by at least 75 % of the resident's bytes (Ollama's own recovery rule), or
+until the consumer's usage is what its other residents explain without external use
+having grown meanwhile (the runner was gone before the gate asked), or the reclaim
+timeout passes (GPU_MEMORY_NOT_RECLAIMED). Free memory, not per-process attribution,
+is the measure: a dying process can drop out of the process list, and so out of its
+consumer's row, before the driver has its memory back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from gpugate.core.effects import Unload
+from gpugate.core.observation import GpuObservation
+from gpugate.core.residents import ResidentState
+from gpugate.runtimes.ollama import OllamaError
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate
+
+log = logging.getLogger("gpugate.unloads")
+
+RECOVERED_FRACTION = 0.75
+POLL_INTERVAL = 0.1
+
+
+class UnloadRunner:
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    async def run(self, unload: Unload) -> None:
+        gate = self.gate
+        consumer = unload.key.consumer
+        before = gate.core.observation(unload.gpu)
+        link = gate.links.get(consumer)
+        reclaimed = False
+        try:
+            if link is None or link.session is None:
+                raise OllamaError(f"no adapter can unload {unload.key}")
+            await link.adapter.unload(link.session, unload.key.model)
+            reclaimed = await self._wait_for_reclaim(unload, before)
+        except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
+            log.warning("unload of %s failed: %s", unload.key, exc)
+        finally:
+            gate._apply(gate.core.unloaded(unload.key, gate.clock(), reclaimed=reclaimed))
+            gate.want_reconcile(consumer)
+
+    async def _wait_for_reclaim(self, unload: Unload, before: GpuObservation | None) -> bool:
+        gate = self.gate
+        deadline = gate.clock() + gate.config.budget.reclaim_timeout
+        while True:
+            sample = await gate.sampler.sample()
+            gate.observe(sample)
+            device = sample.device(unload.gpu)
+            if (
+                device is not None
+                and sample.error is None
+                and self._reclaimed(unload, before, device)
+            ):
+                return True
+            if gate.clock() >= deadline:
+                return False
+            await asyncio.sleep(POLL_INTERVAL)
+
+    def _reclaimed(
+        self, unload: Unload, before: GpuObservation | None, now: GpuObservation
+    ) -> bool:
+        target = RECOVERED_FRACTION * unload.bytes
+        if before is None:
+            return False
+        if now.free - before.free >= target:
+            return True
+        external_now = sum(now.external.values())
+        external_before = sum(before.external.values())
+        held = now.managed.get(unload.key.consumer, 0)
+        return external_now <= external_before and held <= self._explained(unload) + (
+            unload.bytes - target
+        )
+
+    def _explained(self, unload: Unload) -> int:
+        """What the consumer's other residents and loading leases account for."""
+        core = self.gate.core
+        held = sum(
+            r.bytes
+            for r in core.residents(unload.gpu)
+            if r.key.consumer == unload.key.consumer
+            and r.key != unload.key
+            and r.state is not ResidentState.LOADING
+        )
+        pending = sum(
+            lease.pending
+            for lease in core.leases()
+            if lease.key.consumer == unload.key.consumer and lease.gpu == unload.gpu
+        )
+        return held + pending

@@ -1,0 +1,1 @@
+"""aiohttp listeners on each runtime's public port: admit, forward (streamed), release."""

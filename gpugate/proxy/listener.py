@@ -1,0 +1,211 @@
+"""One listener per consumer: classify, admit under a lease, forward, release.
+
+The lease is released in a `finally`: when the response is complete, when the upstream
+fails, and when the client goes away (aiohttp cancels the handler; the upstream
+request is closed at once, so Ollama stops generating or aborts a load).
+"""
+
+from __future__ import annotations
+
+import math
+
+import aiohttp
+from aiohttp import hdrs, web
+
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.residents import ResidentKey
+from gpugate.core.tickets import Demand, Lease
+from gpugate.gate.gate import Gate, GateFailure, Link
+from gpugate.identity import PRIORITY_HEADER, IdentityResolver, resolve_priority
+from gpugate.proxy.forward import open_upstream, stream_down
+from gpugate.runtimes.base import (
+    Classified,
+    ErrorReply,
+    RouteKind,
+    error_reply,
+    failure_reply,
+)
+
+LEASE_HEADER = "X-GPUGate-Lease"
+WAIT_HEADER = "X-GPUGate-Wait"
+FAILURE_HEADER = "X-GPUGate-Failure"
+ERROR_BODY_LIMIT = 1024 * 1024
+OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole request body, refusing more than `limit` bytes."""
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise BodyTooLarge
+        return await request.content.readexactly(request.content_length)
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def reply(error: ErrorReply) -> web.Response:
+    """A response the gate writes itself."""
+    headers = {hdrs.CONTENT_TYPE: error.content_type}
+    if error.failure_class:
+        headers[FAILURE_HEADER] = error.failure_class
+    if error.retry_after is not None:
+        headers[hdrs.RETRY_AFTER] = str(max(1, math.ceil(error.retry_after)))
+    return web.Response(status=error.status, body=error.body, headers=headers)
+
+
+class ConsumerListener:
+    """The aiohttp application in front of one managed runtime."""
+
+    def __init__(self, gate: Gate, link: Link, identities: IdentityResolver) -> None:
+        self.gate = gate
+        self.link = link
+        self.identities = identities
+        upstream = link.consumer.upstream
+        self._base = upstream.url
+        self._host = f"{upstream.host}:{upstream.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.link.consumer.max_body)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        adapter = self.link.adapter
+        consumer = self.link.consumer
+        method, path = request.method, request.path
+        body = None
+        if adapter.wants_body(method, path):
+            try:
+                body = await read_body(request, consumer.max_body)
+            except BodyTooLarge:
+                api = adapter.classify(method, path, None, "").api
+                return reply(error_reply(api, 413, "http: request body too large"))
+        classified = adapter.classify(
+            method, path, body, request.headers.get(hdrs.CONTENT_TYPE, "")
+        )
+        if classified.kind is RouteKind.REFUSE:
+            assert classified.refusal is not None
+            refusal = classified.refusal
+            return reply(error_reply(classified.api, refusal.status, refusal.message))
+        lease = None
+        if classified.kind is RouteKind.DEMAND:
+            try:
+                lease = await self._admit(request, classified)
+            except GateFailure as exc:
+                return reply(failure_reply(classified.api, exc.failure))
+        forward_body = classified.body if classified.body is not None else body
+        try:
+            return await self._forward(request, forward_body, lease, classified)
+        finally:
+            if classified.kind is RouteKind.UNLOAD:
+                self.gate.want_reconcile(consumer.name)
+
+    async def _admit(self, request: web.Request, classified: Classified) -> Lease | None:
+        """A lease for a request that may load a model (None: the runtime will refuse it)."""
+        assert classified.model is not None
+        adapter = self.link.adapter
+        consumer = self.link.consumer
+        model = classified.model
+        envelope = self.gate.known_envelope(self.link, model, classified.options_key)
+        if envelope is None:
+            envelope = await self.gate.envelope(self.link, model, classified.options_key)
+        if envelope is None:
+            return None
+        identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
+        model_class = adapter.model_priority(model)
+        residency = adapter.residency(model)
+        demand = Demand(
+            key=ResidentKey(consumer.name, model, classified.options_key),
+            gpu=consumer.gpu,
+            envelope=envelope,
+            priority=resolve_priority(identity, model_class, request.headers.get(PRIORITY_HEADER)),
+            resident_priority=model_class,
+            policy=residency.policy,
+            idle_ttl=classified.idle_ttl,
+            reload_seconds=adapter.reload_seconds(model, envelope),
+            sets_ttl=classified.sets_ttl,
+        )
+        return await self.gate.acquire(demand)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        body: bytes | None,
+        lease: Lease | None,
+        classified: Classified,
+    ) -> web.StreamResponse:
+        failed = lease is not None and lease.pending > 0
+        session = self.link.session
+        assert session is not None
+        try:
+            try:
+                upstream = await open_upstream(session, request, self._base, self._host, body)
+            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
+                failed = True
+                return reply(failure_reply(classified.api, self._crash(classified, exc)))
+            complete = False
+            try:
+                extra: dict[str, str] = {}
+                prefix = b""
+                if lease is not None:
+                    extra[LEASE_HEADER] = str(lease.id)
+                    extra[WAIT_HEADER] = f"{lease.waited:.3f}"
+                    if upstream.status < 400:
+                        self.gate.loaded(lease)
+                        failed = False
+                    elif upstream.status >= 500 and lease.loads:
+                        prefix = await upstream.content.read(ERROR_BODY_LIMIT)
+                        failure = self._load_failure(classified, upstream.status, prefix)
+                        self.gate.report(failure)
+                        extra[FAILURE_HEADER] = failure.failure_class.value
+                    else:
+                        failed = lease.pending > 0
+                response = await stream_down(request, upstream, extra, prefix=prefix)
+                complete = True
+                return response
+            finally:
+                if complete:
+                    upstream.release()
+                else:
+                    upstream.close()
+        finally:
+            if lease is not None:
+                self.gate.release(lease, failed=failed)
+
+    def _crash(self, classified: Classified, exc: BaseException) -> Failure:
+        consumer = self.link.consumer
+        failure = Failure(
+            FailureClass.RUNTIME_CRASH,
+            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url} is not answering "
+            f"({exc.__class__.__name__}: {exc})",
+            consumer=consumer.name,
+            model=classified.model,
+            gpu=consumer.gpu,
+        )
+        self.gate.report(failure)
+        return failure
+
+    def _load_failure(self, classified: Classified, status: int, body: bytes) -> Failure:
+        text = body.decode("utf-8", "replace")
+        lowered = text.lower()
+        oom = any(marker in lowered for marker in OOM_MARKERS)
+        cls = FailureClass.GPU_OOM if oom else FailureClass.MODEL_LOAD_FAILED
+        consumer = self.link.consumer
+        return Failure(
+            cls,
+            f"{cls.value}: {consumer.name} answered {status} loading {classified.model}: "
+            f"{text.strip()[:300]}",
+            consumer=consumer.name,
+            model=classified.model,
+            gpu=consumer.gpu,
+        )

@@ -1,0 +1,335 @@
+"""The Ollama adapter: which requests load a model, how keep_alive is capped, what is
+loaded (/api/ps), how to unload, and how big a model will be before it is loaded.
+
+Facts about Ollama's wire behaviour follow its source (server/routes.go, server/sched.go,
+api/types.go at v0.33); see docs/architecture.md for the route table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import attrs
+
+from gpugate.config.model import Consumer, ModelOverride, Residency
+from gpugate.core.classes import PriorityClass
+from gpugate.core.units import MiB
+from gpugate.runtimes.base import ApiFamily, Classified, Refusal, RouteKind
+from gpugate.runtimes.keepalive import (
+    KeepAliveError,
+    effective_keep_alive,
+    parse_keep_alive,
+    policy_keep_alive,
+)
+
+NATIVE_LOADS = {"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"}
+OPENAI_LOADS = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/audio/transcriptions",
+}
+RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+"""Load-time options: a change makes Ollama reload the model (sched.go needsReload)."""
+
+RUNTIME_OVERHEAD = 256 * MiB
+"""CUDA context and compute buffers on top of weights and KV cache, for estimates."""
+DEFAULT_NUM_CTX = 4096
+_MULTIPART_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
+
+
+def normalize_model(name: str) -> str:
+    """Ollama's display name: a bare name gets the `latest` tag."""
+    name = name.strip()
+    last = name.rsplit("/", 1)[-1]
+    return name if ":" in last else f"{name}:latest"
+
+
+def is_cloud(name: str) -> bool:
+    """Cloud models run at ollama.com and never touch the local GPU."""
+    return name.endswith(":cloud") or name.endswith("-cloud")
+
+
+def api_family(path: str) -> ApiFamily:
+    if path.startswith("/api/"):
+        return ApiFamily.OLLAMA
+    if path.startswith("/v1/"):
+        return ApiFamily.OPENAI
+    return ApiFamily.PLAIN
+
+
+def options_key(options: object) -> str:
+    """Canonical text of the runner options in a request ("" when none are set)."""
+    if not isinstance(options, Mapping):
+        return ""
+    parts = []
+    for name in RUNNER_OPTIONS:
+        value = options.get(name)
+        if value is not None:
+            parts.append(f"{name}={json.dumps(value, sort_keys=True)}")
+    return ",".join(parts)
+
+
+@attrs.frozen
+class LoadedModel:
+    """One entry of /api/ps."""
+
+    name: str
+    size: int
+    size_vram: int
+    expires_at: datetime | None
+    context_length: int | None = None
+
+
+class OllamaError(Exception):
+    """Ollama answered something the adapter cannot use."""
+
+
+class OllamaAdapter:
+    """Reads requests for one Ollama consumer; talks to its upstream for listings."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self._overrides = {normalize_model(m.name): m for m in consumer.models}
+        self._seen: dict[str, ModelOverride | None] = {}
+
+    # -- configuration for a model ---------------------------------------------------------
+
+    def override(self, model: str) -> ModelOverride | None:
+        # Looked up several times per request: remember by the name as clients write it.
+        try:
+            return self._seen[model]
+        except KeyError:
+            found = self._overrides.get(normalize_model(model))
+            if len(self._seen) < 4096:
+                self._seen[model] = found
+            return found
+
+    def residency(self, model: str) -> Residency:
+        override = self.override(model)
+        return override.residency if override and override.residency else self.consumer.residency
+
+    def model_priority(self, model: str) -> PriorityClass:
+        override = self.override(model)
+        return override.priority if override and override.priority else self.consumer.priority
+
+    def configured_envelope(self, model: str) -> int | None:
+        override = self.override(model)
+        return override.envelope if override and override.envelope else None
+
+    def reload_seconds(self, model: str, nbytes: int) -> float:
+        """Configured reload time, else a guess from the size (about 2 GiB/s from disk)."""
+        override = self.override(model)
+        if override and override.reload_seconds is not None:
+            return override.reload_seconds
+        return 1.0 + nbytes / (2 * 1024**3)
+
+    # -- classification --------------------------------------------------------------------
+
+    def wants_body(self, method: str, path: str) -> bool:
+        """Must the body be read to classify this request?"""
+        return method == "POST" and (path in NATIVE_LOADS or path in OPENAI_LOADS)
+
+    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+        """Decide whether a request may load a model, and rewrite its keep_alive."""
+        api = api_family(path)
+        if not self.wants_body(method, path) or body is None:
+            return Classified(RouteKind.PASS, api)
+        if path == "/v1/audio/transcriptions":
+            return self._classify_multipart(api, body, content_type)
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return Classified(RouteKind.PASS, api)  # Ollama answers 400 without loading
+        if not isinstance(payload, dict):
+            return Classified(RouteKind.PASS, api)
+        model = payload.get("model")
+        if not isinstance(model, str) or not model.strip() or is_cloud(model):
+            return Classified(RouteKind.PASS, api)
+        if api is ApiFamily.OPENAI:
+            return self._classify_openai(path, payload, model)
+        return self._classify_native(path, payload, model, body)
+
+    def _classify_native(
+        self, path: str, payload: dict[str, Any], model: str, body: bytes
+    ) -> Classified:
+        api = ApiFamily.OLLAMA
+        try:
+            requested = parse_keep_alive(payload.get("keep_alive"))
+        except KeepAliveError as exc:
+            return Classified(RouteKind.REFUSE, api, model, refusal=Refusal(400, str(exc)))
+        if requested is not None and requested.zero and _is_unload(path, payload):
+            return Classified(RouteKind.UNLOAD, api, normalize_model(model))
+        residency = self.residency(model)
+        allowed = policy_keep_alive(residency.policy, residency.ttl)
+        effective = effective_keep_alive(requested, allowed)
+        rewritten = None
+        if requested is None and "keep_alive" not in payload:
+            rewritten = _append_field(body, "keep_alive", effective.to_json())
+        elif effective.seconds != requested.seconds:
+            payload["keep_alive"] = effective.to_json()
+            rewritten = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        return Classified(
+            RouteKind.DEMAND,
+            api,
+            normalize_model(model),
+            options_key(payload.get("options")),
+            body=rewritten,
+            idle_ttl=None if effective.forever else effective.seconds,
+            sets_ttl=True,
+        )
+
+    def _classify_openai(self, path: str, payload: dict[str, Any], model: str) -> Classified:
+        api = ApiFamily.OPENAI
+        if path == "/v1/chat/completions" and not payload.get("messages"):
+            return Classified(RouteKind.PASS, api)  # the middleware refuses before loading
+        residency = self.residency(model)
+        # /v1 cannot carry keep_alive, so the gate owns these models' idle time.
+        return Classified(
+            RouteKind.DEMAND, api, normalize_model(model), idle_ttl=residency.idle_ttl
+        )
+
+    def _classify_multipart(self, api: ApiFamily, body: bytes, content_type: str) -> Classified:
+        if "multipart/form-data" not in content_type:
+            return Classified(RouteKind.PASS, api)
+        match = _MULTIPART_MODEL.search(body)
+        if match is None:
+            return Classified(RouteKind.PASS, api)
+        model = match.group(1).decode("utf-8", "replace").strip()
+        if not model or is_cloud(model):
+            return Classified(RouteKind.PASS, api)
+        residency = self.residency(model)
+        return Classified(
+            RouteKind.DEMAND, api, normalize_model(model), idle_ttl=residency.idle_ttl
+        )
+
+    # -- talking to Ollama -----------------------------------------------------------------
+
+    async def loaded(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
+        """What Ollama has in memory (/api/ps; a model still loading is not listed)."""
+        async with session.get(self._url("/api/ps"), headers=self._headers()) as resp:
+            if resp.status != 200:
+                raise OllamaError(f"/api/ps answered {resp.status}")
+            data = await resp.json(content_type=None)
+        models = []
+        for entry in data.get("models") or []:
+            models.append(
+                LoadedModel(
+                    name=normalize_model(str(entry.get("name") or entry.get("model") or "")),
+                    size=int(entry.get("size") or 0),
+                    size_vram=int(entry.get("size_vram") or 0),
+                    expires_at=_parse_time(entry.get("expires_at")),
+                    context_length=entry.get("context_length"),
+                )
+            )
+        return models
+
+    async def unload(self, session: aiohttp.ClientSession, model: str) -> None:
+        """Ask Ollama to unload a model (keep_alive 0, empty prompt); it answers at once."""
+        payload = {"model": model, "keep_alive": 0}
+        async with session.post(
+            self._url("/api/generate"), json=payload, headers=self._headers()
+        ) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise OllamaError(f"unload of {model} answered {resp.status}: {text[:200]}")
+
+    async def estimate(
+        self, session: aiohttp.ClientSession, model: str, options: str
+    ) -> int | None:
+        """Bytes a model will take before it was ever measured: weights + KV + overhead.
+
+        None when Ollama does not have the model (it will answer 404 without loading).
+        """
+        async with session.get(self._url("/api/tags"), headers=self._headers()) as resp:
+            if resp.status != 200:
+                raise OllamaError(f"/api/tags answered {resp.status}")
+            tags = await resp.json(content_type=None)
+        size = None
+        for entry in tags.get("models") or []:
+            if normalize_model(str(entry.get("name") or entry.get("model") or "")) == model:
+                size = int(entry.get("size") or 0)
+        if size is None:
+            return None
+        kv = 0
+        async with session.post(
+            self._url("/api/show"), json={"model": model}, headers=self._headers()
+        ) as resp:
+            if resp.status == 200:
+                show = await resp.json(content_type=None)
+                kv = kv_cache_bytes(show.get("model_info") or {}, _num_ctx(options))
+        return size + kv + RUNTIME_OVERHEAD
+
+    def _url(self, path: str) -> str:
+        return self.consumer.upstream.url + path
+
+    def _headers(self) -> dict[str, str]:
+        # Ollama checks Host when it listens on loopback; its own name always passes.
+        return {"Host": f"127.0.0.1:{self.consumer.upstream.port}"}
+
+
+def kv_cache_bytes(model_info: Mapping[str, Any], num_ctx: int) -> int:
+    """f16 K and V for every layer: 2 × layers × ctx × kv_heads × head_dim × 2 bytes."""
+    arch = model_info.get("general.architecture")
+    if not isinstance(arch, str):
+        return 0
+    layers = model_info.get(f"{arch}.block_count")
+    heads = model_info.get(f"{arch}.attention.head_count")
+    kv_heads = model_info.get(f"{arch}.attention.head_count_kv", heads)
+    width = model_info.get(f"{arch}.embedding_length")
+    key_length = model_info.get(f"{arch}.attention.key_length")
+    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, kv_heads, width)):
+        return 0
+    head_dim = key_length if isinstance(key_length, int) and key_length > 0 else width // heads
+    trained = model_info.get(f"{arch}.context_length")
+    if isinstance(trained, int) and trained > 0:
+        num_ctx = min(num_ctx, trained)
+    return 2 * layers * num_ctx * kv_heads * head_dim * 2
+
+
+def _num_ctx(options: str) -> int:
+    for part in options.split(","):
+        name, _, value = part.partition("=")
+        if name == "num_ctx":
+            try:
+                return max(4, int(json.loads(value)))
+            except (ValueError, TypeError):
+                return DEFAULT_NUM_CTX
+    return DEFAULT_NUM_CTX
+
+
+def _append_field(body: bytes, name: str, value: object) -> bytes:
+    """A JSON object's text with one more field at its end, the rest byte for byte.
+
+    Only for a field the object does not have yet; the body was already parsed, so it is
+    an object with at least one member (its `model`).
+    """
+    end = body.rstrip()
+    text = str(value) if isinstance(value, int) else json.dumps(value)
+    return end[:-1] + b',"' + name.encode() + b'":' + text.encode() + b"}"
+
+
+def _is_unload(path: str, payload: Mapping[str, Any]) -> bool:
+    """Ollama's unload shortcut: keep_alive 0 with nothing to generate."""
+    if path == "/api/generate":
+        return not payload.get("prompt")
+    if path == "/api/chat":
+        return not payload.get("messages")
+    return False  # embed/embeddings with keep_alive 0 load, then expire
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    text = re.sub(r"(\.\d{6})\d+", r"\1", value).replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None

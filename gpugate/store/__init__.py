@@ -1,0 +1,1 @@
+"""SQLite: events, lease history and measured envelopes, with schema migrations."""

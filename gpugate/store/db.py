@@ -1,0 +1,221 @@
+"""The gate's SQLite file: written off the hot path, read at start-up.
+
+Writes are queued and committed in batches by one task, so a request never waits on
+the disk. Schema changes are numbered migrations applied in order at open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiosqlite
+import attrs
+
+from gpugate.core.effects import Event
+from gpugate.core.tickets import Lease
+
+MIGRATIONS: Sequence[str] = (
+    """
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        wall REAL NOT NULL,
+        kind TEXT NOT NULL,
+        consumer TEXT,
+        model TEXT,
+        gpu INTEGER,
+        bytes INTEGER,
+        failure_class TEXT,
+        detail TEXT
+    );
+    CREATE INDEX events_wall ON events (wall);
+    CREATE TABLE leases (
+        id INTEGER NOT NULL,
+        started REAL NOT NULL,
+        consumer TEXT NOT NULL,
+        model TEXT NOT NULL,
+        options TEXT NOT NULL,
+        gpu INTEGER NOT NULL,
+        priority TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        loaded INTEGER NOT NULL,
+        waited REAL NOT NULL,
+        held REAL NOT NULL,
+        outcome TEXT NOT NULL
+    );
+    CREATE TABLE envelopes (
+        consumer TEXT NOT NULL,
+        model TEXT NOT NULL,
+        options TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        measured REAL NOT NULL,
+        PRIMARY KEY (consumer, model, options)
+    );
+    """,
+)
+
+
+@attrs.frozen
+class MeasuredEnvelope:
+    consumer: str
+    model: str
+    options: str
+    bytes: int
+
+
+@attrs.frozen
+class LeaseRecord:
+    """A finished lease, for the history table."""
+
+    lease: Lease
+    held: float
+    outcome: str
+
+
+class Store:
+    """One SQLite file (or `:memory:`), one writer task."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._db: aiosqlite.Connection | None = None
+        self._queue: asyncio.Queue[tuple[str, tuple[object, ...]] | None] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        target = ":memory:" if self.path is None else str(self.path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = await aiosqlite.connect(target)
+        await self._db.execute("PRAGMA journal_mode=WAL")
+        await self._migrate()
+        self._writer = asyncio.create_task(self._write_loop(), name="gpugate-store")
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            await self._queue.put(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    async def schema_version(self) -> int:
+        assert self._db is not None
+        async with self._db.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def _migrate(self) -> None:
+        assert self._db is not None
+        version = await self.schema_version()
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            await self._db.executescript(script)
+            await self._db.execute(f"PRAGMA user_version = {number}")
+            await self._db.commit()
+
+    # -- writes (queued) -------------------------------------------------------------------
+
+    def record_event(self, event: Event) -> None:
+        failure = event.failure.failure_class.value if event.failure else None
+        self._queue.put_nowait(
+            (
+                "INSERT INTO events (wall, kind, consumer, model, gpu, bytes, failure_class,"
+                " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    time.time(),
+                    event.kind.value,
+                    event.consumer,
+                    event.model,
+                    event.gpu,
+                    event.bytes,
+                    failure,
+                    event.detail,
+                ),
+            )
+        )
+
+    def record_lease(self, record: LeaseRecord) -> None:
+        lease = record.lease
+        self._queue.put_nowait(
+            (
+                "INSERT INTO leases (id, started, consumer, model, options, gpu, priority, bytes,"
+                " loaded, waited, held, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    lease.id,
+                    time.time() - record.held,
+                    lease.key.consumer,
+                    lease.key.model,
+                    lease.key.options,
+                    lease.gpu,
+                    lease.demand.priority.label,
+                    lease.demand.envelope,
+                    int(lease.loads),
+                    lease.waited,
+                    record.held,
+                    record.outcome,
+                ),
+            )
+        )
+
+    def record_envelope(self, envelope: MeasuredEnvelope) -> None:
+        self._queue.put_nowait(
+            (
+                "INSERT INTO envelopes (consumer, model, options, bytes, measured)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
+                " DO UPDATE SET bytes = excluded.bytes, measured = excluded.measured",
+                (envelope.consumer, envelope.model, envelope.options, envelope.bytes, time.time()),
+            )
+        )
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        await self._queue.join()
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def envelopes(self) -> list[MeasuredEnvelope]:
+        assert self._db is not None
+        async with self._db.execute(
+            "SELECT consumer, model, options, bytes FROM envelopes"
+        ) as cursor:
+            return [MeasuredEnvelope(*row) async for row in cursor]
+
+    async def recent_events(self, limit: int = 100) -> list[dict[str, object]]:
+        """Newest first, as JSON-ready rows for the control API."""
+        assert self._db is not None
+        self._db.row_factory = aiosqlite.Row
+        try:
+            async with self._db.execute(
+                "SELECT wall, kind, consumer, model, gpu, bytes, failure_class, detail"
+                " FROM events ORDER BY id DESC LIMIT ?",
+                (limit,),
+            ) as cursor:
+                return [dict(row) async for row in cursor]
+        finally:
+            self._db.row_factory = None
+
+    async def _write_loop(self) -> None:
+        assert self._db is not None
+        while True:
+            item = await self._queue.get()
+            batch = [item]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            stop = None in batch
+            # One statement per kind of row for the whole batch: one trip to the
+            # database thread instead of one per row.
+            grouped: dict[str, list[tuple[object, ...]]] = {}
+            for entry in batch:
+                if entry is not None:
+                    grouped.setdefault(entry[0], []).append(entry[1])
+            for sql, rows in grouped.items():
+                await self._db.executemany(sql, rows)
+            await self._db.commit()
+            for _ in batch:
+                self._queue.task_done()
+            if stop:
+                return

@@ -1,0 +1,171 @@
+"""A whole stack in one event loop: simulated GPU, simulated Ollama, and the gate in front.
+
+The gate runs through `gpugate.serve.serve` (the real listeners), reads the simulated GPU
+through the real pynvml over the fake library, and attributes runner processes through
+the real /proc. Only ports are chosen here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import attrs
+
+from gpugate.config.loader import load_config_text
+from gpugate.config.model import Config
+from gpugate.core.effects import Event, EventKind
+from gpugate.core.units import MiB
+from gpugate.gate.gate import Gate
+from gpugate.gpu.sampler import Sampler
+from gpugate.serve import serve
+from gpugate.sim.device import SimulatedGpuHost
+from gpugate.sim.ollama.server import SimOllama
+from gpugate.sim.scenario import OllamaModelSpec, OllamaSpec
+from gpugate.store.db import Store
+
+FAST = dict(load_seconds=0.05, tokens_per_second=400.0)
+MODELS = (
+    OllamaModelSpec("gemma3:12b", 7796 * MiB, family="gemma3", **FAST),
+    OllamaModelSpec("bge-m3", 2012 * MiB, embedding=True, family="bert", **FAST),
+    OllamaModelSpec("llama3.2:3b", 3200 * MiB, **FAST),
+    OllamaModelSpec("qwen2.5:7b", 5700 * MiB, family="qwen2", **FAST),
+)
+
+DEFAULT_MODELS_YAML = """\
+gemma3:12b: {envelope: 7796MiB}
+bge-m3: {class: background, envelope: 2012MiB, residency: {policy: keep_warm, ttl: 901s}}
+llama3.2:3b: {envelope: 3200MiB}
+qwen2.5:7b: {envelope: 5700MiB}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@attrs.define
+class Stack:
+    host: SimulatedGpuHost
+    sim: SimOllama
+    gate: Gate
+    config: Config
+    gate_url: str
+    control_url: str
+
+    @property
+    def sim_url(self) -> str:
+        assert self.sim.url is not None
+        return self.sim.url
+
+    def next_event(self, kind: EventKind, **match: object) -> asyncio.Future[Event]:
+        """A future for the next event of this kind whose fields match (register first)."""
+
+        def wanted(event: Event) -> bool:
+            return event.kind is kind and all(getattr(event, k) == v for k, v in match.items())
+
+        return self.gate.events.next(wanted)
+
+    async def ps(self) -> list[dict]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(self.sim_url + "/api/ps") as resp,
+        ):
+            return (await resp.json())["models"]
+
+
+def config_text(
+    *,
+    upstream: str,
+    listen_port: int,
+    control_port: int,
+    library: Path,
+    database: Path | None,
+    models_yaml: str,
+    extra: str,
+    consumer_yaml: str = "",
+) -> str:
+    models = textwrap.indent(models_yaml, " " * 6)
+    more = textwrap.indent(consumer_yaml, " " * 4)
+    db = f"\n  database: {database}" if database else ""
+    return f"""\
+gate:
+  control: 127.0.0.1:{control_port}
+  shutdown_grace: 2s
+  nvml_library: {library}{db}
+budget:
+  reserve: 1GiB
+  reserve_max: 1GiB
+  sample_interval: 200ms
+  stale_after: 5s
+  reclaim_timeout: 5s
+consumers:
+  ollama:
+    runtime: ollama
+    listen: 127.0.0.1:{listen_port}
+    upstream: {upstream}
+    class: interactive
+    residency: {{policy: keep_warm, ttl: 15m}}
+    processes: {{commands: [llama-server], names: [llama-server]}}
+{more}    models:
+{models}
+{extra}"""
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    tmp_path: Path,
+    host: SimulatedGpuHost,
+    library: Path,
+    *,
+    models: tuple[OllamaModelSpec, ...] = MODELS,
+    models_yaml: str = DEFAULT_MODELS_YAML,
+    extra: str = "",
+    consumer_yaml: str = "",
+    spec: Callable[[OllamaSpec], OllamaSpec] | None = None,
+    database: bool = False,
+) -> AsyncIterator[Stack]:
+    ollama_spec = OllamaSpec(listen="127.0.0.1:0", keep_alive="5m", models=models)
+    if spec is not None:
+        ollama_spec = spec(ollama_spec)
+    sim = SimOllama(ollama_spec, host)
+    upstream = await sim.start()
+    text = config_text(
+        upstream=upstream,
+        listen_port=free_port(),
+        control_port=free_port(),
+        library=library,
+        database=tmp_path / "gpugate.db" if database else None,
+        models_yaml=models_yaml,
+        extra=extra,
+        consumer_yaml=consumer_yaml,
+    )
+    config = load_config_text(text, tmp_path / "consumers.yaml")
+    holder: dict[str, Gate] = {}
+
+    def make_gate(cfg: Config) -> Gate:
+        gate = Gate(cfg, Sampler.from_config(cfg), store=Store(cfg.gate.database))
+        holder["gate"] = gate
+        return gate
+
+    ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(config, stop, on_ready=ready.set_result, gate_factory=make_gate)
+    )
+    try:
+        lines = await asyncio.wait_for(asyncio.shield(ready), 20)
+        gate_url = lines[0].split(" listening on ")[1].split(" ")[0]
+        control_url = next(x for x in lines if "control on" in x).split(" on ")[1].split(" ")[0]
+        yield Stack(host, sim, holder["gate"], config, gate_url, control_url)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await sim.close()

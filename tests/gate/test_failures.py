@@ -1,0 +1,135 @@
+"""Failures reach the client in its own shape, with the class, and leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import aiohttp
+import ollama
+import pytest
+
+from gpugate.core.effects import EventKind
+from gpugate.core.residents import ANY_OPTIONS, ResidentKey
+from gpugate.core.units import GiB
+from tests.gate.harness import running_stack
+
+
+async def post(url: str, path: str, body: dict) -> tuple[int, dict, dict]:
+    async with aiohttp.ClientSession() as session, session.post(url + path, json=body) as resp:
+        return resp.status, dict(resp.headers), await resp.json()
+
+
+async def test_upstream_down_is_runtime_crash_in_each_shape(stack):
+    await ollama.AsyncClient(host=stack.gate_url).generate(
+        model="llama3.2:3b", prompt="x", options={"num_predict": 1}
+    )
+    failures = []
+    stack.gate.events.subscribe(
+        lambda e: failures.append(e.failure) if e.kind is EventKind.FAILURE else None
+    )
+    await stack.sim.close()
+    # A resident model (no sizing needed) and an unsized one, on both API families.
+    status, headers, body = await post(
+        stack.gate_url, "/api/generate", {"model": "llama3.2:3b", "prompt": "x"}
+    )
+    assert status == 502
+    assert headers["X-GPUGate-Failure"] == "RUNTIME_CRASH"
+    assert body["error"].startswith("RUNTIME_CRASH: ollama at http://127.0.0.1:")
+    status, headers, body = await post(
+        stack.gate_url,
+        "/v1/chat/completions",
+        {"model": "qwen2.5:7b", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert status == 502
+    assert body["error"]["code"] == "RUNTIME_CRASH"
+    assert body["error"]["type"] == "api_error"
+    assert body["error"]["param"] is None
+    assert body["error"]["message"].startswith("RUNTIME_CRASH: ")
+    assert [f.failure_class.value for f in failures] == ["RUNTIME_CRASH", "RUNTIME_CRASH"]
+    assert stack.gate.core.leases() == []
+    assert stack.gate.core.waiting() == []
+
+
+async def test_a_load_that_fails_upstream_is_reported_and_leaves_no_lease(stack):
+    failed = stack.next_event(EventKind.FAILURE, model="qwen2.5:7b")
+    status, headers, body = await post(
+        stack.gate_url,
+        "/api/generate",
+        {"model": "qwen2.5:7b", "prompt": "x", "options": {"sim_load_fail": True}},
+    )
+    assert status == 500
+    assert headers["X-GPUGate-Failure"] == "MODEL_LOAD_FAILED"
+    assert set(body) == {"error"}  # Ollama's own error body, untouched
+    event = await failed
+    assert event.failure.failure_class.value == "MODEL_LOAD_FAILED"
+    assert stack.gate.core.leases() == []
+    assert stack.gate.core.residents() == []
+    assert stack.gate.core.budget(0).consumer("ollama").pending == 0
+
+
+async def test_a_model_loaded_behind_the_gate_is_found_and_reclaimed(stack):
+    found = stack.next_event(EventKind.OUT_OF_BAND_RESIDENT, model="bge-m3:latest")
+    # Straight at Ollama from loopback, with a keep_alive of a day.
+    await ollama.AsyncClient(host=stack.sim_url).embed(model="bge-m3", input="x", keep_alive="24h")
+    await asyncio.wait_for(found, 10)
+    key = ResidentKey("ollama", "bge-m3:latest", ANY_OPTIONS)
+    resident = stack.gate.core.resident(key)
+    assert resident is not None and resident.out_of_band
+    assert resident.priority.label == "background"  # its class from consumers.yaml
+    # gemma (7.6) + qwen (5.6) + bge (2.0) > 14.6 GiB: the stray bge-m3 is evicted.
+    client = ollama.AsyncClient(host=stack.gate_url)
+    await client.generate(model="gemma3:12b", prompt="x", options={"num_predict": 1})
+    evicted = stack.next_event(EventKind.EVICTION_DONE, model="bge-m3:latest")
+    await client.generate(model="qwen2.5:7b", prompt="x", options={"num_predict": 1})
+    assert (await evicted).detail == "reclaimed"
+    assert sorted(m["name"] for m in await stack.ps()) == ["gemma3:12b", "qwen2.5:7b"]
+    assert stack.host.ooms() == []
+
+
+async def test_partial_offload_after_a_load_is_an_event(stack):
+    hog = subprocess.Popen(["sleep", "60"])
+    try:
+        stack.host.allocate(hog.pid, 10 * GiB, name="Plex Transcoder")
+        offload = stack.next_event(EventKind.PARTIAL_OFFLOAD, model="gemma3:12b")
+        # Loaded straight at Ollama, which spills what does not fit to the CPU.
+        await ollama.AsyncClient(host=stack.sim_url).generate(
+            model="gemma3:12b", prompt="x", options={"num_predict": 1}
+        )
+        event = await asyncio.wait_for(offload, 10)
+        assert "the rest on the CPU" in event.detail
+        (entry,) = await stack.ps()
+        assert entry["size_vram"] < entry["size"]
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/v1/chat/completions"])
+async def test_malformed_json_gets_ollamas_own_answer(stack, path):
+    answers = []
+    async with aiohttp.ClientSession() as session:
+        for url in (stack.sim_url, stack.gate_url):
+            async with session.post(
+                url + path,
+                data=b'{"model": "llama3.2:3b", ',
+                headers={"Content-Type": "application/json"},
+            ) as resp:
+                answers.append((resp.status, await resp.text()))
+    assert answers[1] == answers[0]
+    assert answers[0][0] == 400
+    assert stack.gate.core.leases() == []
+
+
+async def test_a_body_over_the_limit_is_refused_in_the_runtimes_shape(
+    tmp_path, sim_host, fakenvml_path
+):
+    async with running_stack(
+        tmp_path, sim_host, fakenvml_path, consumer_yaml="max_body: 1KiB\n"
+    ) as stack:
+        big = {"model": "llama3.2:3b", "prompt": "x" * 4096}
+        status, headers, body = await post(stack.gate_url, "/api/generate", big)
+        assert status == 413
+        assert headers["Content-Type"].startswith("application/json")
+        assert body == {"error": "http: request body too large"}
+        assert stack.gate.core.leases() == []
