@@ -17,12 +17,13 @@ from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Effect, Event, EventKind, Unload, UnloadReason
-from gpugate.core.explain import make_failure
+from gpugate.core.explain import describe_external, make_failure
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
 from gpugate.core.planner import PlannerSettings, victim_order
 from gpugate.core.pressure import ReserveSettings
-from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
+from gpugate.core.residents import Resident, ResidentKey
 from gpugate.core.scheduling import Admission, Scheduler
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket
@@ -47,21 +48,6 @@ class CoreSettings:
 
     def wait_for(self, priority: PriorityClass) -> float:
         return self.max_wait.get(priority, 120.0)
-
-
-@attrs.frozen
-class ListedModel:
-    """A model a runtime says it has loaded (Ollama's /api/ps), with the config for it."""
-
-    model: str
-    bytes: int
-    """Bytes in VRAM (size_vram)."""
-    size: int
-    """Total bytes including what was offloaded to the CPU."""
-    priority: PriorityClass
-    policy: ResidencyPolicy
-    idle_ttl: float | None
-    reload_seconds: float = 1.0
 
 
 class GateCore:
@@ -203,72 +189,7 @@ class GateCore:
         were loaded behind the gate's back and become residents like any other; measured
         sizes replace envelopes.
         """
-        effects: list[Effect] = []
-        names = {m.model for m in listed}
-        for resident in self.residents(gpu):
-            if (
-                resident.key.consumer == consumer
-                and resident.state is ResidentState.RESIDENT
-                and resident.key.model not in names
-                and resident.in_flight == 0
-                and resident.changed_at <= asked_at
-            ):
-                del self.books.residents[resident.key]
-                effects.append(
-                    self._event(
-                        EventKind.RESIDENT_GONE, now, resident, "no longer listed by the runtime"
-                    )
-                )
-        for model in listed:
-            same = [
-                r
-                for r in self.residents(gpu)
-                if r.key.consumer == consumer and r.key.model == model.model
-            ]
-            if not same:
-                resident = Resident(
-                    key=ResidentKey(consumer, model.model, ANY_OPTIONS),
-                    gpu=gpu,
-                    bytes=model.bytes,
-                    priority=model.priority,
-                    policy=model.policy,
-                    idle_ttl=model.idle_ttl,
-                    last_used=now,
-                    changed_at=now,
-                    reload_seconds=model.reload_seconds,
-                    out_of_band=True,
-                )
-                self.books.residents[resident.key] = resident
-                effects.append(
-                    self._event(
-                        EventKind.OUT_OF_BAND_RESIDENT, now, resident, "loaded without a lease"
-                    )
-                )
-                same = [resident]
-            for resident in same:
-                if resident.state is not ResidentState.RESIDENT:
-                    continue
-                if resident.bytes != model.bytes:
-                    effects.append(
-                        self._event(
-                            EventKind.ENVELOPE_MEASURED,
-                            now,
-                            resident,
-                            f"accounted {resident.bytes} bytes, the runtime reports {model.bytes}",
-                            nbytes=model.bytes,
-                        )
-                    )
-                    resident.bytes = model.bytes
-                if model.bytes < model.size and not resident.offload_reported:
-                    resident.offload_reported = True
-                    effects.append(
-                        self._event(
-                            EventKind.PARTIAL_OFFLOAD,
-                            now,
-                            resident,
-                            f"{model.bytes} of {model.size} bytes on the GPU, the rest on the CPU",
-                        )
-                    )
+        effects = apply_listing(self.books, consumer, gpu, listed, asked_at=asked_at, now=now)
         self.books.touch()
         self.telemetry.explain(gpu, self.books)
         effects.extend(self.scheduler.schedule(gpu, now))
@@ -337,7 +258,7 @@ class GateCore:
         idle = now - resident.last_used
         return [
             unload,
-            self._event(
+            resident_event(
                 EventKind.EVICTION_STARTED,
                 now,
                 resident,
@@ -397,6 +318,14 @@ class GateCore:
                     gpu=gpu,
                     bytes=-budget.schedulable,
                     detail=f"over-committed by {-budget.schedulable} bytes",
+                    failure=Failure(
+                        FailureClass.EXTERNAL_GPU_PRESSURE,
+                        f"EXTERNAL_GPU_PRESSURE: GPU {gpu} is over-committed by "
+                        f"{-budget.schedulable / 2**30:.1f} GiB "
+                        f"({describe_external(budget)}); giving back idle memory",
+                        gpu=gpu,
+                        bytes_schedulable=0,
+                    ),
                 )
             )
         elif change is False:
@@ -420,7 +349,7 @@ class GateCore:
                 break
             effects.append(self.books.start_unload(resident, UnloadReason.PRESSURE, None))
             effects.append(
-                self._event(
+                resident_event(
                     EventKind.EVICTION_STARTED,
                     now,
                     resident,
@@ -430,25 +359,3 @@ class GateCore:
             )
             deficit -= resident.bytes
         return effects
-
-    @staticmethod
-    def _event(
-        kind: EventKind,
-        now: float,
-        resident: Resident,
-        detail: str,
-        *,
-        nbytes: int | None = None,
-        reason: str | None = None,
-    ) -> Event:
-        return Event(
-            kind,
-            now,
-            key=resident.key,
-            consumer=resident.key.consumer,
-            model=resident.key.model,
-            gpu=resident.gpu,
-            bytes=resident.bytes if nbytes is None else nbytes,
-            detail=detail,
-            reason=reason,
-        )

@@ -255,7 +255,9 @@ def test_external_pressure_gives_idle_memory_back_and_clears_with_hysteresis(cor
         host(gpu(proc(5, 4 * GiB, "ollama"), proc(9, 11 * GiB, "plex", managed=False)), at=3.0),
         3.0,
     )
-    assert events(effects, EventKind.PRESSURE_ENTERED)
+    (entered,) = events(effects, EventKind.PRESSURE_ENTERED)
+    assert entered.failure.failure_class is FailureClass.EXTERNAL_GPU_PRESSURE
+    assert "external 11.0 GiB: plex 11.0" in entered.failure.message
     assert [(u.key.model, u.reason) for u in of(effects, Unload)] == [("bg", UnloadReason.PRESSURE)]
     core.unloaded(lease.key, 4.0, reclaimed=True)
     cleared = core.observe(host(gpu(proc(9, 11 * GiB, "plex", managed=False)), at=4.0), 4.0)

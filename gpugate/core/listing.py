@@ -1,0 +1,132 @@
+"""A runtime's own listing of what it has loaded, folded into the books.
+
+Residents it no longer lists are gone (unless they changed after the listing was asked
+for); models it lists that the books do not know were loaded behind the gate's back and
+become residents like any other, with the class and policy the configuration gives them;
+the sizes it reports replace the envelopes the gate assumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from gpugate.core.books import Books
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.effects import Effect, Event, EventKind
+from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
+
+
+@attrs.frozen
+class ListedModel:
+    """A model a runtime says it has loaded (Ollama's /api/ps), with the config for it."""
+
+    model: str
+    bytes: int
+    """Bytes in VRAM (size_vram)."""
+    size: int
+    """Total bytes including what was offloaded to the CPU."""
+    priority: PriorityClass
+    policy: ResidencyPolicy
+    idle_ttl: float | None
+    reload_seconds: float = 1.0
+
+
+def resident_event(
+    kind: EventKind,
+    now: float,
+    resident: Resident,
+    detail: str,
+    *,
+    nbytes: int | None = None,
+    reason: str | None = None,
+) -> Event:
+    """An event about one resident."""
+    return Event(
+        kind,
+        now,
+        key=resident.key,
+        consumer=resident.key.consumer,
+        model=resident.key.model,
+        gpu=resident.gpu,
+        bytes=resident.bytes if nbytes is None else nbytes,
+        detail=detail,
+        reason=reason,
+    )
+
+
+def apply_listing(
+    books: Books,
+    consumer: str,
+    gpu: int,
+    listed: Sequence[ListedModel],
+    *,
+    asked_at: float,
+    now: float,
+) -> list[Effect]:
+    """Change the books to agree with the listing; returns what to record."""
+    residents = [r for r in books.residents.values() if r.gpu == gpu]
+    effects: list[Effect] = []
+    names = {m.model for m in listed}
+    for resident in residents:
+        if (
+            resident.key.consumer == consumer
+            and resident.state is ResidentState.RESIDENT
+            and resident.key.model not in names
+            and resident.in_flight == 0
+            and resident.changed_at <= asked_at
+        ):
+            del books.residents[resident.key]
+            effects.append(
+                resident_event(
+                    EventKind.RESIDENT_GONE, now, resident, "no longer listed by the runtime"
+                )
+            )
+    for model in listed:
+        same = [r for r in residents if r.key.consumer == consumer and r.key.model == model.model]
+        if not same:
+            resident = Resident(
+                key=ResidentKey(consumer, model.model, ANY_OPTIONS),
+                gpu=gpu,
+                bytes=model.bytes,
+                priority=model.priority,
+                policy=model.policy,
+                idle_ttl=model.idle_ttl,
+                last_used=now,
+                changed_at=now,
+                reload_seconds=model.reload_seconds,
+                out_of_band=True,
+            )
+            books.residents[resident.key] = resident
+            effects.append(
+                resident_event(
+                    EventKind.OUT_OF_BAND_RESIDENT, now, resident, "loaded without a lease"
+                )
+            )
+            same = [resident]
+        for resident in same:
+            if resident.state is not ResidentState.RESIDENT:
+                continue
+            if resident.bytes != model.bytes:
+                effects.append(
+                    resident_event(
+                        EventKind.ENVELOPE_MEASURED,
+                        now,
+                        resident,
+                        f"accounted {resident.bytes} bytes, the runtime reports {model.bytes}",
+                        nbytes=model.bytes,
+                    )
+                )
+                resident.bytes = model.bytes
+            if model.bytes < model.size and not resident.offload_reported:
+                resident.offload_reported = True
+                effects.append(
+                    resident_event(
+                        EventKind.PARTIAL_OFFLOAD,
+                        now,
+                        resident,
+                        f"{model.bytes} of {model.size} bytes on the GPU, the rest on the CPU",
+                    )
+                )
+    return effects
