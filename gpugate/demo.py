@@ -14,7 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from gpugate.sim.host import HostStartError, SimulatedHostProcess
+from gpugate.sim.host import HostStartError
+from gpugate.sim.hostprocess import SimulatedHostProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOST = ROOT / "sim" / "incident-2026-07-10.yaml"

@@ -20,11 +20,9 @@ the environment it prints.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import queue
-import select
 import shutil
 import signal
 import subprocess
@@ -38,8 +36,7 @@ from typing import TextIO
 
 import attrs
 
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.holder import (
+from gpugate.sim.children import (
     DEFAULT_READY_TIMEOUT,
     DEFAULT_STOP_GRACE,
     ChildFailed,
@@ -48,12 +45,13 @@ from gpugate.sim.holder import (
     ReadyProcess,
     Stopped,
     StopRequested,
-    count_holders,
     describe_exit,
-    holder_argv,
     install_stop_handlers,
     stop_all,
 )
+from gpugate.sim.device import SimDevice, SimulatedGpuHost
+from gpugate.sim.holder import count_holders, holder_argv
+from gpugate.sim.reaping import become_subreaper, clear_groups, reap_orphans
 from gpugate.sim.scenario import HolderSpec, HostSpec, ScenarioError, load_host
 from gpugate.sim.shim import STATE_ENV, library_path
 
@@ -65,7 +63,6 @@ OLLAMA_READY_TIMEOUT = 60.0
 EXIT_BAD_HOST_FILE = 2
 
 _UUID_NAMESPACE = uuid.UUID("3f8e2c1a-6d4b-4e59-9a71-0c2d5b8e4f60")
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 class HostStartError(RuntimeError):
@@ -172,7 +169,7 @@ class SimulatedHost:
         Raises HostStartError (after cleaning up) when a part fails, or Stopped when
         request_stop() is called meanwhile.
         """
-        _become_subreaper()
+        become_subreaper()
         try:
             self._create_state()
             for spec in self.spec.holders:
@@ -190,7 +187,7 @@ class SimulatedHost:
         groups = {p.pid for p in self._processes if p.popen is not None}
         stop_all(self._processes, grace)
         self._processes = []
-        _clear_groups(groups, grace)
+        clear_groups(groups, grace)
         if self._given_state_dir is None and self.state_dir is not None:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -344,82 +341,6 @@ def _module_exists(name: str) -> bool:
         return False
 
 
-class SimulatedHostProcess:
-    """`gpugate sim run HOST.yaml` as a child process, for tests and `gpugate demo`.
-
-    start() returns once the host is ready, with `environment` read from its output.
-    """
-
-    def __init__(
-        self,
-        host_file: Path,
-        state_dir: Path | None = None,
-        *,
-        timeout: float = 60.0,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.host_file = host_file
-        self.state_dir = state_dir
-        self.timeout = timeout
-        self.env = env
-        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self.process: ReadyProcess | None = None
-        self.environment: HostEnvironment | None = None
-        self.ready_line: str | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
-
-    def start(self) -> SimulatedHostProcess:
-        """Start `gpugate sim run`; HostStartError when it exits or stays silent instead."""
-        argv = [sys.executable, "-m", "gpugate", "sim", "run", str(self.host_file)]
-        if self.state_dir is not None:
-            argv += ["--state-dir", str(self.state_dir)]
-        self.process = ReadyProcess(
-            "gpugate sim run",
-            argv,
-            self.events,
-            prefix=READY_COMMENT,
-            env=self.env,
-            forward_preamble=False,
-        )
-        self.process.start()
-        try:
-            self.ready_line = self.process.wait_ready(self.timeout)
-        except ChildFailed as exc:
-            self.stop()
-            raise HostStartError(str(exc)) from None
-        self.environment = HostEnvironment.from_lines(self.process.preamble)
-        return self
-
-    def stop(self, timeout: float = 2 * DEFAULT_STOP_GRACE + 5.0) -> int | None:
-        """SIGTERM it and wait for its exit code (SIGKILL after `timeout` seconds)."""
-        if self.process is None:
-            return None
-        self.process.signal(signal.SIGTERM)
-        code = self.process.wait(timeout)
-        if code is None:
-            self.process.signal(signal.SIGKILL)
-            code = self.process.wait(timeout)
-        return code
-
-    def __enter__(self) -> SimulatedHostProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
 def run_host(host_file: Path, state_dir: Path | None = None) -> int:
     """`gpugate sim run`: start the host, print its environment, run until SIGTERM/SIGINT."""
     try:
@@ -438,10 +359,10 @@ def run_host(host_file: Path, state_dir: Path | None = None) -> int:
         host.start()
     except HostStartError as exc:
         print(f"gpugate sim run: {exc}", file=sys.stderr)
-        _reap_orphans()
+        reap_orphans()
         return 1
     except Stopped:
-        _reap_orphans()
+        reap_orphans()
         return 0
     try:
         assert host.environment is not None
@@ -454,76 +375,5 @@ def run_host(host_file: Path, state_dir: Path | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         host.stop()
-        _reap_orphans()
+        reap_orphans()
     return 0
-
-
-def _reap_orphans() -> None:
-    """Kill and reap every child left, ours or handed to us; for the `sim run` process only."""
-    while True:
-        for row in _process_table():
-            if row.ppid == os.getpid():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(row.pid, signal.SIGKILL)
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
-def _become_subreaper() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-@attrs.frozen
-class _ProcessRow:
-    pid: int
-    ppid: int
-    pgid: int
-
-
-def _process_table() -> list[_ProcessRow]:
-    rows = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        rows.append(_ProcessRow(int(entry.name), int(fields[1]), int(fields[2])))
-    return rows
-
-
-def _clear_groups(groups: set[int], timeout: float) -> None:
-    """Kill what is left of these process groups and reap the members handed to us.
-
-    A member outlives its group leader when the leader had to be killed before it could
-    stop its own children; as subreaper this process inherits it once it is orphaned.
-    """
-    stragglers = [row.pid for row in _process_table() if row.pgid in groups]
-    for pid in stragglers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in stragglers:
-        _wait_dead(pid, timeout)
-    # Every straggler has died, so every orphan among them has been handed over by now.
-    for row in _process_table():
-        if row.pgid in groups and row.ppid == os.getpid():
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(row.pid, 0)
-
-
-def _wait_dead(pid: int, timeout: float) -> None:
-    """Block until `pid` has died (is a zombie or gone), at most `timeout` seconds."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)

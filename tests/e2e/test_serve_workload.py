@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.host import SimulatedHostProcess
+from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.gate.harness import free_port
 from tests.sim.processes import LineReader
 

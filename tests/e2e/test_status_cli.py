@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.host import SimulatedHostProcess
+from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.gate.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,15 +15,16 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
+from gpugate.sim.children import EXIT_OOM, Stopped
 from gpugate.sim.device import HostState, SimDevice, SimulatedGpuHost
-from gpugate.sim.holder import EXIT_OOM, Stopped, holder_argv, set_cmdline
+from gpugate.sim.holder import holder_argv, set_cmdline
 from gpugate.sim.host import (
     HostEnvironment,
     HostStartError,
     SimulatedHost,
-    SimulatedHostProcess,
     default_gpu_uuid,
 )
+from gpugate.sim.hostprocess import SimulatedHostProcess
 from gpugate.sim.scenario import GpuSpec, HolderSpec, HostSpec, OllamaSpec, load_host
 from tests.sim.processes import (
     LineReader,
