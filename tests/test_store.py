@@ -8,7 +8,7 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import Lease
-from gpugate.store.db import MIGRATIONS, LeaseRecord, MeasuredEnvelope, Store
+from gpugate.store.db import MIGRATIONS, MeasuredEnvelope, Store
 from tests.core.builders import demand
 
 
@@ -38,7 +38,7 @@ async def test_a_new_file_is_migrated_and_records_survive_reopening(tmp_path):
         pending=0,
         loads=True,
     )
-    store.record_lease(LeaseRecord(lease, held=2.0, outcome="done"))
+    store.record_lease(lease, 2.0, "done")
     await store.flush()
     assert (await store.recent_events())[0]["failure_class"] == "QUEUE_FULL"
     await store.close()

@@ -30,11 +30,14 @@ from gpugate.gate.events import ROUTINE, EventHub
 from gpugate.gate.unloads import UnloadRunner
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.ollama import OllamaAdapter, OllamaError
-from gpugate.store.db import LeaseRecord, MeasuredEnvelope, Store
+from gpugate.store.db import MeasuredEnvelope, Store
 
 log = logging.getLogger("gpugate.gate")
 
 RECONCILE_INTERVAL = 2.0
+UPSTREAM_SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+"""Headers aiohttp would add on its own to forwarded requests: the client's (or none) go
+up instead. Set on the session, which resolves them once rather than per request."""
 ESTIMATE_TTL = 60.0
 
 
@@ -100,7 +103,6 @@ class Gate:
             if c.runtime is RuntimeKind.OLLAMA
         }
         self._waiters: dict[int, asyncio.Future[Lease]] = {}
-        self._granted_at: dict[int, float] = {}
         self._measured: dict[ResidentKey, int] = {}
         self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -122,6 +124,7 @@ class Gate:
             link.session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
                 auto_decompress=False,
+                skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
                 connector=aiohttp.TCPConnector(limit=0, force_close=False),
             )
         self.observe(await self.sampler.sample())
@@ -159,10 +162,11 @@ class Gate:
         if admission.waiting:
             future = asyncio.get_running_loop().create_future()
             self._waiters[admission.ticket_id] = future
-        self._apply(admission.effects)
         if admission.lease is not None:
-            self._granted_at[admission.lease.id] = self.clock()
+            # A lease on a resident model sets no timer and wakes nobody.
+            self._apply(admission.effects, timers=admission.lease.pending > 0)
             return admission.lease
+        self._apply(admission.effects)
         if admission.failure is not None:
             raise GateFailure(admission.failure)
         assert future is not None
@@ -184,11 +188,9 @@ class Gate:
     def release(self, lease: Lease, *, failed: bool = False) -> None:
         """The lease's request is over."""
         now = self.clock()
-        started = self._granted_at.pop(lease.id, now)
         self._apply(self.core.release(lease.id, now, failed=failed))
         if self.store is not None:
-            outcome = "failed" if failed else "done"
-            self.store.record_lease(LeaseRecord(lease, held=now - started, outcome=outcome))
+            self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 
     def report(self, failure: Failure) -> None:
         """A failure seen outside the core (an upstream that crashed or could not load)."""
@@ -323,11 +325,15 @@ class Gate:
 
     # -- effects ---------------------------------------------------------------------------
 
-    def _apply(self, effects: tuple[Effect, ...] | list[Effect]) -> None:
+    def _apply(self, effects: tuple[Effect, ...] | list[Effect], *, timers: bool = True) -> None:
         if not effects:
             return
         for effect in effects:
-            if isinstance(effect, Grant):
+            if isinstance(effect, Event):
+                self.events.publish(effect)
+                if self.store is not None and effect.kind not in ROUTINE:
+                    self.store.record_event(effect)
+            elif isinstance(effect, Grant):
                 self._wake(effect)
             elif isinstance(effect, Reject):
                 future = self._waiters.pop(effect.ticket_id, None)
@@ -335,11 +341,8 @@ class Gate:
                     future.set_exception(GateFailure(effect.failure))
             elif isinstance(effect, Unload):
                 self._spawn(self._unloads.run(effect), f"unload-{effect.key}")
-            elif isinstance(effect, Event):
-                self.events.publish(effect)
-                if self.store is not None and effect.kind not in ROUTINE:
-                    self.store.record_event(effect)
-        self._arm_timer()
+        if timers:
+            self._arm_timer()
 
     def _wake(self, grant: Grant) -> None:
         future = self._waiters.pop(grant.ticket_id, None)
@@ -347,7 +350,6 @@ class Gate:
             # Its client is gone: the lease ends before it began.
             self._apply(self.core.release(grant.lease.id, self.clock(), failed=True))
             return
-        self._granted_at[grant.lease.id] = self.clock()
         future.set_result(grant.lease)
 
     def _arm_timer(self) -> None:

@@ -32,6 +32,10 @@ HOP_BY_HOP = frozenset(
 )
 
 
+_DROP_UP = HOP_BY_HOP | {"host"}
+_DROP_UP_REPLACED = _DROP_UP | {"content-length"}
+
+
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
     value = headers.get(hdrs.CONNECTION, "")
     return {token.strip().lower() for token in value.split(",") if token.strip()}
@@ -39,29 +43,36 @@ def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
 
 def upstream_headers(
     request: web.Request, upstream_host: str, *, body_replaced: bool
-) -> CIMultiDict[str]:
+) -> dict[str, str] | CIMultiDict[str]:
     """The client's headers as the upstream should see them.
 
     `Host` becomes the upstream's own address, which every runtime's loopback host check
     accepts; an `Origin` that was same-origin for the client stays same-origin for the
     upstream. Other origins pass unchanged, so the runtime's CORS rules still apply.
+    A plain dict when no header repeats (the usual case, and cheaper for the client to
+    take in); a multidict when one does.
     """
-    drop = HOP_BY_HOP | _connection_tokens(request.headers) | {"host"}
-    if body_replaced:
-        drop = drop | {"content-length"}
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in request.headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
+    incoming = request.headers
+    drop = _DROP_UP_REPLACED if body_replaced else _DROP_UP
+    if hdrs.CONNECTION in incoming:
+        drop = drop | _connection_tokens(incoming)
+    out: dict[str, str] | CIMultiDict[str] = {}
+    for name, value in incoming.items():
+        if name.lower() in drop:
+            continue
+        if name in out:
+            out = CIMultiDict((n, v) for n, v in incoming.items() if n.lower() not in drop)
+            break
+        out[name] = value
     out[hdrs.HOST] = upstream_host
-    origin = request.headers.get(hdrs.ORIGIN)
+    origin = incoming.get(hdrs.ORIGIN)
     if origin:
         parts = urlsplit(origin)
         if parts.netloc and parts.netloc == request.host:
             out[hdrs.ORIGIN] = f"{parts.scheme}://{upstream_host}"
     peer = request.remote
     if peer:
-        prior = request.headers.get("X-Forwarded-For")
+        prior = incoming.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
     return out
 
@@ -96,7 +107,6 @@ async def open_upstream(
         headers=headers,
         data=data,
         allow_redirects=False,
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
     )
 
 

@@ -21,6 +21,7 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.units import MiB
 from gpugate.runtimes.base import ApiFamily, Classified, Refusal, RouteKind
 from gpugate.runtimes.keepalive import (
+    KeepAlive,
     KeepAliveError,
     effective_keep_alive,
     parse_keep_alive,
@@ -67,7 +68,7 @@ def api_family(path: str) -> ApiFamily:
 
 def options_key(options: object) -> str:
     """Canonical text of the runner options in a request ("" when none are set)."""
-    if not isinstance(options, Mapping):
+    if not options or not isinstance(options, Mapping):
         return ""
     parts = []
     for name in RUNNER_OPTIONS:
@@ -99,6 +100,7 @@ class OllamaAdapter:
         self.consumer = consumer
         self._overrides = {normalize_model(m.name): m for m in consumer.models}
         self._seen: dict[str, ModelOverride | None] = {}
+        self._ceilings: dict[Residency, KeepAlive] = {}
 
     # -- configuration for a model ---------------------------------------------------------
 
@@ -115,6 +117,14 @@ class OllamaAdapter:
     def residency(self, model: str) -> Residency:
         override = self.override(model)
         return override.residency if override and override.residency else self.consumer.residency
+
+    def allowed_keep_alive(self, model: str) -> KeepAlive:
+        """The longest keep_alive this model's policy allows."""
+        residency = self.residency(model)
+        allowed = self._ceilings.get(residency)
+        if allowed is None:
+            allowed = self._ceilings[residency] = policy_keep_alive(residency.policy, residency.ttl)
+        return allowed
 
     def model_priority(self, model: str) -> PriorityClass:
         override = self.override(model)
@@ -167,8 +177,7 @@ class OllamaAdapter:
             return Classified(RouteKind.REFUSE, api, model, refusal=Refusal(400, str(exc)))
         if requested is not None and requested.zero and _is_unload(path, payload):
             return Classified(RouteKind.UNLOAD, api, normalize_model(model))
-        residency = self.residency(model)
-        allowed = policy_keep_alive(residency.policy, residency.ttl)
+        allowed = self.allowed_keep_alive(model)
         effective = effective_keep_alive(requested, allowed)
         rewritten = None
         if requested is None and "keep_alive" not in payload:

@@ -1,7 +1,9 @@
 """The gate's SQLite file: written off the hot path, read at start-up.
 
-Writes are queued and committed in batches by one task, so a request never waits on
-the disk. Schema changes are numbered migrations applied in order at open.
+A record is appended to a list in memory; one task commits what has gathered every
+FLUSH_INTERVAL in one transaction, so neither a request nor the event loop waits on the
+disk or on the database thread per row. Schema changes are numbered migrations applied
+in order at open.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import attrs
 
 from gpugate.core.effects import Event
 from gpugate.core.tickets import Lease
+
+FLUSH_INTERVAL = 0.5
+"""Seconds between commits of what has been recorded."""
 
 MIGRATIONS: Sequence[str] = (
     """
@@ -66,13 +71,10 @@ class MeasuredEnvelope:
     bytes: int
 
 
-@attrs.frozen
-class LeaseRecord:
-    """A finished lease, for the history table."""
-
-    lease: Lease
-    held: float
-    outcome: str
+_INSERT_LEASE = (
+    "INSERT INTO leases (id, started, consumer, model, options, gpu, priority, bytes,"
+    " loaded, waited, held, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 class Store:
@@ -81,7 +83,10 @@ class Store:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._db: aiosqlite.Connection | None = None
-        self._queue: asyncio.Queue[tuple[str, tuple[object, ...]] | None] = asyncio.Queue()
+        self._pending: list[tuple[str, tuple[object, ...]]] = []
+        self._flushed: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+        self._closing = False
         self._writer: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -95,7 +100,8 @@ class Store:
 
     async def close(self) -> None:
         if self._writer is not None:
-            await self._queue.put(None)
+            self._closing = True
+            self._wake.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
             self._writer = None
@@ -121,7 +127,7 @@ class Store:
 
     def record_event(self, event: Event) -> None:
         failure = event.failure.failure_class.value if event.failure else None
-        self._queue.put_nowait(
+        self._pending.append(
             (
                 "INSERT INTO events (wall, kind, consumer, model, gpu, bytes, failure_class,"
                 " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -138,15 +144,14 @@ class Store:
             )
         )
 
-    def record_lease(self, record: LeaseRecord) -> None:
-        lease = record.lease
-        self._queue.put_nowait(
+    def record_lease(self, lease: Lease, held: float, outcome: str) -> None:
+        """A finished lease, for the history table."""
+        self._pending.append(
             (
-                "INSERT INTO leases (id, started, consumer, model, options, gpu, priority, bytes,"
-                " loaded, waited, held, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _INSERT_LEASE,
                 (
                     lease.id,
-                    time.time() - record.held,
+                    time.time() - held,
                     lease.key.consumer,
                     lease.key.model,
                     lease.key.options,
@@ -155,14 +160,14 @@ class Store:
                     lease.demand.envelope,
                     int(lease.loads),
                     lease.waited,
-                    record.held,
-                    record.outcome,
+                    held,
+                    outcome,
                 ),
             )
         )
 
     def record_envelope(self, envelope: MeasuredEnvelope) -> None:
-        self._queue.put_nowait(
+        self._pending.append(
             (
                 "INSERT INTO envelopes (consumer, model, options, bytes, measured)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
@@ -172,8 +177,11 @@ class Store:
         )
 
     async def flush(self) -> None:
-        """Wait until everything queued so far is committed."""
-        await self._queue.join()
+        """Wait until everything recorded so far is committed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flushed.append(done)
+        self._wake.set()
+        await done
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -201,21 +209,21 @@ class Store:
     async def _write_loop(self) -> None:
         assert self._db is not None
         while True:
-            item = await self._queue.get()
-            batch = [item]
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            stop = None in batch
-            # One statement per kind of row for the whole batch: one trip to the
-            # database thread instead of one per row.
-            grouped: dict[str, list[tuple[object, ...]]] = {}
-            for entry in batch:
-                if entry is not None:
-                    grouped.setdefault(entry[0], []).append(entry[1])
-            for sql, rows in grouped.items():
-                await self._db.executemany(sql, rows)
-            await self._db.commit()
-            for _ in batch:
-                self._queue.task_done()
-            if stop:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), FLUSH_INTERVAL)
+            self._wake.clear()
+            batch, self._pending = self._pending, []
+            waiting, self._flushed = self._flushed, []
+            if batch:
+                # One statement per kind of row for the whole batch, in one transaction.
+                grouped: dict[str, list[tuple[object, ...]]] = {}
+                for sql, params in batch:
+                    grouped.setdefault(sql, []).append(params)
+                for sql, rows in grouped.items():
+                    await self._db.executemany(sql, rows)
+                await self._db.commit()
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
+            if self._closing:
                 return
