@@ -1,0 +1,296 @@
+"""`make bench`: the gate against a direct connection and a bare aiohttp pass-through.
+
+Everything runs on this machine at once. The proxy under test gets a core of its own;
+the load generator and the upstream share the other (on a machine with one core, all
+share it). Targets are measured in interleaved rounds and the median kept, so a burst of
+noise does not land on one of them only. Only ratios measured in the same run mean
+anything. Results are printed and written into docs/benchmarks.md between its markers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.decisions import measure as measure_decisions
+from gpugate.core.units import GiB
+from gpugate.sim.device import SimDevice, SimulatedGpuHost
+from gpugate.sim.shim import STATE_ENV, library_path
+
+ROOT = Path(__file__).resolve().parents[1]
+WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
+WRK_LIB = ROOT / "build" / "wrk" / "usr" / "lib" / "x86_64-linux-gnu"
+DOC = ROOT / "docs" / "benchmarks.md"
+DURATION = int(os.environ.get("BENCH_SECONDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+CONNECTIONS = (1, 16, 64)
+CPUS = sorted(os.sched_getaffinity(0))
+LOAD_CPU = CPUS[0]
+PROXY_CPU = CPUS[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def start(argv: list[str], cpu: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def gate_config(port: int, control: int, upstream: int, path: Path) -> Path:
+    path.write_text(f"""\
+gate:
+  control: 127.0.0.1:{control}
+  shutdown_grace: 2s
+budget:
+  reserve: 1GiB
+  reserve_max: 1GiB
+consumers:
+  ollama:
+    runtime: ollama
+    listen: 127.0.0.1:{port}
+    upstream: http://127.0.0.1:{upstream}
+    processes: {{commands: ["bench.upstream"]}}
+    models:
+      bench: {{envelope: 1GiB}}
+""")
+    return path
+
+
+def wait_resident(control: int) -> None:
+    """The gate lists the upstream's model as resident, so requests lease 0 bytes."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{control}/gate/v1/status") as resp:
+            if json.load(resp)["residents"]:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the gate never saw the benchmark model as resident")
+
+
+def wrk(url: str, connections: int) -> dict[str, float]:
+    env = {**os.environ, "LD_LIBRARY_PATH": str(WRK_LIB)}
+    argv = [
+        str(WRK),
+        "-t1",
+        f"-c{connections}",
+        f"-d{DURATION}s",
+        "--latency",
+        "-s",
+        str(ROOT / "bench" / "post.lua"),
+        url + "/api/generate",
+    ]
+    subprocess.run([*argv[:3], "-d1s", *argv[4:]], env=env, capture_output=True, check=True)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{url}: {errors.group(1)} failed requests\n{out}")
+
+    def latency(pct: str) -> float:
+        value, unit = re.search(rf"{pct}%\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+    return {"rps": rate, "p50_ms": latency("50"), "p99_ms": latency("99")}
+
+
+def streams(url: str) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.streams",
+            "--url",
+            url,
+            "--streams",
+            "64",
+            "--chunks",
+            "100",
+            "--interval",
+            "0.02",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def table(results: dict[str, dict[str, object]], decisions: dict[str, float]) -> str:
+    names = list(results)
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores): the "
+        f"proxy under test pinned to CPU {PROXY_CPU}, wrk and the upstream to CPU {LOAD_CPU}; "
+        f"the median of {ROUNDS} interleaved rounds of {DURATION} s. Ratios are against the "
+        "bare pass-through on asyncio's loop, measured in the same run.",
+        "",
+        "| path | conns | req/s | ratio | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for conns in CONNECTIONS:
+        floor = results["bare pass-through (asyncio)"][f"c{conns}"]["rps"]  # type: ignore[index]
+        for name in names:
+            row = results[name][f"c{conns}"]  # type: ignore[index]
+            lines.append(
+                f"| {name} | {conns} | {row['rps']:.0f} | {row['rps'] / floor:.2f}x | "
+                f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} |"
+            )
+    lines += [
+        "",
+        "64 concurrent NDJSON streams, 100 chunks each, one chunk every 20 ms per stream:",
+        "",
+        "| path | chunks/s | chunk latency p50 ms | chunk latency p99 ms | TTFB p99 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        row = results[name]["streams"]  # type: ignore[index]
+        lines.append(
+            f"| {name} | {row['chunks_per_s']:.0f} | {row['chunk_latency_p50_ms']:.2f} | "
+            f"{row['chunk_latency_p99_ms']:.2f} | {row['ttfb_p99_ms']:.2f} |"
+        )
+    lines += [
+        "",
+        "Decision core, 50 residents and 1,000 queued tickets (in-process):",
+        "",
+        f"* an arrival planned against the queue: median {decisions['submit_median_us']:.0f} µs, "
+        f"p99 {decisions['submit_p99_us']:.0f} µs",
+        f"* a full pass over the queue: {decisions['queue_pass_median_us'] / 1000:.1f} ms "
+        f"({decisions['queue_pass_per_ticket_us']:.1f} µs per ticket)",
+    ]
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+    doc = DOC.read_text() if DOC.exists() else f"# Benchmarks\n\n{begin}\n{end}\n"
+    if begin not in doc:
+        doc += f"\n{begin}\n{end}\n"
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
+def main() -> int:
+    if not WRK.exists():
+        print("bench: wrk is missing; run `make bench`", file=sys.stderr)
+        return 2
+    processes: list[subprocess.Popen[bytes]] = []
+    os.sched_setaffinity(0, {LOAD_CPU})  # wrk and the stream client inherit this
+    with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp:
+        try:
+            upstream = free_port()
+            processes.append(
+                start([sys.executable, "-m", "bench.upstream", "--port", str(upstream)], LOAD_CPU)
+            )
+            targets = {"direct": f"http://127.0.0.1:{upstream}"}
+            for name, extra in (
+                ("bare pass-through (asyncio)", []),
+                ("bare pass-through (uvloop)", ["--uvloop"]),
+            ):
+                port = free_port()
+                processes.append(
+                    start(
+                        [
+                            sys.executable,
+                            "-m",
+                            "bench.passthrough",
+                            "--port",
+                            str(port),
+                            "--upstream",
+                            f"http://127.0.0.1:{upstream}",
+                            *extra,
+                        ],
+                        PROXY_CPU,
+                    )
+                )
+                targets[name] = f"http://127.0.0.1:{port}"
+            gpu = SimulatedGpuHost.create(
+                Path(tmp) / "gpu", [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
+            )
+            shim = library_path()
+            for name, loop in (("gpugate (asyncio)", "asyncio"), ("gpugate (uvloop)", "uvloop")):
+                port, control = free_port(), free_port()
+                config = gate_config(port, control, upstream, Path(tmp) / f"{loop}.yaml")
+                env = {
+                    **os.environ,
+                    STATE_ENV: str(gpu.state_path),
+                    "GPUGATE_NVML_LIBRARY": str(shim),
+                    "GPUGATE_LOOP": loop,
+                    "GPUGATE_LOG_LEVEL": "WARNING",
+                }
+                processes.append(
+                    start(
+                        [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
+                        PROXY_CPU,
+                        env,
+                    )
+                )
+                wait_http(f"http://127.0.0.1:{control}/gate/v1/health")
+                wait_resident(control)
+                targets[name] = f"http://127.0.0.1:{port}"
+            for url in targets.values():
+                wait_http(url + "/api/ps")
+            results: dict[str, dict[str, object]] = {name: {} for name in targets}
+            for conns in CONNECTIONS:
+                runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+                for _ in range(ROUNDS):
+                    for name, url in targets.items():
+                        runs[name].append(wrk(url, conns))
+                for name in targets:
+                    results[name][f"c{conns}"] = median_of(runs[name])
+                    print(name, conns, results[name][f"c{conns}"], flush=True)
+            stream_runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+            for _ in range(ROUNDS):
+                for name, url in targets.items():
+                    stream_runs[name].append(streams(url))
+            for name in targets:
+                results[name]["streams"] = median_of(stream_runs[name])
+                print(name, "streams", results[name]["streams"], flush=True)
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=30)
+    decisions = measure_decisions()
+    print("decisions", decisions, flush=True)
+    text = table(results, decisions)
+    write_doc(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""The floor of any aiohttp proxy: forward everything, stream the answer, nothing else.
+
+python -m bench.passthrough --port P --upstream http://127.0.0.1:U [--uvloop]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import aiohttp
+from aiohttp import web
+
+HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
+
+
+def make_app(upstream: str) -> web.Application:
+    session: aiohttp.ClientSession | None = None
+
+    async def start(app: web.Application) -> None:
+        nonlocal session
+        session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0),
+        )
+
+    async def stop(app: web.Application) -> None:
+        assert session is not None
+        await session.close()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        assert session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        body = await request.read()
+        async with session.request(
+            request.method, upstream + str(request.rel_url), headers=headers, data=body
+        ) as up:
+            response = web.StreamResponse(status=up.status)
+            for k, v in up.headers.items():
+                if k.lower() not in HOP:
+                    response.headers[k] = v
+            await response.prepare(request)
+            async for chunk in up.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--uvloop", action="store_true")
+    args = parser.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
+    web.run_app(
+        make_app(args.upstream), host="127.0.0.1", port=args.port, access_log=None, print=None
+    )
+
+
+if __name__ == "__main__":
+    main()
