@@ -100,3 +100,16 @@ async def test_events_are_json_lines(stack):
     assert content_type.startswith("application/x-ndjson")
     kinds = [json.loads(line)["event"] for line in text.splitlines()]
     assert kinds[:2] == ["lease_granted", "lease_released"]
+
+
+async def test_every_metric_is_in_the_manual_and_every_documented_one_exists(stack):
+    import re
+
+    _, _, text = await fetch(stack.control_url + "/metrics")
+    served = {family.name for family in text_string_to_metric_families(text)}
+    manual = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    documented = {
+        re.sub(r"_total$", "", name)
+        for name in re.findall(r"^\| `(gpugate_[a-z_]+)` \|", manual, re.MULTILINE)
+    }
+    assert served == documented
