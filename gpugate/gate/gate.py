@@ -249,7 +249,9 @@ class Gate:
                     gpu=link.consumer.gpu,
                 )
             ) from exc
-        self._estimates[cache_key] = (now, estimate)
+        if estimate is not None:
+            # Not an unknown model: one pulled a moment later must be sized, not passed.
+            self._estimates[cache_key] = (now, estimate)
         return estimate
 
     # -- what the world reports ------------------------------------------------------------
@@ -261,11 +263,10 @@ class Gate:
         self._apply(self.core.observe(sample, self.clock()))
         # Memory the books cannot explain is usually a model loaded behind the gate's back:
         # ask the runtime what it has rather than wait for the next periodic listing.
-        for gpu in self.core.gpus():
-            budget = self.core.budget(gpu)
-            for row in budget.consumers if budget else ():
-                if row.unexplained and row.name in self.links:
-                    self.want_reconcile(row.name)
+        for rows in self.core.telemetry.unexplained.values():
+            for consumer, nbytes in rows.items():
+                if nbytes and consumer in self.links:
+                    self.want_reconcile(consumer)
 
     async def reconcile(self, link: Link) -> None:
         """List what the runtime has loaded and fold it into the books."""

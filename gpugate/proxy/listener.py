@@ -7,6 +7,7 @@ request is closed at once, so Ollama stops generating or aborts a load).
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import aiohttp
@@ -90,6 +91,9 @@ class ConsumerListener:
             except BodyTooLarge:
                 api = adapter.classify(method, path, None, "").api
                 return reply(error_reply(api, 413, "http: request body too large"))
+            except asyncio.IncompleteReadError:
+                api = adapter.classify(method, path, None, "").api
+                return reply(error_reply(api, 400, "unexpected EOF"))
         classified = adapter.classify(
             method, path, body, request.headers.get(hdrs.CONTENT_TYPE, "")
         )

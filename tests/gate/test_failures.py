@@ -133,3 +133,18 @@ async def test_a_body_over_the_limit_is_refused_in_the_runtimes_shape(
         assert headers["Content-Type"].startswith("application/json")
         assert body == {"error": "http: request body too large"}
         assert stack.gate.core.leases() == []
+
+
+async def test_a_client_that_stops_mid_body_is_dropped_without_a_lease(stack):
+    host, port = stack.gate_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n" + b'{"model": "llama3.2:3b"'
+    )
+    writer.write_eof()
+    # The client is gone before its request is whole: nothing to answer, nothing admitted.
+    assert await reader.read() == b""
+    writer.close()
+    assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
+    assert [e for e in stack.gate.recent_events() if e.model == "llama3.2:3b"] == []

@@ -1,0 +1,47 @@
+"""`gpugate serve` refusing to start says why, in one line."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from tests.gate.harness import free_port
+
+
+def test_serve_says_which_port_it_cannot_take(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "consumers.yaml"
+        config.write_text(
+            f"gate:\n  control: 127.0.0.1:{free_port()}\n"
+            "consumers:\n  ollama:\n    runtime: ollama\n"
+            f"    listen: 127.0.0.1:{port}\n    upstream: http://127.0.0.1:{free_port()}\n"
+            "    processes: {commands: [ollama serve]}\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert (
+        f"gpugate serve: cannot listen for ollama on http://127.0.0.1:{port}: "
+        "Address already in use"
+    ) in result.stderr
+
+
+def test_serve_with_a_bad_config_exits_2_naming_the_line(tmp_path):
+    config = tmp_path / "consumers.yaml"
+    config.write_text("consumers:\n  ollama:\n    runtime: ollama\n    listen: nowhere\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"{config}:4: consumers.ollama.listen: expected an address" in result.stderr
