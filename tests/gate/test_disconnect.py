@@ -78,3 +78,31 @@ async def test_disconnect_while_waiting_for_a_lease_leaves_no_ticket(slow_stack)
             response.close()
     assert "gemma3:12b" not in [m["name"] for m in await stack.ps()]
     assert stack.sim.state().counters.loads == 2
+
+
+async def test_disconnect_during_a_load_aborts_it_and_frees_the_lease(
+    tmp_path, sim_host, fakenvml_path
+):
+    slow_load = tuple(
+        attrs.evolve(m, load_seconds=5.0) if m.name == "qwen2.5:7b" else m for m in MODELS
+    )
+    async with running_stack(tmp_path, sim_host, fakenvml_path, models=slow_load) as stack:
+        released = stack.next_event(EventKind.LEASE_RELEASED, model="qwen2.5:7b")
+        async with aiohttp.ClientSession() as session:
+            request = asyncio.create_task(
+                session.post(
+                    stack.gate_url + "/api/generate", json={"model": "qwen2.5:7b", "prompt": "x"}
+                )
+            )
+            await stack.sim.wait_until(
+                lambda s: any(r.phase.value == "loading" for r in s.runners), timeout=10
+            )
+            request.cancel()  # the client gives up while the model is still loading
+            with pytest.raises(asyncio.CancelledError):
+                await request
+        event = await asyncio.wait_for(released, 5)
+        assert event.reason == "failed"  # the load never completed
+        state = await stack.sim.wait_until(lambda s: s.counters.loads_aborted == 1, timeout=10)
+        assert state.counters.loads == 0 and state.runners == ()
+        assert stack.gate.core.leases() == [] and stack.gate.core.residents() == []
+        assert stack.gate.core.budget(0).consumer("ollama").pending == 0

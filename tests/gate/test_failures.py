@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import subprocess
 
 import aiohttp
@@ -148,3 +150,44 @@ async def test_a_client_that_stops_mid_body_is_dropped_without_a_lease(stack):
     writer.close()
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
     assert [e for e in stack.gate.recent_events() if e.model == "llama3.2:3b"] == []
+
+
+async def test_a_request_with_a_foreign_host_name_still_reaches_ollama(stack):
+    # Ollama on loopback refuses a Host it does not know (403); the gate presents its own.
+    headers = {"Host": "gpu-box.example.com:11434"}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(stack.sim_url + "/api/tags", headers=headers) as direct:
+            assert direct.status == 403
+        async with session.get(stack.gate_url + "/api/tags", headers=headers) as gated:
+            assert gated.status == 200
+            assert "models" in await gated.json()
+
+
+async def test_each_failure_is_one_json_log_line_with_its_fields(stack, caplog):
+    caplog.set_level(logging.INFO, logger="gpugate.events")
+    hog = subprocess.Popen(["sleep", "60"])
+    try:
+        # Plex takes 10 GiB: 4.6 GiB stay schedulable.
+        stack.host.allocate(hog.pid, 10 * GiB, name="Plex Transcoder")
+        stack.gate.observe(await stack.gate.sampler.sample())
+        body = {"model": "bge-m3", "input": "x"}
+        status, _, _ = await post(stack.gate_url, "/api/embed", body)
+        assert status == 200
+        assert [r for r in caplog.records if r.name == "gpugate.events"] == []  # routine: DEBUG
+        # qwen needs 5.6 GiB; even without the idle bge-m3 only 4.6 GiB would be free.
+        body = {"model": "qwen2.5:7b", "prompt": "x", "stream": False}
+        status, headers, answer = await post(stack.gate_url, "/api/generate", body)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert status == 503
+    assert headers["X-GPUGate-Failure"] == "INSUFFICIENT_SCHEDULABLE_VRAM"
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gpugate.events"]
+    (failure,) = [line for line in lines if line["event"] == "failure"]
+    assert failure["class"] == "INSUFFICIENT_SCHEDULABLE_VRAM"
+    assert (failure["consumer"], failure["model"], failure["gpu"]) == ("ollama", "qwen2.5:7b", 0)
+    assert failure["bytes_needed"] == 5700 * 2**20
+    assert failure["bytes_schedulable"] > 0
+    assert failure["message"] == answer["error"]
+    assert "external 10.0 GiB: plex" not in failure["message"]  # not a configured service
+    assert "external 10.0 GiB: other 10.0" in failure["message"]
