@@ -73,7 +73,7 @@ class ConsumerListener:
         self.identities = identities
         upstream = link.consumer.upstream
         self._base = upstream.url
-        self._host = f"{upstream.host}:{upstream.port}"
+        self._host = upstream.url.split("://", 1)[1]  # host:port, IPv6 in brackets
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.link.consumer.max_body)
