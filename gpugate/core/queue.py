@@ -48,6 +48,3 @@ class TicketQueue:
 
     def would_be_last(self, ticket: Ticket) -> bool:
         return not self._keys or ticket.order() > self._keys[-1]
-
-    def head(self) -> Ticket | None:
-        return self._tickets[0] if self._tickets else None

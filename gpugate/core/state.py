@@ -16,7 +16,7 @@ import attrs
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
-from gpugate.core.effects import Effect, Event, EventKind, Unload, UnloadReason
+from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
 from gpugate.core.explain import describe_external, make_failure
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
@@ -110,9 +110,6 @@ class GateCore:
             queue = self.scheduler.queues.get(gpu)
             return list(queue) if queue else []
         return [t for q in self.scheduler.queues.values() for t in q]
-
-    def unloads(self) -> list[Unload]:
-        return list(self.books.unloads.values())
 
     # -- events: demands and their requests ----------------------------------------------
 
