@@ -133,6 +133,8 @@ class ProcessAttributor:
         self._lock = threading.Lock()
         self._owners: dict[tuple[int, int], Attribution] = {}
         self._infos: dict[tuple[int, int], ProcessInfo] = {}
+        self._previous: dict[int, Attribution] = {}
+        """Last sample's owners by PID, for processes NVML still lists after /proc lost them."""
         self.reads = 0
         """Files read so far (a measure of what the cache saves)."""
 
@@ -146,8 +148,14 @@ class ProcessAttributor:
         with self._lock:
             touched: set[tuple[int, int]] = set()
             result = {pid: self._attribute(pid, touched) for pid in pids}
+            for pid, attribution in result.items():
+                # An exiting process can leave /proc before NVML stops listing it (its
+                # memory is not back yet): it is still whoever it was a sample ago.
+                if attribution.match is MatchKind.VANISHED and pid in self._previous:
+                    result[pid] = self._previous[pid]
             self._owners = {k: v for k, v in self._owners.items() if k in touched}
             self._infos = {k: v for k, v in self._infos.items() if k in touched}
+            self._previous = result
             return result
 
     def explain(self, pid: int) -> Attribution:

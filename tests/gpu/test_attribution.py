@@ -264,6 +264,20 @@ def test_vanished_pid_is_other_without_error(tree: ProcTree, attributor: Process
     assert {a.owner for a in found.values()} == {Owner(OwnerKind.EXTERNAL, OTHER)}
 
 
+def test_a_process_that_left_proc_but_not_nvml_keeps_its_owner(
+    tree: ProcTree, attributor: ProcessAttributor
+) -> None:
+    tree.add(812, comm="ollama", cgroup="0::/system.slice/ollama.service")
+    assert attributor.attribute([812])[812].owner == Owner(OwnerKind.CONSUMER, "ollama")
+    tree.remove(812)  # exiting: gone from /proc, still listed by NVML with its memory
+
+    still = attributor.attribute([812])[812]
+    assert still.owner == Owner(OwnerKind.CONSUMER, "ollama")
+    # Once NVML stops listing it, it is forgotten: a later PID 812 starts afresh.
+    attributor.attribute([])
+    assert attributor.attribute([812])[812].match is MatchKind.VANISHED
+
+
 def test_parent_that_vanished_mid_walk_ends_the_walk(
     tree: ProcTree, attributor: ProcessAttributor
 ) -> None:
