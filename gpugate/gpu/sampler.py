@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, cast
@@ -19,6 +20,7 @@ from typing import Protocol, cast
 from gpugate.config.model import Config
 from gpugate.core.observation import (
     OTHER,
+    DriverFault,
     GpuObservation,
     HostObservation,
     Owner,
@@ -63,6 +65,8 @@ class Sampler:
         self._poked: asyncio.Event | None = None
         self.latest: HostObservation | None = None
         """The most recent observation, whoever asked for it."""
+        self._closing = threading.Lock()
+        self._closed = False
 
     @classmethod
     def from_config(cls, config: Config) -> Sampler:
@@ -71,13 +75,22 @@ class Sampler:
         return cls(reader, ProcessAttributor.from_config(config))
 
     def close(self) -> None:
-        """Release NVML."""
-        self.reader.close()
+        """Release NVML for good: a read still queued when the gate stops must not reopen it."""
+        with self._closing:
+            self._closed = True
+            self.reader.close()
 
     # -- one sample --------------------------------------------------------------------
 
     def sample_blocking(self) -> HostObservation:
         """Read and attribute now, in this thread; a driver error is returned, not raised."""
+        with self._closing:
+            return self._sample_locked()
+
+    def _sample_locked(self) -> HostObservation:
+        if self._closed:
+            fault = DriverFault(1, "Uninitialized", "the sampler is closed", call="read")
+            return HostObservation(self._clock(), self._wall_clock(), error=fault)
         try:
             host = self.reader.read()
         except NvmlError as exc:

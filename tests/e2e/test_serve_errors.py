@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from tests.gate.harness import free_port
+from tests.gate.harness import free_ports
 
 
 def test_serve_says_which_port_it_cannot_take(tmp_path):
@@ -14,11 +14,12 @@ def test_serve_says_which_port_it_cannot_take(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        control, upstream = free_ports(2)
         config = tmp_path / "consumers.yaml"
         config.write_text(
-            f"gate:\n  control: 127.0.0.1:{free_port()}\n"
+            f"gate:\n  control: 127.0.0.1:{control}\n"
             "consumers:\n  ollama:\n    runtime: ollama\n"
-            f"    listen: 127.0.0.1:{port}\n    upstream: http://127.0.0.1:{free_port()}\n"
+            f"    listen: 127.0.0.1:{port}\n    upstream: http://127.0.0.1:{upstream}\n"
             "    processes: {commands: [ollama serve]}\n"
         )
         result = subprocess.run(

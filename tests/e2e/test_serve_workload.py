@@ -29,7 +29,7 @@ import pytest
 
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.hostprocess import SimulatedHostProcess
-from tests.gate.harness import free_port
+from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader
 
 pytestmark = pytest.mark.e2e
@@ -234,7 +234,7 @@ async def watch_budget(control: str, stop: asyncio.Event, seen: list[dict]) -> N
 
 @pytest.fixture
 def host_and_gate(tmp_path):
-    ollama_port, listen, control = free_port(), free_port(), free_port()
+    ollama_port, listen, control = free_ports(3)
     host_file = tmp_path / "host.yaml"
     host_file.write_text(host_yaml(ollama_port))
     config = tmp_path / "consumers.yaml"

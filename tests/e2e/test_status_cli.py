@@ -14,7 +14,7 @@ import yaml
 
 from gpugate.core.units import GiB, MiB
 from gpugate.sim.hostprocess import SimulatedHostProcess
-from tests.gate.harness import free_port
+from tests.gate.harness import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 INCIDENT = ROOT / "sim" / "incident-2026-07-10.yaml"
@@ -27,12 +27,15 @@ def incident(tmp_path_factory):
     """The seed incident, with its simulated Ollama on a free port."""
     tmp = tmp_path_factory.mktemp("incident")
     spec = yaml.safe_load(INCIDENT.read_text())
-    spec["ollama"]["listen"] = f"127.0.0.1:{free_port()}"
+    ollama_port, control_port = free_ports(2)
+    spec["ollama"]["listen"] = f"127.0.0.1:{ollama_port}"
     host_file = tmp / "incident.yaml"
     host_file.write_text(yaml.safe_dump(spec))
     config = tmp / "consumers.yaml"
     # The seed config, with a control port nothing listens on.
-    config.write_text(SEED_CONFIG.read_text().replace("127.0.0.1:9411", f"127.0.0.1:{free_port()}"))
+    config.write_text(
+        SEED_CONFIG.read_text().replace("127.0.0.1:9411", f"127.0.0.1:{control_port}")
+    )
     with SimulatedHostProcess(host_file, tmp / "state") as host:
         assert host.environment is not None
         env = host.environment.apply({**os.environ, **TOKENS})

@@ -45,10 +45,20 @@ qwen2.5:7b: {envelope: 5700MiB}
 """
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports: all bound at once, so none is handed out twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @attrs.define
@@ -137,10 +147,11 @@ async def running_stack(
         ollama_spec = spec(ollama_spec)
     sim = SimOllama(ollama_spec, host)
     upstream = await sim.start()
+    listen_port, control_port = free_ports(2)
     text = config_text(
         upstream=upstream,
-        listen_port=free_port(),
-        control_port=free_port(),
+        listen_port=listen_port,
+        control_port=control_port,
         library=library,
         database=tmp_path / "gpugate.db" if database else None,
         models_yaml=models_yaml,

@@ -93,6 +93,7 @@ class GatedReader:
         self.calls = 0
         self.active = 0
         self.most_active = 0
+        self.closed = False
         self._lock = threading.Lock()
 
     def read(self) -> HostSample:
@@ -110,7 +111,7 @@ class GatedReader:
         return HostSample(str(number), (device(),))
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
     async def wait_entered(self) -> None:
         assert await asyncio.to_thread(self.entered.acquire, True, WAIT)
@@ -203,6 +204,24 @@ def test_close_releases_the_reader(nobody: ProcessAttributor) -> None:
     Sampler(reader, nobody).close()
 
     assert reader.closed
+
+
+async def test_a_read_queued_when_the_sampler_closes_does_not_reopen_nvml(
+    nobody: ProcessAttributor,
+) -> None:
+    reader = GatedReader()
+    sampler = Sampler(reader, nobody)
+    running = asyncio.ensure_future(sampler.sample())
+    await reader.wait_entered()
+    queued = asyncio.ensure_future(sampler.sample())
+    # The gate stops: close waits for the read in progress, which the driver now finishes.
+    closing = asyncio.ensure_future(asyncio.to_thread(sampler.close))
+    reader.proceed.release()
+    await asyncio.wait_for(closing, WAIT)
+    assert (await running).error is None
+    after = await asyncio.wait_for(queued, WAIT)
+    assert after.error is not None and after.error.message == "the sampler is closed"
+    assert (reader.calls, reader.closed) == (1, True)
 
 
 # -- coalescing ------------------------------------------------------------------------
