@@ -40,7 +40,6 @@ async def test_a_new_file_is_migrated_and_records_survive_reopening(tmp_path):
     )
     store.record_lease(lease, 2.0, "done")
     await store.flush()
-    assert (await store.recent_events())[0]["failure_class"] == "QUEUE_FULL"
     await store.close()
 
     again = Store(path)
@@ -49,7 +48,9 @@ async def test_a_new_file_is_migrated_and_records_survive_reopening(tmp_path):
     await again.close()
     with sqlite3.connect(path) as db:
         rows = db.execute("SELECT id, priority, waited, held, outcome FROM leases").fetchall()
+        events = db.execute("SELECT kind, consumer, failure_class FROM events").fetchall()
     assert rows == [(7, "background", 0.25, 2.0, "done")]
+    assert events == [("failure", "ollama", "QUEUE_FULL")]
 
 
 async def test_an_in_memory_store_needs_no_file(tmp_path):

@@ -49,13 +49,8 @@ class ExternalUsage:
 class GpuBudget:
     """Every row of one GPU's budget. Negative `schedulable` means over-committed."""
 
-    gpu: int
-    uuid: str
-    name: str
-    total: int
-    reserved: int
-    used: int
-    free: int
+    observation: GpuObservation
+    """The sample the rows were computed from: the card's identity and NVML's figures."""
     external: tuple[ExternalUsage, ...]
     consumers: tuple[ConsumerUsage, ...]
     reserve: int
@@ -64,24 +59,40 @@ class GpuBudget:
     """Unattributed bytes taken to be unloading runners' memory on its way back."""
 
     @property
+    def gpu(self) -> int:
+        return self.observation.index
+
+    @property
+    def uuid(self) -> str:
+        return self.observation.uuid
+
+    @property
+    def name(self) -> str:
+        return self.observation.name
+
+    @property
+    def total(self) -> int:
+        return self.observation.total
+
+    @property
+    def reserved(self) -> int:
+        return self.observation.reserved
+
+    @property
+    def used(self) -> int:
+        return self.observation.used
+
+    @property
+    def free(self) -> int:
+        return self.observation.free
+
+    @property
     def external_total(self) -> int:
         return sum(row.bytes for row in self.external)
 
     @property
     def committed_total(self) -> int:
         return sum(row.committed for row in self.consumers)
-
-    @property
-    def observed_total(self) -> int:
-        return sum(row.observed for row in self.consumers)
-
-    @property
-    def pending_total(self) -> int:
-        return sum(row.pending for row in self.consumers)
-
-    @property
-    def resident_total(self) -> int:
-        return sum(row.resident for row in self.consumers)
 
     @property
     def schedulable(self) -> int:
@@ -156,13 +167,7 @@ def compute_budget(
         for name, nbytes in sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))
     )
     return GpuBudget(
-        gpu=gpu,
-        uuid=observation.uuid,
-        name=observation.name,
-        total=observation.total,
-        reserved=observation.reserved,
-        used=observation.used,
-        free=observation.free,
+        observation=observation,
         external=external,
         consumers=rows,
         reserve=reserve,

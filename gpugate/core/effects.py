@@ -72,8 +72,13 @@ class Event:
     kind: EventKind
     time: float
     key: ResidentKey | None = None
-    consumer: str | None = None
-    model: str | None = None
+    consumer: str | None = attrs.field(
+        default=attrs.Factory(lambda self: self.key.consumer if self.key else None, takes_self=True)
+    )
+    """The key's consumer unless given (events without a key, such as failures, give it)."""
+    model: str | None = attrs.field(
+        default=attrs.Factory(lambda self: self.key.model if self.key else None, takes_self=True)
+    )
     gpu: int | None = None
     bytes: int | None = None
     detail: str = ""

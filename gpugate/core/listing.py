@@ -47,8 +47,6 @@ def resident_event(
         kind,
         now,
         key=resident.key,
-        consumer=resident.key.consumer,
-        model=resident.key.model,
         gpu=resident.gpu,
         bytes=resident.bytes if nbytes is None else nbytes,
         detail=detail,

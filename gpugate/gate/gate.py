@@ -192,6 +192,10 @@ class Gate:
         if self.store is not None:
             self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 
+    def unloaded(self, key: ResidentKey, *, reclaimed: bool) -> None:
+        """An unload finished: its bytes are back (or did not come back in time)."""
+        self._apply(self.core.unloaded(key, self.clock(), reclaimed=reclaimed))
+
     def report(self, failure: Failure) -> None:
         """A failure seen outside the core (an upstream that crashed or could not load)."""
         self._apply(

@@ -51,7 +51,7 @@ class UnloadRunner:
         except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
             log.warning("unload of %s failed: %s", unload.key, exc)
         finally:
-            gate._apply(gate.core.unloaded(unload.key, gate.clock(), reclaimed=reclaimed))
+            gate.unloaded(unload.key, reclaimed=reclaimed)
             gate.want_reconcile(consumer)
 
     async def _wait_for_reclaim(self, unload: Unload, before: GpuObservation | None) -> bool:

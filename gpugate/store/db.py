@@ -192,20 +192,6 @@ class Store:
         ) as cursor:
             return [MeasuredEnvelope(*row) async for row in cursor]
 
-    async def recent_events(self, limit: int = 100) -> list[dict[str, object]]:
-        """Newest first, as JSON-ready rows for the control API."""
-        assert self._db is not None
-        self._db.row_factory = aiosqlite.Row
-        try:
-            async with self._db.execute(
-                "SELECT wall, kind, consumer, model, gpu, bytes, failure_class, detail"
-                " FROM events ORDER BY id DESC LIMIT ?",
-                (limit,),
-            ) as cursor:
-                return [dict(row) async for row in cursor]
-        finally:
-            self._db.row_factory = None
-
     async def _write_loop(self) -> None:
         assert self._db is not None
         while True:

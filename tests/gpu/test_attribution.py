@@ -8,35 +8,21 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpugate.config.model import (
-    Address,
-    Consumer,
     ExternalService,
     ProcessMatch,
-    RuntimeKind,
-    Upstream,
 )
 from gpugate.core.observation import OTHER, Owner, OwnerKind
 from gpugate.gpu.attribution import MatchKind, ProcessAttributor
 from gpugate.sim.device import pid_alive
 from tests.gpu.proctree import ProcTree
+from tests.gpu.support import consumer
 
 DOCKER_ID = "3f4e2a9c8b7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f"
-
-
-def consumer(name: str, match: ProcessMatch, port: int = 11434) -> Consumer:
-    return Consumer(
-        name=name,
-        runtime=RuntimeKind.HTTP,
-        listen=Address("0.0.0.0", port),
-        upstream=Upstream("http", "127.0.0.1", port + 1),
-        processes=match,
-    )
 
 
 OLLAMA = consumer("ollama", ProcessMatch(units=("ollama.service",)))
@@ -401,17 +387,6 @@ def test_empty_rules_match_nothing(tree: ProcTree) -> None:
 @pytest.fixture
 def marker() -> str:
     return f"gpugate-probe-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes started by a test, each in its own group, killed afterwards."""
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def test_real_process_is_attributed_by_its_argv(

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -18,15 +18,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpugate.config.model import (
-    Address,
     BudgetSettings,
     Config,
-    Consumer,
     ExternalService,
     GateSettings,
     ProcessMatch,
-    RuntimeKind,
-    Upstream,
 )
 from gpugate.core.observation import (
     OTHER,
@@ -49,9 +45,10 @@ from gpugate.gpu.nvml import (
     ProcessSample,
 )
 from gpugate.gpu.sampler import Sampler, next_tick
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost, pid_alive
+from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
 from gpugate.sim.shim import STATE_ENV
 from tests.gpu.proctree import ProcTree
+from tests.gpu.support import consumer
 
 WAIT = 5.0
 """Upper bound for any single wait in these tests; reached only when something is broken."""
@@ -398,28 +395,6 @@ def test_next_tick_is_the_first_grid_point_after_now(
 
 
 # -- end to end over the fake NVML library ------------------------------------------------
-
-
-def consumer(name: str, match: ProcessMatch, port: int) -> Consumer:
-    return Consumer(
-        name=name,
-        runtime=RuntimeKind.HTTP,
-        listen=Address("0.0.0.0", port),
-        upstream=Upstream("http", "127.0.0.1", port + 1),
-        processes=match,
-    )
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Real processes started by a test, each in its own group, killed afterwards."""
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert not any(pid_alive(p.pid) for p in procs)
 
 
 def start_sleep(marker: str, spawned: list[subprocess.Popen[bytes]]) -> int:

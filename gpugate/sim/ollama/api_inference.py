@@ -18,7 +18,15 @@ from gpugate.sim.ollama.services import (
     keep_alive_of,
     services,
 )
-from gpugate.sim.ollama.wire import NDJSON, api_error, json_response, ndjson_line, now_ns, rfc3339
+from gpugate.sim.ollama.wire import (
+    NDJSON,
+    api_error,
+    json_response,
+    ndjson_line,
+    now_ns,
+    rfc3339,
+    stream_write,
+)
 
 GENERATE = Struct(
     "api.GenerateRequest",
@@ -119,7 +127,9 @@ class Completion:
                     if isinstance(event, Token):
                         collected.append(event.text)
                         if self.stream:
-                            response = await self._write(request, response, self.chunk(event.text))
+                            response = await stream_write(
+                                request, response, NDJSON, ndjson_line(self.chunk(event.text))
+                            )
                         continue
                     extra = metrics(event, self.started_ns, lease.load_ns)
                     if not self.chat:
@@ -128,7 +138,7 @@ class Completion:
                     body = self.final(text, event.done_reason, extra)
                     if not self.stream:
                         return json_response(body)
-                    response = await self._write(request, response, body)
+                    response = await stream_write(request, response, NDJSON, ndjson_line(body))
             except GenerationFailed as failure:
                 if response is None:
                     # Nothing sent yet: Ollama can still answer with a real status.
@@ -141,16 +151,6 @@ class Completion:
         assert response is not None
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
-        return response
-
-    @staticmethod
-    async def _write(
-        request: web.Request, response: web.StreamResponse | None, body: dict[str, object]
-    ) -> web.StreamResponse:
-        if response is None:
-            response = web.StreamResponse(headers={"Content-Type": NDJSON})
-            await response.prepare(request)
-        await response.write(ndjson_line(body))
         return response
 
 

@@ -28,6 +28,7 @@ from gpugate.sim.ollama.wire import (
     encoder_response,
     openai_error,
     sse_event,
+    stream_write,
 )
 
 CHAT_COMPLETION = Struct(
@@ -168,8 +169,11 @@ class OpenAICompletion:
                     if isinstance(event, Token):
                         collected.append(event.text)
                         if self.stream:
-                            response = await self._send(
-                                request, response, self.chunk(event.text, None)
+                            response = await stream_write(
+                                request,
+                                response,
+                                EVENT_STREAM,
+                                sse_event(self.chunk(event.text, None)),
                             )
                         continue
                     reason, usage = event.done_reason.value, _usage(event)
@@ -200,20 +204,10 @@ class OpenAICompletion:
     ) -> web.StreamResponse:
         """The closing chunk, the usage chunk when asked for, and [DONE]."""
         last = self.chunk("", reason)
-        response = await self._send(request, response, last)
+        response = await stream_write(request, response, EVENT_STREAM, sse_event(last))
         if self.include_usage:
             await response.write(sse_event({**last, "choices": [], "usage": usage}))
         await response.write(SSE_DONE)
-        return response
-
-    @staticmethod
-    async def _send(
-        request: web.Request, response: web.StreamResponse | None, body: dict[str, object]
-    ) -> web.StreamResponse:
-        if response is None:
-            response = web.StreamResponse(headers={"Content-Type": EVENT_STREAM})
-            await response.prepare(request)
-        await response.write(sse_event(body))
         return response
 
 

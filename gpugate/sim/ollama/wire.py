@@ -83,6 +83,17 @@ def sse_event(value: object) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+async def stream_write(
+    request: web.Request, response: web.StreamResponse | None, content_type: str, data: bytes
+) -> web.StreamResponse:
+    """Write to a streamed answer, starting it with its content type on the first write."""
+    if response is None:
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        await response.prepare(request)
+    await response.write(data)
+    return response
+
+
 def api_error(status: int, message: str) -> web.Response:
     """An /api/* error: `{"error": "..."}` with its status."""
     return json_response({"error": message}, status)
