@@ -220,6 +220,35 @@ class ModelOverride:
 
 
 @attrs.frozen
+class UpstreamTimeouts:
+    """Bounds on every call the gate makes to a runtime; one that passes fails as TIMEOUT."""
+
+    connect: float = attrs.field(default=5.0, metadata=DURATION)
+    """Opening a connection to the upstream."""
+    first_byte: float = attrs.field(default=330.0, metadata=DURATION)
+    """From sending a request to the response's headers. A load may take the runtime's
+    own load timeout (Ollama: OLLAMA_LOAD_TIMEOUT, 5 minutes) before the first byte."""
+    idle: float = attrs.field(default=300.0, metadata=DURATION)
+    """Longest silence between two chunks of a response body."""
+    control: float = attrs.field(default=10.0, metadata=DURATION)
+    """The gate's own calls: listings (/api/ps), unloads, sizing (/api/tags, /api/show)."""
+
+
+@attrs.frozen
+class ListenerLimits:
+    """What one client connection may take from a listener before it is dropped."""
+
+    header_timeout: float = attrs.field(default=10.0, metadata=DURATION)
+    """From a request's first byte (or the connection's opening) to its complete headers."""
+    body_timeout: float = attrs.field(default=60.0, metadata=DURATION)
+    """From a request's headers to the last byte of its body."""
+    idle_timeout: float = attrs.field(default=75.0, metadata=DURATION)
+    """How long a keep-alive connection may sit between requests."""
+    max_connections: int = 1024
+    """Open client connections at once; one more is refused with 503 and closed."""
+
+
+@attrs.frozen
 class Consumer:
     """A managed runtime: the gate listens on `listen` and forwards to `upstream`."""
 
@@ -238,6 +267,8 @@ class Consumer:
     """Largest request body the gate will read to classify or rewrite."""
     processes: ProcessMatch = ProcessMatch()
     models: tuple[ModelOverride, ...] = attrs.field(default=(), metadata=BY_NAME)
+    timeouts: UpstreamTimeouts = UpstreamTimeouts()
+    limits: ListenerLimits = ListenerLimits()
 
     def model(self, name: str) -> ModelOverride | None:
         """The override for model `name`, if this consumer has one."""
