@@ -19,7 +19,18 @@ import attrs
 from gpugate.config.model import Consumer, ModelOverride, Residency
 from gpugate.core.classes import PriorityClass
 from gpugate.core.units import MiB
-from gpugate.runtimes.base import ApiFamily, Classified, Refusal, RouteKind
+from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
+from gpugate.runtimes.gojson import (
+    Bound,
+    GoJsonError,
+    Kind,
+    Struct,
+    TopLevel,
+    bind,
+    go_string,
+    read_object,
+    splice,
+)
 from gpugate.runtimes.keepalive import (
     KeepAlive,
     KeepAliveError,
@@ -27,6 +38,7 @@ from gpugate.runtimes.keepalive import (
     parse_keep_alive,
     policy_keep_alive,
 )
+from gpugate.runtimes.ollama_names import canonical_name
 
 NATIVE_LOADS = {"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"}
 OPENAI_LOADS = {
@@ -45,12 +57,42 @@ RUNTIME_OVERHEAD = 256 * MiB
 DEFAULT_NUM_CTX = 4096
 _MULTIPART_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
 
+_COMMON = {"model": Kind.STRING, "keep_alive": Kind.DURATION, "options": Kind.MAP}
+_STRUCTS = {
+    path: Struct(fields)
+    for path, fields in {
+        # The fields of api.GenerateRequest, ChatRequest, EmbedRequest and EmbeddingRequest
+        # whose JSON type decides whether the body binds (unknown keys are skipped by Go).
+        "/api/generate": {
+            **_COMMON,
+            "prompt": Kind.STRING,
+            "suffix": Kind.STRING,
+            "system": Kind.STRING,
+            "template": Kind.STRING,
+            "context": Kind.ARRAY,
+            "stream": Kind.BOOL,
+            "raw": Kind.BOOL,
+            "images": Kind.ARRAY,
+            "top_logprobs": Kind.INT,
+        },
+        "/api/chat": {
+            **_COMMON,
+            "messages": Kind.ARRAY,
+            "stream": Kind.BOOL,
+            "tools": Kind.ARRAY,
+            "top_logprobs": Kind.INT,
+        },
+        "/api/embed": {**_COMMON, "input": Kind.ANY, "truncate": Kind.BOOL, "dimensions": Kind.INT},
+        "/api/embeddings": {**_COMMON, "prompt": Kind.STRING},
+    }.items()
+}
+_OPENAI = Struct({"model": Kind.STRING, "messages": Kind.ARRAY, "stream": Kind.BOOL})
+"""The /v1 middleware decodes into its own structs, with the same case-insensitive keys."""
+
 
 def normalize_model(name: str) -> str:
-    """Ollama's display name: a bare name gets the `latest` tag."""
-    name = name.strip()
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last else f"{name}:latest"
+    """The gate's key for a model (see ollama_names); an invalid name is kept as written."""
+    return canonical_name(name) or name
 
 
 def is_cloud(name: str) -> bool:
@@ -98,6 +140,8 @@ class OllamaAdapter:
 
     def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
+        # consumers.yaml names resolve as request names do: `library/m`, `M` and `m:latest`
+        # configure the same model.
         self._overrides = {normalize_model(m.name): m for m in consumer.models}
         self._seen: dict[str, ModelOverride | None] = {}
         self._ceilings: dict[Residency, KeepAlive] = {}
@@ -154,56 +198,50 @@ class OllamaAdapter:
             return Classified(RouteKind.PASS, api)
         if path == "/v1/audio/transcriptions":
             return self._classify_multipart(api, body, content_type)
+        # Read as Ollama's Go decoder reads it: a body it refuses is answered 400 before
+        # anything loads, so it goes up untouched for Ollama to word the error.
         try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return Classified(RouteKind.PASS, api)  # Ollama answers 400 without loading
-        if not isinstance(payload, dict):
+            doc = read_object(body)
+            bound = bind(doc, _STRUCTS.get(path, _OPENAI))
+        except GoJsonError:
             return Classified(RouteKind.PASS, api)
-        model = payload.get("model")
-        if not isinstance(model, str) or not model.strip() or is_cloud(model):
+        model = bound.get("model")
+        if not isinstance(model, str) or not model or is_cloud(model):
             return Classified(RouteKind.PASS, api)
+        name = canonical_name(go_string(model))
+        if name is None:
+            return Classified(RouteKind.PASS, api)  # Ollama: 404 (or 400) without loading
         if api is ApiFamily.OPENAI:
-            return self._classify_openai(path, payload, model)
-        return self._classify_native(path, payload, model, body)
+            return self._classify_openai(path, bound, name)
+        return self._classify_native(path, doc, bound, name)
 
-    def _classify_native(
-        self, path: str, payload: dict[str, Any], model: str, body: bytes
-    ) -> Classified:
+    def _classify_native(self, path: str, doc: TopLevel, bound: Bound, model: str) -> Classified:
         api = ApiFamily.OLLAMA
         try:
-            requested = parse_keep_alive(payload.get("keep_alive"))
-        except KeepAliveError as exc:
-            return Classified(RouteKind.REFUSE, api, model, refusal=Refusal(400, str(exc)))
-        if requested is not None and requested.zero and _is_unload(path, payload):
-            return Classified(RouteKind.UNLOAD, api, normalize_model(model))
+            requested = parse_keep_alive(bound.get("keep_alive"))
+        except KeepAliveError:
+            return Classified(RouteKind.PASS, api)  # Ollama's bind error, before any load
+        if requested is not None and requested.zero and _is_unload(path, bound):
+            return Classified(RouteKind.UNLOAD, api, model)
         allowed = self.allowed_keep_alive(model)
         effective = effective_keep_alive(requested, allowed)
-        rewritten = None
-        if requested is None and "keep_alive" not in payload:
-            rewritten = _append_field(body, "keep_alive", effective.to_json())
-        elif effective.seconds != requested.seconds:
-            payload["keep_alive"] = effective.to_json()
-            rewritten = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         return Classified(
             RouteKind.DEMAND,
             api,
-            normalize_model(model),
-            options_key(payload.get("options")),
-            body=rewritten,
+            model,
+            options_key(bound.get("options")),
+            body=_rewrite_keep_alive(doc, bound, requested, effective),
             idle_ttl=None if effective.forever else effective.seconds,
             sets_ttl=True,
         )
 
-    def _classify_openai(self, path: str, payload: dict[str, Any], model: str) -> Classified:
+    def _classify_openai(self, path: str, bound: Bound, model: str) -> Classified:
         api = ApiFamily.OPENAI
-        if path == "/v1/chat/completions" and not payload.get("messages"):
+        if path == "/v1/chat/completions" and not bound.get("messages"):
             return Classified(RouteKind.PASS, api)  # the middleware refuses before loading
         residency = self.residency(model)
         # /v1 cannot carry keep_alive, so the gate owns these models' idle time.
-        return Classified(
-            RouteKind.DEMAND, api, normalize_model(model), idle_ttl=residency.idle_ttl
-        )
+        return Classified(RouteKind.DEMAND, api, model, idle_ttl=residency.idle_ttl)
 
     def _classify_multipart(self, api: ApiFamily, body: bytes, content_type: str) -> Classified:
         if "multipart/form-data" not in content_type:
@@ -212,12 +250,11 @@ class OllamaAdapter:
         if match is None:
             return Classified(RouteKind.PASS, api)
         model = match.group(1).decode("utf-8", "replace").strip()
-        if not model or is_cloud(model):
+        name = canonical_name(model) if model and not is_cloud(model) else None
+        if name is None:
             return Classified(RouteKind.PASS, api)
-        residency = self.residency(model)
-        return Classified(
-            RouteKind.DEMAND, api, normalize_model(model), idle_ttl=residency.idle_ttl
-        )
+        residency = self.residency(name)
+        return Classified(RouteKind.DEMAND, api, name, idle_ttl=residency.idle_ttl)
 
     # -- talking to Ollama -----------------------------------------------------------------
 
@@ -314,23 +351,33 @@ def _num_ctx(options: str) -> int:
     return DEFAULT_NUM_CTX
 
 
-def _append_field(body: bytes, name: str, value: object) -> bytes:
-    """A JSON object's text with one more field at its end, the rest byte for byte.
+def _rewrite_keep_alive(
+    doc: TopLevel, bound: Bound, requested: KeepAlive | None, effective: KeepAlive
+) -> bytes | None:
+    """The body with exactly one keep_alive, the effective one; None to send it as it came.
 
-    Only for a field the object does not have yet; the body was already parsed, so it is
-    an object with at least one member (its `model`).
+    Go reads the last of the members whose key folds to keep_alive: that one keeps its
+    place and key, the others go. A body that has none gets one appended. Every other
+    byte stays as the client sent it.
     """
-    end = body.rstrip()
-    text = str(value) if isinstance(value, int) else json.dumps(value)
-    return end[:-1] + b',"' + name.encode() + b'":' + text.encode() + b"}"
+    members = bound.members.get("keep_alive", ())
+    value = json.dumps(effective.to_json())
+    if not members:
+        return splice(doc, None, f'"keep_alive":{value}', ())
+    *others, last = members
+    if requested is not None and effective.seconds == requested.seconds:
+        if not others:
+            return None
+        value = doc.text[last.value_start : last.end]
+    return splice(doc, last, value, others)
 
 
-def _is_unload(path: str, payload: Mapping[str, Any]) -> bool:
+def _is_unload(path: str, bound: Bound) -> bool:
     """Ollama's unload shortcut: keep_alive 0 with nothing to generate."""
     if path == "/api/generate":
-        return not payload.get("prompt")
+        return not bound.get("prompt")
     if path == "/api/chat":
-        return not payload.get("messages")
+        return not bound.get("messages")
     return False  # embed/embeddings with keep_alive 0 load, then expire
 
 
