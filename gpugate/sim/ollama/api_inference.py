@@ -42,6 +42,7 @@ GENERATE = Struct(
         "keep_alive": GoType.DURATION,
         "images": GoType.STRINGS,
         "options": GoType.OPTIONS,
+        "think": GoType.ANY,
     },
 )
 CHAT = Struct(
@@ -52,12 +53,14 @@ CHAT = Struct(
         "stream": GoType.BOOL,
         "keep_alive": GoType.DURATION,
         "options": GoType.OPTIONS,
+        "think": GoType.ANY,
     },
 )
 EMBED = Struct(
     "api.EmbedRequest",
     {
         "model": GoType.STRING,
+        "input": GoType.ANY,
         "keep_alive": GoType.DURATION,
         "truncate": GoType.BOOL,
         "dimensions": GoType.INT,

@@ -4,12 +4,20 @@ gin decodes the body with one `json.Decoder.Decode`: an empty body is io.EOF (Ol
 answers "missing request body"), bytes after the first JSON value are ignored, a syntax
 error is `invalid character ...`, and a field of the wrong JSON type is
 `json: cannot unmarshal <kind> into Go struct field <Struct>.<field> of type <type>`.
+
+Object keys find struct fields as Go's decoder finds them: an exact match, else a
+case-insensitive one (fold.go); every duplicate is decoded and the last one wins, and a
+second object for a map field is decoded into the map the first one made. Strings keep
+invalid UTF-8 and lone surrogate escapes as U+FFFD. A number beyond float64 is an error
+only where it is decoded into a number (an unknown field is skipped unread).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
+import re
 
 import attrs
 
@@ -42,6 +50,77 @@ class GoType(enum.Enum):
     DURATION = "api.Duration"
 
 
+_NUMERIC = (GoType.INT, GoType.FLOAT, GoType.OPTIONS, GoType.ANY, GoType.DURATION)
+"""Fields whose numbers Go converts (to int, float64 or interface{}) as it decodes them."""
+_MESSAGE_FIELDS = ("role", "content", "images", "tool_calls", "thinking")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_FOLDS = str.maketrans({"\u212a": "K", "\u017f": "S"})
+
+
+class _Pairs(list[tuple[str, object]]):
+    """A JSON object as its members in order, duplicates included."""
+
+
+class _BigNumber(float):
+    """A number literal that does not fit a float64 (Go's strconv.ParseFloat fails)."""
+
+    text: str
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        big = _BigNumber(value)
+        big.text = text
+        return big
+    return value
+
+
+def _integer(text: str) -> int | float:
+    return int(text) if len(text) <= 40 else _number(text)
+
+
+def _fold(key: str) -> str:
+    """Go's foldName for keys that can match an ASCII field name."""
+    return key.translate(_FOLDS).upper()
+
+
+def _go_text(text: str) -> str:
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
+
+
+def _plain(value: object) -> object:
+    """Decoded members as Go holds them in a map or interface{}: last duplicate wins."""
+    if isinstance(value, _Pairs):
+        return {_go_text(k): _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, str):
+        return _go_text(value)
+    return value
+
+
+def _big_number(value: object) -> _BigNumber | None:
+    if isinstance(value, _BigNumber):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            found = _big_number(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _fold_message(message: object) -> object:
+    """An api.Message: its keys fold to its fields as the request's own keys do."""
+    if not isinstance(message, dict):
+        return message
+    folded = {name.upper(): name for name in _MESSAGE_FIELDS}
+    return {folded.get(_fold(k), k): v for k, v in message.items()}
+
+
 @attrs.frozen
 class Struct:
     """A Go request struct: its name in error messages and the fields we check."""
@@ -51,6 +130,8 @@ class Struct:
 
 
 def _json_kind(value: object) -> str:
+    if isinstance(value, _Pairs | dict):
+        return "object"
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int | float):
@@ -70,7 +151,7 @@ def _fits(value: object, kind: GoType) -> bool:
     if kind is GoType.BOOL:
         return isinstance(value, bool)
     if kind is GoType.INT:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int | _BigNumber) and not isinstance(value, bool)
     if kind is GoType.FLOAT:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if kind in (GoType.OPTIONS, GoType.STREAM_OPTIONS):
@@ -81,7 +162,7 @@ def _fits(value: object, kind: GoType) -> bool:
         return isinstance(value, list) and all(isinstance(v, str | None) for v in value)
     if kind is GoType.INTS:
         return isinstance(value, list) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
+            isinstance(v, int | None) and not isinstance(v, bool) for v in value
         )
     return True
 
@@ -151,22 +232,23 @@ def _reject_constant(name: str) -> object:
     raise json.JSONDecodeError("Expecting value", name, 0)
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise BindError(f"json: cannot unmarshal number {text} into Go value of type float64")
-    return value
+_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant,
+    parse_float=_number,
+    parse_int=_integer,
+    object_pairs_hook=_Pairs,
+)
 
 
 def decode(body: bytes) -> object:
     """The first JSON value in the body (the rest is ignored, as json.Decoder does)."""
-    text = body.decode("utf-8", errors="replace")
-    start = len(text) - len(text.lstrip())
+    # One U+FFFD per invalid byte, as Go's decoder replaces them.
+    text = _go_text(body.decode("utf-8", errors="surrogateescape"))
+    start = len(text) - len(text.lstrip(" \t\r\n"))
     if start == len(text):
         raise EmptyBody()
-    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
     try:
-        value, _ = decoder.raw_decode(text, start)
+        value, _ = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as err:
         if err.doc in ("NaN", "Infinity", "-Infinity"):
             index = text.find(err.doc, start)
@@ -180,18 +262,42 @@ def decode(body: bytes) -> object:
 def bind(body: bytes, struct: Struct) -> dict[str, object]:
     """Decode a request body into a JSON object whose checked fields have their Go types."""
     value = decode(body)
-    if not isinstance(value, dict):
+    if value is None:
+        return {}  # null leaves the struct as it was
+    if not isinstance(value, _Pairs):
         raise BindError(
             f"json: cannot unmarshal {_json_kind(value)} into Go value of type {struct.name}"
         )
-    for key, kind in struct.fields.items():
-        if key in value and not _fits(value[key], kind):
-            short = struct.name.rsplit(".", 1)[-1]
+    short = struct.name.rsplit(".", 1)[-1]
+    folded = {name.upper(): name for name in struct.fields}
+    bound: dict[str, object] = {}
+    for key, raw in value:
+        key = _go_text(key)
+        name = key if key in struct.fields else folded.get(_fold(key))
+        item = _plain(raw)
+        if name is None:
+            bound[key] = item  # Go skips it; kept for nothing but debugging
+            continue
+        kind = struct.fields[name]
+        if not _fits(item, kind):
             raise BindError(
-                f"json: cannot unmarshal {_json_kind(value[key])} into Go struct field "
-                f"{short}.{key} of type {kind.value}"
+                f"json: cannot unmarshal {_json_kind(raw)} into Go struct field "
+                f"{short}.{name} of type {kind.value}"
             )
-    return value
+        big = _big_number(item) if kind in _NUMERIC else None
+        if big is not None:
+            where = "value" if kind is GoType.DURATION else f"struct field {short}.{name}"
+            target = "int" if kind is GoType.INT else "float64"
+            raise BindError(
+                f"json: cannot unmarshal number {big.text} into Go {where} of type {target}"
+            )
+        if kind is GoType.OPTIONS and isinstance(item, dict):
+            previous = bound.get(name)
+            item = {**previous, **item} if isinstance(previous, dict) else item
+        if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES) and isinstance(item, list):
+            item = [_fold_message(m) for m in item]
+        bound[name] = item
+    return bound
 
 
 def text_field(body: dict[str, object], key: str) -> str:

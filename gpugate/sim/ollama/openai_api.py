@@ -57,7 +57,12 @@ COMPLETION = Struct(
 )
 EMBEDDING = Struct(
     "openai.EmbedRequest",
-    {"model": GoType.STRING, "dimensions": GoType.INT, "encoding_format": GoType.STRING},
+    {
+        "model": GoType.STRING,
+        "input": GoType.ANY,
+        "dimensions": GoType.INT,
+        "encoding_format": GoType.STRING,
+    },
 )
 FINGERPRINT = "fp_ollama"
 
