@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import Lease
-from gpugate.store.db import MIGRATIONS, MeasuredEnvelope, Store
+from gpugate.store.db import MIGRATIONS, MeasuredEnvelope, RecordKind, Store
 from tests.core.builders import demand
 
 
@@ -61,3 +62,114 @@ async def test_an_in_memory_store_needs_no_file(tmp_path):
     assert await store.envelopes() == [MeasuredEnvelope("c", "m", "num_ctx=4", 9)]
     await store.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def failure_event(n: int, detail: str = "") -> Event:
+    failure = Failure(FailureClass.QUEUE_FULL, f"QUEUE_FULL: {n}", consumer="ollama", model="m")
+    return Event(
+        EventKind.FAILURE,
+        float(n),
+        consumer="ollama",
+        model=f"m{n}",
+        failure=failure,
+        detail=detail,
+    )
+
+
+class Locker:
+    """Another process's connection holding a write transaction on the same file."""
+
+    def __init__(self, path) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    def __enter__(self) -> Locker:
+        self.db.execute("BEGIN EXCLUSIVE")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.execute("COMMIT")
+        self.db.close()
+
+
+def models_in(path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return [row[0] for row in db.execute("SELECT model FROM events ORDER BY id")]
+
+
+async def test_a_locked_file_keeps_records_and_writes_them_once_released(tmp_path, caplog):
+    path = tmp_path / "gpugate.db"
+    store = Store(path, busy_timeout=0.2)
+    await store.open()
+    with Locker(path):
+        store.record_event(failure_event(1))
+        store.record_envelope(MeasuredEnvelope("ollama", "m:latest", "", 123))
+        assert await store.write_now() is False
+        store.record_event(failure_event(2))
+        assert await store.write_now() is False
+        assert (store.buffered, store.write_failures) == (3, 2)
+        assert store.last_error == "database is locked" and not store.healthy
+    await store.flush()
+
+    assert models_in(path) == ["m1", "m2"]
+    assert await store.envelopes() == [MeasuredEnvelope("ollama", "m:latest", "", 123)]
+    assert store.healthy and store.buffered == 0
+    assert set(store.dropped.values()) == {0}
+    warnings = [r for r in caplog.records if r.name == "gpugate.store" and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "database is locked" in warnings[0].getMessage()
+    await store.close()
+
+
+async def test_a_full_buffer_drops_the_oldest_records_and_counts_them(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path, limit=3, busy_timeout=0.1)
+    await store.open()
+    with Locker(path):
+        for n in range(1, 4):
+            store.record_event(failure_event(n))
+        assert await store.write_now() is False
+        for n in range(4, 6):
+            store.record_event(failure_event(n))
+        assert store.buffered == 3
+    await store.flush()
+
+    assert models_in(path) == ["m3", "m4", "m5"]
+    assert store.dropped == {RecordKind.EVENT: 2, RecordKind.LEASE: 0, RecordKind.ENVELOPE: 0}
+    await store.close()
+
+
+async def test_a_full_disk_keeps_records_until_there_is_room_again(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path)
+    await store.open()
+    store.record_event(failure_event(0))
+    await store.flush()
+    pages = await store.page_count()
+    assert await store.set_max_page_count(pages) == pages
+    for n in range(1, 41):
+        store.record_event(failure_event(n, detail="x" * 2000))
+
+    assert await store.write_now() is False
+    assert store.last_error == "database or disk is full"
+    assert store.buffered == 40
+    assert models_in(path) == ["m0"]
+
+    await store.set_max_page_count(pages * 100)
+    await store.flush()
+    assert models_in(path) == [f"m{n}" for n in range(41)]
+    assert store.healthy and set(store.dropped.values()) == {0}
+    await store.close()
+
+
+async def test_close_does_not_hang_on_a_locked_file(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path, busy_timeout=0.2)
+    await store.open()
+    with Locker(path):
+        store.record_event(failure_event(1))
+        store.record_lease(
+            Lease(7, demand("m", 100), granted=0.0, waited=0.0, pending=0, loads=True), 1.0, "done"
+        )
+        await asyncio.wait_for(store.close(), 3.0)
+
+    assert store.dropped == {RecordKind.EVENT: 1, RecordKind.LEASE: 1, RecordKind.ENVELOPE: 0}
+    assert models_in(path) == []

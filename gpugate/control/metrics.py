@@ -11,10 +11,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from gpugate.core.effects import Event, EventKind
+from gpugate.store.db import RecordKind
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
@@ -127,6 +133,38 @@ class BudgetCollector(Collector):
         yield residents
 
 
+class StoreCollector(Collector):
+    """Reads the store's buffer and write outcomes at scrape time."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        store = self.gate.store
+        up = GaugeMetricFamily("gpugate_store_up", "1 when the last database write succeeded.")
+        buffered = GaugeMetricFamily(
+            "gpugate_store_buffered_records", "Records waiting to be written to the database."
+        )
+        failures = CounterMetricFamily(
+            "gpugate_store_write_failures", "Database write attempts that failed."
+        )
+        dropped = CounterMetricFamily(
+            "gpugate_store_dropped",
+            "Records given up because the buffer was full or the gate stopped first.",
+            labels=["kind"],
+        )
+        if store is not None:
+            up.add_metric([], 1.0 if store.healthy else 0.0)
+            buffered.add_metric([], store.buffered)
+            failures.add_metric([], store.write_failures)
+            for kind in RecordKind:
+                dropped.add_metric([kind.value], store.dropped[kind])
+        yield from (up, buffered, failures, dropped)
+
+
 class GateMetrics:
     """The registry served at /metrics."""
 
@@ -135,6 +173,7 @@ class GateMetrics:
         disable_created_metrics()
         self.registry = CollectorRegistry()
         self.registry.register(BudgetCollector(gate))
+        self.registry.register(StoreCollector(gate))
         r = self.registry
         self.granted = Counter(
             "gpugate_leases_granted", "Leases granted.", ["consumer", "class"], registry=r

@@ -30,6 +30,12 @@ name, the C function that failed and a message; nothing else escapes (pynvml's
   Unknown, ResetRequired, …). Memory the gate cannot read is memory it cannot budget,
   and a GPU that fell off the bus is a host-level emergency, not one missing row.
 * The driver version is informational: if it cannot be read it is "".
+
+A lost GPU (GpuIsLost, ResetRequired, or NVML found uninitialised) invalidates what this
+process holds of NVML: the reader gives its initialisation back (nvmlShutdown once no
+other reader holds it) and initialises again on a later read, fetching handles afresh.
+Attempts are spaced by a backoff that doubles from REOPEN_INITIAL to REOPEN_MAX while they
+fail; in between, a read fails at once with the last error, without calling the driver.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import ctypes
 import enum
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,6 +76,16 @@ _PROCESS_LIST_UNAVAILABLE = frozenset(
         pynvml.NVML_ERROR_INSUFFICIENT_SIZE,
     }
 )
+_REOPEN_AFTER = frozenset(
+    {
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_RESET_REQUIRED,
+        pynvml.NVML_ERROR_UNINITIALIZED,
+    }
+)
+REOPEN_INITIAL = 0.5
+REOPEN_MAX = 30.0
+"""Seconds between re-initialisations of NVML after a lost GPU, doubling while they fail."""
 _OPTIONAL_UNAVAILABLE = frozenset(
     {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED}
 )
@@ -156,6 +173,10 @@ class NvmlError(Exception):
             return cls(code, type(exc).__name__, call, message, gpu)
         # NVMLLibraryMismatchError: pynvml's unversioned wrapper found no versioned symbol.
         return cls(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, type(exc).__name__, call, str(exc), gpu)
+
+    def again(self) -> NvmlError:
+        """The same failure, raised anew."""
+        return NvmlError(self.code, self.name, self.call, self.message, self.gpu)
 
     def fault(self) -> DriverFault:
         """The failure as the gate records it (class DRIVER_ERROR)."""
@@ -246,11 +267,17 @@ def library_from(configured: Path | None) -> Path | None:
 class NvmlReader:
     """Reads every device's memory and processes; one instance may be shared by threads."""
 
-    def __init__(self, library: Path | None = None) -> None:
+    def __init__(
+        self, library: Path | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.library = library
+        self._clock = clock
         self._lock = threading.Lock()
         self._open = False
         self._driver_version = ""
+        self._lost: NvmlError | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
 
     def __enter__(self) -> NvmlReader:
         self.open()
@@ -272,17 +299,44 @@ class NvmlReader:
     def close(self) -> None:
         """Release NVML; the last reader to close shuts it down."""
         with self._lock:
-            if self._open:
-                self._open = False
-                _release()
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._open:
+            self._open = False
+            _release()
+
+    @property
+    def lost(self) -> NvmlError | None:
+        """The error that made the reader give NVML back, until a read succeeds again."""
+        return self._lost
 
     def read(self) -> HostSample:
         """One sample of every device (opening NVML first if needed); raises NvmlError."""
         with self._lock:
-            self._open_locked()
-            count = _call("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount)
-            devices = tuple(self._device(index) for index in range(count))
+            if self._lost is not None and self._clock() < self._retry_at:
+                raise self._lost.again()
+            try:
+                self._open_locked()
+                count = _call("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount)
+                devices = tuple(self._device(index) for index in range(count))
+            except NvmlError as exc:
+                if self._lost is not None or exc.code in _REOPEN_AFTER:
+                    self._lose_locked(exc)
+                raise
+            self._lost = None
+            self._backoff = 0.0
             return HostSample(self._driver_version, devices)
+
+    def _lose_locked(self, exc: NvmlError) -> None:
+        """Give NVML back and say when to initialise it again."""
+        self._close_locked()
+        if self._lost is None:
+            self._backoff = REOPEN_INITIAL
+        else:
+            self._backoff = min(REOPEN_MAX, self._backoff * 2)
+        self._lost = exc
+        self._retry_at = self._clock() + self._backoff
 
     def _open_locked(self) -> None:
         if self._open:

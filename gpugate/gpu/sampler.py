@@ -5,6 +5,11 @@ Reads never pile up: while one is running, every caller of `sample()` that arriv
 shares the single read that starts right after it. A caller therefore always gets a
 reading that began after it asked, which is what verifying an eviction needs, and two
 NVML reads never overlap.
+
+An observation is stamped when its read began: its figures come from calls made anywhere
+between then and the end, so a read that hung for longer than `stale_after` is already
+stale when it arrives and grants nothing. A hung read keeps its one worker thread; nobody
+else starts one, and `close()` does not wait for it.
 """
 
 from __future__ import annotations
@@ -75,30 +80,43 @@ class Sampler:
         return cls(reader, ProcessAttributor.from_config(config))
 
     def close(self) -> None:
-        """Release NVML for good: a read still queued when the gate stops must not reopen it."""
-        with self._closing:
-            self._closed = True
-            self.reader.close()
+        """Release NVML for good: a read still queued when the gate stops must not reopen it.
+
+        Returns at once even while a read hangs in the driver: that read releases NVML
+        when it ends.
+        """
+        self._closed = True
+        self._release_if_closed()
+
+    def _release_if_closed(self) -> None:
+        if self._closed and self._closing.acquire(blocking=False):
+            try:
+                self.reader.close()
+            finally:
+                self._closing.release()
 
     # -- one sample --------------------------------------------------------------------
 
     def sample_blocking(self) -> HostObservation:
         """Read and attribute now, in this thread; a driver error is returned, not raised."""
-        with self._closing:
-            return self._sample_locked()
+        try:
+            with self._closing:
+                return self._sample_locked()
+        finally:
+            # A close() that came while this read ran could not take the lock.
+            self._release_if_closed()
 
     def _sample_locked(self) -> HostObservation:
+        taken_at, wall_time = self._clock(), self._wall_clock()
         if self._closed:
             fault = DriverFault(1, "Uninitialized", "the sampler is closed", call="read")
-            return HostObservation(self._clock(), self._wall_clock(), error=fault)
+            return HostObservation(taken_at, wall_time, error=fault)
         try:
             host = self.reader.read()
         except NvmlError as exc:
-            failed = HostObservation(self._clock(), self._wall_clock(), error=exc.fault())
+            failed = HostObservation(taken_at, wall_time, error=exc.fault())
             self.latest = failed
             return failed
-        # The memory figures are of this moment; attribution only names their holders.
-        taken_at, wall_time = self._clock(), self._wall_clock()
         pids = {p.pid for device in host.devices for p in device.processes}
         owners = self.attributor.attribute(pids)
         devices = tuple(_observe(device, owners) for device in host.devices)

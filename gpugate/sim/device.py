@@ -27,6 +27,7 @@ from gpugate.sim.statefile import (
     SimDevice,
     SimFailure,
     SimProcess,
+    SimStall,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SimDevice",
     "SimFailure",
     "SimProcess",
+    "SimStall",
     "SimulatedGpuHost",
     "pid_alive",
 ]
@@ -190,9 +192,21 @@ class SimulatedGpuHost:
         with self._edit() as state:
             state.failures.append(SimFailure(symbol, code, gpu))
 
+    def stall(self, symbol: str, milliseconds: int, gpu: int | None = None) -> None:
+        """Make an NVML symbol block for a while before it answers."""
+        with self._edit() as state:
+            state.stalls.append(SimStall(symbol, milliseconds, gpu))
+
+    def lose(self, gpu: int | None = None) -> None:
+        """The GPU falls off the bus: GPU_IS_LOST until it is back and NVML re-initialised."""
+        with self._edit() as state:
+            state.lost.append(gpu)
+
     def clear_injections(self) -> None:
         with self._edit() as state:
             state.failures = []
+            state.stalls = []
+            state.lost = []
             state.init_error = 0
 
     def set_init_error(self, code: int) -> None:

@@ -38,6 +38,12 @@
  *   - MIG is not supported (GeForce): mode and MIG handle queries return NOT_SUPPORTED.
  *   - `fail <gpu|*> <symbol> <code>` makes that symbol return that code for that device
  *     (`*`: every device, and the symbols that take no device).
+ *   - `stall <gpu|*> <symbol> <milliseconds>` makes that symbol block that long before it
+ *     answers, holding the library's lock as a hung driver call holds the driver's.
+ *   - `lost <gpu|*>`: the device fell off the bus; every call on it returns
+ *     NVML_ERROR_GPU_IS_LOST. Once a call has seen it lost, it stays lost for this
+ *     initialisation even when the line is gone: only a full nvmlShutdown (count 0) and a
+ *     new init see it again, as with a real GPU after a reset.
  */
 
 #define _GNU_SOURCE
@@ -50,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- NVML types, declared here; layouts match nvml.h and pynvml's ctypes structures ---- */
 
@@ -63,6 +70,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -201,7 +209,8 @@ struct sim_proc {
 struct sim_fail {
     int gpu; /* -1: every device */
     char symbol[SYMBOL_LEN];
-    int code;
+    int code;               /* 0 for a stall */
+    unsigned int stall_ms;  /* 0 for an error */
 };
 
 struct sim_state {
@@ -209,6 +218,7 @@ struct sim_state {
     int cuda;
     int init_error;
     int check_pids;
+    unsigned int lost; /* bit per device */
     unsigned int ndevices;
     struct sim_device devices[MAX_DEVICES];
     struct sim_proc *procs;
@@ -222,6 +232,7 @@ static unsigned int g_refcount;
 static struct sim_state *g_state;
 static struct nvmlDevice_st g_handles[MAX_DEVICES];
 static char g_last_error[512];
+static unsigned int g_lost_seen; /* devices seen lost since the count was last 0 */
 
 static void state_free(struct sim_state *s)
 {
@@ -430,25 +441,32 @@ static int parse_proc(struct parser *p, struct sim_state *s, const char *cur)
     return 0;
 }
 
-static int parse_fail(struct parser *p, struct sim_state *s, const char *cur)
+/* `fail <gpu|*> <symbol> <code>`, or `stall <gpu|*> <symbol> <milliseconds>`. */
+static int parse_fail(struct parser *p, struct sim_state *s, const char *cur, int is_stall)
 {
     char w[3][SYMBOL_LEN];
+    const char *what = is_stall ? "stall" : "fail";
     struct sim_fail fail;
-    unsigned int code;
+    unsigned int value;
     memset(&fail, 0, sizeof fail);
     for (int i = 0; i < 3; i++)
         if (!next_word(&cur, w[i], sizeof w[i]))
-            return parse_error(p, "fail: expected <gpu|*> <symbol> <code>");
+            return parse_error(p, "%s: expected <gpu|*> <symbol> %s", what,
+                               is_stall ? "<milliseconds>" : "<code>");
     if (parse_declared_gpu(p, s, w[0], 1, &fail.gpu) != 0)
         return -1;
     if (w[1][0] == '\0')
-        return parse_error(p, "fail: symbol name too long");
-    if (parse_uint(w[2], INT_MAX, &code) != 0 || code == 0)
-        return parse_error(p, "fail: bad NVML error code '%s'", w[2]);
+        return parse_error(p, "%s: symbol name too long", what);
+    if (parse_uint(w[2], is_stall ? 3600000 : INT_MAX, &value) != 0 || value == 0)
+        return parse_error(p, "%s: bad %s '%s'", what,
+                           is_stall ? "milliseconds" : "NVML error code", w[2]);
     if (expect_end(p, cur) != 0)
         return -1;
     strcpy(fail.symbol, w[1]);
-    fail.code = (int)code;
+    if (is_stall)
+        fail.stall_ms = value;
+    else
+        fail.code = (int)value;
     if (s->nfails == s->cap_fails) {
         size_t cap = s->cap_fails ? s->cap_fails * 2 : 8;
         struct sim_fail *grown = realloc(s->fails, cap * sizeof *grown);
@@ -516,8 +534,18 @@ static int parse_line(struct parser *p, struct sim_state *s, char *line)
     if (strcmp(word, "proc") == 0)
         return parse_proc(p, s, cur);
     cut_comment(line);
-    if (strcmp(word, "fail") == 0)
-        return parse_fail(p, s, cur);
+    if (strcmp(word, "fail") == 0 || strcmp(word, "stall") == 0)
+        return parse_fail(p, s, cur, word[0] == 's');
+    if (strcmp(word, "lost") == 0) {
+        char gpu_word[64];
+        int gpu;
+        if (!next_word(&cur, gpu_word, sizeof gpu_word))
+            return parse_error(p, "lost: expected <gpu|*>");
+        if (parse_declared_gpu(p, s, gpu_word, 1, &gpu) != 0 || expect_end(p, cur) != 0)
+            return -1;
+        s->lost |= gpu < 0 ? ~0u : 1u << gpu;
+        return 0;
+    }
     if (strcmp(word, "util") == 0 || strcmp(word, "power") == 0)
         return parse_metric(p, s, cur, word[0] == 'p');
     if (strcmp(word, "driver") == 0) {
@@ -722,10 +750,29 @@ static nvmlReturn_t injected(const char *symbol, int gpu)
 {
     for (size_t i = 0; i < g_state->nfails; i++) {
         const struct sim_fail *f = &g_state->fails[i];
-        if ((f->gpu == -1 || f->gpu == gpu) && strcmp(f->symbol, symbol) == 0)
+        if (f->code != 0 && (f->gpu == -1 || f->gpu == gpu) && strcmp(f->symbol, symbol) == 0)
             return f->code;
     }
     return NVML_SUCCESS;
+}
+
+/* How long `symbol` on device `gpu` hangs before it answers (0: it does not). */
+static unsigned int stall_ms(const char *symbol, int gpu)
+{
+    for (size_t i = 0; i < g_state->nfails; i++) {
+        const struct sim_fail *f = &g_state->fails[i];
+        if (f->stall_ms != 0 && (f->gpu == -1 || f->gpu == gpu)
+            && strcmp(f->symbol, symbol) == 0)
+            return f->stall_ms;
+    }
+    return 0;
+}
+
+static void sleep_ms(unsigned int ms)
+{
+    struct timespec left = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR)
+        ;
 }
 
 static nvmlReturn_t copy_string(char *out, unsigned int length, const char *value)
@@ -748,6 +795,16 @@ static nvmlReturn_t enter_locked(const char *symbol, int gpu)
         return NVML_ERROR_UNKNOWN;
     if (gpu >= 0 && (unsigned int)gpu >= g_state->ndevices)
         return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int ms = stall_ms(symbol, gpu);
+    if (ms != 0)
+        sleep_ms(ms);
+    if (gpu >= 0) {
+        unsigned int bit = 1u << gpu;
+        if (g_state->lost & bit)
+            g_lost_seen |= bit;
+        if (g_lost_seen & bit)
+            return NVML_ERROR_GPU_IS_LOST;
+    }
     return injected(symbol, gpu);
 }
 
@@ -812,6 +869,8 @@ static nvmlReturn_t shutdown_locked(void)
 {
     if (g_refcount > 0)
         g_refcount--;
+    if (g_refcount == 0)
+        g_lost_seen = 0;
     return NVML_SUCCESS;
 }
 

@@ -11,14 +11,16 @@ File format (one directive per line)::
     power <gpu> <milliwatts>           # nvmlDeviceGetPowerUsage (default 0)
     proc <gpu> <C|G|CG> <pid> <bytes|-1> <name ...>
     fail <gpu|*> <symbol> <code>       # that NVML symbol returns that code
+    stall <gpu|*> <symbol> <ms>        # that NVML symbol blocks that long, then answers
+    lost <gpu|*>                       # GPU_IS_LOST on that device until NVML is re-initialised
 
 Words are separated by blanks. A line whose first word starts with `#` is a comment, and
 `#` starts a trailing comment on every directive except `device` and `proc`, whose
 name runs verbatim to the end of the line (so a name may contain `#`). Device indexes
-run 0, 1, 2, ...; `util`, `power`, `proc` and `fail` name a device declared above them.
-Limits (NVML's buffer sizes): driver 79 bytes, device name and uuid 95, process name 255,
-pid at least 1, error codes at least 1, 16 devices. This parser and the C library's
-accept exactly the same files.
+run 0, 1, 2, ...; `util`, `power`, `proc`, `fail`, `stall` and `lost` name a device declared
+above them. Limits (NVML's buffer sizes): driver 79 bytes, device name and uuid 95, process
+name 255, pid at least 1, error codes at least 1, stalls 1 ms to one hour, 16 devices. This
+parser and the C library's accept exactly the same files.
 
 A device's v2 `used` is `base_used` plus the bytes of its live processes; `free` is
 `total - reserved - used`. `-1` bytes is NVML_VALUE_NOT_AVAILABLE (pynvml reports None).
@@ -35,6 +37,7 @@ MAX_DRIVER_LEN = 79
 MAX_DEVICE_STR_LEN = 95
 MAX_PROCESS_NAME_LEN = 255
 MAX_SYMBOL_LEN = 127
+MAX_STALL_MS = 3_600_000
 PROCESS_KINDS = ("C", "G", "CG")
 
 
@@ -91,19 +94,30 @@ class SimProcess:
     name: str = attrs.field(default="", validator=_process_name)
 
 
+def _symbol(instance: object, attribute: attrs.Attribute, value: str) -> None:
+    _check_text(value, MAX_SYMBOL_LEN, "symbol", blank_ok=False)
+    if len(value.split()) != 1:
+        raise ValueError(f"symbol {value!r} must be one word")
+
+
 @attrs.frozen
 class SimFailure:
     """An injected NVML error: `symbol` returns `code` (on one GPU, or all when gpu is None)."""
 
-    symbol: str = attrs.field()
+    symbol: str = attrs.field(validator=_symbol)
     code: int = attrs.field(validator=attrs.validators.ge(1))
     gpu: int | None = None
 
-    @symbol.validator
-    def _symbol(self, attribute: attrs.Attribute, value: str) -> None:
-        _check_text(value, MAX_SYMBOL_LEN, "symbol", blank_ok=False)
-        if len(value.split()) != 1:
-            raise ValueError(f"symbol {value!r} must be one word")
+
+@attrs.frozen
+class SimStall:
+    """An injected hang: `symbol` blocks `milliseconds` before it answers."""
+
+    symbol: str = attrs.field(validator=_symbol)
+    milliseconds: int = attrs.field(
+        validator=[attrs.validators.ge(1), attrs.validators.le(MAX_STALL_MS)]
+    )
+    gpu: int | None = None
 
 
 @attrs.define
@@ -113,6 +127,9 @@ class HostState:
     devices: list[SimDevice]
     processes: list[SimProcess] = attrs.field(factory=list)
     failures: list[SimFailure] = attrs.field(factory=list)
+    stalls: list[SimStall] = attrs.field(factory=list)
+    lost: list[int | None] = attrs.field(factory=list)
+    """Devices that fell off the bus (None: every device)."""
     driver: str = "550.54.15"
     cuda: int = 12040
     init_error: int = 0
@@ -155,6 +172,11 @@ class HostState:
         for f in self.failures:
             gpu = "*" if f.gpu is None else str(f.gpu)
             lines.append(f"fail {gpu} {f.symbol} {f.code}")
+        for stall in self.stalls:
+            gpu = "*" if stall.gpu is None else str(stall.gpu)
+            lines.append(f"stall {gpu} {stall.symbol} {stall.milliseconds}")
+        for lost in self.lost:
+            lines.append(f"lost {'*' if lost is None else lost}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -278,5 +300,17 @@ def _parse_line(state: HostState, raw: str) -> None:
                 _declared_gpu(state, gpu, allow_any=True),
             )
         )
+    elif word == "stall":
+        gpu, symbol, milliseconds = _words(rest, 3, "stall <gpu|*> <symbol> <milliseconds>")
+        state.stalls.append(
+            SimStall(
+                symbol,
+                _count(milliseconds, "milliseconds", maximum=MAX_STALL_MS),
+                _declared_gpu(state, gpu, allow_any=True),
+            )
+        )
+    elif word == "lost":
+        (gpu,) = _words(rest, 1, "lost <gpu|*>")
+        state.lost.append(_declared_gpu(state, gpu, allow_any=True))
     else:
         raise ValueError(f"unknown directive {word!r}")

@@ -347,3 +347,60 @@ def test_library_from_config_then_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(LIBRARY_ENV, "/opt/nvidia/libnvidia-ml.so.1")
     assert library_from(None) == Path("/opt/nvidia/libnvidia-ml.so.1")
     assert library_from(Path("/etc/x.so")) == Path("/etc/x.so")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lost_gpu_is_read_again_after_nvml_is_initialised_again(
+    host: SimulatedGpuHost,
+) -> None:
+    clock = FakeClock()
+    reader = NvmlReader(clock=clock)
+    try:
+        assert len(reader.read().devices) == 2
+        host.lose(1)
+        with pytest.raises(NvmlError) as caught:
+            reader.read()
+        assert (caught.value.code, caught.value.gpu) == (pynvml.NVML_ERROR_GPU_IS_LOST, 1)
+        # NVML is given back at once, so the next initialisation starts afresh.
+        assert (nvml.open_count(), reader.is_open) == (0, False)
+
+        host.clear_injections()
+        with pytest.raises(NvmlError) as early:
+            reader.read()  # within the backoff: the last error, without calling NVML
+        assert early.value.code == pynvml.NVML_ERROR_GPU_IS_LOST and not reader.is_open
+
+        clock.now += nvml.REOPEN_INITIAL
+        gpu1 = reader.read().devices[1]
+        assert (gpu1.index, gpu1.total) == (1, 24 * GiB)
+        assert reader.lost is None and nvml.open_count() == 1
+    finally:
+        reader.close()
+
+
+def test_reinitialisation_backs_off_while_the_gpu_stays_lost(host: SimulatedGpuHost) -> None:
+    clock = FakeClock()
+    reader = NvmlReader(clock=clock)
+    host.lose(0)
+    try:
+        with pytest.raises(NvmlError):
+            reader.read()
+        gaps = []
+        for _ in range(9):
+            # A new attempt leaves a new error behind; one within the backoff does not.
+            before, started = reader.lost, clock.now
+            while reader.lost is before:
+                clock.now += 0.25
+                with pytest.raises(NvmlError):
+                    reader.read()
+            gaps.append(clock.now - started)
+        assert gaps == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+        assert (nvml.open_count(), reader.is_open) == (0, False)
+    finally:
+        reader.close()

@@ -155,7 +155,7 @@ async def test_read_runs_in_a_worker_thread(nobody: ProcessAttributor) -> None:
     assert reader.threads and threading.get_ident() not in reader.threads
 
 
-async def test_taken_at_is_stamped_when_the_read_completes(nobody: ProcessAttributor) -> None:
+async def test_taken_at_is_stamped_when_the_read_began(nobody: ProcessAttributor) -> None:
     clock, wall = ManualClock(10.0), ManualClock(1.7e9)
 
     class AdvancingReader(InstantReader):
@@ -168,7 +168,8 @@ async def test_taken_at_is_stamped_when_the_read_completes(nobody: ProcessAttrib
 
     observation = await sampler.sample()
 
-    assert (observation.taken_at, observation.wall_time) == (12.5, 1.7e9 + 2.5)
+    # A read that hangs for longer than stale_after must arrive already stale.
+    assert (observation.taken_at, observation.wall_time) == (10.0, 1.7e9)
     assert sampler.latest is observation
 
 
@@ -593,3 +594,66 @@ async def test_nvml_read_runs_off_the_loop_thread(
     assert observation.error is None
     assert len(threads) == 2
     assert threading.get_ident() not in threads
+
+
+async def test_a_stalled_read_keeps_one_thread_and_leaves_the_loop_free(
+    sim_host: SimulatedGpuHost, fakenvml_loaded: ctypes.CDLL
+) -> None:
+    in_flight, most = 0, 0
+    counting = threading.Lock()
+
+    class CountingReader(NvmlReader):
+        def read(self) -> HostSample:
+            nonlocal in_flight, most
+            with counting:
+                in_flight += 1
+                most = max(most, in_flight)
+            try:
+                return super().read()
+            finally:
+                with counting:
+                    in_flight -= 1
+
+    sim_host.stall("nvmlDeviceGetMemoryInfo_v2", 400, gpu=0)
+    loop = asyncio.get_running_loop()
+    sampler = Sampler(CountingReader(), ProcessAttributor(), clock=loop.time)
+    try:
+        asked = loop.time()
+        first = asyncio.ensure_future(sampler.sample())
+        others = [asyncio.ensure_future(sampler.sample()) for _ in range(5)]
+        ticks = 0
+        while not first.done():
+            await asyncio.sleep(0.01)  # the loop keeps turning while the driver hangs
+            ticks += 1
+        sim_host.clear_injections()
+        observations = await asyncio.gather(first, *others)
+    finally:
+        sampler.close()
+
+    assert ticks >= 10
+    assert most == 1
+    assert all(o.error is None for o in observations)
+    # Stamped when the read began: the hung read's figures are as old as the hang.
+    assert first.result().taken_at - asked < 0.05
+    assert nvml.open_count() == 0
+
+
+async def test_close_does_not_wait_for_a_hung_read(
+    sim_host: SimulatedGpuHost, fakenvml_loaded: ctypes.CDLL
+) -> None:
+    sim_host.stall("nvmlDeviceGetMemoryInfo_v2", 500, gpu=0)
+    sampler = Sampler(NvmlReader(), ProcessAttributor())
+    reading = asyncio.ensure_future(sampler.sample())
+    while not sampler.reader.is_open:  # type: ignore[attr-defined]
+        await asyncio.sleep(0.01)
+
+    started = time.monotonic()
+    sampler.close()
+    closing_took = time.monotonic() - started
+    observation = await reading
+
+    assert closing_took < 0.1
+    assert observation.error is None
+    assert nvml.open_count() == 0
+    assert (await sampler.sample()).error is not None  # closed for good
+    assert nvml.open_count() == 0

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -459,6 +460,41 @@ def test_injected_system_error(nvml: ctypes.CDLL, sim_host: SimulatedGpuHost) ->
     assert pynvml.nvmlSystemGetCudaDriverVersion() == 12040
 
 
+def test_a_lost_gpu_stays_lost_until_nvml_is_initialised_again(
+    fakenvml_loaded: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = two_gpu_host(tmp_path / "two", monkeypatch)
+    pynvml.nvmlInit()
+    try:
+        host.lose(1)
+        assert pynvml.nvmlDeviceGetUUID(handle(0)) == CARD_UUID
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlDeviceGetMemoryInfo(handle(1))
+        host.clear_injections()
+        # The card is back, but not for this initialisation.
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlDeviceGetHandleByIndex(1)
+        assert pynvml.nvmlDeviceGetCount() == 2
+    finally:
+        pynvml.nvmlShutdown()
+    pynvml.nvmlInit()
+    try:
+        assert pynvml.nvmlDeviceGetMemoryInfo(handle(1)).total == 24 * GiB
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_a_stalled_call_blocks_then_answers(nvml: ctypes.CDLL, sim_host: SimulatedGpuHost) -> None:
+    sim_host.stall("nvmlDeviceGetMemoryInfo_v2", 300, gpu=0)
+    started = time.monotonic()
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle(), version=pynvml.nvmlMemory_v2)
+    took = time.monotonic() - started
+    assert memory.total == TOTAL and took >= 0.3
+    started = time.monotonic()
+    pynvml.nvmlDeviceGetName(handle())
+    assert time.monotonic() - started < 0.3
+
+
 def test_bad_index(nvml: ctypes.CDLL) -> None:
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetHandleByIndex(1)
@@ -655,6 +691,9 @@ _GOOD_FILE = [
     "proc 0 C 1 7",
     "fail * nvmlDeviceGetFanSpeed 3",
     "fail 1 nvmlDeviceGetPowerUsage 15 # lost",
+    "stall * nvmlDeviceGetFanSpeed 5",
+    "stall 0 nvmlDeviceGetPowerUsage 1000 # hung",
+    "lost 2",
 ]
 _TOKENS = [
     "",
@@ -698,8 +737,11 @@ def _state_texts(draw: st.DrawFn) -> str:
 )
 @given(text=_state_texts())
 def test_the_c_and_python_parsers_accept_the_same_files(
-    nvml: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+    fakenvml_loaded: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
 ) -> None:
+    # No reference held across examples: each one's shutdown ends a `lost` device's loss.
+    nvml = fakenvml_loaded
+    pynvml._LoadNvmlLibrary()
     path = tmp_path / "fuzz.state"
     path.write_text(text)
     monkeypatch.setenv(STATE_ENV, str(path))
@@ -718,6 +760,10 @@ def test_the_c_and_python_parsers_accept_the_same_files(
         assert state is not None, f"C accepted what Python refuses:\n{text}"
         assert pynvml.nvmlDeviceGetCount() == len(state.devices)
         for device in state.devices:
+            if device.index in state.lost or None in state.lost:
+                with pytest.raises(pynvml.NVMLError_GpuIsLost):
+                    handle(device.index)
+                continue
             h = handle(device.index)
             assert pynvml.nvmlDeviceGetName(h) == device.name
             assert pynvml.nvmlDeviceGetUUID(h) == device.uuid
