@@ -39,7 +39,7 @@ REFUSAL = (
 REFUSAL_LINGER = 1.0
 """A refused connection reads (and drops) what the client sends for this long after the 503,
 so the client reads the answer instead of a reset caused by its own unread request."""
-REFUSAL_LINGER_SLOTS = 64
+REFUSAL_LINGER_SLOTS = 16
 """Refused connections lingering at once; past this a refusal is closed right after the 503."""
 SHUTDOWN_MARGIN = 0.5
 """What aiohttp's own shutdown may take once the grace period is over and handlers are cancelled."""
