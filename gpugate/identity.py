@@ -21,6 +21,10 @@ class IdentityResolver:
     """Maps (source address, Authorization header) to a configured identity."""
 
     def __init__(self, identities: Sequence[Identity]) -> None:
+        self.replace(identities)
+
+    def replace(self, identities: Sequence[Identity]) -> None:
+        """Use `identities` from now on (a configuration reload)."""
         self._identities = tuple(identities)
         self._by_token = {token: ident for ident in identities for token in ident.tokens}
         self._by_peer: dict[str, Identity | None] = {}

@@ -17,16 +17,21 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpugate.config.model import Config, RuntimeKind
+from gpugate.config.model import Address, Config, ListenerLimits, RuntimeKind
 from gpugate.control.app import control_app
 from gpugate.control.metrics import GateMetrics
-from gpugate.gate.gate import Gate
+from gpugate.gate.gate import Gate, Link
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
+from gpugate.proxy.guard import GuardedRunner, fit_caps, quiet_loop_errors, raise_fd_limit
 from gpugate.proxy.listener import ConsumerListener
+from gpugate.reload import apply_reload, reload_file, unset_secrets
 from gpugate.store.db import Store
 
 log = logging.getLogger("gpugate.serve")
+
+CONTROL_LIMITS = ListenerLimits()
+CONTROL_GRACE = 1.0
 
 
 def _url(host: str, port: int) -> str:
@@ -39,19 +44,45 @@ class ListenError(RuntimeError):
 
 
 async def _start_site(
-    app: web.Application, host: str, port: int, grace: float, what: str
-) -> tuple[web.AppRunner, tuple[str, int]]:
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=grace, access_log=None)
+    app: web.Application, address: Address, limits: ListenerLimits, cap: int, what: str
+) -> tuple[GuardedRunner, tuple[str, int]]:
+    runner = GuardedRunner(app, limits, what, cap)
     await runner.setup()
-    site = web.TCPSite(runner, host or None, port, reuse_address=True)
+    site = web.TCPSite(runner, address.host or None, address.port, reuse_address=True)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ListenError(f"cannot listen for {what} on {_url(host, port)}: {reason}") from exc
+        raise ListenError(
+            f"cannot listen for {what} on {_url(address.host, address.port)}: {reason}"
+        ) from exc
     bound = runner.addresses[0]
     return runner, (bound[0], bound[1])
+
+
+def _connection_caps(config: Config, links: list[Link]) -> list[int]:
+    """Each listener's cap, the control listener's last, within the open-files limit."""
+    before, after = raise_fd_limit()
+    if after > before:
+        log.info("open files limit %d (raised from %d)", after, before)
+    else:
+        log.info("open files limit %d", after)
+    # A proxied connection holds the client's socket and one to the runtime.
+    wanted = [(link.consumer.limits.max_connections, 2) for link in links]
+    wanted.append((CONTROL_LIMITS.max_connections, 1))
+    caps = fit_caps(wanted, after)
+    for link, cap in zip(links, caps, strict=False):
+        if cap < link.consumer.limits.max_connections:
+            log.warning(
+                "%s: max_connections %d lowered to %d to stay within the open files limit "
+                "(%d); raise LimitNOFILE to keep it",
+                link.consumer.name,
+                link.consumer.limits.max_connections,
+                cap,
+                after,
+            )
+    return caps
 
 
 async def serve(
@@ -60,24 +91,29 @@ async def serve(
     *,
     on_ready: Callable[[list[str]], None] | None = None,
     gate_factory: Callable[[Config], Gate] | None = None,
+    reloads: asyncio.Queue[Config] | None = None,
 ) -> None:
-    """Run the gate until `stop` is set."""
+    """Run the gate until `stop` is set, applying each configuration put on `reloads`."""
+    loop = asyncio.get_running_loop()
+    previous_handler = loop.get_exception_handler()
+    loop.set_exception_handler(quiet_loop_errors)
     if gate_factory is not None:
         gate = gate_factory(config)
     else:
         gate = Gate(config, Sampler.from_config(config), store=Store(config.gate.database))
     metrics = GateMetrics(gate)
     await gate.start()
-    grace = config.gate.shutdown_grace
-    runners: list[web.AppRunner] = []
+    runners: list[GuardedRunner] = []
     lines = []
     try:
         resolver = IdentityResolver(config.identities)
-        for link in gate.links.values():
+        links = list(gate.links.values())
+        caps = _connection_caps(config, links)
+        for link, cap in zip(links, caps, strict=False):
             consumer = link.consumer
             app = ConsumerListener(gate, link, resolver).app()
             runner, bound = await _start_site(
-                app, consumer.listen.host, consumer.listen.port, grace, consumer.name
+                app, consumer.listen, consumer.limits, cap, consumer.name
             )
             runners.append(runner)
             lines.append(
@@ -89,19 +125,59 @@ async def serve(
                     f"gpugate: {consumer.name} ({consumer.runtime.value}) is not fronted by this "
                     "version; its memory is observed and counted"
                 )
-        control = config.gate.control
         runner, bound = await _start_site(
-            control_app(gate, metrics), control.host, control.port, 1.0, "the control API"
+            control_app(gate, metrics),
+            config.gate.control,
+            CONTROL_LIMITS,
+            caps[-1],
+            "the control API",
         )
         runners.append(runner)
         lines.append(f"gpugate: control on {_url(*bound)} (/metrics, /gate/v1/status)")
         lines.append("gpugate: ready")
         if on_ready is not None:
             on_ready(lines)
-        await stop.wait()
+        await _run_until(stop, reloads, gate, resolver)
     finally:
-        await asyncio.gather(*(r.cleanup() for r in runners), return_exceptions=True)
+        await _shut_down(runners, gate.config.gate.shutdown_grace)
         await gate.close()
+        loop.set_exception_handler(previous_handler)
+
+
+async def _run_until(
+    stop: asyncio.Event,
+    reloads: asyncio.Queue[Config] | None,
+    gate: Gate,
+    resolver: IdentityResolver,
+) -> None:
+    if reloads is None:
+        await stop.wait()
+        return
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            reload = asyncio.ensure_future(reloads.get())
+            await asyncio.wait({stopping, reload}, return_when=asyncio.FIRST_COMPLETED)
+            if reload.done():
+                apply_reload(gate, resolver, reload.result())
+            else:
+                reload.cancel()
+    finally:
+        stopping.cancel()
+
+
+async def _shut_down(runners: list[GuardedRunner], grace: float) -> None:
+    """Stop accepting, give in-flight requests `grace` seconds in all, then close."""
+    await asyncio.gather(*(r.stop_accepting() for r in runners), return_exceptions=True)
+    # The control API's requests are short; its streams need no grace.
+    graces = [grace] * (len(runners) - 1) + [min(grace, CONTROL_GRACE)] if runners else []
+    drained = await asyncio.gather(
+        *(r.drain(g) for r, g in zip(runners, graces, strict=True)), return_exceptions=True
+    )
+    cut = sum(n for n in drained if isinstance(n, int))
+    if cut:
+        log.info("shutdown grace of %gs over: %d request(s) cut", grace, cut)
+    await asyncio.gather(*(r.cleanup() for r in runners), return_exceptions=True)
 
 
 def configure_logging() -> None:
@@ -131,20 +207,26 @@ def run_serve(config_path: Path) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    unset = unset_secrets(loaded.warnings)
+    if unset:
+        print(f"gpugate serve: {unset}", file=sys.stderr)
+        return 2
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
 
     async def main() -> None:
         stop = asyncio.Event()
+        reloads: asyncio.Queue[Config] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, reload_file, config_path, reloads)
 
         def ready(lines: list[str]) -> None:
             for line in lines:
                 print(line, flush=True)
 
-        await serve(loaded.config, stop, on_ready=ready)
+        await serve(loaded.config, stop, on_ready=ready, reloads=reloads)
 
     # asyncio's own loop by default: uvloop measured a few per cent more requests per
     # second but a several times worse p99 at 64 connections (docs/benchmarks.md).

@@ -32,3 +32,23 @@ def test_ollama_drop_in_keeps_ollama_on_loopback():
     text = (ROOT / "systemd" / "ollama.service.d" / "gpugate.conf").read_text()
     assert "Environment=OLLAMA_HOST=127.0.0.1:11435" in text
     assert "Environment=OLLAMA_KEEP_ALIVE=-1" in text
+
+
+def _unit_setting(name: str) -> str:
+    text = (ROOT / "systemd" / "gpugate.service").read_text()
+    return next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith(name + "="))
+
+
+def test_gpugate_unit_stops_after_the_grace_period_not_during_it():
+    from gpugate.config.loader import load_config_text_with_warnings
+
+    seed = ROOT / "consumers.yaml"
+    grace = load_config_text_with_warnings(seed.read_text(), seed, {}).config.gate.shutdown_grace
+    # The grace once, plus the margin the gate allows itself to close.
+    assert float(_unit_setting("TimeoutStopSec")) >= grace + 5
+
+
+def test_gpugate_unit_raises_the_open_files_limit_and_reloads_with_sighup():
+    # The default 1,024 carries about 480 proxied connections in all.
+    assert int(_unit_setting("LimitNOFILE")) >= 65536
+    assert _unit_setting("ExecReload") == "/bin/kill -HUP $MAINPID"

@@ -46,6 +46,8 @@ class ConfigIssue:
     """Dotted field path: `consumers.ollama.residency.ttl`, `identities[1].sources[0]`."""
     message: str
     severity: Severity = Severity.ERROR
+    unset_variable: str | None = None
+    """The environment variable an `env:` token names and the environment lacks."""
 
     def __str__(self) -> str:
         parts = [f"{self.file}:{self.line}" if self.line else str(self.file)]
@@ -132,6 +134,22 @@ class _Invalid:
 _INVALID = _Invalid()
 
 
+class _Absent:
+    """Marks a list item left out with a warning (a token whose variable is not set)."""
+
+
+_ABSENT = _Absent()
+
+
+class UnsetVariable(ValueError):
+    """An `env:NAME` token whose variable is not set: the file is right, the environment
+    is not (yet). `gpugate check` warns; `gpugate serve` refuses to start."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"environment variable {name} is not set")
+        self.name = name
+
+
 def _optional(tp: object) -> object:
     """`X | None` -> `X`; anything else unchanged."""
     rest = [arg for arg in typing.get_args(tp) if arg is not type(None)]
@@ -168,10 +186,13 @@ class _Walker:
         line = self._nearest_line(path) if line is None else line
         self.issues.append(ConfigIssue(self.source, line, path, message))
 
-    def warn(self, path: str, message: str) -> None:
-        """Record a warning at `path` (where it or its parent is written)."""
-        line = self._nearest_line(path)
-        self.issues.append(ConfigIssue(self.source, line, path, message, Severity.WARNING))
+    def warn(
+        self, path: str, message: str, line: int | None = None, variable: str | None = None
+    ) -> None:
+        """Record a warning at `path` (at `line`, else where `path` or its parent is written)."""
+        line = self._nearest_line(path) if line is None else line
+        issue = ConfigIssue(self.source, line, path, message, Severity.WARNING, variable)
+        self.issues.append(issue)
 
     def has_errors_under(self, path: str) -> bool:
         """Whether an error was already reported at `path` or inside it."""
@@ -247,6 +268,9 @@ class _Walker:
             return _INVALID
         try:
             return spec.convert(value)
+        except UnsetVariable as exc:
+            self.warn(path, str(exc), _line(node), exc.name)
+            return _ABSENT
         except ValueError as exc:
             self.report(path, str(exc), _line(node))
             return _INVALID
@@ -260,7 +284,7 @@ class _Walker:
         if not name:
             raise ValueError("expected an environment variable name after 'env:'")
         if name not in self.environ:
-            raise ValueError(f"environment variable {name} is not set")
+            raise UnsetVariable(name)
         if not self.environ[name].strip():
             raise ValueError(f"environment variable {name} is empty")
         return self.environ[name]
@@ -364,4 +388,6 @@ class _Walker:
             sub = f"{path}[{index}]"
             self.lines[sub] = _line(item_node)
             items.append(self.value(item, meta, item_node, sub, _line(item_node)))
-        return _INVALID if any(item is _INVALID for item in items) else tuple(items)
+        if any(item is _INVALID for item in items):
+            return _INVALID
+        return tuple(item for item in items if item is not _ABSENT)

@@ -168,7 +168,9 @@ def _check_identities(config: Config, findings: Findings) -> None:
                 f"identity '{identity.name}' is already defined at {_at(findings, first)}",
             )
         names.setdefault(identity.name, path)
-        if not identity.sources and not identity.tokens:
+        # A token left out because its variable is unset was already reported (a warning).
+        left_out = findings.has_errors_under(f"{path}.tokens")
+        if not identity.sources and not identity.tokens and not left_out:
             findings.report(path, "matches no client: give sources, tokens or both")
         ceiling = identity.max_priority
         if ceiling is not None and ceiling < identity.priority:

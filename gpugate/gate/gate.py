@@ -394,3 +394,32 @@ class Gate:
 
     def recent_events(self) -> list[Event]:
         return list(self.events.recent)
+
+    # -- reload ----------------------------------------------------------------------------
+
+    def reconfigure(self, config: Config) -> None:
+        """Apply a reloaded configuration: per-model settings, classes and reserves.
+
+        The caller keeps in `config` what only a restart can change (listeners, upstreams,
+        GPUs, sampling); consumers are matched by name and none is added or removed here.
+        """
+        settings = core_settings(config)
+        core = self.core
+        core.settings = settings
+        # The core's parts took their settings when they were built: these are the ones a
+        # reload may change.
+        telemetry = core.telemetry
+        telemetry._reserve = settings.reserve
+        telemetry._reserve_by_gpu = dict(settings.reserve_by_gpu)
+        for gpu, history in telemetry._history.items():
+            history.settings = telemetry.reserve_settings(gpu)
+        core.scheduler._max_wait = lambda demand: settings.wait_for(demand.priority)
+        core.scheduler._queue_limit = lambda name: settings.queue_limit.get(
+            name, settings.default_queue_limit
+        )
+        for consumer in config.consumers:
+            link = self.links.get(consumer.name)
+            if link is not None and link.consumer != consumer:
+                link.consumer = consumer
+                link.adapter = OllamaAdapter(consumer)
+        self.config = config

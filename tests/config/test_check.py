@@ -23,7 +23,6 @@ from tests.config.helpers import ollama
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "consumers.yaml"
 MANUAL = ROOT / "docs" / "configuration.md"
-SEED_TOKENS = {"GPUGATE_BATCH_TOKEN": "batch-token", "GPUGATE_OPS_TOKEN": "ops-token"}
 
 
 def gpugate_check(
@@ -42,8 +41,30 @@ def gpugate_check(
     )
 
 
-def test_the_seed_file_passes_check() -> None:
-    result = gpugate_check("consumers.yaml", cwd=ROOT, env=SEED_TOKENS)
+def _line_of(text: str, needle: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_the_seed_file_passes_check_with_no_environment() -> None:
+    result = gpugate_check("consumers.yaml", cwd=ROOT)
+    seed = SEED.read_text()
+    batch, ops = _line_of(seed, "env:GPUGATE_BATCH_TOKEN"), _line_of(seed, "env:GPUGATE_OPS_TOKEN")
+    assert result.returncode == EXIT_OK
+    assert result.stderr == (
+        f"consumers.yaml:{batch}: identities[1].tokens[0]: warning: "
+        "environment variable GPUGATE_BATCH_TOKEN is not set\n"
+        f"consumers.yaml:{ops}: identities[2].tokens[0]: warning: "
+        "environment variable GPUGATE_OPS_TOKEN is not set\n"
+    )
+    assert result.stdout == (
+        "consumers.yaml: ok — 4 consumers (ollama, comfyui, whisper, mvoice), "
+        "2 external services, 3 identities, reserve 1.0 GiB, 2 warnings\n"
+    )
+
+
+def test_the_seed_file_passes_check_cleanly_with_its_secrets_set() -> None:
+    tokens = {"GPUGATE_BATCH_TOKEN": "batch-token", "GPUGATE_OPS_TOKEN": "ops-token"}
+    result = gpugate_check("consumers.yaml", cwd=ROOT, env=tokens)
     assert (result.returncode, result.stderr) == (EXIT_OK, "")
     assert result.stdout == (
         "consumers.yaml: ok — 4 consumers (ollama, comfyui, whisper, mvoice), "
@@ -52,8 +73,8 @@ def test_the_seed_file_passes_check() -> None:
 
 
 def test_the_seed_file_describes_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in SEED_TOKENS.items():
-        monkeypatch.setenv(name, value)
+    for name in ("GPUGATE_BATCH_TOKEN", "GPUGATE_OPS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     config = load_config(SEED)
     assert [g.index for g in config.gpus] == [0]
     assert (config.budget.reserve, config.budget.reserve_max) == (GiB, 2 * GiB)
@@ -82,7 +103,7 @@ def test_the_seed_file_describes_the_host(monkeypatch: pytest.MonkeyPatch) -> No
 
     assert [e.name for e in config.external] == ["plex", "tdarr"]
     by_name = {i.name: i for i in config.identities}
-    assert by_name["batch"].tokens == ("batch-token",)
+    assert by_name["batch"].tokens == ()  # its variable is not set: warned and left out
     assert by_name["ops"].priority is PriorityClass.PRODUCTION
 
 

@@ -265,7 +265,6 @@ def test_a_key_given_twice_is_an_error() -> None:
 @pytest.mark.parametrize(
     ("environ", "token", "message"),
     [
-        ({}, "env:GPUGATE_BATCH_TOKEN", "environment variable GPUGATE_BATCH_TOKEN is not set"),
         (
             {"GPUGATE_BATCH_TOKEN": " "},
             "env:GPUGATE_BATCH_TOKEN",
@@ -274,12 +273,38 @@ def test_a_key_given_twice_is_an_error() -> None:
         ({}, "'env:'", "expected an environment variable name after 'env:'"),
         ({}, "''", "expected a non-empty string"),
     ],
-    ids=["unset", "empty", "no-name", "blank-literal"],
+    ids=["empty", "no-name", "blank-literal"],
 )
 def test_bad_tokens(environ: dict[str, str], token: str, message: str) -> None:
     text = "identities:\n  - name: batch\n    class: background\n    tokens:\n"
     text += f"      - {token}\n"
     assert errors(text, environ) == [Found(5, "identities[0].tokens[0]", message)]
+
+
+def test_a_token_whose_variable_is_unset_is_a_warning_and_is_left_out() -> None:
+    text = "identities:\n  - name: batch\n    class: background\n    tokens:\n"
+    text += "      - literal-token\n      - env:GPUGATE_BATCH_TOKEN\n"
+    loaded = load(text)
+    assert loaded.config.identities[0].tokens == ("literal-token",)
+    (warning,) = [w for w in loaded.warnings if w.unset_variable]
+    assert (warning.line, warning.path, warning.unset_variable) == (
+        6,
+        "identities[0].tokens[1]",
+        "GPUGATE_BATCH_TOKEN",
+    )
+    assert str(warning) == (
+        "consumers.yaml:6: identities[0].tokens[1]: warning: "
+        "environment variable GPUGATE_BATCH_TOKEN is not set"
+    )
+
+
+def test_an_identity_whose_only_token_is_unset_is_not_reported_as_matching_no_client() -> None:
+    text = "identities:\n  - {name: ops, class: production, tokens: ['env:GPUGATE_OPS_TOKEN']}\n"
+    loaded = load(text)
+    assert [(w.path, w.unset_variable) for w in loaded.warnings if w.unset_variable] == [
+        ("identities[0].tokens[0]", "GPUGATE_OPS_TOKEN")
+    ]
+    assert loaded.config.identities[0].tokens == ()
 
 
 def test_every_error_is_reported_in_file_order() -> None:
@@ -378,8 +403,7 @@ def test_load_config_text_uses_the_process_environment(monkeypatch: pytest.Monke
     monkeypatch.setenv("GPUGATE_TEST_TOKEN", "s3cret")
     assert load_config_text(text, SOURCE).identities[0].tokens == ("s3cret",)
     monkeypatch.delenv("GPUGATE_TEST_TOKEN")
-    with pytest.raises(ConfigError, match="GPUGATE_TEST_TOKEN is not set"):
-        load_config_text(text, SOURCE)
+    assert load_config_text(text, SOURCE).identities[0].tokens == ()
 
 
 # ---------------------------------------------------------------------------------------------

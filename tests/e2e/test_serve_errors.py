@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,3 +47,28 @@ def test_serve_with_a_bad_config_exits_2_naming_the_line(tmp_path):
     )
     assert result.returncode == 2
     assert f"{config}:4: consumers.ollama.listen: expected an address" in result.stderr
+
+
+def test_serve_without_a_tokens_variable_exits_2_naming_it(tmp_path):
+    control, listen, upstream = free_ports(3)
+    config = tmp_path / "consumers.yaml"
+    config.write_text(
+        f"gate:\n  control: 127.0.0.1:{control}\n"
+        "consumers:\n  ollama:\n    runtime: ollama\n"
+        f"    listen: 127.0.0.1:{listen}\n    upstream: http://127.0.0.1:{upstream}\n"
+        "    processes: {commands: [ollama serve]}\n"
+        "identities:\n  - {name: ops, class: production, tokens: ['env:GPUGATE_OPS_TOKEN']}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUGATE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"gpugate serve: environment variable GPUGATE_OPS_TOKEN ({config}:10: "
+        "identities[0].tokens[0]) is not set; set it or remove the token"
+    ]

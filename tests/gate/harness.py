@@ -101,6 +101,7 @@ def config_text(
     models_yaml: str,
     extra: str,
     consumer_yaml: str = "",
+    grace: str = "2s",
 ) -> str:
     models = textwrap.indent(models_yaml, " " * 6)
     more = textwrap.indent(consumer_yaml, " " * 4)
@@ -108,7 +109,7 @@ def config_text(
     return f"""\
 gate:
   control: 127.0.0.1:{control_port}
-  shutdown_grace: 2s
+  shutdown_grace: {grace}
   nvml_library: {library}{db}
 budget:
   reserve: 1GiB
@@ -141,6 +142,7 @@ async def running_stack(
     consumer_yaml: str = "",
     spec: Callable[[OllamaSpec], OllamaSpec] | None = None,
     database: bool = False,
+    grace: str = "2s",
 ) -> AsyncIterator[Stack]:
     ollama_spec = OllamaSpec(listen="127.0.0.1:0", keep_alive="5m", models=models)
     if spec is not None:
@@ -157,6 +159,7 @@ async def running_stack(
         models_yaml=models_yaml,
         extra=extra,
         consumer_yaml=consumer_yaml,
+        grace=grace,
     )
     config = load_config_text(text, tmp_path / "consumers.yaml")
     holder: dict[str, Gate] = {}

@@ -1,0 +1,340 @@
+"""Listener guards: no client connection can hold a listener for long or take all its slots.
+
+aiohttp's RequestHandler bounds only the idle time between requests (`keepalive_timeout`).
+Each connection is wrapped here in a `GuardedConnection` protocol that also bounds the time
+to a request's complete headers and to the last byte of its body; the `Guard` (the sites'
+protocol factory) refuses a connection over the listener's cap with a 503 and closes it.
+The handler wrapper that marks "headers complete" also keeps the in-flight requests, so a
+shutdown can give them exactly the grace period and then cancel them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import resource
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gpugate.config.model import ListenerLimits
+from gpugate.logs import OncePerInterval
+
+log = logging.getLogger("gpugate.listener")
+limited = OncePerInterval(log, 30.0)
+
+REFUSAL_BODY = b"gpugate: too many connections to this listener; try again later\n"
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: " + str(len(REFUSAL_BODY)).encode() + b"\r\n"
+    b"Retry-After: 1\r\n"
+    b"Connection: close\r\n"
+    b"\r\n" + REFUSAL_BODY
+)
+REFUSAL_LINGER = 1.0
+"""A refused connection reads (and drops) what the client sends for this long after the 503,
+so the client reads the answer instead of a reset caused by its own unread request."""
+REFUSAL_LINGER_SLOTS = 16
+"""Refused connections lingering at once; past this a refusal is closed right after the 503."""
+SHUTDOWN_MARGIN = 0.5
+"""What aiohttp's own shutdown may take once the grace period is over and handlers are cancelled."""
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class Phase(enum.Enum):
+    """Where a connection is in its current request, and so which timer runs."""
+
+    HEADERS = "headers"
+    BODY = "body"
+    HANDLING = "handling"
+    IDLE = "idle"
+
+
+class GuardedConnection(asyncio.Protocol):
+    """One client connection: aiohttp's RequestHandler, with header and body deadlines."""
+
+    def __init__(self, guard: Guard, handler: RequestHandler) -> None:
+        self.guard = guard
+        self.handler = handler
+        self.phase = Phase.HEADERS
+        self.refused = False
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self.guard.full():
+            self.refused = True
+            self._refuse(transport)
+            return
+        self.guard.connected(self)
+        self.handler.connection_made(transport)
+        # A connection that never completes a request's headers is dropped like a slow one.
+        self._arm(self.guard.limits.header_timeout, Phase.HEADERS)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if self.phase is Phase.IDLE:
+            self.phase = Phase.HEADERS
+            self._arm(self.guard.limits.header_timeout, Phase.HEADERS)
+        self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self.refused:
+            return None
+        return self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        if not self.refused:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self.refused:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_timer()
+        if self.refused:
+            self.guard.refusing = max(0, self.guard.refusing - 1)
+            return
+        self.guard.disconnected(self)
+        self.handler.connection_lost(exc)
+
+    # -- request phases, from the handler wrapper ------------------------------------------
+
+    def headers_done(self, request: web.BaseRequest) -> None:
+        """A request's headers arrived: its body now has body_timeout to arrive."""
+        self.phase = Phase.BODY
+        self._arm(self.guard.limits.body_timeout, Phase.BODY)
+        request.content.on_eof(self._body_done)
+
+    def _body_done(self) -> None:
+        if self.phase is Phase.BODY:
+            self.phase = Phase.HANDLING
+            self._cancel_timer()
+
+    def request_done(self) -> None:
+        """The handler returned; aiohttp's keep-alive timer bounds the wait for the next one."""
+        self.phase = Phase.IDLE
+        self._cancel_timer()
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, phase: Phase) -> None:
+        self._cancel_timer()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(seconds, self._expire, phase)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, phase: Phase) -> None:
+        self._timer = None
+        if self.phase is not phase:
+            return
+        limit = (
+            self.guard.limits.header_timeout
+            if phase is Phase.HEADERS
+            else (self.guard.limits.body_timeout)
+        )
+        limited.warning(
+            f"{self.guard.name}:{phase.value}",
+            "%s: dropped a connection whose request %s took longer than %gs",
+            self.guard.name,
+            "headers" if phase is Phase.HEADERS else "body",
+            limit,
+        )
+        # Closing the transport cancels a running handler (handler_cancellation), whose
+        # `finally` releases any lease it holds.
+        self.handler.force_close()
+
+    # -- refusal ---------------------------------------------------------------------------
+
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        guard = self.guard
+        limited.warning(
+            f"{guard.name}:refused",
+            "%s: refused a connection over max_connections (%d)",
+            guard.name,
+            guard.max_connections,
+        )
+        transport.write(REFUSAL)
+        guard.refusing += 1
+        if guard.refusing <= REFUSAL_LINGER_SLOTS and transport.can_write_eof():
+            transport.write_eof()
+            self._timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER, transport.close)
+        else:
+            transport.close()
+
+
+class Guard:
+    """Protocol factory for one listener's sites: counts, caps and times its connections."""
+
+    def __init__(
+        self, server: web.Server, limits: ListenerLimits, name: str, max_connections: int
+    ) -> None:
+        self.server = server
+        self.limits = limits
+        self.name = name
+        self.max_connections = max_connections
+        self.refusing = 0
+        self._open: dict[RequestHandler, GuardedConnection] = {}
+        self._inflight: set[asyncio.Task[object]] = set()
+        self._inner: Handler = server.request_handler
+        # Each RequestHandler copies this at creation, so it is replaced before any connects.
+        server.request_handler = self._handle
+
+    def __call__(self) -> GuardedConnection:
+        return GuardedConnection(self, self.server())
+
+    def full(self) -> bool:
+        return len(self._open) >= self.max_connections
+
+    def connected(self, connection: GuardedConnection) -> None:
+        self._open[connection.handler] = connection
+
+    def disconnected(self, connection: GuardedConnection) -> None:
+        self._open.pop(connection.handler, None)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        # aiohttp calls the handler once a request's headers are parsed.
+        connection = self._open.get(request.protocol)
+        if connection is not None:
+            connection.headers_done(request)
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            return await self._inner(request)
+        finally:
+            self._inflight.discard(task)
+            if connection is not None:
+                connection.request_done()
+
+    async def drain(self, grace: float) -> int:
+        """Let in-flight requests run for up to `grace` seconds, then cancel the rest.
+
+        Returns how many were cancelled.
+        """
+        running = set(self._inflight)
+        if not running:
+            return 0
+        _, pending = await asyncio.wait(running, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=SHUTDOWN_MARGIN)
+        return len(pending)
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose sites accept through a `Guard`, and whose shutdown is `drain`.
+
+    aiohttp's own shutdown applies its timeout twice to a handler that streams: it waits
+    that long for the handler, then fails the request's payload (which a handler writing a
+    response never reads) and waits as long again, each wait rounded up to whole seconds
+    above 5 s. So the grace period is kept here, and aiohttp's timeout is only a margin.
+    """
+
+    def __init__(
+        self, app: web.Application, limits: ListenerLimits, name: str, max_connections: int
+    ) -> None:
+        super().__init__(
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_MARGIN,
+            access_log=None,
+            keepalive_timeout=limits.idle_timeout,
+        )
+        self.limits = limits
+        self.name = name
+        self.max_connections = max_connections
+        self.guard: Guard | None = None
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        self.guard = Guard(server, self.limits, self.name, self.max_connections)
+        return server
+
+    @property
+    def server(self) -> web.Server | None:  # the sites' protocol factory
+        return self.guard  # type: ignore[return-value]
+
+    async def stop_accepting(self) -> None:
+        """Close the listening sockets; open connections stay."""
+        for site in list(self.sites):
+            await site.stop()
+
+    async def drain(self, grace: float) -> int:
+        """In-flight requests get `grace` seconds, then are cancelled; returns how many were."""
+        return 0 if self.guard is None else await self.guard.drain(grace)
+
+
+FD_RESERVE = 64
+"""Descriptors kept for everything but client connections: the database, NVML, logs, the
+gate's own calls to runtimes, and the connections accepted at once before a refusal."""
+FD_PER_LISTENER = 16
+"""Per listener: its socket, and refusals in flight."""
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft >= hard:
+        return soft, soft
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target
+
+
+def fit_caps(wanted: Sequence[tuple[int, int]], fd_limit: int) -> list[int]:
+    """Connection caps the fd limit can carry: `wanted` is (cap, fds per connection) each.
+
+    Caps that fit are kept; otherwise all are scaled down by the same factor (at least 1
+    each), so a flood of connections is refused with a 503 instead of failing accept().
+    """
+    available = max(fd_limit - FD_RESERVE - FD_PER_LISTENER * len(wanted), len(wanted))
+    needed = sum(cap * cost for cap, cost in wanted)
+    if needed <= available:
+        return [cap for cap, _ in wanted]
+    factor = available / needed
+    return [max(1, int(cap * factor)) for cap, _ in wanted]
+
+
+loop_errors = OncePerInterval(logging.getLogger("gpugate.loop"), 30.0)
+
+
+def quiet_loop_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Loop exception handler: a repeated error is one line per interval with a count.
+
+    asyncio reports a failed accept() ("socket.accept() out of system resource") on every
+    attempt while descriptors run out; a traceback each time would flood the log.
+    """
+    message = str(context.get("message") or "error in the event loop")
+    exc = context.get("exception")
+    if isinstance(exc, OSError):
+        key = f"{message}|{exc.errno}"
+        loop_errors.error(key, "%s: %s", message, exc)
+    elif isinstance(exc, BaseException):
+        key = f"{message}|{type(exc).__name__}|{exc}"
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        loop_errors.error(key, "%s\n%s", message, text)
+    else:
+        loop_errors.error(message, "%s", message)

@@ -1,0 +1,114 @@
+"""No client connection can hold a listener: slow headers, slow bodies, idle keep-alives and
+too many connections are each bounded, and the listener keeps serving everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.gate.harness import running_stack
+from tests.listeners.wire import closed_by_peer, connect, drip, read_reply, request
+
+TIMEOUTS = "limits: {header_timeout: 300ms, body_timeout: 300ms, idle_timeout: 300ms}\n"
+CAPPED = "limits: {idle_timeout: 30s, max_connections: 5}\n"
+
+
+@pytest.fixture
+async def stack(tmp_path, sim_host, fakenvml_path):
+    async with running_stack(tmp_path, sim_host, fakenvml_path, consumer_yaml=TIMEOUTS) as s:
+        yield s
+
+
+async def answered(url: str) -> int:
+    reader, writer = await connect(url)
+    try:
+        writer.write(request("GET", "/api/version"))
+        return (await read_reply(reader)).status
+    finally:
+        writer.close()
+
+
+async def test_headers_sent_a_byte_at_a_time_are_dropped_after_header_timeout(stack):
+    reader, writer = await connect(stack.gate_url)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # The headers never end: only the header timeout can close this connection.
+    slow = asyncio.create_task(drip(writer, request("GET", "/api/version")[:-2], 0.05))
+    assert await answered(stack.gate_url) == 200
+    assert await closed_by_peer(reader) == b""
+    elapsed = loop.time() - started
+    assert 0.25 < elapsed < 1.5, elapsed
+    await slow
+    writer.close()
+    assert await answered(stack.gate_url) == 200
+
+
+async def test_a_body_sent_a_byte_at_a_time_is_dropped_after_body_timeout(stack):
+    body = json.dumps({"model": "llama3.2:3b", "prompt": "slow"}).encode()
+    reader, writer = await connect(stack.gate_url)
+    loop = asyncio.get_running_loop()
+    writer.write(request("POST", "/api/generate", body)[: -len(body)])
+    started = loop.time()
+    slow = asyncio.create_task(drip(writer, body[:-1], 0.05))
+    assert await answered(stack.gate_url) == 200
+    assert await closed_by_peer(reader) == b""
+    elapsed = loop.time() - started
+    assert 0.25 < elapsed < 1.5, elapsed
+    await slow
+    writer.close()
+    assert stack.gate.core.leases() == []
+    assert stack.gate.core.waiting() == []
+    assert await answered(stack.gate_url) == 200
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout(stack):
+    reader, writer = await connect(stack.gate_url)
+    loop = asyncio.get_running_loop()
+    writer.write(request("GET", "/api/version"))
+    reply = await read_reply(reader)
+    assert reply.status == 200 and reply.headers.get("connection") != "close"
+    idle_from = loop.time()
+    assert await closed_by_peer(reader) == b""
+    elapsed = loop.time() - idle_from
+    assert 0.25 < elapsed < 1.5, elapsed
+    writer.close()
+
+
+async def test_the_connection_over_max_connections_gets_503_and_the_others_keep_working(
+    tmp_path, sim_host, fakenvml_path
+):
+    async with running_stack(tmp_path, sim_host, fakenvml_path, consumer_yaml=CAPPED) as stack:
+        five = [await connect(stack.gate_url) for _ in range(5)]
+        for reader, writer in five:
+            writer.write(request("GET", "/api/version"))
+            assert (await read_reply(reader)).status == 200
+        reader, writer = await connect(stack.gate_url)
+        writer.write(request("GET", "/api/version"))
+        refused = await read_reply(reader)
+        assert refused.status == 503
+        assert refused.headers["connection"] == "close"
+        assert refused.body == b"gpugate: too many connections to this listener; try again later\n"
+        assert await closed_by_peer(reader) == b""
+        writer.close()
+        for reader, writer in five:
+            writer.write(request("GET", "/api/version"))
+            assert (await read_reply(reader)).status == 200
+        # One of the five leaves: its slot is free again.
+        five[0][1].close()
+        await closed_by_peer(five[0][0])
+        await asyncio.wait_for(_until_accepting(stack.gate_url), 5)
+        for _, writer in five[1:]:
+            writer.close()
+
+
+async def _until_accepting(url: str) -> None:
+    # The gate learns of the close when the loop next reads that socket.
+    while True:
+        reader, writer = await connect(url)
+        writer.write(request("GET", "/api/version"))
+        status = (await read_reply(reader)).status
+        writer.close()
+        if status == 200:
+            return
