@@ -65,6 +65,24 @@ class ErrorReply:
     content_type: str
     failure_class: str | None = None
     retry_after: float | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    """More headers, in order (CORS headers on a refusal or a preflight answer)."""
+
+
+@attrs.frozen
+class Screening:
+    """What a runtime's own checks (Host, Origin) say before a request is routed.
+
+    The checks are those of the runtime listening where the gate listens; the runtime behind
+    the gate sees the gate's request, so the gate answers for it.
+    """
+
+    reply: ErrorReply | None = None
+    """Answer this instead of forwarding (a refusal, or a preflight the checks answer)."""
+    response_headers: tuple[tuple[str, str], ...] = ()
+    """Headers to add to the upstream's answer (CORS headers naming the client's origin)."""
+    drop_up: tuple[str, ...] = ()
+    """Request headers not to send upstream (already judged here)."""
 
 
 def error_reply(
