@@ -85,17 +85,36 @@ class Screening:
     """Request headers not to send upstream (already judged here)."""
 
 
+def go_json(value: object) -> bytes:
+    """JSON as Go's encoding/json writes it: compact, UTF-8, HTML characters escaped."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in _GO_ESCAPES:
+        text = text.replace(char, escaped)
+    return text.encode()
+
+
+_GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
 def error_reply(
     api: ApiFamily, status: int, message: str, *, code: str | None = None
 ) -> ErrorReply:
     """An error body as the runtime behind `api` would write it."""
     if api is ApiFamily.OLLAMA:
-        body = json.dumps({"error": message}).encode()
+        # gin's c.JSON
+        body = go_json({"error": message})
         return ErrorReply(status, body, "application/json; charset=utf-8", code)
     if api is ApiFamily.OPENAI:
+        # json.NewEncoder(w).Encode: a trailing newline
         kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
         payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-        return ErrorReply(status, json.dumps(payload).encode(), "application/json", code)
+        return ErrorReply(status, go_json(payload) + b"\n", "application/json", code)
     return ErrorReply(status, (message + "\n").encode(), "text/plain; charset=utf-8", code)
 
 

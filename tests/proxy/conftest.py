@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import aiohttp
 import attrs
+import pytest
+
+from tests.gate.harness import running_stack
 
 CORS_HEADERS = (
     "Access-Control-Allow-Origin",
@@ -45,3 +48,9 @@ async def ask(
             cors,
             resp.headers.get("Server"),
         )
+
+
+@pytest.fixture
+async def stack(tmp_path, sim_host, fakenvml_path):
+    async with running_stack(tmp_path, sim_host, fakenvml_path) as stack:
+        yield stack
