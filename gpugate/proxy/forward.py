@@ -130,7 +130,7 @@ async def open_upstream(
     headers take longer than `timeouts.first_byte` after the request (and its body) went up.
     """
     loop = asyncio.get_running_loop()
-    bound = asyncio.timeout(loop.time() + timeouts.connect + timeouts.first_byte)
+    bound = asyncio.timeout_at(loop.time() + timeouts.connect + timeouts.first_byte)
     if body is not None:
         data: object = body
     elif request.body_exists:
