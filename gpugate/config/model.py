@@ -269,6 +269,8 @@ class Consumer:
     models: tuple[ModelOverride, ...] = attrs.field(default=(), metadata=BY_NAME)
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
     limits: ListenerLimits = ListenerLimits()
+    origins: tuple[str, ...] = ()
+    """Extra origins browsers may call from (Ollama: OLLAMA_ORIGINS), `*` wildcards allowed."""
 
     def model(self, name: str) -> ModelOverride | None:
         """The override for model `name`, if this consumer has one."""

@@ -1,8 +1,10 @@
-"""One listener per consumer: classify, admit under a lease, forward, release.
+"""One listener per consumer: screen, classify, admit under a lease, forward, release.
 
 The lease is released in a `finally`: when the response is complete, when the upstream
-fails, and when the client goes away (aiohttp cancels the handler; the upstream
-request is closed at once, so Ollama stops generating or aborts a load).
+fails or stalls past its timeouts, and when the client goes away (aiohttp cancels the
+handler; the upstream request is closed at once, so Ollama stops generating or aborts a
+load). An upstream that fails after the response started is a failure event and a cut
+connection, never bytes added to the client's stream.
 """
 
 from __future__ import annotations
@@ -12,17 +14,27 @@ import math
 
 import aiohttp
 from aiohttp import hdrs, web
+from multidict import CIMultiDict
 
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease
 from gpugate.gate.gate import Gate, GateFailure, Link
 from gpugate.identity import PRIORITY_HEADER, IdentityResolver, resolve_priority
-from gpugate.proxy.forward import open_upstream, stream_down
+from gpugate.proxy.forward import (
+    UpstreamBroken,
+    UpstreamTimeout,
+    cut_off,
+    drop_own_server,
+    open_upstream,
+    read_bounded,
+    stream_down,
+)
 from gpugate.runtimes.base import (
     Classified,
     ErrorReply,
     RouteKind,
+    Screening,
     error_reply,
     failure_reply,
 )
@@ -40,6 +52,8 @@ class BodyTooLarge(Exception):
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole request body, refusing more than `limit` bytes."""
+    if request.content_length == 0:
+        return b""
     if request.content_length is not None:
         if request.content_length > limit:
             raise BodyTooLarge
@@ -55,12 +69,15 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def reply(error: ErrorReply) -> web.Response:
-    """A response the gate writes itself."""
-    headers = {hdrs.CONTENT_TYPE: error.content_type}
+    """A response the gate writes itself (Date and Content-Length added as the runtime's)."""
+    headers: CIMultiDict[str] = CIMultiDict()
+    if error.content_type:
+        headers[hdrs.CONTENT_TYPE] = error.content_type
     if error.failure_class:
         headers[FAILURE_HEADER] = error.failure_class
     if error.retry_after is not None:
         headers[hdrs.RETRY_AFTER] = str(max(1, math.ceil(error.retry_after)))
+    headers.extend(error.headers)
     return web.Response(status=error.status, body=error.body, headers=headers)
 
 
@@ -78,12 +95,16 @@ class ConsumerListener:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.link.consumer.max_body)
         app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_response_prepare.append(drop_own_server)
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         adapter = self.link.adapter
         consumer = self.link.consumer
         method, path = request.method, request.path
+        screening = adapter.screen(method, request.headers)
+        if screening.reply is not None:
+            return reply(screening.reply)
         body = None
         if adapter.wants_body(method, path):
             try:
@@ -109,7 +130,7 @@ class ConsumerListener:
                 return reply(failure_reply(classified.api, exc.failure))
         forward_body = classified.body if classified.body is not None else body
         try:
-            return await self._forward(request, forward_body, lease, classified)
+            return await self._forward(request, forward_body, lease, classified, screening)
         finally:
             if classified.kind is RouteKind.UNLOAD:
                 self.gate.want_reconcile(consumer.name)
@@ -147,36 +168,54 @@ class ConsumerListener:
         body: bytes | None,
         lease: Lease | None,
         classified: Classified,
+        screening: Screening,
     ) -> web.StreamResponse:
         failed = lease is not None and lease.pending > 0
         session = self.link.session
         assert session is not None
+        timeouts = self.link.consumer.timeouts
         try:
             try:
-                upstream = await open_upstream(session, request, self._base, self._host, body)
+                upstream = await open_upstream(
+                    session, request, self._base, self._host, body, timeouts,
+                    drop=screening.drop_up,
+                )  # fmt: skip
+            except UpstreamTimeout as exc:
+                return reply(failure_reply(classified.api, self._timeout(classified, exc)))
             except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
                 failed = True
                 return reply(failure_reply(classified.api, self._crash(classified, exc)))
             complete = False
             try:
-                extra: dict[str, str] = {}
+                extra = list(screening.response_headers)
                 prefix = b""
                 if lease is not None:
-                    extra[LEASE_HEADER] = str(lease.id)
-                    extra[WAIT_HEADER] = f"{lease.waited:.3f}"
+                    extra.append((LEASE_HEADER, str(lease.id)))
+                    extra.append((WAIT_HEADER, f"{lease.waited:.3f}"))
                     if upstream.status < 400:
                         self.gate.loaded(lease)
                         failed = False
                     elif upstream.status >= 500 and lease.loads:
-                        prefix = await upstream.content.read(ERROR_BODY_LIMIT)
+                        prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)
                         failure = self._load_failure(classified, upstream.status, prefix)
                         self.gate.report(failure)
-                        extra[FAILURE_HEADER] = failure.failure_class.value
+                        extra.append((FAILURE_HEADER, failure.failure_class.value))
                     else:
                         failed = lease.pending > 0
-                response = await stream_down(request, upstream, extra, prefix=prefix)
+                response = await stream_down(request, upstream, extra, timeouts.idle, prefix=prefix)
                 complete = True
                 return response
+            except UpstreamTimeout as exc:
+                return reply(failure_reply(classified.api, self._timeout(classified, exc)))
+            except aiohttp.ClientError as exc:
+                return reply(failure_reply(classified.api, self._crash(classified, exc)))
+            except UpstreamBroken as exc:
+                if isinstance(exc.cause, UpstreamTimeout):
+                    self._timeout(classified, exc.cause)
+                else:
+                    self._crash(classified, exc.cause)
+                cut_off(request)
+                return exc.response
             finally:
                 if complete:
                     upstream.release()
@@ -185,6 +224,18 @@ class ConsumerListener:
         finally:
             if lease is not None:
                 self.gate.release(lease, failed=failed)
+
+    def _timeout(self, classified: Classified, exc: UpstreamTimeout) -> Failure:
+        consumer = self.link.consumer
+        failure = Failure(
+            FailureClass.TIMEOUT,
+            f"TIMEOUT: {consumer.name} at {consumer.upstream.url}: {exc}",
+            consumer=consumer.name,
+            model=classified.model,
+            gpu=consumer.gpu,
+        )
+        self.gate.report(failure)
+        return failure
 
     def _crash(self, classified: Classified, exc: BaseException) -> Failure:
         consumer = self.link.consumer

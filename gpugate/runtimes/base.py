@@ -65,6 +65,41 @@ class ErrorReply:
     content_type: str
     failure_class: str | None = None
     retry_after: float | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    """More headers, in order (CORS headers on a refusal or a preflight answer)."""
+
+
+@attrs.frozen
+class Screening:
+    """What a runtime's own checks (Host, Origin) say before a request is routed.
+
+    The checks are those of the runtime listening where the gate listens; the runtime behind
+    the gate sees the gate's request, so the gate answers for it.
+    """
+
+    reply: ErrorReply | None = None
+    """Answer this instead of forwarding (a refusal, or a preflight the checks answer)."""
+    response_headers: tuple[tuple[str, str], ...] = ()
+    """Headers to add to the upstream's answer (CORS headers naming the client's origin)."""
+    drop_up: tuple[str, ...] = ()
+    """Request headers not to send upstream (already judged here)."""
+
+
+def go_json(value: object) -> bytes:
+    """JSON as Go's encoding/json writes it: compact, UTF-8, HTML characters escaped."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in _GO_ESCAPES:
+        text = text.replace(char, escaped)
+    return text.encode()
+
+
+_GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
 
 
 def error_reply(
@@ -72,12 +107,14 @@ def error_reply(
 ) -> ErrorReply:
     """An error body as the runtime behind `api` would write it."""
     if api is ApiFamily.OLLAMA:
-        body = json.dumps({"error": message}).encode()
+        # gin's c.JSON
+        body = go_json({"error": message})
         return ErrorReply(status, body, "application/json; charset=utf-8", code)
     if api is ApiFamily.OPENAI:
+        # json.NewEncoder(w).Encode: a trailing newline
         kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
         payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-        return ErrorReply(status, json.dumps(payload).encode(), "application/json", code)
+        return ErrorReply(status, go_json(payload) + b"\n", "application/json", code)
     return ErrorReply(status, (message + "\n").encode(), "text/plain; charset=utf-8", code)
 
 

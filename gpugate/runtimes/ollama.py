@@ -7,6 +7,7 @@ api/types.go at v0.33); see docs/architecture.md for the route table.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ import attrs
 from gpugate.config.model import Consumer, ModelOverride, Residency
 from gpugate.core.classes import PriorityClass
 from gpugate.core.units import MiB
-from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
+from gpugate.runtimes.base import ApiFamily, Classified, RouteKind, Screening
 from gpugate.runtimes.gojson import (
     Bound,
     GoJsonError,
@@ -38,6 +39,7 @@ from gpugate.runtimes.keepalive import (
     parse_keep_alive,
     policy_keep_alive,
 )
+from gpugate.runtimes.ollama_host import OllamaHostCheck
 from gpugate.runtimes.ollama_names import canonical_name
 
 NATIVE_LOADS = {"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"}
@@ -319,6 +321,16 @@ class OllamaAdapter:
     def _headers(self) -> dict[str, str]:
         # Ollama checks Host when it listens on loopback; its own name always passes.
         return {"Host": f"127.0.0.1:{self.consumer.upstream.port}"}
+
+    # -- the checks of an Ollama listening where the gate listens --------------------------
+
+    @functools.cached_property
+    def host_check(self) -> OllamaHostCheck:
+        return OllamaHostCheck(self.consumer.listen.host, self.consumer.origins)
+
+    def screen(self, method: str, headers: Mapping[str, str]) -> Screening:
+        """Ollama's CORS and Host checks, as an Ollama on the consumer's `listen` runs them."""
+        return self.host_check.screen(method, headers)
 
 
 def kv_cache_bytes(model_info: Mapping[str, Any], num_ctx: int) -> int:

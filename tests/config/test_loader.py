@@ -205,7 +205,8 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 7,
                 "consumers.ollama.colour",
                 "unknown key 'colour'; expected one of runtime, listen, upstream, gpu, class, "
-                "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits",
+                "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
+                "origins",
             ),
         ),
         (
@@ -214,7 +215,8 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 7,
                 "consumers.ollama.name",
                 "unknown key 'name'; expected one of runtime, listen, upstream, gpu, class, "
-                "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits",
+                "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
+                "origins",
             ),
         ),
     ],

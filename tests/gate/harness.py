@@ -102,6 +102,7 @@ def config_text(
     extra: str,
     consumer_yaml: str = "",
     grace: str = "2s",
+    listen_host: str = "127.0.0.1",
 ) -> str:
     models = textwrap.indent(models_yaml, " " * 6)
     more = textwrap.indent(consumer_yaml, " " * 4)
@@ -120,7 +121,7 @@ budget:
 consumers:
   ollama:
     runtime: ollama
-    listen: 127.0.0.1:{listen_port}
+    listen: {listen_host}:{listen_port}
     upstream: {upstream}
     class: interactive
     residency: {{policy: keep_warm, ttl: 15m}}
@@ -143,12 +144,16 @@ async def running_stack(
     spec: Callable[[OllamaSpec], OllamaSpec] | None = None,
     database: bool = False,
     grace: str = "2s",
+    listen_host: str = "127.0.0.1",
+    upstream: str | None = None,
 ) -> AsyncIterator[Stack]:
+    """`listen_host`: the gate's listener address; `upstream`: another server than the sim."""
     ollama_spec = OllamaSpec(listen="127.0.0.1:0", keep_alive="5m", models=models)
     if spec is not None:
         ollama_spec = spec(ollama_spec)
     sim = SimOllama(ollama_spec, host)
-    upstream = await sim.start()
+    sim_url = await sim.start()
+    upstream = upstream or sim_url
     listen_port, control_port = free_ports(2)
     text = config_text(
         upstream=upstream,
@@ -160,6 +165,7 @@ async def running_stack(
         extra=extra,
         consumer_yaml=consumer_yaml,
         grace=grace,
+        listen_host=listen_host,
     )
     config = load_config_text(text, tmp_path / "consumers.yaml")
     holder: dict[str, Gate] = {}

@@ -25,7 +25,7 @@ async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def request(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: gate"]
+    lines = [f"{method} {path} HTTP/1.1", "Host: localhost"]
     if body or method in ("POST", "PUT"):
         lines.append(f"Content-Length: {len(body)}")
     lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]

@@ -549,7 +549,7 @@ async def test_cors_refuses_foreign_origins_and_answers_preflights(sim: SimOllam
         preflight = {**local, "Access-Control-Request-Method": "POST"}
         async with session.options(f"{sim.url}/api/chat", headers=preflight) as resp:
             assert resp.status == 204
-            assert "x-stainless-retry-count" in resp.headers["Access-Control-Allow-Headers"]
+            assert "X-Stainless-Retry-Count" in resp.headers["Access-Control-Allow-Headers"]
 
 
 async def test_sim_state_route_serves_runners_and_counters(

@@ -18,12 +18,16 @@ import struct
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
+# GenerateRoutes' AllowHeaders as gin-contrib/cors writes them: lower-cased, then
+# canonicalised by http.CanonicalHeaderKey ("OpenAI-Beta" -> "Openai-Beta").
 ALLOW_HEADERS = ",".join(
-    [
+    "-".join(part.capitalize() for part in name.split("-"))
+    for name in [
         "Authorization",
         "Content-Type",
         "User-Agent",
@@ -45,8 +49,7 @@ ALLOW_HEADERS = ",".join(
     ]
 )
 MAX_AGE = str(12 * 3600)
-EXTENSION_SCHEMES = ("chrome-extension://", "safari-extension://", "moz-extension://",
-                     "ms-browser-extension://")  # fmt: skip
+PREFLIGHT_VARY = ("Origin", "Access-Control-Request-Method", "Access-Control-Request-Headers")
 LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 
 
@@ -60,19 +63,27 @@ def allowed_origins(extra: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _origin_allowed(origin: str, origins: tuple[str, ...]) -> bool:
-    if origin.startswith(EXTENSION_SCHEMES):
+    """gin-contrib/cors validateOrigin: exact (lower-cased, trimmed) entries, then wildcards.
+
+    Browser-extension schemes only pass cors.Config.Validate; they are not let in by scheme.
+    """
+    normalized = [o.strip().lower() for o in origins]
+    if "*" in normalized or origin in normalized:
         return True
-    for allowed in origins:
-        if allowed == "*" or allowed == origin:
-            return True
-        if "*" in allowed:
-            prefix, _, suffix = allowed.partition("*")
-            if (
-                len(origin) >= len(prefix) + len(suffix)
-                and origin.startswith(prefix)
-                and origin.endswith(suffix)
-            ):
+    for allowed in normalized:
+        star = allowed.find("*")
+        if star < 0:
+            continue
+        if star == 0:
+            if origin.endswith(allowed[1:]):
                 return True
+        elif star == len(allowed) - 1:
+            # parseWildcardRules keeps allowed[:star-1]: "http://localhost:*" is a prefix
+            # rule for "http://localhost".
+            if origin.startswith(allowed[: star - 1]):
+                return True
+        elif origin.startswith(allowed[:star]) and origin.endswith(allowed[star + 1 :]):
+            return True
     return False
 
 
@@ -116,6 +127,7 @@ class HostGuard:
     def __init__(self, bind_host: str, origins: tuple[str, ...] = ()) -> None:
         self.check_host = listens_on_loopback(bind_host)
         self.origins = allowed_origins(origins)
+        self.allow_all = "*" in (o.strip() for o in self.origins)
         self._local_ips = _interface_addresses()
         self._hostname = socket.gethostname().lower()
 
@@ -148,9 +160,13 @@ class HostGuard:
 
     async def _add_cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         origin = self._cross_origin(request)
-        if origin and _origin_allowed(origin, self.origins):
+        if not origin or not _origin_allowed(origin, self.origins):
+            return
+        if self.allow_all:
+            response.headers.setdefault("Access-Control-Allow-Origin", "*")
+        elif "Access-Control-Allow-Origin" not in response.headers:
+            response.headers.add("Vary", "Origin")
             response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers.setdefault("Vary", "Origin")
 
     @web.middleware
     async def check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -160,22 +176,29 @@ class HostGuard:
             if not _origin_allowed(origin, self.origins):
                 return web.Response(status=403)
             if request.method == "OPTIONS":
-                return web.Response(
-                    status=204,
-                    headers={
-                        "Access-Control-Allow-Origin": origin,
-                        "Access-Control-Allow-Methods": ALLOW_METHODS,
-                        "Access-Control-Allow-Headers": ALLOW_HEADERS,
-                        "Access-Control-Max-Age": MAX_AGE,
-                        "Vary": "Origin, Access-Control-Request-Method, "
-                        "Access-Control-Request-Headers",
-                    },
-                )
+                return self._preflight(origin)
         if self.check_host and not self.host_allowed(host):
             return web.Response(status=403)
         if self.check_host and request.method == "OPTIONS" and self.name_allowed(_split_host(host)):
             return web.Response(status=204)
         return await handler(request)
+
+    def _preflight(self, origin: str) -> web.Response:
+        """cors handlePreflight, then the origin (or `*`) and 204."""
+        headers: CIMultiDict[str] = CIMultiDict(
+            [
+                ("Access-Control-Allow-Methods", ALLOW_METHODS),
+                ("Access-Control-Allow-Headers", ALLOW_HEADERS),
+                ("Access-Control-Max-Age", MAX_AGE),
+            ]
+        )
+        if self.allow_all:
+            headers["Access-Control-Allow-Origin"] = "*"
+        else:
+            for vary in PREFLIGHT_VARY:
+                headers.add("Vary", vary)
+            headers["Access-Control-Allow-Origin"] = origin
+        return web.Response(status=204, headers=headers)
 
     def install(self, app: web.Application) -> None:
         """Put the checks in front of every route of `app`."""

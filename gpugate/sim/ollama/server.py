@@ -69,6 +69,7 @@ class SimOllama:
         app[SERVICES] = Services(self.spec, self.catalog, self.scheduler, self.engine)
         self._guard.install(app)
         app.middlewares.append(_gin_errors)
+        app.on_response_prepare.append(_go_headers)
         get, post = app.router.add_get, app.router.add_post
         get("/", api_models.root)
         get("/api/version", api_models.version)
@@ -184,10 +185,26 @@ class SimOllama:
 
 @web.middleware
 async def _gin_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Unknown routes and methods answered in gin's words."""
+    """Unknown routes and methods answered in gin's words (serveError: text/plain).
+
+    Ollama sets HandleMethodNotAllowed: a path that other methods serve answers 405 with
+    `Allow` listing them, in the order their routes were registered; any other path 404.
+    """
     try:
         return await handler(request)
-    except web.HTTPMethodNotAllowed:
-        return web.Response(status=405, text="405 method not allowed")
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = [m for m in GIN_METHOD_ORDER if m in exc.allowed_methods]
+        headers = {"Content-Type": "text/plain", "Allow": ", ".join(allowed)}
+        return web.Response(status=405, body=b"405 method not allowed", headers=headers)
     except web.HTTPNotFound:
-        return web.Response(status=404, text="404 page not found")
+        headers = {"Content-Type": "text/plain"}
+        return web.Response(status=404, body=b"404 page not found", headers=headers)
+
+
+GIN_METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
+"""The order of gin's method trees in Ollama's GenerateRoutes (first registration wins)."""
+
+
+async def _go_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Go's net/http sends no Server header."""
+    response.headers.popall("Server", None)
