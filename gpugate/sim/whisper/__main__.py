@@ -124,6 +124,18 @@ def _oom(lines: list[str], mode: str) -> int:
 async def _serve(server: WhisperServer, options: ServerOptions) -> int:
     runner = web.AppRunner(server.app, keepalive_timeout=options.keepalive_timeout, access_log=None)
     await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            print("Received second interrupt, terminating immediately.", file=sys.stderr)
+            os._exit(1)
+        print("\nCaught shutdown signal, shutting down gracefully...", flush=True)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
     site = web.TCPSite(runner, options.host, options.port, reuse_address=True)
     try:
         await site.start()
@@ -137,18 +149,6 @@ async def _serve(server: WhisperServer, options: ServerOptions) -> int:
     if sockets:
         port = sockets[0].getsockname()[1]
     print(f"\n{LISTENING} http://{options.host}:{port}\n", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            print("Received second interrupt, terminating immediately.", file=sys.stderr)
-            os._exit(1)
-        print("\nCaught shutdown signal, shutting down gracefully...", flush=True)
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
     try:
         await stop.wait()
     finally:
