@@ -150,7 +150,7 @@ class WhisperServer:
         self.app = self._build_app()
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=0, middlewares=[self._httplib])
+        app = web.Application(client_max_size=sys.maxsize, middlewares=[self._httplib])
         base = self.options.request_path
         app.router.add_get(base + "/", self.index)
         app.router.add_route("OPTIONS", base + self.options.inference_path, self.options_)
