@@ -158,6 +158,7 @@ class SimulatedHost:
         self.environment: HostEnvironment | None = None
         self.holders: list[RunningHolder] = []
         self.ollama_url: str | None = None
+        self.whisper_url: str | None = None
         self._processes: list[ReadyProcess] = []
         self._stopping = False
 
@@ -174,6 +175,8 @@ class SimulatedHost:
             self._create_state()
             for spec in self.spec.holders:
                 self._start_holder(spec)
+            if self.spec.whisper is not None:
+                self._start_whisper()
             if self.spec.ollama is not None:
                 self._start_ollama()
         except BaseException:
@@ -232,6 +235,8 @@ class SimulatedHost:
         )
         if self.ollama_url is not None:
             line += f", ollama at {self.ollama_url}"
+        if self.whisper_url is not None:
+            line += f", whisper-server at {self.whisper_url}"
         return line
 
     # -- starting the parts --------------------------------------------------------------------
@@ -317,6 +322,27 @@ class SimulatedHost:
             raise HostStartError(f"the simulated Ollama did not start: {exc}") from None
         urls = [word for word in line.split() if word.startswith(("http://", "https://"))]
         self.ollama_url = urls[0] if urls else f"http://{self.spec.ollama.listen}"
+
+    def _start_whisper(self) -> None:
+        from gpugate.sim.whisper.process import whisper_argv
+        from gpugate.sim.whisper.server import LISTENING
+
+        assert self.state_dir is not None and self.spec.whisper is not None
+        child = ReadyProcess(
+            "whisper-server",
+            whisper_argv(self.spec.whisper, self.state_dir),
+            self.events,
+            prefix=LISTENING,
+            env=self._child_env(),
+            own_group=True,
+            output=self.output,
+        )
+        self._launch(child)
+        try:
+            line = child.wait_ready(self.ready_timeout)
+        except ChildFailed as exc:
+            raise HostStartError(f"the simulated whisper-server did not start: {exc}") from None
+        self.whisper_url = line.split()[-1]
 
     def _launch(self, child: ReadyProcess) -> None:
         try:

@@ -16,17 +16,25 @@ holders:                      # processes that hold VRAM, like Plex or whisper-s
 ollama:                       # a simulated Ollama (see gpugate.sim.ollama)
   listen: 127.0.0.1:11435
   ...
+whisper:                      # a simulated whisper.cpp whisper-server (gpugate.sim.whisper)
+  listen: 127.0.0.1:8081
+  model: models/ggml-large-v3-turbo.bin
+  models: {models/ggml-large-v3-turbo.bin: 2050MiB}   # model file -> VRAM once loaded
+  load_seconds: 1s
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import yaml
 
 from gpugate.core.units import GiB, MiB, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from gpugate.sim.whisper.spec import WhisperServerSpec
 
 
 @attrs.frozen
@@ -118,6 +126,7 @@ class HostSpec:
     gpus: tuple[GpuSpec, ...] = (GpuSpec(),)
     holders: tuple[HolderSpec, ...] = ()
     ollama: OllamaSpec | None = None
+    whisper: WhisperServerSpec | None = None
 
 
 class ScenarioError(ValueError):
@@ -138,12 +147,19 @@ def load_host(path: str | Path) -> HostSpec:
 
 
 def _host(data: dict[str, Any], path: Path) -> HostSpec:
-    _only(data, "host", {"driver", "cuda", "gpus", "holders", "ollama"})
+    _only(data, "host", {"driver", "cuda", "gpus", "holders", "ollama", "whisper"})
     gpus = tuple(_gpu(g, i) for i, g in enumerate(data.get("gpus") or [{}]))
     holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
     for i, holder in enumerate(holders):
         _check_gpus(holder, f"holders[{i}]", len(gpus))
     ollama = _ollama(data["ollama"]) if data.get("ollama") is not None else None
+    whisper = None
+    if data.get("whisper") is not None:
+        from gpugate.sim.whisper.spec import parse_whisper
+
+        whisper = parse_whisper(data["whisper"])
+    if whisper is not None and whisper.gpu >= len(gpus):
+        raise ValueError(f"whisper.gpu: no GPU {whisper.gpu} (the host has {len(gpus)})")
     return HostSpec(
         source=path,
         driver=str(data.get("driver", "550.54.15")),
@@ -151,6 +167,7 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
         gpus=gpus,
         holders=holders,
         ollama=ollama,
+        whisper=whisper,
     )
 
 

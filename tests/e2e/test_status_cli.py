@@ -27,8 +27,9 @@ def incident(tmp_path_factory):
     """The seed incident, with its simulated Ollama on a free port."""
     tmp = tmp_path_factory.mktemp("incident")
     spec = yaml.safe_load(INCIDENT.read_text())
-    ollama_port, control_port = free_ports(2)
+    ollama_port, control_port, whisper_port = free_ports(3)
     spec["ollama"]["listen"] = f"127.0.0.1:{ollama_port}"
+    spec["whisper"]["listen"] = f"127.0.0.1:{whisper_port}"
     host_file = tmp / "incident.yaml"
     host_file.write_text(yaml.safe_dump(spec))
     config = tmp / "consumers.yaml"

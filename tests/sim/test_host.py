@@ -26,6 +26,7 @@ from gpugate.sim.host import (
 )
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from gpugate.sim.scenario import GpuSpec, HolderSpec, HostSpec, OllamaSpec, load_host
+from tests.gate.harness import free_ports
 from tests.sim.processes import (
     LineReader,
     cmdline,
@@ -314,16 +315,18 @@ def test_a_missing_host_file_exits_2(tmp_path: Path) -> None:
 # -- the in-process API ---------------------------------------------------------------------------
 
 
-def incident_without_ollama(tmp_path: Path) -> HostSpec:
+def incident_without_ollama(tmp_path: Path, whisper_port: int = 8081) -> HostSpec:
     data = yaml.safe_load(INCIDENT.read_text())
     data.pop("ollama")
+    data["whisper"]["listen"] = f"127.0.0.1:{whisper_port}"
     path = tmp_path / "incident-holders.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_host(path)
 
 
 def test_the_incident_holders(tmp_path: Path) -> None:
-    spec = incident_without_ollama(tmp_path)
+    (port,) = free_ports(1)
+    spec = incident_without_ollama(tmp_path, port)
     with SimulatedHost(spec) as host:
         assert host.gpu is not None and host.state_dir is not None
         state = host.gpu.read()
@@ -337,10 +340,13 @@ def test_the_incident_holders(tmp_path: Path) -> None:
             [
                 "python3 ComfyUI/main.py --listen 127.0.0.1 --port 8189",
                 "python3 /opt/mvoice/mvoice_server.py --host 127.0.0.1 --port 8765",
-                "whisper-server -m models/ggml-large-v3-turbo.bin --host 127.0.0.1 --port 8081",
+                f"whisper-server -m models/ggml-large-v3-turbo.bin --host 127.0.0.1 --port {port}",
             ]
         )
-        assert host.ready_line() == "# simulated host ready: 1 GPU(s), 3 holder(s)"
+        assert host.ready_line() == (
+            "# simulated host ready: 1 GPU(s), 2 holder(s), "
+            f"whisper-server at http://127.0.0.1:{port}"
+        )
         pids = host.pids
         state_dir = host.state_dir
     assert [pid for pid in pids if pid_exists(pid)] == []
@@ -360,6 +366,8 @@ def test_the_incident_file_describes_the_incident() -> None:
         ("bge-m3", "24h"),
     ]
     held = sum(int(h["bytes"].removesuffix("MiB")) for h in data["holders"])
+    whisper = data["whisper"]
+    held += int(whisper["models"][whisper["model"]].removesuffix("MiB"))
     assert held + 7796 + 2012 + 434 == 16384 - 3590, "3,590 MiB free: too little for FLUX"
 
 

@@ -1,0 +1,136 @@
+"""The whisper context: a model's VRAM on the simulated GPU, taken and freed like whisper.cpp.
+
+`whisper_init_from_file_with_params` allocates the weights, reads them, then builds the
+state (KV caches and compute buffers); the server only binds its port afterwards. Here
+the weights (all but `STATE_SHARE` of the model's bytes) are allocated at once, the rest
+after the load time. A part that does not fit fails as ggml-cuda reports it; what the
+process then does (abort, or whisper-server's own `return 3`) is the caller's choice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+import attrs
+
+from gpugate.core.units import MiB
+from gpugate.sim.device import GpuOutOfMemory, SimulatedGpuHost
+
+PROCESS_NAME = "whisper-server"
+STATE_SHARE = 8
+"""1/STATE_SHARE of a model's bytes is its state (KV caches, compute buffers)."""
+
+
+class ModelMissing(Exception):
+    """No such model file (neither on the simulated disk nor on the real one)."""
+
+
+class ModelDoesNotFit(Exception):
+    """A part of the context could not be allocated; the lines ggml/whisper.cpp print."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+@attrs.frozen
+class ModelCatalog:
+    """Model files the simulated disk holds: path (or file name) → VRAM of a loaded context."""
+
+    sizes: Mapping[str, int] = attrs.field(factory=dict)
+
+    def size(self, path: str) -> int:
+        """The VRAM `path` takes once loaded; ModelMissing when there is no such file."""
+        for key in (path, os.path.basename(path)):
+            if key in self.sizes:
+                return self.sizes[key]
+        real = Path(path)
+        if real.is_file():
+            return real.stat().st_size
+        raise ModelMissing(path)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.size(path)
+        except ModelMissing:
+            return False
+        return True
+
+
+class Context:
+    """The one loaded model of a whisper-server process, held under this process's PID."""
+
+    def __init__(
+        self,
+        gpu_host: SimulatedGpuHost,
+        catalog: ModelCatalog,
+        *,
+        gpu: int = 0,
+        load_seconds: float = 0.0,
+        err: TextIO = sys.stderr,
+    ) -> None:
+        self.gpu_host = gpu_host
+        self.catalog = catalog
+        self.gpu = gpu
+        self.load_seconds = load_seconds
+        self.err = err
+        self.pid = os.getpid()
+        self.model: str | None = None
+        self.held = 0
+
+    def init(self, path: str, sleep: bool = True) -> None:
+        """Load `path` (blocking: the server does nothing else meanwhile at startup).
+
+        Raises ModelMissing or ModelDoesNotFit; nothing stays allocated after a failure.
+        """
+        self._say(f"whisper_init_from_file_with_params_no_state: loading model from '{path}'")
+        try:
+            size = self.catalog.size(path)
+        except ModelMissing:
+            self._say(f"whisper_init_from_file_with_params_no_state: failed to open '{path}'")
+            raise
+        weights = size - size // STATE_SHARE
+        self._say("whisper_init_with_params_no_state: use gpu    = 1")
+        self._say(f"whisper_init_with_params_no_state: gpu_device = {self.gpu}")
+        self._allocate(weights, [
+            "whisper_model_load: failed to allocate memory for the model",
+            "whisper_init_with_params_no_state: failed to load model",
+        ])  # fmt: skip
+        self._say(f"whisper_model_load:    CUDA0 total size = {weights / 1e6:8.2f} MB")
+        if sleep and self.load_seconds:
+            time.sleep(self.load_seconds)
+        self._allocate(size - weights, [
+            "whisper_kv_cache_init: failed to allocate memory for the kv cache",
+            "whisper_init_state: whisper_kv_cache_init() failed for self-attention cache",
+        ])  # fmt: skip
+        self._say(f"whisper_init_state: kv self size  = {(size - weights) / 1e6:7.2f} MB")
+        self.model = path
+
+    def free(self) -> None:
+        """`whisper_free`: the VRAM goes back at once."""
+        if self.held:
+            self.gpu_host.release(self.pid, gpu=self.gpu)
+        self.held = 0
+        self.model = None
+
+    def _allocate(self, nbytes: int, then: list[str]) -> None:
+        try:
+            self.gpu_host.allocate(self.pid, nbytes, gpu=self.gpu, name=PROCESS_NAME)
+        except GpuOutOfMemory:
+            lines = [
+                f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {nbytes / MiB:.2f} MiB "
+                f"on device {self.gpu}: cudaMalloc failed: out of memory",
+                *then,
+            ]
+            self.free()
+            raise ModelDoesNotFit(lines) from None
+        self.held += nbytes
+
+    def _say(self, line: str) -> None:
+        self.err.write(line + "\n")
+        self.err.flush()
