@@ -18,7 +18,8 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import BadHttpMethod
 from aiohttp.web_protocol import RequestHandler
 
 from gpugate.config.model import ListenerLimits
@@ -195,7 +196,10 @@ class Guard:
         server.request_handler = self._handle
 
     def __call__(self) -> GuardedConnection:
-        return GuardedConnection(self, self.server())
+        handler = self.server()
+        # Same slots, one method more: see _MethodTolerantHandler.
+        handler.__class__ = _MethodTolerantHandler
+        return GuardedConnection(self, handler)
 
     def full(self) -> bool:
         return len(self._open) >= self.max_connections
@@ -239,6 +243,46 @@ class Guard:
         if pending:
             await asyncio.wait(pending, timeout=SHUTDOWN_MARGIN)
         return len(pending)
+
+
+class _MethodTolerantHandler(RequestHandler):
+    """aiohttp's RequestHandler, answering a method its parser does not know with a 405.
+
+    The parser refuses such a method before any handler runs, and aiohttp logs a traceback
+    for it from a connection's second request on; the runtimes behind (Go's net/http)
+    route any method instead. So it gets a plain 405, logged once per interval.
+    """
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, BadHttpMethod):
+            return super().handle_error(request, status, exc, message)
+        limited.log(
+            logging.INFO,
+            "bad-method",
+            "refused a request with a method HTTP parsers do not know, from %s",
+            request.remote,
+        )
+        response = _PlainResponse(
+            status=405, body=b"405 method not allowed", content_type="text/plain"
+        )
+        response.force_close()
+        return response
+
+
+class _PlainResponse(web.Response):
+    """A response written by the listener itself, with no Server header of aiohttp's."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self.headers.popall(hdrs.SERVER, None)
 
 
 class GuardedRunner(web.AppRunner):

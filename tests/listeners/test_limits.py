@@ -112,3 +112,20 @@ async def _until_accepting(url: str) -> None:
         writer.close()
         if status == 200:
             return
+
+
+@pytest.mark.parametrize("method", ["FOO", "BREW"])
+async def test_a_method_no_parser_knows_gets_a_plain_405_and_no_traceback(stack, method, caplog):
+    for _ in range(2):  # aiohttp logs a traceback only from a connection's second request on
+        reader, writer = await connect(stack.gate_url)
+        writer.write(request("GET", "/api/version"))
+        first = await read_reply(reader)
+        writer.write(request(method, "/api/tags"))
+        second = await read_reply(reader)
+        writer.close()
+        assert first.status == 200
+        assert (second.status, second.body) == (405, b"405 method not allowed")
+        assert "server" not in {name.lower() for name in second.headers}
+    assert "Traceback" not in caplog.text
+    assert "Error handling request" not in caplog.text
+    assert await answered(stack.gate_url) == 200
