@@ -1,4 +1,4 @@
-"""The `gpugate` command: check, status, serve, sim run, demo."""
+"""The `gpugate` command: check, status, serve, lease, sim run, demo."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gate")
     serve.add_argument("--config", type=Path, help="consumers.yaml")
 
+    from gpugate.lease_cli import add_lease_parser
+
+    add_lease_parser(sub)
+
     sim = sub.add_parser("sim", help="the simulated GPU host")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
     sim_run = sim_sub.add_parser("run", help="start a simulated host from HOST.yaml")
@@ -68,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.serve import run_serve
 
         return run_serve(args.config or default_config_path())
+    if args.command == "lease":
+        from gpugate.lease_cli import run_lease
+
+        return run_lease(args, args.config or default_config_path())
     if args.command == "sim":
         from gpugate.sim.host import run_host
 

@@ -38,14 +38,24 @@ RESTART_GATE_FIELDS = ("control", "database", "proc_root", "nvml_library")
 
 
 def unset_secrets(warnings: Sequence[ConfigIssue]) -> str | None:
-    """One line naming each `env:` variable the file needs and the environment lacks."""
+    """One line naming each `env:` variable the file needs and the environment lacks, and
+    each `file:` token the gate cannot read."""
     missing = [w for w in warnings if w.unset_variable]
-    if not missing:
-        return None
-    names = ", ".join(f"{w.unset_variable} ({w.file}:{w.line}: {w.path})" for w in missing)
-    if len(missing) == 1:
-        return f"environment variable {names} is not set; set it or remove the token"
-    return f"environment variables {names} are not set; set them or remove the tokens"
+    files = [w for w in missing if (w.unset_variable or "").startswith("file:")]
+    variables = [w for w in missing if w not in files]
+    parts = []
+    if variables:
+        names = ", ".join(f"{w.unset_variable} ({w.file}:{w.line}: {w.path})" for w in variables)
+        if len(variables) == 1:
+            parts.append(f"environment variable {names} is not set; set it or remove the token")
+        else:
+            parts.append(
+                f"environment variables {names} are not set; set them or remove the tokens"
+            )
+    if files:
+        where = "; ".join(f"{w.message} ({w.file}:{w.line}: {w.path})" for w in files)
+        parts.append(f"{where}; make it readable or remove the token")
+    return "; ".join(parts) or None
 
 
 def reload_file(path: Path, reloads: asyncio.Queue[Config]) -> None:
@@ -108,7 +118,12 @@ def live_config(old: Config, new: Config) -> Config:
     same_gpus = [g.index for g in old.gpus] == [g.index for g in new.gpus]
     return attrs.evolve(
         new,
-        gate=attrs.evolve(old.gate, shutdown_grace=new.gate.shutdown_grace),
+        gate=attrs.evolve(
+            old.gate,
+            shutdown_grace=new.gate.shutdown_grace,
+            control_tokens=new.gate.control_tokens,
+            control_public=new.gate.control_public,
+        ),
         budget=attrs.evolve(new.budget, sample_interval=old.budget.sample_interval),
         gpus=new.gpus if same_gpus else old.gpus,
         consumers=consumers,

@@ -23,6 +23,7 @@ from gpugate.control.metrics import GateMetrics
 from gpugate.gate.gate import Gate, Link
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
+from gpugate.notify import Notifier, stop_task
 from gpugate.proxy.guard import GuardedRunner, fit_caps, quiet_loop_errors, raise_fd_limit
 from gpugate.proxy.listener import ConsumerListener
 from gpugate.reload import apply_reload, reload_file, unset_secrets
@@ -92,6 +93,7 @@ async def serve(
     on_ready: Callable[[list[str]], None] | None = None,
     gate_factory: Callable[[Config], Gate] | None = None,
     reloads: asyncio.Queue[Config] | None = None,
+    on_reloaded: Callable[[], None] | None = None,
 ) -> None:
     """Run the gate until `stop` is set, applying each configuration put on `reloads`."""
     loop = asyncio.get_running_loop()
@@ -137,7 +139,7 @@ async def serve(
         lines.append("gpugate: ready")
         if on_ready is not None:
             on_ready(lines)
-        await _run_until(stop, reloads, gate, resolver)
+        await _run_until(stop, reloads, gate, resolver, on_reloaded)
     finally:
         await _shut_down(runners, gate.config.gate.shutdown_grace)
         await gate.close()
@@ -149,6 +151,7 @@ async def _run_until(
     reloads: asyncio.Queue[Config] | None,
     gate: Gate,
     resolver: IdentityResolver,
+    on_reloaded: Callable[[], None] | None = None,
 ) -> None:
     if reloads is None:
         await stop.wait()
@@ -160,6 +163,8 @@ async def _run_until(
             await asyncio.wait({stopping, reload}, return_when=asyncio.FIRST_COMPLETED)
             if reload.done():
                 apply_reload(gate, resolver, reload.result())
+                if on_reloaded is not None:
+                    on_reloaded()
             else:
                 reload.cancel()
     finally:
@@ -214,19 +219,42 @@ def run_serve(config_path: Path) -> int:
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
 
+    notifier = Notifier()
+
     async def main() -> None:
         stop = asyncio.Event()
         reloads: asyncio.Queue[Config] = asyncio.Queue()
         loop = asyncio.get_running_loop()
+        watchdog: list[asyncio.Task[None] | None] = [None]
+
+        def stopping() -> None:
+            if not stop.is_set():
+                notifier.stopping()
+            stop.set()
+
+        def hang_up() -> None:
+            notifier.reloading()
+            reload_file(config_path, reloads)
+            if reloads.empty():
+                notifier.ready()  # invalid: the running configuration stays in force
+
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, reload_file, config_path, reloads)
+            loop.add_signal_handler(signum, stopping)
+        loop.add_signal_handler(signal.SIGHUP, hang_up)
 
         def ready(lines: list[str]) -> None:
             for line in lines:
                 print(line, flush=True)
+            notifier.ready()
+            # Pinged from the loop itself: a wedged loop stops the pings.
+            watchdog[0] = notifier.start_watchdog()
 
-        await serve(loaded.config, stop, on_ready=ready, reloads=reloads)
+        try:
+            await serve(
+                loaded.config, stop, on_ready=ready, reloads=reloads, on_reloaded=notifier.ready
+            )
+        finally:
+            await stop_task(watchdog[0])
 
     # asyncio's own loop by default: uvloop measured a few per cent more requests per
     # second but a several times worse p99 at 64 connections (docs/benchmarks.md).

@@ -52,3 +52,58 @@ def test_gpugate_unit_raises_the_open_files_limit_and_reloads_with_sighup():
     # The default 1,024 carries about 480 proxied connections in all.
     assert int(_unit_setting("LimitNOFILE")) >= 65536
     assert _unit_setting("ExecReload") == "/bin/kill -HUP $MAINPID"
+
+
+def test_gpugate_unit_is_notify_with_a_watchdog():
+    assert _unit_setting("Type") == "notify"
+    assert _unit_setting("NotifyAccess") == "main"
+    assert int(_unit_setting("WatchdogSec")) > 0
+
+
+def _receive(sock, timeout: float = 20.0) -> list[str]:
+    sock.settimeout(timeout)
+    return sock.recv(4096).decode().split("\n")
+
+
+def test_serve_notifies_ready_watchdog_reloading_and_stopping(tmp_path, subprocess_env):
+    import os
+    import signal
+    import socket
+
+    from tests.gate.harness import free_port
+    from tests.sim.processes import LineReader, kill_quietly
+
+    config = tmp_path / "consumers.yaml"
+    config.write_text(f"gate:\n  control: 127.0.0.1:{free_port()}\n")
+    name = f"gpugate-notify-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)  # abstract: '@name' in $NOTIFY_SOCKET
+        env = {**subprocess_env, "NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "200000"}
+        gate = subprocess.Popen(
+            [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        LineReader(gate.stderr)
+        try:
+            first = _receive(sock)
+            assert "READY=1" in first
+            assert "gpugate: ready" in LineReader(gate.stdout).until("gpugate: ready")
+            # Half of 200 ms: several pings arrive while the loop runs.
+            assert _receive(sock, 2.0) == ["WATCHDOG=1"]
+            assert _receive(sock, 2.0) == ["WATCHDOG=1"]
+            gate.send_signal(signal.SIGHUP)
+            seen = []
+            while "READY=1" not in seen:
+                seen += _receive(sock, 5.0)
+            assert "RELOADING=1" in seen
+            assert seen.index("RELOADING=1") < seen.index("READY=1")
+            gate.send_signal(signal.SIGTERM)
+            seen = []
+            while "STOPPING=1" not in seen:
+                seen += _receive(sock, 5.0)
+            assert gate.wait(timeout=30) == 0
+        finally:
+            kill_quietly(gate)

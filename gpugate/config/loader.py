@@ -150,6 +150,30 @@ class UnsetVariable(ValueError):
         self.name = name
 
 
+class UnreadableTokenFile(UnsetVariable):
+    """A `file:PATH` token whose file cannot be read here (absent, or root's only): a
+    warning from `gpugate check`, which may run as another user; `gpugate serve` refuses."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        ValueError.__init__(self, f"token file {path} cannot be read ({reason})")
+        self.name = f"file:{path}"
+
+
+def _token_file(path: str) -> str:
+    if not path:
+        raise ValueError("expected a file path after 'file:'")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UnreadableTokenFile(path, exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"token file {path} is not UTF-8 text") from None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
 def _optional(tp: object) -> object:
     """`X | None` -> `X`; anything else unchanged."""
     rest = [arg for arg in typing.get_args(tp) if arg is not type(None)]
@@ -276,8 +300,11 @@ class _Walker:
             return _INVALID
 
     def _token(self, text: str) -> str:
-        """A bearer token: literal text, or `env:NAME` for that environment variable's value."""
+        """A bearer token: literal text, `env:NAME` for that environment variable's value, or
+        `file:PATH` for the file's first line."""
         nonblank(text)
+        if text.startswith("file:"):
+            return _token_file(text.removeprefix("file:").strip())
         if not text.startswith("env:"):
             return text
         name = text.removeprefix("env:").strip()

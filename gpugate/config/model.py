@@ -4,7 +4,7 @@ Every field's meaning is documented in docs/configuration.md. Field metadata tel
 loader (gpugate.config.loader) how the YAML is spelled:
 
 * `kind`: how to read a scalar: "size" ("7.5GiB", "1216348160"), "duration" ("15m", "901s"),
-  "token" (a literal or "env:NAME").
+  "token" (a literal, "env:NAME" or "file:PATH").
 * `yaml`: the key's name in the file when it differs from the field's (`class:` for `priority`).
 * `keyed_by`: a tuple written as a YAML mapping whose keys fill this field of each entry
   (`consumers: {ollama: {...}}` fills `Consumer.name`).
@@ -348,6 +348,10 @@ class GateSettings:
     """Where process attribution reads /proc/<pid>/{cgroup,cmdline,comm,status}."""
     nvml_library: Path | None = None
     """Load this libnvidia-ml.so.1 instead of the system one."""
+    control_tokens: tuple[str, ...] = attrs.field(default=(), metadata=TOKEN)
+    """Bearer tokens of the control API's state-changing routes (`env:NAME`, `file:PATH`)."""
+    control_public: bool | None = None
+    """Read-only control routes and /metrics without a token; None: only on loopback."""
 
 
 DEFAULT_MAX_WAIT = {

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
+from gpugate.control.auth import token_middleware
+from gpugate.control.leases import add_lease_routes
 from gpugate.control.metrics import GateMetrics
 from gpugate.status import SCHEMA, budget_document
 
@@ -99,9 +101,10 @@ def control_app(gate: Gate, metrics: GateMetrics) -> web.Application:
         ok = gate.started and gate.core.fault is None
         return web.json_response({"ok": ok}, status=200 if ok else 503)
 
-    app = web.Application()
+    app = web.Application(middlewares=[token_middleware(lambda: gate.config)])
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/gate/v1/status", status)
     app.router.add_get("/gate/v1/events", events)
     app.router.add_get("/gate/v1/health", health)
+    add_lease_routes(app, gate)
     return app

@@ -60,9 +60,14 @@ class Books:
             granted=now,
             waited=now - arrived,
             pending=needed,
-            loads=resident is None,
+            loads=resident is None and not demand.explicit,
+            expires_at=None if demand.lease_ttl is None else now + demand.lease_ttl,
         )
         self.leases[lease_id] = lease
+        if demand.explicit:
+            # No model to load: its bytes stay pending, counted for its owner, until it ends.
+            self.touch()
+            return lease
         if resident is not None:
             resident.in_flight += 1
             resident.last_used = now

@@ -56,7 +56,7 @@ _STATUS = {
     FailureClass.EXTERNAL_GPU_PRESSURE: 503,
     FailureClass.RESIDENCY_CONFLICT: 503,
     FailureClass.EVICTION_NOT_ALLOWED: 503,
-    FailureClass.LEASE_CONFLICT: 503,
+    FailureClass.LEASE_CONFLICT: 409,
     FailureClass.GPU_MEMORY_NOT_RECLAIMED: 503,
     FailureClass.QUEUE_FULL: 503,
     FailureClass.LEASE_TIMEOUT: 503,

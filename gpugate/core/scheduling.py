@@ -123,9 +123,13 @@ class Scheduler:
 
     # -- demands -------------------------------------------------------------------------
 
-    def submit(self, demand: Demand, now: float) -> Admission:
+    def new_id(self) -> int:
+        """A ticket id (it becomes the lease's id) for a demand about to be submitted."""
+        return next(self._ids)
+
+    def submit(self, demand: Demand, now: float, *, ticket_id: int | None = None) -> Admission:
         """A request needs VRAM: grant it, queue it, or fail it."""
-        ticket_id = next(self._ids)
+        ticket_id = next(self._ids) if ticket_id is None else ticket_id
         gpu = demand.gpu
         resident = self.books.reusable(demand.key)
         if resident is not None:
@@ -136,7 +140,8 @@ class Scheduler:
             failure = self._fail(unusable, demand, demand.envelope, now)
             return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
         queue = self.queues.setdefault(gpu, TicketQueue())
-        ticket = Ticket(ticket_id, demand, arrived=now, deadline=now + self._max_wait(demand))
+        wait = self._max_wait(demand) if demand.max_wait is None else demand.max_wait
+        ticket = Ticket(ticket_id, demand, arrived=now, deadline=now + wait)
         may_wait = queue.waiting_for(demand.consumer) < self._queue_limit(demand.consumer)
         effects: list[Effect] = []
         if queue.would_be_last(ticket):

@@ -18,6 +18,7 @@ from gpugate.core.budget import GpuBudget
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
 from gpugate.core.explain import describe_external, make_failure
+from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events, next_expiry
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
@@ -121,10 +122,33 @@ class GateCore:
         """The client of a waiting ticket went away."""
         return self.scheduler.cancel(ticket_id, now)
 
+    # -- events: explicit leases ---------------------------------------------------------
+
+    def ask(self, terms: LeaseTerms, now: float) -> Admission:
+        """Work that is not a request asks for a lease: granted, a ticket, or a failure."""
+        lease_id = self.scheduler.new_id()
+        return self.scheduler.submit(explicit_demand(terms, lease_id), now, ticket_id=lease_id)
+
+    def renew(self, lease_id: int, now: float) -> list[Effect]:
+        """An explicit lease's holder is alive: its expiry moves to now + its ttl.
+
+        A lease whose expiry has already come lapses here instead (the caller sees it gone).
+        """
+        lease = self.books.leases.get(lease_id)
+        if lease is None or lease.expires_at is None or lease.demand.lease_ttl is None:
+            return []
+        if lease.expires_at <= now:
+            effects = self._lapse(lease, now)
+            if self.scheduler.queues.get(lease.gpu):
+                effects.extend(self.scheduler.schedule(lease.gpu, now))
+            return effects
+        lease.expires_at = now + lease.demand.lease_ttl
+        return []
+
     def loaded(self, lease_id: int, now: float) -> list[Effect]:
         """The runtime answered the lease's request, so its model is in VRAM now."""
         lease = self.books.leases.get(lease_id)
-        if lease is None or not lease.pending:
+        if lease is None or not lease.pending or lease.demand.explicit:
             return []
         self.books.materialise(lease, now)
         if not self.scheduler.queues.get(lease.gpu):
@@ -224,8 +248,12 @@ class GateCore:
         return effects
 
     def tick(self, now: float) -> list[Effect]:
-        """Time passed: expire tickets past their deadline and residents past their TTL."""
+        """Time passed: expire tickets past their deadline, residents past their TTL and
+        explicit leases not renewed in time."""
         effects, gpus = self.scheduler.expire(now)
+        for lease in due(self.books, now):
+            effects.extend(self._lapse(lease, now))
+            gpus.add(lease.gpu)
         for resident in self.residents():
             expiry = resident.expires_at()
             if expiry is not None and expiry <= now:
@@ -238,12 +266,18 @@ class GateCore:
     def next_wakeup(self) -> float | None:
         """When `tick` next has something to do (None: nothing is timed)."""
         times = [at for r in self.books.residents.values() if (at := r.expires_at()) is not None]
-        scheduled = self.scheduler.next_wakeup()
-        if scheduled is not None:
-            times.append(scheduled)
+        for at in (self.scheduler.next_wakeup(), next_expiry(self.books)):
+            if at is not None:
+                times.append(at)
         return min(times) if times else None
 
     # -- internals -----------------------------------------------------------------------
+
+    def _lapse(self, lease: Lease, now: float) -> list[Effect]:
+        """An explicit lease was not renewed in time: it ends and its bytes return."""
+        self.books.close_lease(lease.id, now, failed=False)
+        self.telemetry.explain(lease.gpu, self.books)
+        return list(lapse_events(lease, now))
 
     def _expire(self, resident: Resident, now: float) -> list[Effect]:
         """Unload a resident idle for longer than its policy allows."""

@@ -28,6 +28,11 @@ class Demand:
     sets_ttl: bool = True
     """The request sets the model's idle time; otherwise it keeps whatever was set before
     (Ollama's keep_alive is sticky, and /v1 requests cannot carry one)."""
+    max_wait: float | None = None
+    """Seconds it may wait for its lease; None: its class's `max_wait`."""
+    lease_ttl: float | None = None
+    """An explicit lease (work that is not a request): it lapses unless renewed within this
+    many seconds. None: a request's lease, which ends with its request."""
 
     @property
     def consumer(self) -> str:
@@ -36,6 +41,10 @@ class Demand:
     @property
     def model(self) -> str:
         return self.key.model
+
+    @property
+    def explicit(self) -> bool:
+        return self.lease_ttl is not None
 
 
 class TicketState(enum.Enum):
@@ -74,6 +83,8 @@ class Lease:
     """Bytes leased for a load that has not completed; 0 once materialised or when resident."""
     loads: bool
     """True when this lease loads the model (it was not resident when granted)."""
+    expires_at: float | None = None
+    """An explicit lease lapses at this time unless renewed; None for a request's lease."""
 
     @property
     def key(self) -> ResidentKey:

@@ -19,6 +19,7 @@ import attrs
 
 from gpugate.config.model import Config, Consumer, RuntimeKind
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, Unload
+from gpugate.core.explicit import LeaseTerms
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
 from gpugate.core.planner import PlannerSettings
@@ -423,3 +424,45 @@ class Gate:
                 link.consumer = consumer
                 link.adapter = OllamaAdapter(consumer)
         self.config = config
+
+    # -- explicit leases (work that is not a request) --------------------------------------
+
+    async def hold(self, terms: LeaseTerms) -> Lease:
+        """Wait for an explicit lease; raises GateFailure when it cannot have one.
+
+        A caller that goes away while waiting leaves no ticket behind, and a grant that
+        finds it gone is released at once (as for a request).
+        """
+        admission = self.core.ask(terms, self.clock())
+        if admission.lease is not None:
+            self._apply(admission.effects)
+            return admission.lease
+        future: asyncio.Future[Lease] | None = None
+        if admission.waiting:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[admission.ticket_id] = future
+        self._apply(admission.effects)
+        if admission.failure is not None:
+            raise GateFailure(admission.failure)
+        assert future is not None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiters.pop(admission.ticket_id, None)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result(), failed=True)
+            else:
+                self._apply(self.core.cancel(admission.ticket_id, self.clock()))
+            raise
+
+    def renew(self, lease_id: int) -> Lease | None:
+        """Extend an explicit lease by its ttl; None when it is not held (any more)."""
+        self._apply(self.core.renew(lease_id, self.clock()))
+        lease = self.core.lease(lease_id)
+        return lease if lease is not None and lease.expires_at is not None else None
+
+    def explicit_leases(self) -> list[Lease]:
+        """The explicit leases held now, by id."""
+        return sorted(
+            (x for x in self.core.leases() if x.expires_at is not None), key=lambda x: x.id
+        )

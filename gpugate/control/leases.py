@@ -1,0 +1,239 @@
+"""Explicit leases over the control API: ask (and wait), renew, release, list.
+
+    POST   /gate/v1/leases              {"consumer"|"identity", "bytes", "class", "ttl", "max_wait"}
+    POST   /gate/v1/leases/{id}/renew
+    DELETE /gate/v1/leases/{id}
+    GET    /gate/v1/leases
+
+A lease is asked for by a configured consumer (its bytes are that consumer's, on its GPU)
+or by a configured identity (its own budget row, `identity:NAME`, on `gpu`). The POST
+answers once the lease is granted, or with the failure that ended the wait.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from aiohttp import web
+
+from gpugate.control.auth import CALLER, Caller
+from gpugate.core.classes import PriorityClass
+from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.tickets import Lease
+from gpugate.core.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate
+
+DEFAULT_TTL = 30.0
+FAILURE_HEADER = "X-GPUGate-Failure"
+
+
+class BadRequest(ValueError):
+    """The request body is not a lease request the gate can act on (400)."""
+
+
+@attrs.frozen
+class Asked:
+    """A lease request as read from its body."""
+
+    terms: LeaseTerms
+    label: dict[str, str]
+    """{"consumer": name} or {"identity": name}: how the holder is shown."""
+
+
+def failure_response(failure: Failure) -> web.Response:
+    """A failure as the control API answers it: its class's status, header and Retry-After."""
+    headers = {FAILURE_HEADER: failure.failure_class.value}
+    if failure.failure_class.is_capacity:
+        retry = failure.retry_after if failure.retry_after is not None else 1.0
+        headers["Retry-After"] = str(max(1, math.ceil(retry)))
+    body = {"error": {"class": failure.failure_class.value, "message": failure.message}}
+    return web.json_response(body, status=failure.failure_class.http_status, headers=headers)
+
+
+def bad_request(message: str) -> web.Response:
+    return web.json_response({"error": {"class": "BAD_REQUEST", "message": message}}, status=400)
+
+
+def conflict(message: str) -> web.Response:
+    return failure_response(Failure(FailureClass.LEASE_CONFLICT, f"LEASE_CONFLICT: {message}"))
+
+
+def _seconds(body: dict[str, Any], key: str, default: float | None) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise BadRequest(f"{key}: expected seconds or a duration like '30s'")
+    try:
+        seconds = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        raise BadRequest(f"{key}: {exc}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise BadRequest(f"{key}: expected 0 or more seconds, got {value!r}")
+    return seconds
+
+
+def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
+    """The lease a body asks for, checked against the configuration and the caller."""
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    known = {"consumer", "identity", "bytes", "class", "ttl", "max_wait", "gpu"}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known))
+        raise BadRequest(f"unknown field(s) {', '.join(unknown)} (known: {allowed})")
+    config = gate.config
+    consumer_name, identity_name = body.get("consumer"), body.get("identity")
+    if not caller.admin and consumer_name is None and identity_name is None:
+        identity_name = caller.identity
+    if (consumer_name is None) == (identity_name is None):
+        raise BadRequest("give exactly one of 'consumer' and 'identity'")
+    raw_bytes = body.get("bytes")
+    if raw_bytes is None or isinstance(raw_bytes, bool) or not isinstance(raw_bytes, int | str):
+        raise BadRequest("bytes: expected a whole number of bytes or a size like '4GiB'")
+    try:
+        nbytes = parse_size(raw_bytes)
+    except ValueError as exc:
+        raise BadRequest(f"bytes: {exc}") from None
+    if nbytes <= 0:
+        raise BadRequest(f"bytes: a lease must be for more than 0 bytes, got {raw_bytes!r}")
+    if consumer_name is not None:
+        if not caller.admin:
+            raise BadRequest("an identity's token may hold leases only as that identity")
+        consumer = next((c for c in config.consumers if c.name == consumer_name), None)
+        if consumer is None:
+            names = ", ".join(c.name for c in config.consumers) or "none"
+            raise BadRequest(f"consumer: no consumer {consumer_name!r} (configured: {names})")
+        owner, gpu, default_class = consumer.name, consumer.gpu, consumer.priority
+        max_class = PriorityClass.PRODUCTION
+        label = {"consumer": consumer.name}
+    else:
+        identity = next((i for i in config.identities if i.name == identity_name), None)
+        if identity is None:
+            names = ", ".join(i.name for i in config.identities) or "none"
+            raise BadRequest(f"identity: no identity {identity_name!r} (configured: {names})")
+        if not caller.admin and caller.identity != identity.name:
+            raise BadRequest(
+                f"this token is identity {caller.identity!r}'s, not {identity.name!r}'s"
+            )
+        gpu = body.get("gpu", config.gpus[0].index if config.gpus else 0)
+        if isinstance(gpu, bool) or not isinstance(gpu, int):
+            raise BadRequest("gpu: expected an NVML index")
+        owner, default_class = identity_owner(identity.name), identity.priority
+        max_class = identity.max_priority or identity.priority
+        label = {"identity": identity.name}
+    priority = default_class
+    if body.get("class") is not None:
+        try:
+            priority = PriorityClass.parse(str(body["class"]))
+        except ValueError as exc:
+            raise BadRequest(f"class: {exc}") from None
+    if not caller.admin and priority > max_class:
+        raise BadRequest(f"class: {priority.label} is above this identity's {max_class.label}")
+    ttl = _seconds(body, "ttl", DEFAULT_TTL)
+    assert ttl is not None
+    if ttl < 1:
+        raise BadRequest("ttl: at least 1s, so that a renewal can arrive in time")
+    max_wait = _seconds(body, "max_wait", None)
+    budget = gate.core.budget(gpu)
+    if budget is not None and nbytes > budget.total - budget.reserved:
+        raise BadRequest(
+            f"bytes: {nbytes} is more than GPU {gpu} has ({budget.total - budget.reserved} "
+            "usable bytes)"
+        )
+    return Asked(LeaseTerms(owner, gpu, nbytes, priority, ttl, max_wait), label)
+
+
+def holder(lease: Lease) -> dict[str, str]:
+    owner = lease.key.consumer
+    if owner.startswith(IDENTITY_PREFIX):
+        return {"identity": owner.removeprefix(IDENTITY_PREFIX)}
+    return {"consumer": owner}
+
+
+def lease_document(lease: Lease, now: float) -> dict[str, Any]:
+    """An explicit lease as the API shows it (bytes and seconds)."""
+    expires_at = lease.expires_at if lease.expires_at is not None else now
+    return {
+        "id": lease.id,
+        **holder(lease),
+        "gpu": lease.gpu,
+        "bytes": lease.demand.envelope,
+        "class": lease.demand.priority.label,
+        "ttl": lease.demand.lease_ttl,
+        "expires_in": round(max(0.0, expires_at - now), 3),
+        "waited": round(lease.waited, 3),
+        "held_for": round(now - lease.granted, 3),
+    }
+
+
+def _allowed(caller: Caller, lease: Lease) -> bool:
+    return caller.admin or lease.key.consumer == identity_owner(caller.identity or "")
+
+
+def add_lease_routes(app: web.Application, gate: Gate) -> None:
+    """Register the explicit-lease routes on the control app."""
+
+    async def ask(request: web.Request) -> web.Response:
+        from gpugate.gate.gate import GateFailure
+
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return bad_request("expected a JSON object")
+        try:
+            asked = read_request(body, gate, request[CALLER])
+        except BadRequest as exc:
+            return bad_request(str(exc))
+        try:
+            lease = await gate.hold(asked.terms)
+        except GateFailure as exc:
+            return failure_response(exc.failure)
+        return web.json_response(lease_document(lease, gate.clock()), status=201)
+
+    def held(request: web.Request) -> Lease | web.Response:
+        try:
+            lease_id = int(request.match_info["id"])
+        except ValueError:
+            return conflict(f"no lease {request.match_info['id']!r}")
+        lease = next((x for x in gate.explicit_leases() if x.id == lease_id), None)
+        if lease is None or not _allowed(request[CALLER], lease):
+            # Another identity's lease is answered as if absent: ids are not secrets.
+            return conflict(
+                f"lease {lease_id} is not held (it was released, it lapsed without a "
+                "renewal, or it is not yours)"
+            )
+        return lease
+
+    async def renew(request: web.Request) -> web.Response:
+        found = held(request)
+        if isinstance(found, web.Response):
+            return found
+        lease = gate.renew(found.id)
+        if lease is None:
+            return conflict(f"lease {found.id} lapsed before this renewal arrived")
+        return web.json_response(lease_document(lease, gate.clock()))
+
+    async def release(request: web.Request) -> web.Response:
+        found = held(request)
+        if isinstance(found, web.Response):
+            return found
+        document = lease_document(found, gate.clock())
+        gate.release(found)
+        return web.json_response({**document, "released": True})
+
+    async def listing(request: web.Request) -> web.Response:
+        now = gate.clock()
+        documents = [lease_document(x, now) for x in gate.explicit_leases()]
+        return web.json_response({"leases": documents})
+
+    app.router.add_post("/gate/v1/leases", ask)
+    app.router.add_get("/gate/v1/leases", listing)
+    app.router.add_post("/gate/v1/leases/{id}/renew", renew)
+    app.router.add_delete("/gate/v1/leases/{id}", release)

@@ -1,0 +1,176 @@
+"""`gpugate lease`: run a command under an explicit VRAM lease from the running gate.
+
+    gpugate lease --consumer X --bytes 4GiB [--class C] [--ttl 30s] [--wait 2m] -- CMD ARGS
+
+The lease is asked for first (waiting up to --wait); CMD runs once it is granted, with
+GPUGATE_LEASE set to its id. The lease is renewed every ttl/3 and released when CMD exits;
+SIGINT, SIGTERM and SIGHUP are passed on to CMD. The exit status is CMD's (128 + the signal
+when a signal ended it), or 75 (EX_TEMPFAIL) when no lease could be had, with the failure
+class on stderr in one line. Killed without a chance to release (SIGKILL), the lease
+lapses by itself after its ttl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from gpugate.core.units import parse_duration
+
+EX_TEMPFAIL = 75
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TOKEN_ENV = "GPUGATE_TOKEN"
+
+
+def add_lease_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The `lease` subcommand's arguments."""
+    lease = sub.add_parser(
+        "lease",
+        help="run a command under an explicit VRAM lease",
+        usage="gpugate lease (--consumer NAME | --identity NAME) --bytes SIZE [--class C] "
+        "[--ttl 30s] [--wait 2m] [--gpu N] -- CMD [ARGS...]",
+    )
+    owner = lease.add_mutually_exclusive_group(required=True)
+    owner.add_argument("--consumer", help="a configured consumer the bytes are counted for")
+    owner.add_argument("--identity", help="a configured identity (its own budget row)")
+    lease.add_argument("--bytes", required=True, help="how much VRAM, e.g. 4GiB")
+    lease.add_argument("--class", dest="priority", help="priority class (default: the owner's)")
+    lease.add_argument("--ttl", default="30s", help="renewal deadline (default 30s)")
+    lease.add_argument("--wait", help="the longest to wait for the lease (default: the class's)")
+    lease.add_argument("--gpu", type=int, help="NVML index, for an identity (default: the first)")
+    lease.add_argument("--config", type=Path, help="consumers.yaml (the control address, token)")
+    lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD", help="-- CMD [ARGS...]")
+
+
+def _control(config_path: Path) -> tuple[str, str | None]:
+    """The control API's URL and the token to present, from the configuration."""
+    from gpugate.config.loader import load_config_with_warnings
+
+    config = load_config_with_warnings(config_path).config
+    address = config.gate.control
+    host = address.host or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    shown = f"[{host}]" if ":" in host else host
+    token = os.environ.get(TOKEN_ENV) or next(iter(config.gate.control_tokens), None)
+    return f"http://{shown}:{address.port}", token
+
+
+def _fail(message: str) -> int:
+    print(f"gpugate lease: {message}", file=sys.stderr, flush=True)
+    return EX_TEMPFAIL
+
+
+def run_lease(args: argparse.Namespace, config_path: Path) -> int:
+    """The `gpugate lease` command."""
+    command = list(args.argv)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("gpugate lease: give the command to run after --", file=sys.stderr)
+        return 2
+    from gpugate.config.loader import ConfigError
+
+    try:
+        url, token = _control(config_path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        ttl = parse_duration(args.ttl)
+        body: dict[str, object] = {"bytes": args.bytes, "ttl": ttl}
+        if args.wait is not None:
+            body["max_wait"] = parse_duration(args.wait)
+    except ValueError as exc:
+        print(f"gpugate lease: {exc}", file=sys.stderr)
+        return 2
+    if args.consumer is not None:
+        body["consumer"] = args.consumer
+    else:
+        body["identity"] = args.identity
+    if args.priority is not None:
+        body["class"] = args.priority
+    if args.gpu is not None:
+        body["gpu"] = args.gpu
+    return asyncio.run(_lease_and_run(url, token, body, command))
+
+
+async def _lease_and_run(url: str, token: str | None, body: dict, command: list[str]) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(base_url=url, headers=headers, timeout=timeout) as session:
+        try:
+            async with session.post("/gate/v1/leases", json=body) as resp:
+                answer = await resp.json(content_type=None)
+                status = resp.status
+        except (aiohttp.ClientError, OSError) as exc:
+            return _fail(f"cannot reach the gate at {url}: {exc}")
+        except ValueError:
+            return _fail(f"the gate at {url} did not answer with JSON")
+        if status != 201:
+            error = answer.get("error", {}) if isinstance(answer, dict) else {}
+            failure = error.get("class", f"HTTP {status}")
+            message = " ".join(str(error.get("message", "")).split())
+            return _fail(f"{failure}: {message}" if message else failure)
+        lease_id = answer["id"]
+        try:
+            return await _run_under(session, lease_id, float(answer["ttl"]), command)
+        finally:
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with session.delete(f"/gate/v1/leases/{lease_id}") as resp:
+                    await resp.read()
+
+
+async def _run_under(
+    session: aiohttp.ClientSession, lease_id: int, ttl: float, command: list[str]
+) -> int:
+    env = dict(os.environ, GPUGATE_LEASE=str(lease_id))
+    try:
+        process = await asyncio.create_subprocess_exec(*command, env=env)
+    except OSError as exc:
+        print(f"gpugate lease: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    loop = asyncio.get_running_loop()
+    for signum in FORWARDED:
+        loop.add_signal_handler(signum, _forward, process, signum)
+    renewer = asyncio.create_task(_renew(session, lease_id, ttl))
+    try:
+        code = await process.wait()
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+        for signum in FORWARDED:
+            loop.remove_signal_handler(signum)
+    return 128 - code if code < 0 else code
+
+
+def _forward(process: asyncio.subprocess.Process, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signum)
+
+
+async def _renew(session: aiohttp.ClientSession, lease_id: int, ttl: float) -> None:
+    """Renew every ttl/3; one lost renewal still leaves two more before the lease lapses."""
+    while True:
+        await asyncio.sleep(ttl / 3)
+        try:
+            async with session.post(
+                f"/gate/v1/leases/{lease_id}/renew", timeout=aiohttp.ClientTimeout(total=ttl / 3)
+            ) as resp:
+                if resp.status == 409:
+                    print(
+                        f"gpugate lease: lease {lease_id} lapsed; the command runs on without it",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            print(f"gpugate lease: renewal failed: {exc}", file=sys.stderr, flush=True)
