@@ -133,15 +133,23 @@ class Socket:
             if done and data["prompt_id"] == prompt_id:
                 return events
 
+    async def nothing_pending(self) -> bool:
+        """True if the server sent nothing before answering a ping now (needs autoping off)."""
+        await self.ws.ping(b"marker")
+        msg = await self.ws.receive(timeout=10)
+        return msg.type == aiohttp.WSMsgType.PONG
+
     async def until(self, kind: str) -> dict[str, Any]:
         while (event := await self.event())["type"] != kind:
             pass
         return event
 
 
-async def connect(session: aiohttp.ClientSession, url: str, client_id: str = "") -> Socket:
+async def connect(
+    session: aiohttp.ClientSession, url: str, client_id: str = "", *, autoping: bool = True
+) -> Socket:
     query = f"?clientId={client_id}" if client_id else ""
-    socket = Socket(await session.ws_connect(f"{url}/ws{query}"))
+    socket = Socket(await session.ws_connect(f"{url}/ws{query}", autoping=autoping))
     first = await socket.event()
     assert first["type"] == "status"
     return socket

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.holder import die_with_parent, set_cmdline, set_comm
+from gpugate.sim.holder import die_with_parent
 from gpugate.sim.scenario import ScenarioError, load_host
 
 
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
     from gpugate.sim.comfyui.memory import TorchOutOfMemory
-    from gpugate.sim.comfyui.server import PROCESS_NAME, SimComfyUI, comfyui_argv, split_listen
+    from gpugate.sim.comfyui.server import SimComfyUI, split_listen
 
     try:
         spec = load_host(host_file).comfyui
@@ -53,8 +53,6 @@ async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
     except ValueError as exc:
         print(f"error: {host_file}: {exc}", file=sys.stderr)
         return 2
-    set_comm(PROCESS_NAME)
-    set_cmdline(comfyui_argv(host, port))
     sim = SimComfyUI(spec, gpu, pid=os.getpid(), data_dir=state_dir / "comfyui")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from gpugate.sim.comfyui.memory import Vram
 from gpugate.sim.comfyui.promptqueue import PromptQueue
 from gpugate.sim.comfyui.routes import Routes
 from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.holder import holder_argv
+from gpugate.sim.holder import holder_argv, set_cmdline, set_comm
 from gpugate.sim.scenario import ComfyUISpec, HolderSpec
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -151,6 +151,10 @@ class SimComfyUI:
 
     async def _take_context(self) -> None:
         if self._own_pid is not None:
+            if self._own_pid == os.getpid():
+                # Named before the first allocation: attribution reads a GPU process once.
+                set_comm(PROCESS_NAME)
+                set_cmdline(self.argv)
             self.vram.pid = self._own_pid
             self.vram.create_context(self.spec.context)
             return

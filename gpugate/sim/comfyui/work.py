@@ -106,8 +106,10 @@ async def _load_file(n: NodeRun) -> tuple[tuple[Any, ...], None]:
 
 
 async def _load_dual_clip(n: NodeRun) -> tuple[tuple[Any, ...], None]:
+    # One CLIP object holding both encoders: it is loaded and unloaded as one model.
     names = (n.inputs["clip_name1"], n.inputs["clip_name2"])
-    return (Weights(tuple(n.part("text_encoders", name, "clip") for name in names)),), None
+    size = sum(n.files[("text_encoders", name)] for name in names)
+    return (Weights((Part("text_encoders", "+".join(names), "clip", size),)),), None
 
 
 async def _load_lora(n: NodeRun) -> tuple[tuple[Any, ...], None]:
