@@ -340,7 +340,10 @@ def test_the_incident_holders(tmp_path: Path) -> None:
                 "whisper-server -m models/ggml-large-v3-turbo.bin --host 127.0.0.1 --port 8081",
             ]
         )
-        assert host.ready_line() == "# simulated host ready: 1 GPU(s), 3 holder(s)"
+        # ComfyUI is the simulated ComfyUI now: one process, not a holder.
+        assert host.ready_line() == (
+            "# simulated host ready: 1 GPU(s), 2 holder(s), comfyui at http://127.0.0.1:8189"
+        )
         pids = host.pids
         state_dir = host.state_dir
     assert [pid for pid in pids if pid_exists(pid)] == []
@@ -360,6 +363,7 @@ def test_the_incident_file_describes_the_incident() -> None:
         ("bge-m3", "24h"),
     ]
     held = sum(int(h["bytes"].removesuffix("MiB")) for h in data["holders"])
+    held += int(data["comfyui"]["context"].removesuffix("MiB"))
     assert held + 7796 + 2012 + 434 == 16384 - 3590, "3,590 MiB free: too little for FLUX"
 
 
