@@ -60,6 +60,7 @@ LIBRARY_ENV = "GPUGATE_NVML_LIBRARY"
 READY_COMMENT = "# simulated host ready:"
 OLLAMA_MODULE = "gpugate.sim.ollama"
 OLLAMA_READY_TIMEOUT = 60.0
+COMFYUI_MODULE = "gpugate.sim.comfyui"
 EXIT_BAD_HOST_FILE = 2
 
 _UUID_NAMESPACE = uuid.UUID("3f8e2c1a-6d4b-4e59-9a71-0c2d5b8e4f60")
@@ -159,6 +160,7 @@ class SimulatedHost:
         self.holders: list[RunningHolder] = []
         self.ollama_url: str | None = None
         self.whisper_url: str | None = None
+        self.comfyui_url: str | None = None
         self._processes: list[ReadyProcess] = []
         self._stopping = False
 
@@ -179,6 +181,8 @@ class SimulatedHost:
                 self._start_whisper()
             if self.spec.ollama is not None:
                 self._start_ollama()
+            if self.spec.comfyui is not None:
+                self._start_comfyui()
         except BaseException:
             self.stop()
             raise
@@ -237,6 +241,8 @@ class SimulatedHost:
             line += f", ollama at {self.ollama_url}"
         if self.whisper_url is not None:
             line += f", whisper-server at {self.whisper_url}"
+        if self.comfyui_url is not None:
+            line += f", comfyui at {self.comfyui_url}"
         return line
 
     # -- starting the parts --------------------------------------------------------------------
@@ -343,6 +349,28 @@ class SimulatedHost:
         except ChildFailed as exc:
             raise HostStartError(f"the simulated whisper-server did not start: {exc}") from None
         self.whisper_url = line.split()[-1]
+
+    def _start_comfyui(self) -> None:
+        # One process, as a real ComfyUI: it takes ComfyUI's command line and holds its VRAM.
+        assert self.state_dir is not None and self.spec.comfyui is not None
+        if self.spec.source is None:
+            raise HostStartError("the simulated ComfyUI reads HOST.yaml, and this host has no file")
+        child = ReadyProcess(
+            "comfyui",
+            [sys.executable, "-m", COMFYUI_MODULE, "serve",
+             "--host-file", str(self.spec.source.resolve()), "--state-dir", str(self.state_dir)],
+            self.events,
+            env=self._child_env(),
+            own_group=True,
+            output=self.output,
+        )  # fmt: skip
+        self._launch(child)
+        try:
+            line = child.wait_ready(self.ollama_ready_timeout)
+        except ChildFailed as exc:
+            raise HostStartError(f"the simulated ComfyUI did not start: {exc}") from None
+        urls = [word for word in line.split() if word.startswith(("http://", "https://"))]
+        self.comfyui_url = urls[0] if urls else f"http://{self.spec.comfyui.listen}"
 
     def _launch(self, child: ReadyProcess) -> None:
         try:

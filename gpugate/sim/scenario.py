@@ -21,6 +21,11 @@ whisper:                      # a simulated whisper.cpp whisper-server (gpugate.
   model: models/ggml-large-v3-turbo.bin
   models: {models/ggml-large-v3-turbo.bin: 2050MiB}   # model file -> VRAM once loaded
   load_seconds: 1s
+comfyui:                      # a simulated ComfyUI (see gpugate.sim.comfyui)
+  listen: 127.0.0.1:8188
+  models:                     # model files by folder, with the VRAM their weights take
+    checkpoints: {v1-5-pruned-emaonly-fp16.safetensors: 2034MiB}
+  ...
 """
 
 from __future__ import annotations
@@ -119,6 +124,44 @@ class OllamaSpec:
 
 
 @attrs.frozen
+class ComfyModelFile:
+    """A model file the simulated ComfyUI has under models/FOLDER."""
+
+    folder: str
+    name: str
+    size: int
+    """Bytes on disk, and the VRAM its weights take once on the GPU."""
+
+
+@attrs.frozen
+class ComfyUISpec:
+    """A simulated ComfyUI: one Python process holding its own VRAM (gpugate.sim.comfyui)."""
+
+    listen: str = "127.0.0.1:8188"
+    gpu: int = 0
+    context: int = 210 * MiB
+    """What the process holds while idle: the CUDA context and PyTorch's own allocations."""
+    models: tuple[ComfyModelFile, ...] = ()
+    steps_per_second: float = 50.0
+    """KSampler speed."""
+    node_seconds: float = 0.0
+    """How long every other node that does work takes."""
+    load_seconds_per_gib: float = 0.0
+    """Time to move weights onto the GPU; VRAM fills over it."""
+    sampler_bytes_per_megapixel: int = 1 * GiB
+    """KSampler's working set per megapixel of latent image (times the batch size)."""
+    enable_cors_header: str | None = None
+    """--enable-cors-header ORIGIN: permissive CORS instead of the origin check."""
+    max_upload_size: float = 100.0
+    """--max-upload-size, in MB: the limit on every request body."""
+    preview_method: str = "auto"
+    """--preview-method: `none` sends no previews during sampling."""
+    disable_smart_memory: bool = False
+    """--disable-smart-memory: weights leave the GPU after every prompt."""
+    version: str = "0.3.64"
+
+
+@attrs.frozen
 class HostSpec:
     source: Path | None = None
     driver: str = "550.54.15"
@@ -127,6 +170,7 @@ class HostSpec:
     holders: tuple[HolderSpec, ...] = ()
     ollama: OllamaSpec | None = None
     whisper: WhisperServerSpec | None = None
+    comfyui: ComfyUISpec | None = None
 
 
 class ScenarioError(ValueError):
@@ -147,7 +191,7 @@ def load_host(path: str | Path) -> HostSpec:
 
 
 def _host(data: dict[str, Any], path: Path) -> HostSpec:
-    _only(data, "host", {"driver", "cuda", "gpus", "holders", "ollama", "whisper"})
+    _only(data, "host", {"driver", "cuda", "gpus", "holders", "ollama", "whisper", "comfyui"})
     gpus = tuple(_gpu(g, i) for i, g in enumerate(data.get("gpus") or [{}]))
     holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
     for i, holder in enumerate(holders):
@@ -168,6 +212,7 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
         holders=holders,
         ollama=ollama,
         whisper=whisper,
+        comfyui=_comfyui(data["comfyui"], len(gpus)) if data.get("comfyui") is not None else None,
     )
 
 
@@ -358,6 +403,60 @@ def _ollama_model(data: Any, where: str) -> OllamaModelSpec:
             f"{spec.context_length}"
         )
     return spec
+
+
+def _comfyui(data: Any, gpus: int) -> ComfyUISpec:
+    from gpugate.sim.comfyui.nodes import MODEL_FOLDERS
+
+    default = {f.name: f.default for f in attrs.fields(ComfyUISpec)}
+    simple = {"listen", "gpu", "context", "steps_per_second", "node_seconds", "version"}
+    knobs = {"load_seconds_per_gib", "sampler_bytes_per_megapixel", "enable_cors_header"}
+    knobs |= {"max_upload_size", "preview_method", "disable_smart_memory"}
+    _only(data, "comfyui", simple | knobs | {"models"})
+    files = []
+    models = data.get("models") or {}
+    _only(models, "comfyui.models", set(MODEL_FOLDERS))
+    for folder, entries in models.items():
+        where = f"comfyui.models.{folder}"
+        if not isinstance(entries, dict):
+            raise ValueError(f"{where}: expected a mapping of file name to size")
+        for name in entries:
+            files.append(ComfyModelFile(folder, str(name), _field_size(entries, name, where, 0)))
+    cors = data.get("enable_cors_header")
+    smart = data.get("disable_smart_memory", False)
+    if not isinstance(smart, bool):
+        raise ValueError(f"comfyui.disable_smart_memory: expected true or false, got {smart!r}")
+    spec = ComfyUISpec(
+        listen=str(data.get("listen", default["listen"])),
+        gpu=_number(data, "gpu", "comfyui", int, 0, minimum=0),
+        context=_field_size(data, "context", "comfyui", default["context"]),
+        models=tuple(files),
+        steps_per_second=_number(
+            data, "steps_per_second", "comfyui", float, default["steps_per_second"], positive=True
+        ),
+        node_seconds=_duration(data, "node_seconds", "comfyui", 0.0),
+        load_seconds_per_gib=_duration(data, "load_seconds_per_gib", "comfyui", 0.0),
+        sampler_bytes_per_megapixel=_field_size(
+            data, "sampler_bytes_per_megapixel", "comfyui", default["sampler_bytes_per_megapixel"]
+        ),
+        enable_cors_header=None if cors is None else ("*" if cors is True else str(cors)),
+        max_upload_size=_number(
+            data, "max_upload_size", "comfyui", float, default["max_upload_size"], positive=True
+        ),
+        preview_method=str(data.get("preview_method", default["preview_method"])),
+        disable_smart_memory=smart,
+        version=str(data.get("version", default["version"])),
+    )
+    if spec.gpu >= gpus:
+        raise ValueError(f"comfyui.gpu: no GPU {spec.gpu} (the host has {gpus})")
+    return spec
+
+
+def _duration(data: dict[str, Any], key: str, where: str, default: float) -> float:
+    try:
+        return parse_duration(data.get(key, default))
+    except ValueError as exc:
+        raise ValueError(f"{where}.{key}: {exc}") from None
 
 
 def _number(

@@ -315,18 +315,21 @@ def test_a_missing_host_file_exits_2(tmp_path: Path) -> None:
 # -- the in-process API ---------------------------------------------------------------------------
 
 
-def incident_without_ollama(tmp_path: Path, whisper_port: int = 8081) -> HostSpec:
+def incident_without_ollama(
+    tmp_path: Path, whisper_port: int = 8081, comfyui_port: int = 8189
+) -> HostSpec:
     data = yaml.safe_load(INCIDENT.read_text())
     data.pop("ollama")
     data["whisper"]["listen"] = f"127.0.0.1:{whisper_port}"
+    data["comfyui"]["listen"] = f"127.0.0.1:{comfyui_port}"
     path = tmp_path / "incident-holders.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_host(path)
 
 
 def test_the_incident_holders(tmp_path: Path) -> None:
-    (port,) = free_ports(1)
-    spec = incident_without_ollama(tmp_path, port)
+    port, comfyui_port = free_ports(2)
+    spec = incident_without_ollama(tmp_path, port, comfyui_port)
     with SimulatedHost(spec) as host:
         assert host.gpu is not None and host.state_dir is not None
         state = host.gpu.read()
@@ -338,14 +341,16 @@ def test_the_incident_holders(tmp_path: Path) -> None:
         commands = sorted(" ".join(cmdline(p.pid)) for p in state.processes)
         assert commands == sorted(
             [
-                "python3 ComfyUI/main.py --listen 127.0.0.1 --port 8189",
+                f"python3 ComfyUI/main.py --listen 127.0.0.1 --port {comfyui_port}",
                 "python3 /opt/mvoice/mvoice_server.py --host 127.0.0.1 --port 8765",
                 f"whisper-server -m models/ggml-large-v3-turbo.bin --host 127.0.0.1 --port {port}",
             ]
         )
+        # whisper-server and ComfyUI are simulated runtimes now, not holders.
         assert host.ready_line() == (
-            "# simulated host ready: 1 GPU(s), 2 holder(s), "
-            f"whisper-server at http://127.0.0.1:{port}"
+            "# simulated host ready: 1 GPU(s), 1 holder(s), "
+            f"whisper-server at http://127.0.0.1:{port}, "
+            f"comfyui at http://127.0.0.1:{comfyui_port}"
         )
         pids = host.pids
         state_dir = host.state_dir
@@ -368,6 +373,7 @@ def test_the_incident_file_describes_the_incident() -> None:
     held = sum(int(h["bytes"].removesuffix("MiB")) for h in data["holders"])
     whisper = data["whisper"]
     held += int(whisper["models"][whisper["model"]].removesuffix("MiB"))
+    held += int(data["comfyui"]["context"].removesuffix("MiB"))
     assert held + 7796 + 2012 + 434 == 16384 - 3590, "3,590 MiB free: too little for FLUX"
 
 

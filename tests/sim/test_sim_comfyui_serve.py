@@ -1,0 +1,49 @@
+"""`gpugate sim run` with the incident card starts the simulated ComfyUI as one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+
+from gpugate.core.units import MiB
+from gpugate.sim.device import SimulatedGpuHost
+from gpugate.sim.hostprocess import SimulatedHostProcess
+from tests.sim.comfyui_helpers import connect, flux, queue
+
+INCIDENT = Path(__file__).resolve().parents[2] / "sim" / "incident-2026-07-10.yaml"
+
+
+async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):
+    # The card as in the incident, on ports nobody else uses.
+    text = INCIDENT.read_text().replace("127.0.0.1:8189", "127.0.0.1:0")
+    host_file = tmp_path / "host.yaml"
+    host_file.write_text(text.replace("127.0.0.1:11435", "127.0.0.1:0"))
+    with SimulatedHostProcess(host_file, tmp_path / "state") as host:
+        assert host.ready_line is not None
+        url = host.ready_line.split("comfyui at ")[1].strip()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/models/diffusion_models") as resp:
+                assert await resp.json() == ["flux1-dev-fp8.safetensors"]
+            async with session.get(f"{url}/api/models/checkpoints") as resp:
+                assert await resp.json() == ["v1-5-pruned-emaonly-fp16.safetensors"]
+            gpu = SimulatedGpuHost(tmp_path / "state")
+            port = url.rsplit(":", 1)[1]
+            [row] = [p for p in gpu.read().processes if p.used == 210 * MiB]
+            cmdline = Path(f"/proc/{row.pid}/cmdline").read_bytes().split(b"\0")
+            assert [w.decode() for w in cmdline if w] == [
+                "python3", "ComfyUI/main.py", "--listen", "127.0.0.1", "--port", port,
+            ]  # fmt: skip
+            assert Path(f"/proc/{row.pid}/comm").read_text().strip() == "python3"
+            assert gpu.free(0) == 3590 * MiB
+            # FLUX does not fit next to the Ollama runners: a CUDA OOM, recorded on the host.
+            socket = await connect(session, url, "me")
+            prompt_id = await queue(session, url, flux(), client_id="me")
+            events = await socket.until_done(prompt_id)
+            error = next(e["data"] for e in events if e["type"] == "execution_error")
+            assert error["exception_type"] == "torch.OutOfMemoryError"
+            assert [oom.pid for oom in gpu.ooms()] == [row.pid]
+            async with session.get(f"{url}/system_stats") as resp:
+                stats = json.loads(await resp.text())
+            assert stats["devices"][0]["vram_free"] == 3590 * MiB
