@@ -27,6 +27,7 @@ import attrs
 import yaml
 
 from gpugate.core.units import GiB, MiB, parse_duration, parse_size
+from gpugate.sim.faultspec import FaultSpec, parse_faults
 
 
 @attrs.frozen
@@ -108,6 +109,8 @@ class OllamaSpec:
     """OLLAMA_ORIGINS: extra CORS origins (`*` wildcards allowed)."""
     models: tuple[OllamaModelSpec, ...] = ()
     preload: tuple[PreloadSpec, ...] = ()
+    faults: FaultSpec = attrs.field(factory=FaultSpec)
+    """Faults switched on from the start (gpugate.sim.ollama.faults)."""
 
 
 @attrs.frozen
@@ -229,7 +232,7 @@ def _ollama(data: dict[str, Any]) -> OllamaSpec:
 
     simple = {"listen", "gpu", "keep_alive", "tokens_per_second", "version", "max_queue"}
     knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins"}
-    _only(data, "ollama", simple | knobs | {"models", "preload"})
+    _only(data, "ollama", simple | knobs | {"models", "preload", "faults"})
 
     def keep_alive(value: Any, where: str) -> str:
         try:
@@ -293,6 +296,7 @@ def _ollama(data: dict[str, Any]) -> OllamaSpec:
         origins=tuple(origins),
         models=models,
         preload=tuple(preload),
+        faults=parse_faults(data.get("faults")),
     )
 
 
