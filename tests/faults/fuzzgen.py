@@ -67,7 +67,8 @@ MODEL_NAMES = [
     "gpt-oss:20b-cloud",
 ]  # fmt: skip
 KEEP_ALIVES = ['"5m"', "0", "-1", '"-1"', "3600", '"24h"', "null", '"0s"', '"1e3"', "1e400",
-               '"5 minutes"', "true", '""', '"\\ud800"', "[]", "{}", "1.5", "-0", "NaN"]  # fmt: skip
+               '"5 minutes"', "true", '""', '"\\ud800"', "[]", "{}", "1.5", "-0",
+               "NaN"]  # fmt: skip
 OPTIONS = ['{"num_predict": 3}', '{"num_predict": 1, "num_ctx": 2048}', '{"num_ctx": -1}',
            '{"num_gpu": 0, "num_predict": 2}', '{"NUM_CTX": 4096, "num_predict": 1}', "null",
            '{"num_predict": "x"}', "[]", '{"num_ctx": 1e400}', '{"main_gpu": 7}']  # fmt: skip

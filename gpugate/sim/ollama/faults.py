@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from gpugate.sim.faultspec import FaultSpec, PsFault, parse_faults
 
@@ -79,13 +80,15 @@ class SimFaults:
             self.ps_requests += 1
             if self.ps is PsFault.GARBAGE:
                 return web.Response(body=GARBAGE, content_type="application/json")
-        elif (
-            request.method == "POST"
-            and request.path in UNLOAD_ROUTES
-            # The body is cached by aiohttp, so the handler reads it again unchanged.
-            and _is_unload(await request.read())
-        ):
-            self.unload_requests += 1
+        elif request.method == "POST" and request.path in UNLOAD_ROUTES:
+            # The body is cached by aiohttp, so the handler reads it again unchanged; a body
+            # that cannot be read fails the handler's own read the same way.
+            try:
+                raw = await request.read()
+            except (web.HTTPException, RequestPayloadError):
+                raw = b""
+            if _is_unload(raw):
+                self.unload_requests += 1
         return await handler(request)
 
 
