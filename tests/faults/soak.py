@@ -184,7 +184,6 @@ class Soak:
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
-
     def ooms(self) -> list:
         """OOMs on the simulated card, without Plex's own refused growth."""
         return [e for e in self.s.host.gpu.ooms() if e.pid != self.plex_pid]
