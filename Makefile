@@ -7,7 +7,7 @@ SHIM   := build/fakenvml/libnvidia-ml.so.1
 PROMTOOL := build/prom/usr/bin/promtool
 WRK    := build/wrk/usr/bin/wrk
 
-.PHONY: run test bench lint shim clean
+.PHONY: run test bench fuzz soak lint shim clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ $(WRK):
 
 bench: $(STAMP) $(SHIM) $(WRK)
 	$(BIN)/python -m bench
+
+# 10,000 hostile requests to the gate over the simulated Ollama (docs/reliability.md).
+fuzz: $(STAMP) $(SHIM)
+	$(BIN)/python -m tests.faults.fuzz --requests 10000 --seed 20261201
+
+# 10,000 mixed requests under changing external pressure, the budget checked throughout.
+soak: $(STAMP) $(SHIM)
+	$(BIN)/python -m tests.faults.soak --requests 10000 --seed 20261202
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate tests bench

@@ -175,6 +175,24 @@ class SimulatedGpuHost:
             state.processes = kept
             return remaining
 
+    def transfer(self, source: int, target: int) -> int:
+        """Move what `source` holds (every GPU) to `target`; returns the bytes moved."""
+        with self._edit() as state:
+            moved = 0
+            kept = []
+            for p in state.processes:
+                if p.pid != source:
+                    kept.append(p)
+                    continue
+                moved += p.used
+                own = [q for q in kept if q.pid == target and q.gpu == p.gpu]
+                if own:
+                    kept[kept.index(own[0])] = attrs.evolve(own[0], used=own[0].used + p.used)
+                else:
+                    kept.append(attrs.evolve(p, pid=target))
+            state.processes = kept
+            return moved
+
     def add_process(self, process: SimProcess) -> None:
         """Place a process row as is (no capacity check): for scenarios and tests."""
         with self._edit() as state:

@@ -37,6 +37,7 @@ import attrs
 import yaml
 
 from gpugate.core.units import GiB, MiB, parse_duration, parse_size
+from gpugate.sim.faultspec import FaultSpec, parse_faults
 
 if TYPE_CHECKING:
     from gpugate.sim.whisper.spec import WhisperServerSpec
@@ -121,6 +122,8 @@ class OllamaSpec:
     """OLLAMA_ORIGINS: extra CORS origins (`*` wildcards allowed)."""
     models: tuple[OllamaModelSpec, ...] = ()
     preload: tuple[PreloadSpec, ...] = ()
+    faults: FaultSpec = attrs.field(factory=FaultSpec)
+    """Faults switched on from the start (gpugate.sim.ollama.faults)."""
 
 
 @attrs.frozen
@@ -291,7 +294,7 @@ def _ollama(data: dict[str, Any]) -> OllamaSpec:
 
     simple = {"listen", "gpu", "keep_alive", "tokens_per_second", "version", "max_queue"}
     knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins"}
-    _only(data, "ollama", simple | knobs | {"models", "preload"})
+    _only(data, "ollama", simple | knobs | {"models", "preload", "faults"})
 
     def keep_alive(value: Any, where: str) -> str:
         try:
@@ -355,6 +358,7 @@ def _ollama(data: dict[str, Any]) -> OllamaSpec:
         origins=tuple(origins),
         models=models,
         preload=tuple(preload),
+        faults=parse_faults(data.get("faults")),
     )
 
 

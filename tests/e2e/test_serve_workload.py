@@ -19,18 +19,14 @@ import asyncio
 import json
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 
 import aiohttp
 import pytest
 
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from tests.clihost import running_gate, running_host
 from tests.gate.harness import free_ports
-from tests.sim.processes import LineReader
 
 pytestmark = pytest.mark.e2e
 
@@ -239,32 +235,11 @@ def host_and_gate(tmp_path):
     host_file.write_text(host_yaml(ollama_port))
     config = tmp_path / "consumers.yaml"
     config.write_text(consumers_yaml(listen, control, ollama_port))
-    with SimulatedHostProcess(host_file, tmp_path / "state") as host:
-        assert host.environment is not None
+    with running_host(host_file, tmp_path / "state", ollama_port) as host:
         # DEBUG: every lease is logged, which the shutdown test reads back.
-        env = {**host.environment.apply(), "GPUGATE_LOG_LEVEL": "DEBUG"}
-        gate = subprocess.Popen(
-            [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        stderr = LineReader(gate.stderr)
-        try:
-            lines = LineReader(gate.stdout)
-            lines.until("gpugate: ready")
-            yield (
-                f"http://127.0.0.1:{listen}",
-                f"http://127.0.0.1:{control}",
-                SimulatedGpuHost(tmp_path / "state"),
-                gate,
-                stderr,
-            )
-        finally:
-            if gate.poll() is None:
-                gate.send_signal(signal.SIGTERM)
-                gate.wait(timeout=30)
+        env = host.env(GPUGATE_LOG_LEVEL="DEBUG")
+        with running_gate(config, env, listen, control) as gate:
+            yield gate.listen, gate.control, host.gpu, gate.process, gate.stderr
 
 
 async def test_500_random_requests_never_overcommit_the_card(host_and_gate):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ import attrs
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.ollama.catalog import CatalogModel
 from gpugate.sim.ollama.duration import FOREVER, parse_keep_alive_setting, seconds
+from gpugate.sim.ollama.faults import SimFaults
 from gpugate.sim.ollama.options import (
     RequestOptions,
     effective_num_ctx,
@@ -67,6 +69,7 @@ class Scheduler:
         self._clock = clock
         self.default_keep_alive = parse_keep_alive_setting(spec.keep_alive)
         self.counters = Counters()
+        self.faults = SimFaults.from_spec(spec.faults)
         self._runners: dict[str, Runner] = {}
         self._loading: Runner | None = None
         self._current: Pending | None = None
@@ -383,11 +386,18 @@ class Scheduler:
         runner.phase = RunnerPhase.UNLOADING
         runner.cancel_timer()
         self.changed()
+        if self.faults.keep_memory:
+            self._keep_memory(runner)
         if runner.process is not None:
             await runner.process.kill()
         self._forget(runner)
         self.counters.unloads += 1
         self.changed()
+
+    def _keep_memory(self, runner: Runner) -> None:
+        # The server process takes the runner's bytes over, so they outlive the runner.
+        if runner.process is not None:
+            self.faults.leaked += self._gpu.transfer(runner.process.pid, os.getpid())
 
     def _forget(self, runner: Runner) -> None:
         if self._runners.get(runner.key) is runner:

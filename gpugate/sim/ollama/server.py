@@ -87,6 +87,7 @@ class SimOllama:
         get("/v1/models", openai_api.list_models, allow_head=False)
         get("/v1/models/{model}", openai_api.retrieve_model, allow_head=False)
         get("/sim/state", self._sim_state, allow_head=False)
+        self.scheduler.faults.install(app)
         return app
 
     # -- lifecycle -----------------------------------------------------------------------
