@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import hdrs, web
-from aiohttp.http_exceptions import BadHttpMethod
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from gpugate.config.model import ListenerLimits
@@ -246,11 +246,13 @@ class Guard:
 
 
 class _MethodTolerantHandler(RequestHandler):
-    """aiohttp's RequestHandler, answering a method its parser does not know with a 405.
+    """aiohttp's RequestHandler, answering requests its parser refuses as Go's net/http does.
 
-    The parser refuses such a method before any handler runs, and aiohttp logs a traceback
-    for it from a connection's second request on; the runtimes behind (Go's net/http)
-    route any method instead. So it gets a plain 405, logged once per interval.
+    The parser refuses a method it does not know, a malformed request line, header or URL
+    before any handler runs, and aiohttp logs a traceback for each from a connection's
+    second request on; a hostile client could fill the log. The runtimes behind are
+    mostly Go servers, which route any method (here: a plain 405) and answer the rest with
+    a plain "400 Bad Request". Either is logged once per interval with a count.
     """
 
     __slots__ = ()
@@ -262,17 +264,21 @@ class _MethodTolerantHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        if not isinstance(exc, BadHttpMethod):
+        if not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
+        if isinstance(exc, BadHttpMethod):
+            status, body = 405, b"405 method not allowed"
+        else:
+            status, body = 400, b"400 Bad Request"
         limited.log(
             logging.INFO,
-            "bad-method",
-            "refused a request with a method HTTP parsers do not know, from %s",
+            f"malformed-{status}",
+            "answered %d to a request the HTTP parser refused (%s), from %s",
+            status,
+            type(exc).__name__,
             request.remote,
         )
-        response = _PlainResponse(
-            status=405, body=b"405 method not allowed", content_type="text/plain"
-        )
+        response = _PlainResponse(status=status, body=body, content_type="text/plain")
         response.force_close()
         return response
 
@@ -303,6 +309,8 @@ class GuardedRunner(web.AppRunner):
             shutdown_timeout=SHUTDOWN_MARGIN,
             access_log=None,
             keepalive_timeout=limits.idle_timeout,
+            # A proxy forwards a request body as the client encoded it.
+            auto_decompress=False,
         )
         self.limits = limits
         self.name = name

@@ -129,3 +129,50 @@ async def test_a_method_no_parser_knows_gets_a_plain_405_and_no_traceback(stack,
     assert "Traceback" not in caplog.text
     assert "Error handling request" not in caplog.text
     assert await answered(stack.gate_url) == 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /\x01bad HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nBad Header\r\n\r\n",
+        b"GET / HTTP/9.9.9\r\nHost: localhost\r\n\r\n",
+    ],
+)
+async def test_a_request_the_parser_refuses_gets_a_plain_400_and_no_traceback(stack, raw, caplog):
+    for _ in range(2):  # aiohttp logs a traceback only from a connection's second request on
+        reader, writer = await connect(stack.gate_url)
+        writer.write(request("GET", "/api/version"))
+        first = await read_reply(reader)
+        writer.write(raw)
+        second = await read_reply(reader)
+        writer.close()
+        assert first.status == 200
+        assert (second.status, second.body) == (400, b"400 Bad Request")
+    assert "Traceback" not in caplog.text
+    assert await answered(stack.gate_url) == 200
+
+
+async def test_a_gzip_body_goes_up_as_the_client_encoded_it(stack):
+    # Ollama (Go) does not decode a request's Content-Encoding: its JSON decoder sees the
+    # bytes as sent and answers 400. The gate must neither decode nor fail on them.
+    body = b"not gzip at all"
+    reader, writer = await connect(stack.gate_url)
+    writer.write(
+        request(
+            "POST", "/api/generate", body, Content_Encoding="gzip", Content_Type="application/json"
+        )
+    )
+    through_gate = await read_reply(reader)
+    writer.close()
+    reader, writer = await connect(stack.sim_url)
+    writer.write(
+        request(
+            "POST", "/api/generate", body, Content_Encoding="gzip", Content_Type="application/json"
+        )
+    )
+    direct = await read_reply(reader)
+    writer.close()
+    assert through_gate.status == direct.status == 400
+    assert through_gate.body == direct.body
+    assert stack.gate.core.leases() == []

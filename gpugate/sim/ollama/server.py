@@ -105,8 +105,14 @@ class SimOllama:
             ) from None
         self._guard.check_host = listens_on_loopback(host)
         self.scheduler.start()
+        # Go's net/http never decodes a request's Content-Encoding: a gzip body reaches the
+        # JSON decoder as it is and fails there (400).
         self._runner = web.AppRunner(
-            self.app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE, access_log=None
+            self.app,
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_GRACE,
+            access_log=None,
+            auto_decompress=False,
         )
         try:
             await self._runner.setup()
