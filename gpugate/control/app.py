@@ -80,6 +80,52 @@ def gate_document(gate: Gate) -> dict[str, Any]:
     }
 
 
+def health_document(gate: Gate) -> dict[str, Any]:
+    """Is the gate running on fresh data? One entry per check, with ages and limits.
+
+    NVML: each GPU's last good sample must be younger than `budget.stale_after`, and the
+    driver must not be failing. Listings: each consumer's runtime must have answered a
+    listing within 3 × the listing interval + its control timeout. Health recovers by
+    itself as soon as the data is fresh again.
+    """
+    core = gate.core
+    now = gate.clock()
+    checks: list[dict[str, Any]] = [{"check": "started", "ok": gate.started}]
+    fault = core.fault
+    if fault is not None:
+        checks.append({"check": "nvml", "ok": False, "error": fault.name, "message": fault.message})
+    limit = gate.config.budget.stale_after
+    gpus = core.gpus()
+    if not gpus:
+        checks.append({"check": "nvml", "ok": False, "age_seconds": None, "limit_seconds": limit})
+    for gpu in gpus:
+        age = core.sample_age(gpu, now)
+        checks.append(
+            {
+                "check": "nvml",
+                "gpu": gpu,
+                "ok": age is not None and age <= limit,
+                "age_seconds": None if age is None else round(age, 3),
+                "limit_seconds": limit,
+            }
+        )
+    for link in gate.links.values():
+        consumer = link.consumer
+        age = gate.listing_age(consumer.name, now)
+        bound = gate.listing_stale_after(consumer)
+        checks.append(
+            {
+                "check": "listing",
+                "consumer": consumer.name,
+                "ok": age is not None and age <= bound,
+                "age_seconds": None if age is None else round(age, 3),
+                "limit_seconds": round(bound, 3),
+            }
+        )
+    ok = all(check["ok"] for check in checks)
+    return {"ok": ok, "failed": [c["check"] for c in checks if not c["ok"]], "checks": checks}
+
+
 def control_app(gate: Gate, metrics: GateMetrics) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(gate_document(gate))
@@ -98,8 +144,8 @@ def control_app(gate: Gate, metrics: GateMetrics) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def health(request: web.Request) -> web.Response:
-        ok = gate.started and gate.core.fault is None
-        return web.json_response({"ok": ok}, status=200 if ok else 503)
+        document = health_document(gate)
+        return web.json_response(document, status=200 if document["ok"] else 503)
 
     app = web.Application(middlewares=[token_middleware(lambda: gate.config)])
     app.router.add_get("/metrics", scrape)

@@ -60,6 +60,8 @@ class EventKind(enum.Enum):
     OUT_OF_BAND_RESIDENT = "out_of_band_resident"
     RESIDENT_GONE = "resident_gone"
     PARTIAL_OFFLOAD = "partial_offload"
+    CPU_ONLY = "cpu_only"
+    """Loaded with none of its bytes on the GPU: not a partial offload, a CPU load."""
     PRESSURE_ENTERED = "pressure_entered"
     PRESSURE_CLEARED = "pressure_cleared"
     ENVELOPE_MEASURED = "envelope_measured"

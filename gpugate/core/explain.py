@@ -23,6 +23,26 @@ def describe_external(budget: GpuBudget) -> str:
     return f"external {format_gib(budget.external_total)}: {parts}"
 
 
+def describe_pressure(budget: GpuBudget, residents: Sequence[Resident]) -> str:
+    """What over-committed a GPU: out-of-band residents, unlisted use, external use."""
+    parts = []
+    stray: dict[str, list[Resident]] = {}
+    for r in sorted(residents, key=lambda r: -r.bytes):
+        if r.out_of_band and r.bytes:
+            stray.setdefault(r.key.consumer, []).append(r)
+    for consumer, found in sorted(stray.items()):
+        models = ", ".join(f"{r.key.model} {_gib1(r.bytes)} GiB" for r in found)
+        parts.append(f"out-of-band residents of {consumer}: {models}")
+    for row in budget.consumers:
+        if row.unexplained:
+            parts.append(
+                f"use of {row.name} its runtime has not listed: {_gib1(row.unexplained)} GiB"
+            )
+    if budget.external_total:
+        parts.append(describe_external(budget))
+    return "; ".join(parts) if parts else f"the reserve grew to {_gib1(budget.reserve)} GiB"
+
+
 def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
     """Who holds the memory the demand would need, and why it cannot have it now."""
     others = [r for r in residents if r.key != demand.key and r.bytes]

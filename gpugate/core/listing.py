@@ -119,12 +119,19 @@ def apply_listing(
                 resident.bytes = model.bytes
             if model.bytes < model.size and not resident.offload_reported:
                 resident.offload_reported = True
-                effects.append(
-                    resident_event(
-                        EventKind.PARTIAL_OFFLOAD,
-                        now,
-                        resident,
-                        f"{model.bytes} of {model.size} bytes on the GPU, the rest on the CPU",
-                    )
-                )
+                effects.append(_offload_event(model, resident, now))
     return effects
+
+
+def _offload_event(model: ListedModel, resident: Resident, now: float) -> Event:
+    """Part of a load on the CPU, or all of it (size_vram 0 is a CPU load, not 100 % offload)."""
+    if model.bytes == 0:
+        return resident_event(
+            EventKind.CPU_ONLY, now, resident, f"all {model.size} bytes on the CPU, none on the GPU"
+        )
+    return resident_event(
+        EventKind.PARTIAL_OFFLOAD,
+        now,
+        resident,
+        f"{model.bytes} of {model.size} bytes on the GPU, the rest on the CPU",
+    )

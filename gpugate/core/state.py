@@ -17,7 +17,7 @@ from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
-from gpugate.core.explain import describe_external, make_failure
+from gpugate.core.explain import describe_pressure, make_failure
 from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events, next_expiry
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
@@ -214,12 +214,22 @@ class GateCore:
         effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 
-    def unloaded(self, key: ResidentKey, now: float, *, reclaimed: bool) -> list[Effect]:
-        """An unload finished: NVML showed the bytes back, or it did not in time."""
+    def unloaded(
+        self, key: ResidentKey, now: float, *, reclaimed: bool, failure: Failure | None = None
+    ) -> list[Effect]:
+        """An unload finished: NVML showed the bytes back, or it did not in time.
+
+        `failure`: the runtime could not be asked (refused, timed out, answered nonsense);
+        the ticket the unload was for fails with that class, not GPU_MEMORY_NOT_RECLAIMED.
+        """
         finished = self.books.finish_unload(key)
         if finished is None:
             return []
         unload, _ = finished
+        if failure is not None:
+            detail = f"unload failed: {failure.failure_class.value}"
+        else:
+            detail = "reclaimed" if reclaimed else "not reclaimed"
         effects: list[Effect] = [
             Event(
                 EventKind.EVICTION_DONE,
@@ -228,21 +238,25 @@ class GateCore:
                 gpu=unload.gpu,
                 bytes=unload.bytes,
                 reason=unload.reason.value,
-                detail="reclaimed" if reclaimed else "not reclaimed",
+                detail=detail,
             )
         ]
         if not reclaimed and unload.for_ticket is not None:
             ticket = self.scheduler.tickets.get(unload.for_ticket)
             if ticket is not None:
-                failure = self._failure(
-                    FailureClass.GPU_MEMORY_NOT_RECLAIMED,
-                    ticket.demand,
-                    ticket.demand.envelope,
-                    now,
-                    extra=f"; {key} was unloaded but NVML did not show its "
-                    f"{unload.bytes / 2**30:.1f} GiB come back",
+                if failure is not None:
+                    failure_class = failure.failure_class
+                    extra = f"; {key} could not be unloaded: {failure.message}"
+                else:
+                    failure_class = FailureClass.GPU_MEMORY_NOT_RECLAIMED
+                    extra = (
+                        f"; {key} was unloaded but NVML did not show its "
+                        f"{unload.bytes / 2**30:.1f} GiB come back"
+                    )
+                rejection = self._failure(
+                    failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
                 )
-                effects.extend(self.scheduler.reject(ticket, failure, now))
+                effects.extend(self.scheduler.reject(ticket, rejection, now))
         self.telemetry.explain(unload.gpu, self.books)
         effects.extend(self.scheduler.schedule(unload.gpu, now))
         return effects
@@ -337,6 +351,7 @@ class GateCore:
         gauge = self.telemetry.gauge(gpu)
         change = gauge.update(budget.schedulable)
         effects: list[Effect] = []
+        cause = describe_pressure(budget, self.residents(gpu)) if gauge.active else ""
         if change is True:
             effects.append(
                 Event(
@@ -349,7 +364,7 @@ class GateCore:
                         FailureClass.EXTERNAL_GPU_PRESSURE,
                         f"EXTERNAL_GPU_PRESSURE: GPU {gpu} is over-committed by "
                         f"{-budget.schedulable / 2**30:.1f} GiB "
-                        f"({describe_external(budget)}); giving back idle memory",
+                        f"({cause}); giving back idle memory",
                         gpu=gpu,
                         bytes_schedulable=0,
                     ),
@@ -380,7 +395,7 @@ class GateCore:
                     EventKind.EVICTION_STARTED,
                     now,
                     resident,
-                    "external use ate into the reserve",
+                    f"GPU {gpu} over-committed by {-budget.schedulable / 2**30:.1f} GiB: {cause}",
                     reason=UnloadReason.PRESSURE.value,
                 )
             )

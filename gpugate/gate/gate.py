@@ -29,8 +29,10 @@ from gpugate.core.state import CoreSettings, GateCore, ListedModel
 from gpugate.core.tickets import Demand, Lease
 from gpugate.gate.events import ROUTINE, EventHub
 from gpugate.gate.unloads import UnloadRunner
+from gpugate.gate.upstream import Backoff, upstream_failure
 from gpugate.gpu.sampler import Sampler
-from gpugate.runtimes.ollama import OllamaAdapter, OllamaError
+from gpugate.logs import OncePerInterval
+from gpugate.runtimes.ollama import OllamaAdapter
 from gpugate.store.db import MeasuredEnvelope, Store
 
 log = logging.getLogger("gpugate.gate")
@@ -40,6 +42,11 @@ UPSTREAM_SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Conten
 """Headers aiohttp would add on its own to forwarded requests: the client's (or none) go
 up instead. Set on the session, which resolves them once rather than per request."""
 ESTIMATE_TTL = 60.0
+LISTING_BACKOFF_MAX = 10.0
+"""The longest a failing listing loop waits before it asks again."""
+TIMER_FLOOR = 0.05
+"""A timer set again after it fired waits at least this long (no spinning on a past deadline)."""
+LOG_INTERVAL = 60.0
 
 
 class GateFailure(Exception):
@@ -91,8 +98,10 @@ class Gate:
         *,
         store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
+        listing_interval: float = RECONCILE_INTERVAL,
     ) -> None:
         self.config = config
+        self.listing_interval = listing_interval
         self.sampler = sampler
         self.store = store
         self.clock = clock
@@ -110,6 +119,9 @@ class Gate:
         self._timer_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._unloads = UnloadRunner(self)
+        self._limiter = OncePerInterval(log, LOG_INTERVAL, clock=clock)
+        self._listed_at: dict[str, float] = {}
+        self._timer_backoff = Backoff(TIMER_FLOOR, 5.0)
         self.started = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -122,14 +134,24 @@ class Gate:
                 key = ResidentKey(envelope.consumer, envelope.model, envelope.options)
                 self._measured[key] = envelope.bytes
         for link in self.links.values():
+            self._listed_at[link.consumer.name] = self.clock()
             link.session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=link.consumer.timeouts.connect
+                ),
                 auto_decompress=False,
                 skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
                 connector=aiohttp.TCPConnector(limit=0, force_close=False),
             )
         self.observe(await self.sampler.sample())
-        self._spawn(self.sampler.run(self.config.budget.sample_interval, self.observe), "sampler")
+        budget = self.config.budget
+        sampling = self.sampler.run(
+            budget.sample_interval,
+            self.observe,
+            on_error=self._sampling_failed,
+            max_backoff=max(budget.sample_interval, budget.stale_after / 2),
+        )
+        self._spawn(sampling, "sampler")
         for link in self.links.values():
             self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
         self.started = True
@@ -193,9 +215,12 @@ class Gate:
         if self.store is not None:
             self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 
-    def unloaded(self, key: ResidentKey, *, reclaimed: bool) -> None:
-        """An unload finished: its bytes are back (or did not come back in time)."""
-        self._apply(self.core.unloaded(key, self.clock(), reclaimed=reclaimed))
+    def unloaded(
+        self, key: ResidentKey, *, reclaimed: bool, failure: Failure | None = None
+    ) -> None:
+        """An unload finished: its bytes are back, did not come back in time, or the
+        runtime could not be asked (`failure`)."""
+        self._apply(self.core.unloaded(key, self.clock(), reclaimed=reclaimed, failure=failure))
 
     def report(self, failure: Failure) -> None:
         """A failure seen outside the core (an upstream that crashed or could not load)."""
@@ -242,18 +267,11 @@ class Gate:
             return cached[1]
         assert link.session is not None
         try:
-            estimate = await adapter.estimate(link.session, model, options)
-        except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
-            raise GateFailure(
-                Failure(
-                    FailureClass.RUNTIME_CRASH,
-                    f"RUNTIME_CRASH: cannot size {model}: {link.consumer.name} upstream "
-                    f"{link.consumer.upstream.url} did not answer ({exc})",
-                    consumer=link.consumer.name,
-                    model=model,
-                    gpu=link.consumer.gpu,
-                )
-            ) from exc
+            async with asyncio.timeout(link.consumer.timeouts.control):
+                estimate = await adapter.estimate(link.session, model, options)
+        except Exception as exc:
+            failure = upstream_failure(link.consumer, exc, f"cannot size {model}", model=model)
+            raise GateFailure(failure) from exc
         if estimate is not None:
             # Not an unknown model: one pulled a moment later must be sized, not passed.
             self._estimates[cache_key] = (now, estimate)
@@ -277,7 +295,8 @@ class Gate:
         """List what the runtime has loaded and fold it into the books."""
         assert link.session is not None
         asked_at = self.clock()
-        loaded = await link.adapter.loaded(link.session)
+        async with asyncio.timeout(link.consumer.timeouts.control):
+            loaded = await link.adapter.loaded(link.session)
         adapter = link.adapter
         listed = []
         for model in loaded:
@@ -299,6 +318,16 @@ class Gate:
             )
         )
         self._learn_envelopes(link, listed)
+        self._listed_at[link.consumer.name] = self.clock()
+
+    def listing_age(self, consumer: str, now: float) -> float | None:
+        """Seconds since the consumer's runtime last answered a listing (None: not listed)."""
+        at = self._listed_at.get(consumer)
+        return None if at is None else max(0.0, now - at)
+
+    def listing_stale_after(self, consumer: Consumer) -> float:
+        """How old a consumer's last good listing may be before health turns bad."""
+        return 3 * self.listing_interval + consumer.timeouts.control
 
     def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
         sizes = {m.model: m.size for m in listed}
@@ -320,13 +349,25 @@ class Gate:
                 )
 
     async def _reconcile_loop(self, link: Link) -> None:
+        name = link.consumer.name
+        backoff = Backoff(self.listing_interval, max(self.listing_interval, LISTING_BACKOFF_MAX))
         while True:
             try:
                 await self.reconcile(link)
-            except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
-                log.debug("listing %s failed: %s", link.consumer.name, exc)
+            except Exception as exc:
+                # The books keep the last good listing; a failing runtime is asked less
+                # often, and a wish for a listing does not cut the wait short.
+                what = f"cannot list what {name} has loaded"
+                self.loop_failed(f"listing-{name}", upstream_failure(link.consumer, exc, what))
+                await asyncio.sleep(backoff.failed())
+                link.reconcile_wanted.clear()
+                continue
+            backoff.succeeded()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # arrives as the event is set, and the gate could not stop this loop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.reconcile_wanted.wait(), RECONCILE_INTERVAL)
+                async with asyncio.timeout(self.listing_interval):
+                    await link.reconcile_wanted.wait()
             link.reconcile_wanted.clear()
 
     # -- effects ---------------------------------------------------------------------------
@@ -358,7 +399,7 @@ class Gate:
             return
         future.set_result(grant.lease)
 
-    def _arm_timer(self) -> None:
+    def _arm_timer(self, *, floor: float = 0.0) -> None:
         """Keep one timer for the core's next deadline.
 
         A timer already set for an earlier moment stays: when it fires, `tick` finds
@@ -374,12 +415,36 @@ class Gate:
             self._timer.cancel()
         self._timer_at = wake
         self._timer = asyncio.get_running_loop().call_later(
-            max(0.0, wake - self.clock()), self._on_timer
+            max(floor, wake - self.clock()), self._on_timer
         )
 
     def _on_timer(self) -> None:
         self._timer = None
-        self._apply(self.core.tick(self.clock()))
+        try:
+            self._apply(self.core.tick(self.clock()), timers=False)
+        except Exception as exc:
+            message = f"INVALID_OUTPUT: the timer could not run: {exc!r}"
+            self.loop_failed("timer", Failure(FailureClass.INVALID_OUTPUT, message))
+            delay = self._timer_backoff.failed()
+            self._timer_at = self.clock() + delay
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+            return
+        self._timer_backoff.succeeded()
+        # Always set again: a tick with nothing due yet (the deadline it was set for moved
+        # later meanwhile) still leaves a next deadline.
+        self._arm_timer(floor=TIMER_FLOOR)
+
+    # -- loops that fail -------------------------------------------------------------------
+
+    def loop_failed(self, loop: str, failure: Failure) -> None:
+        """A background loop failed: one log line per interval with a count, and an event."""
+        key = f"{loop}:{failure.failure_class.value}"
+        if self._limiter.warning(key, "%s", failure.message):
+            self.report(failure)
+
+    def _sampling_failed(self, exc: BaseException) -> None:
+        message = f"DRIVER_ERROR: the GPUs could not be sampled: {exc!r}"
+        self.loop_failed("sampler", Failure(FailureClass.DRIVER_ERROR, message))
 
     def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")

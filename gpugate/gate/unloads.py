@@ -9,6 +9,14 @@ having grown meanwhile (the runner was gone before the gate asked), or the recla
 timeout passes (GPU_MEMORY_NOT_RECLAIMED). Free memory, not per-process attribution,
 is the measure: a dying process can drop out of the process list, and so out of its
 consumer's row, before the driver has its memory back.
+
+Unloads on one GPU run one at a time. Free memory is a figure for the whole card: two
+unloads measured against the same starting point would each take the other's returned
+bytes for their own, and a runner still holding its memory would be booked as gone.
+
+The request to the runtime is bounded by the consumer's control timeout; one that fails
+(refused, timed out, answered nonsense) is reported with its class, not as memory that
+did not come back.
 """
 
 from __future__ import annotations
@@ -17,12 +25,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from gpugate.core.effects import Unload
+from gpugate.core.failures import Failure
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
-from gpugate.runtimes.ollama import OllamaError
+from gpugate.gate.upstream import upstream_failure
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
@@ -36,29 +43,44 @@ POLL_INTERVAL = 0.1
 class UnloadRunner:
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
+        self._locks: dict[int, asyncio.Lock] = {}
 
     async def run(self, unload: Unload) -> None:
         gate = self.gate
         consumer = unload.key.consumer
-        before = gate.core.observation(unload.gpu)
         link = gate.links.get(consumer)
         reclaimed = False
+        failure: Failure | None = None
         try:
-            if link is None or link.session is None:
-                raise OllamaError(f"no adapter can unload {unload.key}")
-            await link.adapter.unload(link.session, unload.key.model)
-            reclaimed = await self._wait_for_reclaim(unload, before)
-        except (aiohttp.ClientError, OllamaError, TimeoutError) as exc:
-            log.warning("unload of %s failed: %s", unload.key, exc)
+            async with self._locks.setdefault(unload.gpu, asyncio.Lock()):
+                before = gate.core.observation(unload.gpu)
+                if link is None or link.session is None:
+                    raise LookupError(f"no adapter can unload {unload.key}")
+                try:
+                    async with asyncio.timeout(link.consumer.timeouts.control):
+                        await link.adapter.unload(link.session, unload.key.model)
+                except Exception as exc:
+                    what = f"cannot unload {unload.key.model}"
+                    failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
+                    gate.loop_failed(f"unload-{consumer}", failure)
+                else:
+                    reclaimed = await self._wait_for_reclaim(unload, before)
+        except Exception:
+            log.exception("unload of %s failed", unload.key)
         finally:
-            gate.unloaded(unload.key, reclaimed=reclaimed)
+            gate.unloaded(unload.key, reclaimed=reclaimed, failure=failure)
             gate.want_reconcile(consumer)
 
     async def _wait_for_reclaim(self, unload: Unload, before: GpuObservation | None) -> bool:
         gate = self.gate
         deadline = gate.clock() + gate.config.budget.reclaim_timeout
         while True:
-            sample = await gate.sampler.sample()
+            try:
+                # A read NVML never finishes must not hold the unload past its deadline.
+                async with asyncio.timeout(max(0.0, deadline - gate.clock()) + POLL_INTERVAL):
+                    sample = await gate.sampler.sample()
+            except TimeoutError:
+                return False
             gate.observe(sample)
             device = sample.device(unload.gpu)
             if (

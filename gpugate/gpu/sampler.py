@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -34,6 +35,8 @@ from gpugate.core.observation import (
 )
 from gpugate.gpu.attribution import Attribution, MatchKind, ProcessAttributor
 from gpugate.gpu.nvml import DeviceSample, HostSample, NvmlError, NvmlReader, library_from
+
+_log = logging.getLogger("gpugate.sampler")
 
 
 class DeviceReader(Protocol):
@@ -155,27 +158,48 @@ class Sampler:
         if self._poked is not None:
             self._poked.set()
 
-    async def run(self, interval: float, on_sample: Callable[[HostObservation], None]) -> None:
+    async def run(
+        self,
+        interval: float,
+        on_sample: Callable[[HostObservation], None],
+        *,
+        on_error: Callable[[Exception], None] | None = None,
+        max_backoff: float = 5.0,
+    ) -> None:
         """Sample every `interval` seconds, and once more per `poke()`, until cancelled.
 
         Ticks stay on a fixed grid from the start, so slow reads do not add up to drift;
-        a read longer than the interval skips the ticks it overran. An exception raised
-        by `on_sample` ends the loop.
+        a read longer than the interval skips the ticks it overran. A read or an
+        `on_sample` that raises is handed to `on_error` (logged when there is none) and
+        the loop goes on after a back-off that doubles per failure up to `max_backoff`.
         """
         if not interval > 0:
             raise ValueError(f"sample interval must be positive, not {interval!r}")
         loop = asyncio.get_running_loop()
         poked = self._poked = asyncio.Event()
         start = loop.time()
+        failures = 0
         try:
             while True:
                 poked.clear()
-                on_sample(await self.sample())
+                try:
+                    on_sample(await self.sample())
+                except Exception as exc:
+                    failures += 1
+                    if on_error is not None:
+                        on_error(exc)
+                    else:
+                        _log.warning("sampling failed: %r", exc)
+                    backoff = min(max(interval, max_backoff), interval * 2 ** min(failures, 30))
+                    await asyncio.sleep(backoff)
+                    continue
+                failures = 0
                 now = loop.time()
                 delay = next_tick(start, interval, now) - now
                 if delay > 0 and not poked.is_set():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(poked.wait(), delay)
+                        async with asyncio.timeout(delay):
+                            await poked.wait()
         finally:
             if self._poked is poked:
                 self._poked = None

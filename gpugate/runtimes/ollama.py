@@ -261,20 +261,44 @@ class OllamaAdapter:
     # -- talking to Ollama -----------------------------------------------------------------
 
     async def loaded(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        """What Ollama has in memory (/api/ps; a model still loading is not listed)."""
+        """What Ollama has in memory (/api/ps; a model still loading is not listed).
+
+        Raises OllamaError for anything but a 200 with `{"models": [...]}` whose entries
+        have a name and integer sizes: a listing the gate cannot read is no listing.
+        """
         async with session.get(self._url("/api/ps"), headers=self._headers()) as resp:
             if resp.status != 200:
                 raise OllamaError(f"/api/ps answered {resp.status}")
-            data = await resp.json(content_type=None)
+            try:
+                data = await resp.json(content_type=None)
+            except ValueError as exc:
+                raise OllamaError(f"/api/ps answered something that is not JSON: {exc}") from exc
+        entries = data.get("models", []) if isinstance(data, dict) else None
+        if entries is None and isinstance(data, dict):
+            entries = []  # Ollama encodes an empty slice as null
+        if not isinstance(entries, list):
+            raise OllamaError(f"/api/ps answered no list of models: {str(data)[:200]}")
         models = []
-        for entry in data.get("models") or []:
+        for entry in entries:
+            if not isinstance(entry, dict):
+                raise OllamaError(f"/api/ps listed something not a model: {str(entry)[:200]}")
+            name = entry.get("name") or entry.get("model")
+            sizes = [entry.get("size") or 0, entry.get("size_vram") or 0]
+            if (
+                not isinstance(name, str)
+                or not all(type(n) is int and n >= 0 for n in sizes)  # bool is not a size
+            ):
+                raise OllamaError(
+                    f"/api/ps listed a model the gate cannot read: {str(entry)[:200]}"
+                )
+            context_length = entry.get("context_length")
             models.append(
                 LoadedModel(
-                    name=normalize_model(str(entry.get("name") or entry.get("model") or "")),
-                    size=int(entry.get("size") or 0),
-                    size_vram=int(entry.get("size_vram") or 0),
+                    name=normalize_model(name),
+                    size=sizes[0],
+                    size_vram=sizes[1],
                     expires_at=_parse_time(entry.get("expires_at")),
-                    context_length=entry.get("context_length"),
+                    context_length=context_length if isinstance(context_length, int) else None,
                 )
             )
         return models
@@ -299,11 +323,21 @@ class OllamaAdapter:
         async with session.get(self._url("/api/tags"), headers=self._headers()) as resp:
             if resp.status != 200:
                 raise OllamaError(f"/api/tags answered {resp.status}")
-            tags = await resp.json(content_type=None)
+            try:
+                tags = await resp.json(content_type=None)
+            except ValueError as exc:
+                raise OllamaError(f"/api/tags answered something that is not JSON: {exc}") from exc
+        entries = tags.get("models") if isinstance(tags, dict) else None
+        if not isinstance(entries, list):
+            raise OllamaError(f"/api/tags answered no list of models: {str(tags)[:200]}")
         size = None
-        for entry in tags.get("models") or []:
-            if normalize_model(str(entry.get("name") or entry.get("model") or "")) == model:
-                size = int(entry.get("size") or 0)
+        for entry in entries:
+            if not isinstance(entry, dict):
+                continue
+            name = entry.get("name") or entry.get("model")
+            if isinstance(name, str) and normalize_model(name) == model:
+                listed = entry.get("size")
+                size = listed if isinstance(listed, int) and listed > 0 else 0
         if size is None:
             return None
         kv = 0
@@ -311,8 +345,13 @@ class OllamaAdapter:
             self._url("/api/show"), json={"model": model}, headers=self._headers()
         ) as resp:
             if resp.status == 200:
-                show = await resp.json(content_type=None)
-                kv = kv_cache_bytes(show.get("model_info") or {}, _num_ctx(options))
+                try:
+                    show = await resp.json(content_type=None)
+                except ValueError:
+                    show = None
+                info = show.get("model_info") if isinstance(show, dict) else None
+                if isinstance(info, dict):
+                    kv = kv_cache_bytes(info, _num_ctx(options))
         return size + kv + RUNTIME_OVERHEAD
 
     def _url(self, path: str) -> str:

@@ -359,14 +359,23 @@ async def test_cancelling_run_mid_read_leaves_the_sampler_usable(
     assert (reader.calls, reader.active) == (2, 0)
 
 
-async def test_callback_error_ends_run(nobody: ProcessAttributor) -> None:
+async def test_callback_error_is_reported_and_run_goes_on(nobody: ProcessAttributor) -> None:
     sampler = Sampler(InstantReader(), nobody)
+    errors: list[Exception] = []
+    later = asyncio.get_running_loop().create_future()
 
-    def broken(_: object) -> None:
-        raise LookupError("gate state is broken")
+    def broken(sample: object) -> None:
+        if not errors:
+            raise LookupError("gate state is broken")
+        if not later.done():
+            later.set_result(sample)
 
-    with pytest.raises(LookupError, match="gate state is broken"):
-        await asyncio.wait_for(sampler.run(0.5, broken), WAIT)
+    task = asyncio.create_task(sampler.run(0.01, broken, on_error=errors.append))
+    try:
+        await asyncio.wait_for(later, WAIT)
+    finally:
+        task.cancel()
+    assert [str(e) for e in errors] == ["gate state is broken"]
 
 
 @pytest.mark.parametrize("interval", [0.0, -1.0, float("nan")])
