@@ -185,13 +185,23 @@ def plan(
             return Plan(PlanKind.GRANT, 0, reason=f"{resident.key} is resident")
     needed = demand.envelope
     if exact:
-        # Loading under another lease (this one rides on it) or being unloaded: wait.
         state = exact[0].state.value
+        if any(r.state is ResidentState.LOADING for r in exact):
+            # Loading under another lease: this one rides on it and will add nothing, so
+            # it keeps nothing back from the tickets behind it.
+            return Plan(
+                PlanKind.WAIT,
+                0,
+                counting_on=tuple(r.key for r in exact),
+                earliest=now,
+                reason=f"{exact[0].key} is {state}",
+            )
+        # Being unloaded: it must load again, into the bytes that unload gives back.
         return Plan(
             PlanKind.WAIT,
             needed,
             counting_on=tuple(r.key for r in exact),
-            eventual=0,
+            eventual=min(needed, sum(r.bytes for r in exact)),
             earliest=now,
             reason=f"{exact[0].key} is {state}",
         )

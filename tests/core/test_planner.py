@@ -146,7 +146,16 @@ def test_a_loading_model_is_waited_for_not_loaded_twice():
     loading = resident("gemma", 0, state=ResidentState.LOADING, in_flight=1)
     result = decide(demand("gemma", 8 * GiB), 10 * GiB, [loading])
     assert result.kind is PlanKind.WAIT
-    assert result.needed == 8 * GiB
+    # It rides on the load under way: it will add nothing, so it keeps nothing back from
+    # the tickets behind it (a lower class must not take what a higher one could use).
+    assert (result.needed, result.counting_on) == (0, (loading.key,))
+
+
+def test_a_model_being_unloaded_is_loaded_again_into_the_bytes_it_gives_back():
+    unloading = resident("gemma", 8 * GiB, state=ResidentState.UNLOADING)
+    result = decide(demand("gemma", 8 * GiB), 0, [unloading])
+    assert result.kind is PlanKind.WAIT
+    assert (result.needed, result.eventual) == (8 * GiB, 8 * GiB)
 
 
 def test_claimed_residents_are_not_victims_but_still_worth_waiting_for():
