@@ -353,3 +353,16 @@ async def test_a_client_that_does_not_read_holds_the_gate_memory_bounded(
                     got.append(struct.unpack(">I", msg.data[:4])[0])
                 assert got == numbers
                 assert echo_upstream.sent == frames
+
+
+async def test_a_client_that_vanishes_gets_the_upstream_a_going_away(
+    tmp_path, sim_host, fakenvml_path, upstream
+):
+    async with gate_in_front(tmp_path, sim_host, fakenvml_path, upstream) as stack:
+        host, port = stack.gate_url.split("://")[1].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = "".join(f"{k}: {v}\r\n" for k, v in upgrade_headers().items())
+        writer.write(f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\n{head}\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101 ")
+        writer.transport.abort()  # no close frame, no FIN: a reset
+        assert await asyncio.wait_for(upstream.client_close, 5) == (1001, "")
