@@ -366,3 +366,32 @@ async def test_a_client_that_vanishes_gets_the_upstream_a_going_away(
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101 ")
         writer.transport.abort()  # no close frame, no FIN: a reset
         assert await asyncio.wait_for(upstream.client_close, 5) == (1001, "")
+
+
+async def test_an_upstream_that_never_answers_the_upgrade_is_a_504_timeout(
+    tmp_path, sim_host, fakenvml_path
+):
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers; returns when the gate gives up
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    timeouts = "timeouts: {connect: 1s, first_byte: 200ms, idle: 200ms, control: 2s}\n"
+    try:
+        async with (
+            running_stack(
+                tmp_path, sim_host, fakenvml_path, upstream=url, consumer_yaml=timeouts
+            ) as stack,
+            aiohttp.ClientSession() as session,
+        ):
+            failure = stack.next_event(EventKind.FAILURE)
+            async with session.get(stack.gate_url + "/ws", headers=upgrade_headers()) as resp:
+                assert resp.status == 504
+                assert resp.headers["X-GPUGate-Failure"] == "TIMEOUT"
+                assert b"TIMEOUT" in await resp.read()
+            event = await asyncio.wait_for(failure, 5)
+            assert event.failure is not None
+            assert event.failure.failure_class is FailureClass.TIMEOUT
+            assert stack.gate.core.leases() == []
+    finally:
+        server.close()
