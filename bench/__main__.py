@@ -149,6 +149,59 @@ def streams(url: str) -> dict[str, float]:
     return json.loads(out)
 
 
+WS_FPS = 1000
+WS_FRAME = 64 * 1024
+
+
+def ws_bench(url: str, *extra: str) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.ws",
+            "--url",
+            url.replace("http://", "ws://"),
+            "--fps",
+            str(WS_FPS),
+            "--size",
+            str(WS_FRAME),
+            "--seconds",
+            str(DURATION),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def ws_table(results: dict[str, dict[str, object]]) -> list[str]:
+    floor = results["direct"]["ws"]  # type: ignore[index]
+    lines = [
+        "",
+        f"One websocket of {WS_FRAME // 1024} KiB binary preview frames, {WS_FPS:,} a second "
+        f"for {DURATION} s (ComfyUI's preview stream, heavier than ComfyUI sends): latency "
+        "from the upstream's send to the client's receive, and what the proxy adds to "
+        "direct's; the proxy's peak RSS growth while its client reads 50 frames a second "
+        "from an upstream that sends as fast as they drain, for the same time:",
+        "",
+        "| path | frames/s | p50 ms | p99 ms | added p50 ms | added p99 ms | RSS growth, slow |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, result in results.items():
+        row = result["ws"]  # type: ignore[index]
+        slow = result.get("ws_slow")
+        growth = f"{slow['rss_growth_mib']:.1f} MiB" if slow else "—"  # type: ignore[index]
+        lines.append(
+            f"| {name} | {row['frames_per_s']:.0f} | {row['latency_p50_ms']:.2f} | "
+            f"{row['latency_p99_ms']:.2f} | "
+            f"{row['latency_p50_ms'] - floor['latency_p50_ms']:+.2f} | "
+            f"{row['latency_p99_ms'] - floor['latency_p99_ms']:+.2f} | {growth} |"
+        )
+    return lines
+
+
 def table(results: dict[str, dict[str, object]], decisions: dict[str, float]) -> str:
     names = list(results)
     lines = [
@@ -181,6 +234,7 @@ def table(results: dict[str, dict[str, object]], decisions: dict[str, float]) ->
             f"| {name} | {row['chunks_per_s']:.0f} | {row['chunk_latency_p50_ms']:.2f} | "
             f"{row['chunk_latency_p99_ms']:.2f} | {row['ttfb_p99_ms']:.2f} |"
         )
+    lines += ws_table(results)
     lines += [
         "",
         "Decision core, 50 residents and 1,000 queued tickets (in-process):",
@@ -216,6 +270,7 @@ def main() -> int:
                 start([sys.executable, "-m", "bench.upstream", "--port", str(upstream)], LOAD_CPU)
             )
             targets = {"direct": f"http://127.0.0.1:{upstream}"}
+            pids: dict[str, int] = {}
             for name, extra in (
                 ("bare pass-through (asyncio)", []),
                 ("bare pass-through (uvloop)", ["--uvloop"]),
@@ -237,6 +292,7 @@ def main() -> int:
                     )
                 )
                 targets[name] = f"http://127.0.0.1:{port}"
+                pids[name] = processes[-1].pid
             gpu = SimulatedGpuHost.create(
                 Path(tmp) / "gpu", [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
             )
@@ -261,6 +317,7 @@ def main() -> int:
                 wait_http(f"http://127.0.0.1:{control}/gate/v1/health")
                 wait_resident(control)
                 targets[name] = f"http://127.0.0.1:{port}"
+                pids[name] = processes[-1].pid
             for url in targets.values():
                 wait_http(url + "/api/ps")
             results: dict[str, dict[str, object]] = {name: {} for name in targets}
@@ -279,6 +336,15 @@ def main() -> int:
             for name in targets:
                 results[name]["streams"] = median_of(stream_runs[name])
                 print(name, "streams", results[name]["streams"], flush=True)
+            ws_runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+            for _ in range(ROUNDS):
+                for name, url in targets.items():
+                    ws_runs[name].append(ws_bench(url))
+            for name, url in targets.items():
+                results[name]["ws"] = median_of(ws_runs[name])
+                if name in pids:
+                    results[name]["ws_slow"] = ws_bench(url, "--slow", "--pid", str(pids[name]))
+                print(name, "ws", results[name]["ws"], results[name].get("ws_slow"), flush=True)
         finally:
             for process in processes:
                 process.terminate()

@@ -1,11 +1,14 @@
 """The floor of any aiohttp proxy: forward everything, stream the answer, nothing else.
 
+A websocket upgrade is relayed as a websocket pair, frames both ways, nothing else.
+
 python -m bench.passthrough --port P --upstream http://127.0.0.1:U [--uvloop]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import aiohttp
 from aiohttp import web
@@ -28,8 +31,29 @@ def make_app(upstream: str) -> web.Application:
         assert session is not None
         await session.close()
 
+    async def relay(request: web.Request) -> web.StreamResponse:
+        assert session is not None
+        async with session.ws_connect(
+            upstream + str(request.rel_url), max_msg_size=0, autoping=False
+        ) as up:
+            down = web.WebSocketResponse(max_msg_size=0, autoping=False, compress=False)
+            await down.prepare(request)
+
+            async def pump(src, dst) -> None:
+                async for msg in src:
+                    if msg.type is aiohttp.WSMsgType.BINARY:
+                        await dst.send_bytes(msg.data)
+                    elif msg.type is aiohttp.WSMsgType.TEXT:
+                        await dst.send_str(msg.data)
+                await dst.close()
+
+            await asyncio.gather(pump(up, down), pump(down, up))
+            return down
+
     async def forward(request: web.Request) -> web.StreamResponse:
         assert session is not None
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await relay(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.read()
         async with session.request(

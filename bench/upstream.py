@@ -1,5 +1,7 @@
 """A fast stand-in for Ollama: just enough API for the gate to admit, and streams whose
-chunks carry the time they were sent.
+chunks carry the time they were sent; and a websocket sending preview-like binary frames
+(ComfyUI's PREVIEW_IMAGE: event type 1, image type 1, then the image), each carrying the
+time it was sent.
 
     python -m bench.upstream --port P
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import struct
 import time
 
 from aiohttp import web
@@ -49,6 +53,29 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return response
 
 
+PREVIEW_HEAD = struct.Struct(">IIQ")  # event type, image type, monotonic ns at sending
+
+
+async def previews(request: web.Request) -> web.StreamResponse:
+    """`frames` binary frames of `size` bytes, `fps` a second (0: as fast as they drain)."""
+    frames = int(request.query["frames"])
+    size = int(request.query["size"])
+    fps = float(request.query.get("fps", "0"))
+    ws = web.WebSocketResponse(max_msg_size=0, compress=False)
+    await ws.prepare(request)
+    image = os.urandom(size - PREVIEW_HEAD.size)
+    start = time.monotonic()
+    for n in range(frames):
+        await ws.send_bytes(PREVIEW_HEAD.pack(1, 1, time.monotonic_ns()) + image)
+        if fps:
+            # Paced against the start, so a slow send does not stretch the stream.
+            delay = start + (n + 1) / fps - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+    await ws.close()
+    return ws
+
+
 async def ps(request: web.Request) -> web.Response:
     return web.json_response(
         {
@@ -78,6 +105,7 @@ def main() -> None:
     app.router.add_post("/api/generate", generate)
     app.router.add_get("/api/ps", ps)
     app.router.add_get("/api/tags", tags)
+    app.router.add_get("/ws", previews)
     import uvloop
 
     uvloop.install()

@@ -69,8 +69,8 @@ class GuardedConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (uvloop's are not subclasses of asyncio.Transport).
+        self._transport = transport  # type: ignore[assignment]
         if self.guard.full():
             self.refused = True
             self._refuse(transport)

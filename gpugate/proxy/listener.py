@@ -30,6 +30,7 @@ from gpugate.proxy.forward import (
     read_bounded,
     stream_down,
 )
+from gpugate.proxy.websocket import WebSocketRelay, is_upgrade
 from gpugate.runtimes.base import (
     Classified,
     ErrorReply,
@@ -91,11 +92,13 @@ class ConsumerListener:
         upstream = link.consumer.upstream
         self._base = upstream.url
         self._host = upstream.url.split("://", 1)[1]  # host:port, IPv6 in brackets
+        self.websockets = WebSocketRelay(self._base, self._host, link.consumer.timeouts)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.link.consumer.max_body)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_response_prepare.append(drop_own_server)
+        app.on_cleanup.append(self.websockets.close)
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -122,6 +125,8 @@ class ConsumerListener:
             assert classified.refusal is not None
             refusal = classified.refusal
             return reply(error_reply(classified.api, refusal.status, refusal.message))
+        if classified.kind is RouteKind.PASS and is_upgrade(request):
+            return await self._websocket(request, classified, screening)
         lease = None
         if classified.kind is RouteKind.DEMAND:
             try:
@@ -224,6 +229,22 @@ class ConsumerListener:
         finally:
             if lease is not None:
                 self.gate.release(lease, failed=failed)
+
+    async def _websocket(
+        self, request: web.Request, classified: Classified, screening: Screening
+    ) -> web.StreamResponse:
+        """A websocket upgrade that needs no lease, relayed frame by frame (websocket.py)."""
+        try:
+            return await self.websockets.relay(
+                request,
+                drop=screening.drop_up,
+                extra_headers=screening.response_headers,
+                on_drop=lambda exc: self._crash(classified, exc),
+            )
+        except UpstreamTimeout as exc:
+            return reply(failure_reply(classified.api, self._timeout(classified, exc)))
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return reply(failure_reply(classified.api, self._crash(classified, exc)))
 
     def _timeout(self, classified: Classified, exc: UpstreamTimeout) -> Failure:
         consumer = self.link.consumer
