@@ -264,6 +264,13 @@ class _MethodTolerantHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
+        if isinstance(exc, ConnectionError):
+            # The client left while the gate was writing to it (aiohttp's own "100
+            # Continue", say): nothing to answer and nothing wrong with the gate.
+            limited.log(logging.DEBUG, "client-gone", "a client left mid-answer: %s", exc)
+            response = _PlainResponse(status=status)
+            response.force_close()
+            return response
         if not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
         if isinstance(exc, BadHttpMethod):

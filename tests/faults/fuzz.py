@@ -216,7 +216,15 @@ def _first_traceback(lines: list[str]) -> list[str]:
                 tail += 1
             if tail < len(lines):
                 seen[lines[tail][:160]] += 1
-    return [f"{count} x {line}" for line, count in seen.most_common()]
+    found = [f"{count} x {line}" for line, count in seen.most_common()]
+    first = next((n for n, line in enumerate(lines) if line.startswith("Traceback")), None)
+    if first is not None:
+        # The whole first traceback, with the log line that introduced it.
+        end = first + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        found.extend(lines[max(0, first - 1) : end + 1])
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
