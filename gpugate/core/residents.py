@@ -36,6 +36,9 @@ class ResidentState(enum.Enum):
     RESIDENT = "resident"
     UNLOADING = "unloading"
     """An unload was sent; its bytes stay counted until NVML shows them returned."""
+    SUSPECT = "suspect"
+    """Unloaded, but NVML never showed its bytes come back: they stay counted, and it is
+    not unloaded again (that would not help) until a sample shows the memory returned."""
 
 
 @attrs.define

@@ -24,7 +24,7 @@ from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
 from gpugate.core.planner import PlannerSettings, victim_order
 from gpugate.core.pressure import ReserveSettings
-from gpugate.core.residents import Resident, ResidentKey
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.scheduling import Admission, Scheduler
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket
@@ -189,6 +189,7 @@ class GateCore:
         effects: list[Effect] = []
         for gpu in self.telemetry.observe(sample, self.books):
             self.books.touch(residents=False)  # the budget moved; the residents did not
+            effects.extend(self._clear_suspects(gpu, now))
             effects.extend(self._relieve_pressure(gpu, now))
             effects.extend(self.scheduler.schedule(gpu, now))
         return effects
@@ -225,11 +226,20 @@ class GateCore:
         finished = self.books.finish_unload(key)
         if finished is None:
             return []
-        unload, _ = finished
+        unload, resident = finished
         if failure is not None:
             detail = f"unload failed: {failure.failure_class.value}"
+        elif reclaimed:
+            detail = "reclaimed"
         else:
-            detail = "reclaimed" if reclaimed else "not reclaimed"
+            detail = "not reclaimed"
+            if resident is not None:
+                # The runtime said it unloaded, NVML says the bytes are still taken: keep
+                # counting them, and do not ask again in a loop.
+                resident.state = ResidentState.SUSPECT
+                resident.changed_at = now
+                self.books.residents[key] = resident
+                self.books.touch()
         effects: list[Effect] = [
             Event(
                 EventKind.EVICTION_DONE,
@@ -286,6 +296,36 @@ class GateCore:
         return min(times) if times else None
 
     # -- internals -----------------------------------------------------------------------
+
+    def _clear_suspects(self, gpu: int, now: float) -> list[Effect]:
+        """Suspects whose consumer no longer holds their bytes: the memory came back late."""
+        suspects = [r for r in self.residents(gpu) if r.state is ResidentState.SUSPECT]
+        if not suspects:
+            return []
+        observation = self.telemetry.observations[gpu]
+        effects: list[Effect] = []
+        for suspect in suspects:
+            consumer = suspect.key.consumer
+            others = sum(
+                r.bytes
+                for r in self.residents(gpu)
+                if r.key.consumer == consumer and r.key != suspect.key
+            ) + sum(
+                lease.pending
+                for lease in self.books.leases_on(gpu)
+                if lease.key.consumer == consumer
+            )
+            if observation.managed.get(consumer, 0) <= others:
+                del self.books.residents[suspect.key]
+                self.books.touch()
+                effects.append(
+                    resident_event(
+                        EventKind.RESIDENT_GONE, now, suspect, "its memory came back after all"
+                    )
+                )
+        if effects:
+            self.telemetry.explain(gpu, self.books)
+        return effects
 
     def _lapse(self, lease: Lease, now: float) -> list[Effect]:
         """An explicit lease was not renewed in time: it ends and its bytes return."""

@@ -4,8 +4,9 @@ an unload the runtime could not carry out."""
 from __future__ import annotations
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
-from gpugate.core.effects import Event, EventKind, Reject
+from gpugate.core.effects import Event, EventKind, Reject, Unload
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.residents import ResidentState
 from gpugate.core.state import ListedModel
 from gpugate.core.units import GiB, MiB
 from tests.core.builders import demand, gpu, host, make_core, proc
@@ -84,3 +85,31 @@ def test_an_unload_the_runtime_could_not_do_fails_its_ticket_with_that_class():
     (done,) = events(effects, EventKind.EVICTION_DONE)
     assert done.detail == "unload failed: RUNTIME_CRASH"
     assert core.leases() == [] and core.waiting() == []
+
+
+def test_memory_that_never_came_back_keeps_the_model_as_a_suspect_until_it_does():
+    core = make_core()
+    core.observe(host(gpu(), at=0.0), 0.0)
+    bg = core.submit(demand("bg", 10 * GiB, priority=P.BACKGROUND), 1.0).lease
+    core.loaded(bg.id, 1.0)
+    core.release(bg.id, 1.0)
+    held = gpu(proc(5, 10 * GiB, "ollama"))
+    core.observe(host(held, at=2.0), 2.0)
+    admission = core.submit(demand("big", 8 * GiB, priority=P.PRODUCTION), 2.0)
+    assert admission.waiting
+    effects = core.unloaded(bg.key, 3.0, reclaimed=False)
+    (reject,) = [e for e in effects if isinstance(e, Reject)]
+    assert reject.failure.failure_class is FailureClass.GPU_MEMORY_NOT_RECLAIMED
+    (suspect,) = core.residents()
+    assert (suspect.key, suspect.state) == (bg.key, ResidentState.SUSPECT)
+    budget = core.budget(0)
+    assert budget is not None and budget.consumer("ollama").resident == 10 * GiB
+    # Not a victim and never timed out again: nothing is asked of the runtime in a loop.
+    again = core.submit(demand("big", 8 * GiB, priority=P.PRODUCTION), 4.0)
+    assert not [e for e in again.effects if isinstance(e, Unload)]
+    assert not [e for e in core.tick(10_000.0) if isinstance(e, Unload)]
+    # A sample with the runner's memory gone clears it.
+    effects = core.observe(host(gpu(), at=10_001.0), 10_001.0)
+    (gone,) = events(effects, EventKind.RESIDENT_GONE)
+    assert gone.key == bg.key
+    assert core.residents() == []
