@@ -265,7 +265,9 @@ class _Walker:
         if typing.get_origin(tp) is tuple:
             item = typing.get_args(tp)[0]
             if "keyed_by" in meta:
-                return self.keyed(item, str(meta["keyed_by"]), node, path)
+                value_of = meta.get("value_of")
+                value_field = None if value_of is None else str(value_of)
+                return self.keyed(item, str(meta["keyed_by"]), node, path, value_field)
             return self.sequence(item, meta, node, path)
         spec = self.scalars.get(meta.get("kind", tp))
         if spec is not None:
@@ -382,8 +384,11 @@ class _Walker:
             hint = f"expected one of {', '.join(by_key)}" if by_key else "nothing goes here"
         self.report(path, f"unknown key '{key}'; {hint}")
 
-    def keyed(self, cls: type, key_field: str, node: Node, path: str):
-        """A mapping of entries keyed by name (or class), each entry read as `cls`."""
+    def keyed(
+        self, cls: type, key_field: str, node: Node, path: str, value_field: str | None = None
+    ):
+        """A mapping of entries keyed by name (or class), each entry read as `cls`; with
+        `value_field`, each value is that one field's scalar (`files: {NAME: SIZE}`)."""
         if not isinstance(node, MappingNode):
             message = f"expected a mapping of entries by name, got {describe(node)}"
             self.report(path, message, _line(node))
@@ -400,6 +405,15 @@ class _Walker:
                 self.report(sub, f"'{label}' is given twice (first at line {first[name]})", line)
                 continue
             first[name] = line
+            if value_field is not None:
+                field = attrs.fields_dict(attrs.resolve_types(cls))[value_field]
+                if is_null(value_node):
+                    self.report(sub, f"'{key}' needs a value", _line(value_node))
+                    continue
+                value = self.value(field.type, field.metadata, value_node, sub, line)
+                if value is not _INVALID:
+                    items.append(cls(**{key_field: name, value_field: value}))
+                continue
             values, ok = self.fields(cls, value_node, sub, line, {key_field: name})
             if ok:
                 items.append(cls(**values))

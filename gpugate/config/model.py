@@ -8,6 +8,8 @@ loader (gpugate.config.loader) how the YAML is spelled:
 * `yaml`: the key's name in the file when it differs from the field's (`class:` for `priority`).
 * `keyed_by`: a tuple written as a YAML mapping whose keys fill this field of each entry
   (`consumers: {ollama: {...}}` fills `Consumer.name`).
+* `value_of`: with `keyed_by`, each entry's value is a scalar filling this field
+  (`files: {ae.safetensors: 320MiB}` fills `FileSize.pattern` and `FileSize.size`).
 
 Defaults here are the defaults a user gets when a key is absent.
 """
@@ -22,6 +24,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from gpugate.config.filesizes import FilePattern, best_match
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import GiB
 
@@ -32,6 +35,7 @@ CLASS_KEY = {"yaml": "class"}
 MAX_CLASS_KEY = {"yaml": "max_class"}
 BY_NAME = {"keyed_by": "name"}
 BY_CLASS = {"keyed_by": "priority"}
+BY_PATTERN = {"keyed_by": "pattern", "value_of": "size"}
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -220,6 +224,14 @@ class ModelOverride:
 
 
 @attrs.frozen
+class FileSize:
+    """VRAM a model file takes once loaded, by its name or a glob (gpugate.config.filesizes)."""
+
+    pattern: FilePattern
+    size: int = attrs.field(metadata=SIZE)
+
+
+@attrs.frozen
 class UpstreamTimeouts:
     """Bounds on every call the gate makes to a runtime; one that passes fails as TIMEOUT."""
 
@@ -271,6 +283,19 @@ class Consumer:
     limits: ListenerLimits = ListenerLimits()
     origins: tuple[str, ...] = ()
     """Extra origins browsers may call from (Ollama: OLLAMA_ORIGINS), `*` wildcards allowed."""
+    files: tuple[FileSize, ...] = attrs.field(default=(), metadata=BY_PATTERN)
+    """Job runtimes (ComfyUI): VRAM of each model file a job may load, by name or glob."""
+    working_set: int = attrs.field(default=GiB, metadata=SIZE)
+    """Job runtimes: bytes a job needs beyond its files' weights (activations, latents)."""
+    working_set_per_megapixel: int = attrs.field(default=0, metadata=SIZE)
+    """Job runtimes: more working set per megapixel (1024x1024) of a job's largest latent."""
+    preempt: tuple[PriorityClass, ...] = ()
+    """Job runtimes: classes whose requests may interrupt a running job (none by default)."""
+
+    def file_size(self, folder: str, name: str) -> int | None:
+        """The size `files` gives model file `name` of `folder` (most specific wins), if any."""
+        entry = best_match(self.files, folder, name)
+        return None if entry is None else entry.size
 
     def model(self, name: str) -> ModelOverride | None:
         """The override for model `name`, if this consumer has one."""

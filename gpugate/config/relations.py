@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpugate.config.model import Address, Config, Consumer, Residency
+from gpugate.config.filesizes import DEFAULT_FILE_BYTES
+from gpugate.config.model import Address, Config, Consumer, Residency, RuntimeKind
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.units import format_duration, format_gib
 
@@ -116,6 +117,7 @@ def _check_consumers(config: Config, findings: Findings) -> None:
             listed = ", ".join(str(index) for index in sorted(gpus))
             findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {listed})")
         _check_residencies(consumer, path, findings)
+        _check_job_sizing(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
 
@@ -138,6 +140,37 @@ def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> Non
         findings.report(
             f"{where}.ttl", f"a ttl applies only to keep_warm; {residency.policy.value} {why}"
         )
+
+
+JOB_FIELDS = ("files", "working_set", "working_set_per_megapixel", "preempt")
+"""Consumer fields that only a job runtime (ComfyUI) reads."""
+
+
+def _check_job_sizing(consumer: Consumer, path: str, findings: Findings) -> None:
+    if consumer.runtime is not RuntimeKind.COMFYUI:
+        for key in JOB_FIELDS:
+            if findings.line_of(f"{path}.{key}") is not None:
+                findings.warn(
+                    f"{path}.{key}",
+                    f"only a comfyui consumer reads {key}; runtime {consumer.runtime.value} "
+                    "ignores it",
+                )
+        return
+    if (
+        not consumer.files
+        and consumer.envelope is None
+        and not findings.has_errors_under(f"{path}.files")
+    ):
+        findings.warn(
+            path,
+            "no files and no envelope: every model file a prompt loads counts as "
+            f"{format_gib(DEFAULT_FILE_BYTES)} (give their sizes in files)",
+        )
+    seen: set[object] = set()
+    for index, priority in enumerate(consumer.preempt):
+        if priority in seen:
+            findings.warn(f"{path}.preempt[{index}]", f"{priority.label} is listed twice")
+        seen.add(priority)
 
 
 def _check_external(config: Config, findings: Findings) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gpugate.config.filesizes import FilePattern
 from gpugate.config.model import Address, RuntimeKind, Upstream
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import parse_duration, parse_size
@@ -76,6 +77,9 @@ SCALARS: dict[object, Scalar] = {
     Address: Scalar("an address like '0.0.0.0:11434'", (str, int), Address.parse),
     Upstream: Scalar("a URL like 'http://127.0.0.1:11435'", (str,), Upstream.parse),
     NETWORK: Scalar("a network like '192.168.1.0/24'", (str,), _network),
+    FilePattern: Scalar(
+        "a file name or glob like 'flux1-dev*.safetensors'", (str,), FilePattern.parse
+    ),
 }
 
 _TAG_KINDS = {"bool": "a boolean", "int": "a number", "float": "a number", "timestamp": "a date"}

@@ -93,6 +93,17 @@ def test_the_seed_file_describes_the_host(monkeypatch: pytest.MonkeyPatch) -> No
     comfyui = config.consumer("comfyui")
     assert comfyui.residency.policy is ResidencyPolicy.LOAD_ON_DEMAND
     assert comfyui.envelope == 12 * GiB
+    assert comfyui.file_size("diffusion_models", "flux1-dev-fp8.safetensors") == 11350 * MiB
+    assert comfyui.file_size("unet", "flux1-dev-fp8.safetensors") == 11350 * MiB
+    assert comfyui.file_size("text_encoders", "t5xxl_fp8_e4m3fn.safetensors") == 4667 * MiB
+    assert comfyui.file_size("clip", "clip_l.safetensors") == 235 * MiB
+    assert comfyui.file_size("vae", "ae.safetensors") == 320 * MiB
+    assert comfyui.file_size("checkpoints", "v1-5-pruned-emaonly-fp16.safetensors") == 2034 * MiB
+    assert comfyui.file_size("diffusion_models", "flux1-dev.safetensors") == round(11.9 * GiB)
+    assert comfyui.file_size("loras", "detail.safetensors") == 300 * MiB
+    assert comfyui.file_size("checkpoints", "sdxl.safetensors") is None  # the envelope's
+    assert (comfyui.working_set, comfyui.working_set_per_megapixel) == (GiB, GiB)
+    assert comfyui.preempt == ()
     whisper = config.consumer("whisper")
     assert (whisper.residency.policy, whisper.envelope) == (
         ResidencyPolicy.ALWAYS_WARM,
