@@ -1,4 +1,4 @@
-"""The `gpugate` command: check, status, serve, lease, sim run, demo."""
+"""The `gpugate` command: check, status, serve, lease, admit, sim run, demo."""
 
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_lease_parser(sub)
 
+    from gpugate.admit_cli import add_admit_parser
+
+    add_admit_parser(sub)
+
     sim = sub.add_parser("sim", help="the simulated GPU host")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
     sim_run = sim_sub.add_parser("run", help="start a simulated host from HOST.yaml")
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.lease_cli import run_lease
 
         return run_lease(args, args.config or default_config_path())
+    if args.command == "admit":
+        from gpugate.admit_cli import run_admit
+
+        return run_admit(args, args.config or default_config_path())
     if args.command == "sim":
         from gpugate.sim.host import run_host
 

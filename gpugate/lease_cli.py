@@ -22,11 +22,16 @@ from pathlib import Path
 
 import aiohttp
 
+from gpugate.control_client import (
+    EX_TEMPFAIL,
+    ControlFailure,
+    ask_lease,
+    control_address,
+    control_session,
+)
 from gpugate.core.units import parse_duration
 
-EX_TEMPFAIL = 75
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-TOKEN_ENV = "GPUGATE_TOKEN"
 
 
 def add_lease_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,20 +54,6 @@ def add_lease_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD", help="-- CMD [ARGS...]")
 
 
-def _control(config_path: Path) -> tuple[str, str | None]:
-    """The control API's URL and the token to present, from the configuration."""
-    from gpugate.config.loader import load_config_with_warnings
-
-    config = load_config_with_warnings(config_path).config
-    address = config.gate.control
-    host = address.host or "127.0.0.1"
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
-    shown = f"[{host}]" if ":" in host else host
-    token = os.environ.get(TOKEN_ENV) or next(iter(config.gate.control_tokens), None)
-    return f"http://{shown}:{address.port}", token
-
-
 def _fail(message: str) -> int:
     print(f"gpugate lease: {message}", file=sys.stderr, flush=True)
     return EX_TEMPFAIL
@@ -79,7 +70,7 @@ def run_lease(args: argparse.Namespace, config_path: Path) -> int:
     from gpugate.config.loader import ConfigError
 
     try:
-        url, token = _control(config_path)
+        url, token = control_address(config_path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -103,22 +94,11 @@ def run_lease(args: argparse.Namespace, config_path: Path) -> int:
 
 
 async def _lease_and_run(url: str, token: str | None, body: dict, command: list[str]) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-    async with aiohttp.ClientSession(base_url=url, headers=headers, timeout=timeout) as session:
+    async with control_session(url, token) as session:
         try:
-            async with session.post("/gate/v1/leases", json=body) as resp:
-                answer = await resp.json(content_type=None)
-                status = resp.status
-        except (aiohttp.ClientError, OSError) as exc:
-            return _fail(f"cannot reach the gate at {url}: {exc}")
-        except ValueError:
-            return _fail(f"the gate at {url} did not answer with JSON")
-        if status != 201:
-            error = answer.get("error", {}) if isinstance(answer, dict) else {}
-            failure = error.get("class", f"HTTP {status}")
-            message = " ".join(str(error.get("message", "")).split())
-            return _fail(f"{failure}: {message}" if message else failure)
+            answer = await ask_lease(session, url, body)
+        except ControlFailure as exc:
+            return _fail(str(exc))
         lease_id = answer["id"]
         try:
             return await _run_under(session, lease_id, float(answer["ttl"]), command)

@@ -34,6 +34,92 @@ def test_ollama_drop_in_keeps_ollama_on_loopback():
     assert "Environment=OLLAMA_KEEP_ALIVE=-1" in text
 
 
+RUNTIMES = ("ollama", "comfyui", "whisper-server")
+PROGRAMS = (
+    "/usr/local/bin/gpugate",
+    "/usr/local/bin/ollama",
+    "/usr/local/bin/whisper-server",
+    "/opt/ComfyUI/venv/bin/python",
+)
+"""Programs the units name; verify checks that each exists, so the test puts `true` there."""
+
+
+def _drop_in(runtime: str) -> str:
+    return (ROOT / "systemd" / f"{runtime}.service.d" / "gpugate.conf").read_text()
+
+
+def _runnable(text: str) -> str:
+    true = shutil.which("true")
+    assert true is not None
+    for program in PROGRAMS:
+        text = text.replace(program, true)
+    return text
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is part of every systemd host")
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_each_runtime_unit_verifies_with_its_drop_in(tmp_path, runtime):
+    # The example unit is the base the drop-in is verified against; verify reads the
+    # drop-in from UNIT.service.d/ next to the unit, and the gate's unit (After=, Wants=).
+    for name, text in (
+        (f"{runtime}.service", (ROOT / "systemd" / "examples" / f"{runtime}.service").read_text()),
+        ("gpugate.service", (ROOT / "systemd" / "gpugate.service").read_text()),
+        (f"{runtime}.service.d/gpugate.conf", _drop_in(runtime)),
+    ):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(_runnable(text))
+    result = subprocess.run(
+        [ANALYZE, "verify", str(tmp_path / f"{runtime}.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def _setting(text: str, name: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(name + "=")]
+
+
+def test_drop_ins_put_each_runtime_where_the_example_configuration_expects_it():
+    from gpugate.config.loader import load_config_text_with_warnings
+
+    seed = ROOT / "consumers.yaml"
+    config = load_config_text_with_warnings(seed.read_text(), seed, {}).config
+    upstream = {c.name: c.upstream for c in config.consumers}
+    assert _setting(_drop_in("ollama"), "Environment")[0] == (
+        f"OLLAMA_HOST={upstream['ollama'].host}:{upstream['ollama'].port}"
+    )
+    for runtime, consumer, flags in (
+        ("comfyui", "comfyui", "--listen {host} --port {port}"),
+        ("whisper-server", "whisper", "--host {host} --port {port}"),
+    ):
+        # ExecStart= is a list: an override first clears it with an empty assignment.
+        first, command = _setting(_drop_in(runtime), "ExecStart")
+        address = upstream[consumer]
+        assert first == "" and command.endswith(flags.format(host=address.host, port=address.port))
+
+
+def test_whisper_s_start_is_admitted_within_its_start_timeout():
+    from gpugate.config.loader import load_config_text_with_warnings
+    from gpugate.core.units import parse_duration
+
+    seed = ROOT / "consumers.yaml"
+    whisper = load_config_text_with_warnings(seed.read_text(), seed, {}).config.consumer("whisper")
+    assert whisper.control is not None and whisper.control.unit == "whisper-server.service"
+    text = _drop_in("whisper-server")
+    (admit,) = _setting(text, "ExecStartPre")
+    words = admit.split()
+    assert words[:3] == ["/usr/local/bin/gpugate", "admit", "whisper"]
+    wait = parse_duration(words[words.index("--wait") + 1])
+    (timeout,) = _setting(text, "TimeoutStartSec")
+    assert parse_duration(timeout) > wait
+    # Ollama and ComfyUI hold nothing worth admitting at start (see their drop-ins).
+    assert _setting(_drop_in("ollama"), "ExecStartPre") == []
+    assert _setting(_drop_in("comfyui"), "ExecStartPre") == []
+
+
 def _unit_setting(name: str) -> str:
     text = (ROOT / "systemd" / "gpugate.service").read_text()
     return next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith(name + "="))

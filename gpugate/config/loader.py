@@ -12,6 +12,7 @@ import difflib
 import enum
 import logging
 import os
+import re
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -125,6 +126,10 @@ def load_config_text_with_warnings(
 def yaml_key(field: attrs.Attribute) -> str:
     """The key a field is written as in the file (`class` for a `priority` field)."""
     return field.metadata.get("yaml", field.name)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_VALUE = Scalar("text or a number", (str, int, float), str)
 
 
 class _Invalid:
@@ -262,6 +267,8 @@ class _Walker:
     def value(self, tp: object, meta: Mapping[str, object], node: Node, path: str, line: int):
         """`node` read as type `tp`, or _INVALID after reporting why not."""
         tp = _optional(tp)
+        if meta.get("kind") == "string_map":
+            return self.string_map(node, path)
         if typing.get_origin(tp) is tuple:
             item = typing.get_args(tp)[0]
             if "keyed_by" in meta:
@@ -418,6 +425,26 @@ class _Walker:
             if ok:
                 items.append(cls(**values))
         return tuple(items)
+
+    def string_map(self, node: Node, path: str):
+        """A mapping of variable names to text (`env:`), as (name, value) pairs in file order."""
+        if not isinstance(node, MappingNode):
+            self.report(path, f"expected a mapping of names to values, got {describe(node)}",
+                        _line(node))  # fmt: skip
+            return _INVALID
+        pairs, ok = [], True
+        for key, _, value_node in self.pairs(node, path):
+            sub = _join(path, key)
+            if not _ENV_NAME.fullmatch(key):
+                self.report(sub, f"{key!r} is not a variable name (letters, digits, _)")
+                ok = False
+                continue
+            value = self.scalar(_ENV_VALUE, value_node, sub) if not is_null(value_node) else ""
+            if value is _INVALID:
+                ok = False
+                continue
+            pairs.append((key, value))
+        return tuple(pairs) if ok else _INVALID
 
     def sequence(self, item: object, meta: Mapping[str, object], node: Node, path: str):
         """A list, each item read as `item`; invalid as a whole if any item is."""

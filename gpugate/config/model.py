@@ -31,6 +31,7 @@ from gpugate.core.units import GiB
 SIZE = {"kind": "size"}
 DURATION = {"kind": "duration"}
 TOKEN = {"kind": "token"}
+STRING_MAP = {"kind": "string_map"}
 CLASS_KEY = {"yaml": "class"}
 MAX_CLASS_KEY = {"yaml": "max_class"}
 BY_NAME = {"keyed_by": "name"}
@@ -261,6 +262,33 @@ class ListenerLimits:
 
 
 @attrs.frozen
+class ProcessControlSettings:
+    """How the gate starts and stops a runtime that holds its model until it exits.
+
+    Either `unit` (a systemd service, driven with systemctl) or `command` (run by the gate
+    as its own child), never both.
+    """
+
+    unit: str | None = None
+    """A systemd unit: `systemctl start/stop/is-active UNIT`."""
+    command: tuple[str, ...] = ()
+    """The program and its arguments, one list item each (no shell)."""
+    env: tuple[tuple[str, str], ...] = attrs.field(default=(), metadata=STRING_MAP)
+    """Variables added to the gate's environment for `command`."""
+    cwd: Path | None = None
+    """Working directory of `command`."""
+    health: str = "/health"
+    """Path that answers 200 once the runtime can serve (after its port accepts)."""
+    start_timeout: float = attrs.field(default=60.0, metadata=DURATION)
+    """From the start to a 200 from `health`; a start that passes it is stopped."""
+    stop_timeout: float = attrs.field(default=10.0, metadata=DURATION)
+    """From SIGTERM (or `systemctl stop`) to the process gone; then SIGKILL."""
+    start_admission_timeout: float = attrs.field(default=120.0, metadata=DURATION)
+    """How long a start lease (`gpugate admit`) waits for NVML to show the process holding
+    its envelope; a lease still waiting then is released with LEASE_TIMEOUT."""
+
+
+@attrs.frozen
 class Consumer:
     """A managed runtime: the gate listens on `listen` and forwards to `upstream`."""
 
@@ -291,6 +319,9 @@ class Consumer:
     """Job runtimes: more working set per megapixel (1024x1024) of a job's largest latent."""
     preempt: tuple[PriorityClass, ...] = ()
     """Job runtimes: classes whose requests may interrupt a running job (none by default)."""
+
+    control: ProcessControlSettings | None = None
+    """Start/stop of a runtime that frees its VRAM only by exiting (whisper-server)."""
 
     def file_size(self, folder: str, name: str) -> int | None:
         """The size `files` gives model file `name` of `folder` (most specific wins), if any."""

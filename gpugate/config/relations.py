@@ -118,6 +118,7 @@ def _check_consumers(config: Config, findings: Findings) -> None:
             findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {listed})")
         _check_residencies(consumer, path, findings)
         _check_job_sizing(consumer, path, findings)
+        _check_control(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
 
@@ -171,6 +172,39 @@ def _check_job_sizing(consumer: Consumer, path: str, findings: Findings) -> None
         if priority in seen:
             findings.warn(f"{path}.preempt[{index}]", f"{priority.label} is listed twice")
         seen.add(priority)
+
+
+def _check_control(consumer: Consumer, path: str, findings: Findings) -> None:
+    control = consumer.control
+    where = f"{path}.control"
+    if control is None or findings.has_errors_under(where):
+        return
+    if control.unit is not None and control.command:
+        findings.report(where, "give either unit (a systemd service) or command, not both")
+    elif control.unit is None and not control.command:
+        if findings.line_of(f"{where}.command") is not None:
+            findings.report(f"{where}.command", "must be a non-empty list: the program first")
+        else:
+            findings.report(where, "give unit (a systemd service) or command (a list)")
+    elif control.unit is not None:
+        for key in ("env", "cwd"):
+            if findings.line_of(f"{where}.{key}") is not None:
+                findings.report(
+                    f"{where}.{key}",
+                    "applies to a command; a unit has its own Environment= and WorkingDirectory=",
+                )
+    if not control.health.startswith("/"):
+        findings.report(
+            f"{where}.health", f"expected a path like '/health', got {control.health!r}"
+        )
+    for key in ("start_timeout", "stop_timeout", "start_admission_timeout"):
+        if getattr(control, key) <= 0:
+            findings.report(f"{where}.{key}", "must be longer than 0s")
+    if consumer.envelope is None:
+        findings.report(
+            f"{path}.envelope",
+            "a process-controlled consumer needs an envelope: the bytes its start is admitted for",
+        )
 
 
 def _check_external(config: Config, findings: Findings) -> None:

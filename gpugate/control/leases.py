@@ -1,6 +1,7 @@
 """Explicit leases over the control API: ask (and wait), renew, release, list.
 
-    POST   /gate/v1/leases              {"consumer"|"identity", "bytes", "class", "ttl", "max_wait"}
+    POST   /gate/v1/leases              {"consumer"|"identity", "bytes", "class", "ttl", "max_wait",
+                                         "purpose": "hold"|"start"}
     POST   /gate/v1/leases/{id}/renew
     DELETE /gate/v1/leases/{id}
     GET    /gate/v1/leases
@@ -8,10 +9,17 @@
 A lease is asked for by a configured consumer (its bytes are that consumer's, on its GPU)
 or by a configured identity (its own budget row, `identity:NAME`, on `gpu`). The POST
 answers once the lease is granted, or with the failure that ended the wait.
+
+`"purpose": "start"` asks for a consumer's **start lease** (`gpugate admit`): `bytes`
+default to the consumer's envelope and `ttl` to its `control.start_admission_timeout`; the
+lease is never renewed, and ends as soon as NVML shows the consumer holding those bytes
+(gpugate.gate.starts) or at its ttl. While one is held for a consumer, another start
+request for it answers 200 with that same lease rather than counting the start twice.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from typing import TYPE_CHECKING, Any
@@ -25,12 +33,26 @@ from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import Lease
 from gpugate.core.units import parse_duration, parse_size
+from gpugate.gate.starts import DEFAULT_START_ADMISSION_TIMEOUT, StartLeases
 
 if TYPE_CHECKING:
+    from gpugate.config.model import Config
     from gpugate.gate.gate import Gate
 
 DEFAULT_TTL = 30.0
 FAILURE_HEADER = "X-GPUGate-Failure"
+
+
+class Purpose(enum.Enum):
+    """What an explicit lease is for."""
+
+    HOLD = "hold"
+    """Work that is not a request holds it, renewing it, until it releases it."""
+    START = "start"
+    """A process start: released once the process holds its bytes (gpugate.gate.starts)."""
+
+
+START_LEASES = web.AppKey("start_leases", StartLeases)
 
 
 class BadRequest(ValueError):
@@ -44,6 +66,7 @@ class Asked:
     terms: LeaseTerms
     label: dict[str, str]
     """{"consumer": name} or {"identity": name}: how the holder is shown."""
+    purpose: Purpose = Purpose.HOLD
 
 
 def failure_response(failure: Failure) -> web.Response:
@@ -83,7 +106,7 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
     """The lease a body asks for, checked against the configuration and the caller."""
     if not isinstance(body, dict):
         raise BadRequest("expected a JSON object")
-    known = {"consumer", "identity", "bytes", "class", "ttl", "max_wait", "gpu"}
+    known = {"consumer", "identity", "bytes", "class", "ttl", "max_wait", "gpu", "purpose"}
     unknown = sorted(set(body) - known)
     if unknown:
         allowed = ", ".join(sorted(known))
@@ -94,7 +117,15 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
         identity_name = caller.identity
     if (consumer_name is None) == (identity_name is None):
         raise BadRequest("give exactly one of 'consumer' and 'identity'")
+    try:
+        purpose = Purpose(body.get("purpose", Purpose.HOLD.value))
+    except ValueError:
+        raise BadRequest("purpose: expected 'hold' or 'start'") from None
+    if purpose is Purpose.START and consumer_name is None:
+        raise BadRequest("purpose: a start lease is a consumer's; give 'consumer'")
     raw_bytes = body.get("bytes")
+    if raw_bytes is None and purpose is Purpose.START:
+        raw_bytes = _start_envelope(config, consumer_name)
     if raw_bytes is None or isinstance(raw_bytes, bool) or not isinstance(raw_bytes, int | str):
         raise BadRequest("bytes: expected a whole number of bytes or a size like '4GiB'")
     try:
@@ -136,7 +167,10 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
             raise BadRequest(f"class: {exc}") from None
     if not caller.admin and priority > max_class:
         raise BadRequest(f"class: {priority.label} is above this identity's {max_class.label}")
-    ttl = _seconds(body, "ttl", DEFAULT_TTL)
+    default_ttl = DEFAULT_TTL
+    if purpose is Purpose.START:
+        default_ttl = _start_ttl(config, consumer_name)
+    ttl = _seconds(body, "ttl", default_ttl)
     assert ttl is not None
     if ttl < 1:
         raise BadRequest("ttl: at least 1s, so that a renewal can arrive in time")
@@ -147,7 +181,24 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
             f"bytes: {nbytes} is more than GPU {gpu} has ({budget.total - budget.reserved} "
             "usable bytes)"
         )
-    return Asked(LeaseTerms(owner, gpu, nbytes, priority, ttl, max_wait), label)
+    return Asked(LeaseTerms(owner, gpu, nbytes, priority, ttl, max_wait), label, purpose)
+
+
+def _start_envelope(config: Config, name: object) -> int:
+    consumer = next((c for c in config.consumers if c.name == name), None)
+    if consumer is None:
+        names = ", ".join(c.name for c in config.consumers) or "none"
+        raise BadRequest(f"consumer: no consumer {name!r} (configured: {names})")
+    if consumer.envelope is None:
+        raise BadRequest(f"bytes: consumer {consumer.name!r} has no envelope to admit a start for")
+    return consumer.envelope
+
+
+def _start_ttl(config: Config, name: object) -> float:
+    consumer = next((c for c in config.consumers if c.name == name), None)
+    if consumer is None or consumer.control is None:
+        return DEFAULT_START_ADMISSION_TIMEOUT
+    return consumer.control.start_admission_timeout
 
 
 def holder(lease: Lease) -> dict[str, str]:
@@ -173,6 +224,11 @@ def lease_document(lease: Lease, now: float) -> dict[str, Any]:
     }
 
 
+def start_document(lease: Lease, now: float) -> dict[str, Any]:
+    """A start lease as the API shows it: an explicit lease with `"purpose": "start"`."""
+    return {**lease_document(lease, now), "purpose": Purpose.START.value}
+
+
 def _allowed(caller: Caller, lease: Lease) -> bool:
     return caller.admin or lease.key.consumer == identity_owner(caller.identity or "")
 
@@ -191,10 +247,17 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
             asked = read_request(body, gate, request[CALLER])
         except BadRequest as exc:
             return bad_request(str(exc))
+        if asked.purpose is Purpose.START:
+            shared = starts.held(asked.terms.owner)
+            if shared is not None:
+                return web.json_response(start_document(shared, gate.clock()))
         try:
             lease = await gate.hold(asked.terms)
         except GateFailure as exc:
             return failure_response(exc.failure)
+        if asked.purpose is Purpose.START:
+            starts.watch(lease)
+            return web.json_response(start_document(lease, gate.clock()), status=201)
         return web.json_response(lease_document(lease, gate.clock()), status=201)
 
     def held(request: web.Request) -> Lease | web.Response:
@@ -230,8 +293,19 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
 
     async def listing(request: web.Request) -> web.Response:
         now = gate.clock()
-        documents = [lease_document(x, now) for x in gate.explicit_leases()]
+        documents = [
+            start_document(x, now) if starts.is_start(x.id) else lease_document(x, now)
+            for x in gate.explicit_leases()
+        ]
         return web.json_response({"leases": documents})
+
+    starts = StartLeases(gate)
+    app[START_LEASES] = starts
+
+    async def stop_watching(app: web.Application) -> None:
+        await starts.close()
+
+    app.on_cleanup.append(stop_watching)
 
     app.router.add_post("/gate/v1/leases", ask)
     app.router.add_get("/gate/v1/leases", listing)

@@ -1,0 +1,405 @@
+"""Starting and stopping a runtime that holds its model for its whole life (whisper-server).
+
+Such a runtime frees its VRAM only by exiting, so the gate controls it as a process:
+
+* `SystemdUnit(unit)`: `systemctl start|stop|is-active UNIT`, each bounded by a timeout,
+  when the runtime is a systemd service (its ExecStartPre may run `gpugate admit`).
+* `SupervisedCommand(argv, env, cwd)`: the gate runs the command itself as its child, stops
+  it with SIGTERM then SIGKILL after a grace, reaps it, and reports how it ended (status,
+  signal, the last lines of its stderr), including when it died on its own.
+
+`wait_ready(url, health_path, timeout)` waits for a started runtime to answer: the port
+first (whisper-server binds only once its model is loaded), then `GET health_path` until
+200 (whisper-server answers 503 while a /load runs).
+
+Nothing here knows the gate: it is asyncio and subprocesses only.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import contextlib
+import enum
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+import attrs
+
+STDERR_LINES = 20
+"""How many of a child's last stderr lines an `Exit` keeps."""
+SYSTEMCTL_TIMEOUT = 90.0
+"""systemd's own default start/stop timeout (DefaultTimeoutStartSec)."""
+POLL_INTERVAL = 0.1
+
+
+class ProcessControlError(RuntimeError):
+    """A start, stop or query could not be carried out; `stderr` is the tool's own words."""
+
+    def __init__(self, message: str, *, stderr: str = "", returncode: int | None = None) -> None:
+        super().__init__(f"{message}: {stderr.strip()}" if stderr.strip() else message)
+        self.stderr = stderr
+        self.returncode = returncode
+
+
+class SystemctlError(ProcessControlError):
+    """`systemctl` failed, timed out or could not be run."""
+
+
+class ProcessExited(ProcessControlError):
+    """The process ended before it was ready (a start that failed, an OOM abort)."""
+
+    def __init__(self, exit: Exit) -> None:
+        super().__init__(
+            f"the process exited before it was ready ({exit.describe()})",
+            stderr="\n".join(exit.stderr_tail),
+            returncode=exit.returncode,
+        )
+        self.exit = exit
+
+
+class NotReady(ProcessControlError):
+    """The runtime did not accept connections, or its health check did not answer 200, in time."""
+
+
+@attrs.frozen
+class Exit:
+    """How a supervised process ended."""
+
+    returncode: int
+    """As asyncio reports it: the exit status, or -N when signal N ended it (SIGABRT: -6)."""
+    stderr_tail: tuple[str, ...] = ()
+    """Its last stderr lines, oldest first."""
+    stopped: bool = False
+    """True when the gate stopped it (`stop()`); False when it ended on its own."""
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that ended it, if one did."""
+        return -self.returncode if self.returncode < 0 else None
+
+    @property
+    def shell_status(self) -> int:
+        """The status a shell (and systemd's `$EXIT_STATUS`) shows: 128 + N for signal N."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    def describe(self) -> str:
+        """'exit status 3' or 'killed by SIGABRT (status 134)'."""
+        if self.signal is None:
+            return f"exit status {self.returncode}"
+        try:
+            name = signal.Signals(self.signal).name
+        except ValueError:
+            name = f"signal {self.signal}"
+        return f"killed by {name} (status {self.shell_status})"
+
+
+class UnitState(enum.Enum):
+    """What `systemctl is-active` prints."""
+
+    ACTIVE = "active"
+    RELOADING = "reloading"
+    INACTIVE = "inactive"
+    FAILED = "failed"
+    ACTIVATING = "activating"
+    DEACTIVATING = "deactivating"
+    MAINTENANCE = "maintenance"
+    REFRESHING = "refreshing"
+
+    @property
+    def running(self) -> bool:
+        """Whether the unit has (or is getting) a live process that may hold memory."""
+        return self in (UnitState.ACTIVE, UnitState.RELOADING, UnitState.ACTIVATING,
+                        UnitState.DEACTIVATING, UnitState.REFRESHING)  # fmt: skip
+
+
+class ProcessControl(abc.ABC):
+    """Start and stop one runtime process; how is the implementation's business."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start it; returns once it was started (not once it is ready: see `wait_ready`)."""
+
+    @abc.abstractmethod
+    async def stop(self) -> Exit | None:
+        """Stop it and wait until it is gone; how it ended, when that is known."""
+
+    @abc.abstractmethod
+    async def is_running(self) -> bool:
+        """Whether a process is there (and may hold memory)."""
+
+    def ended(self) -> asyncio.Future[Exit] | None:
+        """A future that completes when the current process ends; None when not knowable."""
+        return None
+
+
+class SystemdUnit(ProcessControl):
+    """A runtime run by systemd, controlled with `systemctl` (no D-Bus)."""
+
+    def __init__(
+        self,
+        unit: str,
+        *,
+        start_timeout: float = SYSTEMCTL_TIMEOUT,
+        stop_timeout: float = SYSTEMCTL_TIMEOUT,
+        query_timeout: float = 10.0,
+        systemctl: str = "systemctl",
+    ) -> None:
+        self.unit = unit
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.query_timeout = query_timeout
+        self.systemctl = systemctl
+
+    async def start(self) -> None:
+        """`systemctl start UNIT`: waits for the start job (ExecStartPre included)."""
+        await self._run("start", self.start_timeout)
+
+    async def stop(self) -> Exit | None:
+        """`systemctl stop UNIT`: waits until its processes are gone (systemd's own SIGKILL
+        after its TimeoutStopSec included). How it ended is systemd's to record."""
+        await self._run("stop", self.stop_timeout)
+        return None
+
+    async def state(self) -> UnitState:
+        """`systemctl is-active UNIT` (its non-zero status for "inactive" is not an error)."""
+        code, out, err = await self._call("is-active", self.query_timeout)
+        word = out.strip().splitlines()[-1] if out.strip() else ""
+        try:
+            return UnitState(word)
+        except ValueError:
+            raise SystemctlError(
+                f"systemctl is-active {self.unit} answered {word!r}", stderr=err, returncode=code
+            ) from None
+
+    async def is_running(self) -> bool:
+        return (await self.state()).running
+
+    async def _run(self, verb: str, timeout: float) -> None:
+        code, _, err = await self._call(verb, timeout)
+        if code != 0:
+            raise SystemctlError(
+                f"systemctl {verb} {self.unit} failed with status {code}",
+                stderr=err,
+                returncode=code,
+            )
+
+    async def _call(self, verb: str, timeout: float) -> tuple[int, str, str]:
+        argv = [self.systemctl, verb, self.unit]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise SystemctlError(f"cannot run {self.systemctl}: {exc.strerror}") from None
+        try:
+            async with asyncio.timeout(timeout):
+                out, err = await process.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            # The job may still run in systemd; only the wait for it was given up.
+            raise SystemctlError(
+                f"systemctl {verb} {self.unit} did not finish within {timeout:g}s"
+            ) from None
+        assert process.returncode is not None
+        return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+class SupervisedCommand(ProcessControl):
+    """A runtime the gate runs as its own child.
+
+    `on_exit` is called (on the event loop) when the child ends on its own, not when
+    `stop()` ended it: a crash, an OOM abort, an exit after a failed load.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        *,
+        stop_grace: float = 10.0,
+        on_exit: Callable[[Exit], None] | None = None,
+        stderr_lines: int = STDERR_LINES,
+    ) -> None:
+        if not argv:
+            raise ValueError("a command needs at least the program to run")
+        self.argv = list(argv)
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.stop_grace = stop_grace
+        self.on_exit = on_exit
+        self.last_exit: Exit | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
+        self._process: asyncio.subprocess.Process | None = None
+        self._ended: asyncio.Future[Exit] | None = None
+        self._waiter: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's PID (None when none runs)."""
+        return self._process.pid if self._process is not None and self.running else None
+
+    @property
+    def running(self) -> bool:
+        return self._ended is not None and not self._ended.done()
+
+    async def start(self) -> None:
+        """Run the command; ProcessControlError when it cannot be run or already runs."""
+        if self.running:
+            raise ProcessControlError(f"{self.argv[0]} is already running (pid {self.pid})")
+        env = None if self.env is None else {**os.environ, **self.env}
+        self._stderr.clear()
+        self._stopping = False
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=self.cwd,
+                # Its own process group: a wrapper script's children are stopped with it.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ProcessControlError(f"cannot run {self.argv[0]}: {exc.strerror or exc}") from None
+        self._ended = asyncio.get_running_loop().create_future()
+        self._waiter = asyncio.create_task(
+            self._wait(self._process, self._ended), name=f"supervise-{self._process.pid}"
+        )
+
+    def ended(self) -> asyncio.Future[Exit] | None:
+        return self._ended
+
+    async def is_running(self) -> bool:
+        return self.running
+
+    async def stop(self, grace: float | None = None) -> Exit | None:
+        """SIGTERM, then SIGKILL after `grace` (default: stop_grace); the reaped exit.
+
+        The last exit when nothing runs; None when nothing was ever started.
+        """
+        if self._ended is None or self._process is None:
+            return None
+        if not self._ended.done():
+            self._stopping = True
+            self._signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(self.stop_grace if grace is None else grace):
+                    await asyncio.shield(self._ended)
+            except TimeoutError:
+                self._signal(signal.SIGKILL)
+        return await asyncio.shield(self._ended)
+
+    def _signal(self, signum: int) -> None:
+        assert self._process is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signum)
+
+    async def _wait(self, process: asyncio.subprocess.Process, ended: asyncio.Future[Exit]) -> None:
+        assert process.stderr is not None
+        reader = asyncio.create_task(self._read(process.stderr))
+        code = await process.wait()
+        if not self._stopping:
+            # Whatever it left in its group (a wrapper's children) goes with it.
+            self._signal(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(reader)
+        reader.cancel()
+        exit = Exit(code, tuple(self._stderr), stopped=self._stopping)
+        self.last_exit = exit
+        if not ended.done():
+            ended.set_result(exit)
+        if not exit.stopped and self.on_exit is not None:
+            self.on_exit(exit)
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        try:
+            async for raw in stream:
+                self._stderr.append(raw.decode(errors="replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            pass  # an over-long line or a closed pipe: the exit status still matters
+
+
+async def _port_open(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def wait_ready(
+    url: str,
+    health_path: str = "/health",
+    timeout: float = 60.0,
+    *,
+    process: ProcessControl | None = None,
+    interval: float = POLL_INTERVAL,
+) -> None:
+    """Wait until `url`'s port accepts and `GET health_path` answers 200, within `timeout`.
+
+    NotReady when time runs out; ProcessExited at once when `process` ends first (a
+    start that aborted never counts as ready).
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    ended = process.ended() if process is not None else None
+    stage = f"{host}:{port} to accept connections"
+    last = ""
+
+    def check_ended() -> None:
+        if ended is not None and ended.done():
+            raise ProcessExited(ended.result())
+
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                check_ended()
+                if await _port_open(host, port):
+                    break
+                await _pause(ended, interval)
+            stage = f"GET {health_path} to answer 200"
+            probe = aiohttp.ClientTimeout(total=max(interval, min(5.0, timeout)))
+            async with aiohttp.ClientSession(timeout=probe) as session:
+                while True:
+                    check_ended()
+                    try:
+                        async with session.get(url.rstrip("/") + health_path) as resp:
+                            await resp.read()
+                            if resp.status == 200:
+                                return
+                            last = f" (last answer: {resp.status})"
+                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        last = f" (last error: {exc!r})"
+                    await _pause(ended, interval)
+    except TimeoutError:
+        check_ended()
+        raise NotReady(f"waited {timeout:g}s for {stage}{last}") from None
+
+
+async def _pause(ended: asyncio.Future[Exit] | None, interval: float) -> None:
+    """Sleep `interval`, waking early when the process ends."""
+    if ended is None:
+        await asyncio.sleep(interval)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(interval):
+            await asyncio.shield(ended)
