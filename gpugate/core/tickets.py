@@ -10,6 +10,19 @@ from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.residents import ResidentKey
 
 
+class LeaseScope(enum.Enum):
+    """How long a lease lives, and which event ends it."""
+
+    REQUEST = "request"
+    """Ends with the request that asked for it (its response ends or its client leaves)."""
+    JOB = "job"
+    """Outlives the request that queued a job; ends with the job (`GateCore.job_done`).
+    A consumer's jobs share one lease, sized to the largest live job."""
+    PROCESS = "process"
+    """A process that allocates at start: the lease becomes a resident once NVML shows the
+    consumer holding its bytes, and fails if that does not happen within `appear_within`."""
+
+
 @attrs.frozen
 class Demand:
     """What an adapter says a request needs before it may be forwarded."""
@@ -33,6 +46,9 @@ class Demand:
     lease_ttl: float | None = None
     """An explicit lease (work that is not a request): it lapses unless renewed within this
     many seconds. None: a request's lease, which ends with its request."""
+    scope: LeaseScope = LeaseScope.REQUEST
+    appear_within: float | None = None
+    """PROCESS scope: seconds the process has to show its memory in NVML."""
 
     @property
     def consumer(self) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import aiohttp
 import attrs
 
-from gpugate.config.model import Config, Consumer, RuntimeKind
+from gpugate.config.model import Config, Consumer
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, Unload
 from gpugate.core.explicit import LeaseTerms
 from gpugate.core.failures import Failure, FailureClass
@@ -32,7 +32,8 @@ from gpugate.gate.unloads import UnloadRunner
 from gpugate.gate.upstream import Backoff, upstream_failure
 from gpugate.gpu.sampler import Sampler
 from gpugate.logs import OncePerInterval
-from gpugate.runtimes.ollama import OllamaAdapter
+from gpugate.runtimes.base import RuntimeAdapter
+from gpugate.runtimes.registry import adapter_for
 from gpugate.store.db import MeasuredEnvelope, Store
 
 log = logging.getLogger("gpugate.gate")
@@ -62,12 +63,15 @@ class Link:
     """A managed consumer with its adapter and its upstream connection pool."""
 
     consumer: Consumer
-    adapter: OllamaAdapter
+    adapter: RuntimeAdapter
     session: aiohttp.ClientSession | None = None
     reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
 
 
-def core_settings(config: Config) -> CoreSettings:
+AdapterFactory = Callable[[Consumer], RuntimeAdapter | None]
+
+
+def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> CoreSettings:
     """Resolve the configuration into what the decision core needs."""
     budget = config.budget
     reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
@@ -84,7 +88,9 @@ def core_settings(config: Config) -> CoreSettings:
         queue_limit={c.name: c.queue_limit for c in config.consumers},
         stale_after=budget.stale_after,
         planner=PlannerSettings(),
-        reconcilable=frozenset(c.name for c in config.consumers if c.runtime is RuntimeKind.OLLAMA),
+        reconcilable=frozenset(
+            c.name for c in config.consumers if (a := adapters(c)) is not None and a.reconcilable
+        ),
     )
 
 
@@ -99,19 +105,21 @@ class Gate:
         store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
         listing_interval: float = RECONCILE_INTERVAL,
+        adapters: AdapterFactory = adapter_for,
     ) -> None:
         self.config = config
         self.listing_interval = listing_interval
         self.sampler = sampler
         self.store = store
         self.clock = clock
-        self.core = GateCore(core_settings(config))
+        self._adapters = adapters
+        self.core = GateCore(core_settings(config, adapters))
         self.events = EventHub()
-        self.links = {
-            c.name: Link(c, OllamaAdapter(c))
-            for c in config.consumers
-            if c.runtime is RuntimeKind.OLLAMA
-        }
+        self.links: dict[str, Link] = {}
+        for consumer in config.consumers:
+            adapter = adapters(consumer)
+            if adapter is not None:
+                self.links[consumer.name] = Link(consumer, adapter)
         self._waiters: dict[int, asyncio.Future[Lease]] = {}
         self._measured: dict[ResidentKey, int] = {}
         self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
@@ -153,7 +161,8 @@ class Gate:
         )
         self._spawn(sampling, "sampler")
         for link in self.links.values():
-            self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
+            if link.adapter.reconcilable:
+                self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
         self.started = True
 
     async def close(self) -> None:
@@ -288,7 +297,8 @@ class Gate:
         # ask the runtime what it has rather than wait for the next periodic listing.
         for rows in self.core.telemetry.unexplained.values():
             for consumer, nbytes in rows.items():
-                if nbytes and consumer in self.links:
+                link = self.links.get(consumer)
+                if nbytes and link is not None and link.adapter.reconcilable:
                     self.want_reconcile(consumer)
 
     async def reconcile(self, link: Link) -> None:
@@ -296,7 +306,7 @@ class Gate:
         assert link.session is not None
         asked_at = self.clock()
         async with asyncio.timeout(link.consumer.timeouts.control):
-            loaded = await link.adapter.loaded(link.session)
+            loaded = await link.adapter.listing(link.session)
         adapter = link.adapter
         listed = []
         for model in loaded:
@@ -469,7 +479,7 @@ class Gate:
         The caller keeps in `config` what only a restart can change (listeners, upstreams,
         GPUs, sampling); consumers are matched by name and none is added or removed here.
         """
-        settings = core_settings(config)
+        settings = core_settings(config, self._adapters)
         core = self.core
         core.settings = settings
         # The core's parts took their settings when they were built: these are the ones a
@@ -486,8 +496,10 @@ class Gate:
         for consumer in config.consumers:
             link = self.links.get(consumer.name)
             if link is not None and link.consumer != consumer:
-                link.consumer = consumer
-                link.adapter = OllamaAdapter(consumer)
+                adapter = self._adapters(consumer)
+                if adapter is not None:
+                    link.consumer = consumer
+                    link.adapter = adapter
         self.config = config
 
     # -- explicit leases (work that is not a request) --------------------------------------

@@ -2,8 +2,8 @@
 
 The lease is released in a `finally`: when the response is complete, when the upstream
 fails or stalls past its timeouts, and when the client goes away (aiohttp cancels the
-handler; the upstream request is closed at once, so Ollama stops generating or aborts a
-load). An upstream that fails after the response started is a failure event and a cut
+handler; the upstream request is closed at once, so the runtime stops generating or
+aborts a load). An upstream that fails after the response started is a failure event and a cut
 connection, never bytes added to the client's stream.
 """
 
