@@ -49,6 +49,9 @@ class Demand:
     scope: LeaseScope = LeaseScope.REQUEST
     appear_within: float | None = None
     """PROCESS scope: seconds the process has to show its memory in NVML."""
+    job_bytes: int | None = None
+    """JOB scope, set by the core: the job's own size, while `envelope` is what it must
+    grow its consumer's job lease by."""
 
     @property
     def consumer(self) -> str:
@@ -61,6 +64,11 @@ class Demand:
     @property
     def explicit(self) -> bool:
         return self.lease_ttl is not None
+
+    @property
+    def loads_model(self) -> bool:
+        """Whether a grant starts a load the runtime will report (not a job's or a hold's)."""
+        return not self.explicit and self.scope is not LeaseScope.JOB
 
 
 class TicketState(enum.Enum):
@@ -101,6 +109,14 @@ class Lease:
     """True when this lease loads the model (it was not resident when granted)."""
     expires_at: float | None = None
     """An explicit lease lapses at this time unless renewed; None for a request's lease."""
+    job_of: int | None = None
+    """A job's lease: the id of its consumer's job lease, which carries the bytes."""
+    appear_by: float | None = None
+    """PROCESS scope: the process must show its memory in NVML by then."""
+
+    @property
+    def scope(self) -> LeaseScope:
+        return self.demand.scope
 
     @property
     def key(self) -> ResidentKey:
