@@ -67,8 +67,9 @@ class Demand:
 
     @property
     def loads_model(self) -> bool:
-        """Whether a grant starts a load the runtime will report (not a job's or a hold's)."""
-        return not self.explicit and self.scope is not LeaseScope.JOB
+        """Whether the runtime answering the request means its model is loaded (a job's
+        and a process's memory shows in NVML later; an explicit lease loads nothing)."""
+        return not self.explicit and self.scope is LeaseScope.REQUEST
 
 
 class TicketState(enum.Enum):
