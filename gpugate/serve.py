@@ -1,4 +1,7 @@
-"""`gpugate serve`: one process, one listener per consumer, one control listener.
+"""`gpugate serve`: one process, one listener per fronted consumer, one control listener.
+
+A consumer is fronted when the registry has an adapter for its runtime (the gate made a
+link for it); the others are observed through NVML and counted.
 
 On SIGINT/SIGTERM the listeners stop accepting, in-flight streams may finish for up to
 `gate.shutdown_grace`, then whatever is left is cancelled; every lease is released by
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpugate.config.model import Address, Config, ListenerLimits, RuntimeKind
+from gpugate.config.model import Address, Config, ListenerLimits
 from gpugate.control.app import control_app
 from gpugate.control.metrics import GateMetrics
 from gpugate.gate.gate import Gate, Link
@@ -122,7 +125,7 @@ async def serve(
                 f"gpugate: {consumer.name} listening on {_url(*bound)} -> {consumer.upstream.url}"
             )
         for consumer in config.consumers:
-            if consumer.runtime is not RuntimeKind.OLLAMA:
+            if consumer.name not in gate.links:
                 lines.append(
                     f"gpugate: {consumer.name} ({consumer.runtime.value}) is not fronted by this "
                     "version; its memory is observed and counted"

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import TYPE_CHECKING
+
 from gpugate.core.effects import Unload, UnloadReason
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
-from gpugate.core.tickets import Demand, Lease
+from gpugate.core.tickets import Demand, Lease, LeaseScope
+
+if TYPE_CHECKING:
+    from gpugate.core.scopes import JobBook
 
 
 class Books:
@@ -20,6 +26,13 @@ class Books:
         self.unloads: dict[ResidentKey, Unload] = {}
         self.version = 0
         self.residents_version = 0
+        self._ids = itertools.count(1)
+        self.jobs: JobBook | None = None
+        """The consumers' job leases (set by the core that owns these books)."""
+
+    def new_id(self) -> int:
+        """An id for a ticket, and the lease it becomes."""
+        return next(self._ids)
 
     def touch(self, *, residents: bool = True) -> None:
         """Record a change: to the queue only, or (the default) to what holds memory."""
@@ -54,6 +67,11 @@ class Books:
         resident: Resident | None,
     ) -> Lease:
         """Record a granted lease; a lease for a model not resident starts its load."""
+        if demand.scope is LeaseScope.JOB and self.jobs is not None:
+            return self.jobs.open(lease_id, demand, now, arrived)
+        appear_by = None
+        if demand.scope is LeaseScope.PROCESS and demand.appear_within is not None and needed:
+            appear_by = now + demand.appear_within
         lease = Lease(
             lease_id,
             demand,
@@ -62,6 +80,7 @@ class Books:
             pending=needed,
             loads=resident is None and not demand.explicit,
             expires_at=None if demand.lease_ttl is None else now + demand.lease_ttl,
+            appear_by=appear_by,
         )
         self.leases[lease_id] = lease
         if demand.explicit:

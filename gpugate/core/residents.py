@@ -63,6 +63,9 @@ class Resident:
     """Found in the runtime without a lease (e.g. loaded from loopback behind the gate)."""
     offload_reported: bool = False
     """A partial CPU offload of this load has been reported (once per load)."""
+    tracks_observed: bool = False
+    """Known from NVML only (a process, or what a runtime that cannot list kept after its
+    jobs): its bytes follow what NVML shows for its consumer, and it goes when they do."""
 
     @property
     def idle(self) -> bool:

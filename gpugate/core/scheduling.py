@@ -10,7 +10,6 @@ model another ticket is already waiting for ride on that one.
 from __future__ import annotations
 
 import enum
-import itertools
 import math
 from collections.abc import Callable, Iterable
 
@@ -119,17 +118,16 @@ class Scheduler:
         self.wake: dict[int, float] = {}
         self._tails: dict[int, _Tail] = {}
         self._full: set[int] = set()
-        self._ids = itertools.count(1)
 
     # -- demands -------------------------------------------------------------------------
 
     def new_id(self) -> int:
         """A ticket id (it becomes the lease's id) for a demand about to be submitted."""
-        return next(self._ids)
+        return self.books.new_id()
 
     def submit(self, demand: Demand, now: float, *, ticket_id: int | None = None) -> Admission:
         """A request needs VRAM: grant it, queue it, or fail it."""
-        ticket_id = next(self._ids) if ticket_id is None else ticket_id
+        ticket_id = self.books.new_id() if ticket_id is None else ticket_id
         gpu = demand.gpu
         resident = self.books.reusable(demand.key)
         if resident is not None:

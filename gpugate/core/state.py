@@ -15,19 +15,31 @@ import attrs
 
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
-from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
-from gpugate.core.explain import describe_pressure, make_failure
+from gpugate.core.explain import make_failure
 from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events, next_expiry
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
-from gpugate.core.planner import PlannerSettings, victim_order
+from gpugate.core.planner import PlannerSettings
 from gpugate.core.pressure import ReserveSettings
+from gpugate.core.relief import relieve_pressure
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
-from gpugate.core.scheduling import Admission, Scheduler
+from gpugate.core.scheduling import Admission, Scheduler, granted_event
+from gpugate.core.scopes import (
+    JobBook,
+    job_demand,
+    left_behind,
+    never_appeared,
+    next_appearance,
+    observed_scopes,
+    process_overdue,
+    released_event,
+)
+from gpugate.core.suspects import clear_suspects
 from gpugate.core.telemetry import Telemetry
-from gpugate.core.tickets import Demand, Lease, Ticket
+from gpugate.core.tickets import Demand, Lease, LeaseScope, Ticket
 
 __all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
 
@@ -57,6 +69,8 @@ class GateCore:
     def __init__(self, settings: CoreSettings) -> None:
         self.settings = settings
         self.books = Books()
+        self.jobs = JobBook(self.books)
+        self.books.jobs = self.jobs
         self.telemetry = Telemetry(
             settings.reserve, dict(settings.reserve_by_gpu), settings.consumer_gpus
         )
@@ -116,6 +130,8 @@ class GateCore:
 
     def submit(self, demand: Demand, now: float) -> Admission:
         """A request needs VRAM: a lease now, a ticket to wait on, or a failure."""
+        if demand.scope is LeaseScope.JOB:
+            return self._submit_job(demand, now)
         return self.scheduler.submit(demand, now)
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
@@ -148,7 +164,7 @@ class GateCore:
     def loaded(self, lease_id: int, now: float) -> list[Effect]:
         """The runtime answered the lease's request, so its model is in VRAM now."""
         lease = self.books.leases.get(lease_id)
-        if lease is None or not lease.pending or lease.demand.explicit:
+        if lease is None or not lease.pending or not lease.demand.loads_model:
             return []
         self.books.materialise(lease, now)
         if not self.scheduler.queues.get(lease.gpu):
@@ -156,8 +172,16 @@ class GateCore:
         return self.scheduler.schedule(lease.gpu, now)
 
     def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]:
-        """The lease's request ended: done, failed, or abandoned by its client."""
+        """The lease's request ended: done, failed, or abandoned by its client.
+
+        A job's lease ends its job (a job the runtime refused, or one abandoned before it
+        was queued); a consumer's job lease ends only with its last job.
+        """
         open_lease = self.books.leases.get(lease_id)
+        if lease_id in self.jobs.carriers:
+            return []
+        if open_lease is not None and open_lease.job_of is not None:
+            return self.job_done(open_lease.key.consumer, lease_id, now, failed=failed)
         loading = open_lease is not None and open_lease.pending > 0
         closed = self.books.close_lease(lease_id, now, failed=failed)
         if closed is None:
@@ -189,8 +213,8 @@ class GateCore:
         effects: list[Effect] = []
         for gpu in self.telemetry.observe(sample, self.books):
             self.books.touch(residents=False)  # the budget moved; the residents did not
-            effects.extend(self._clear_suspects(gpu, now))
-            effects.extend(self._relieve_pressure(gpu, now))
+            effects.extend(self._observed_scopes(gpu, now))
+            effects.extend(relieve_pressure(self.books, self.telemetry, gpu, now))
             effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 
@@ -278,6 +302,9 @@ class GateCore:
         for lease in due(self.books, now):
             effects.extend(self._lapse(lease, now))
             gpus.add(lease.gpu)
+        for lease in process_overdue(self.books, now):
+            effects.append(never_appeared(lease, now))
+            effects.extend(self.release(lease.id, now, failed=True))
         for resident in self.residents():
             expiry = resident.expires_at()
             if expiry is not None and expiry <= now:
@@ -290,39 +317,64 @@ class GateCore:
     def next_wakeup(self) -> float | None:
         """When `tick` next has something to do (None: nothing is timed)."""
         times = [at for r in self.books.residents.values() if (at := r.expires_at()) is not None]
-        for at in (self.scheduler.next_wakeup(), next_expiry(self.books)):
+        for at in (
+            self.scheduler.next_wakeup(),
+            next_expiry(self.books),
+            next_appearance(self.books),
+        ):
             if at is not None:
                 times.append(at)
         return min(times) if times else None
 
+    # -- events: jobs ----------------------------------------------------------------------
+
+    def job_started(self, lease_id: int, job: str) -> bool:
+        """The runtime queued a job's work under its own name for it (for `job_done`)."""
+        return self.jobs.name(lease_id, job)
+
+    def job_done(
+        self, consumer: str, job: int | str, now: float, *, failed: bool = False
+    ) -> list[Effect]:
+        """A job finished, failed, was interrupted or deleted (by lease id or its name).
+
+        Its consumer's job lease shrinks to the largest job left, or ends with the last;
+        what the runtime keeps afterwards is a resident: named by its listing, or, for a
+        runtime that cannot list, known from NVML.
+        """
+        job_id = self.jobs.find(consumer, job)
+        closed = None if job_id is None else self.jobs.close(job_id)
+        if closed is None:
+            return []
+        lease, pool, ended = closed
+        reason = "failed" if failed else "done"
+        effects: list[Effect] = [released_event(lease, now, reason)]
+        if ended:
+            effects.append(released_event(pool.lease, now, "jobs done"))
+            if consumer not in self.settings.reconcilable:
+                effects.extend(left_behind(self.books, pool, self.observation(lease.gpu), now))
+        self.jobs.resize_waiting(self.waiting(lease.gpu))
+        self.telemetry.explain(lease.gpu, self.books)
+        effects.extend(self.scheduler.schedule(lease.gpu, now))
+        return effects
+
     # -- internals -----------------------------------------------------------------------
 
-    def _clear_suspects(self, gpu: int, now: float) -> list[Effect]:
-        """Suspects whose consumer no longer holds their bytes: the memory came back late."""
-        suspects = [r for r in self.residents(gpu) if r.state is ResidentState.SUSPECT]
-        if not suspects:
-            return []
-        observation = self.telemetry.observations[gpu]
+    def _submit_job(self, demand: Demand, now: float) -> Admission:
+        """A job is granted at once within its consumer's job lease, or grows it."""
+        job_id = self.books.new_id()
+        held = self.jobs.held(demand.consumer, demand.gpu)
+        queued = job_demand(demand, job_id, held)
+        if held and queued.envelope == 0:
+            lease = self.books.open_lease(job_id, queued, now, now, 0, None)
+            return Admission(job_id, lease=lease, effects=(granted_event(lease),))
+        return self.scheduler.submit(queued, now, ticket_id=job_id)
+
+    def _observed_scopes(self, gpu: int, now: float) -> list[Effect]:
+        obs = self.observation(gpu)
         effects: list[Effect] = []
-        for suspect in suspects:
-            consumer = suspect.key.consumer
-            others = sum(
-                r.bytes
-                for r in self.residents(gpu)
-                if r.key.consumer == consumer and r.key != suspect.key
-            ) + sum(
-                lease.pending
-                for lease in self.books.leases_on(gpu)
-                if lease.key.consumer == consumer
-            )
-            if observation.managed.get(consumer, 0) <= others:
-                del self.books.residents[suspect.key]
-                self.books.touch()
-                effects.append(
-                    resident_event(
-                        EventKind.RESIDENT_GONE, now, suspect, "its memory came back after all"
-                    )
-                )
+        if obs is not None:
+            effects.extend(clear_suspects(self.books, obs, now))
+            effects.extend(observed_scopes(self.books, obs, now))
         if effects:
             self.telemetry.explain(gpu, self.books)
         return effects
@@ -382,62 +434,3 @@ class GateCore:
             retry_after=retry_after,
             extra=extra,
         )
-
-    def _relieve_pressure(self, gpu: int, now: float) -> list[Effect]:
-        """Give idle memory back when external use ate into the reserve."""
-        budget = self.budget(gpu)
-        if budget is None:
-            return []
-        gauge = self.telemetry.gauge(gpu)
-        change = gauge.update(budget.schedulable)
-        effects: list[Effect] = []
-        cause = describe_pressure(budget, self.residents(gpu)) if gauge.active else ""
-        if change is True:
-            effects.append(
-                Event(
-                    EventKind.PRESSURE_ENTERED,
-                    now,
-                    gpu=gpu,
-                    bytes=-budget.schedulable,
-                    detail=f"over-committed by {-budget.schedulable} bytes",
-                    failure=Failure(
-                        FailureClass.EXTERNAL_GPU_PRESSURE,
-                        f"EXTERNAL_GPU_PRESSURE: GPU {gpu} is over-committed by "
-                        f"{-budget.schedulable / 2**30:.1f} GiB "
-                        f"({cause}); giving back idle memory",
-                        gpu=gpu,
-                        bytes_schedulable=0,
-                    ),
-                )
-            )
-        elif change is False:
-            effects.append(
-                Event(EventKind.PRESSURE_CLEARED, now, gpu=gpu, bytes=budget.schedulable)
-            )
-        if not gauge.active:
-            return effects
-        unloading = sum(u.bytes for u in self.books.unloads.values() if u.gpu == gpu)
-        deficit = -budget.schedulable - unloading
-        victims = sorted(
-            (
-                r
-                for r in self.residents(gpu)
-                if r.idle and r.policy is not ResidencyPolicy.ALWAYS_WARM and r.bytes > 0
-            ),
-            key=victim_order,
-        )
-        for resident in victims:
-            if deficit <= 0:
-                break
-            effects.append(self.books.start_unload(resident, UnloadReason.PRESSURE, None))
-            effects.append(
-                resident_event(
-                    EventKind.EVICTION_STARTED,
-                    now,
-                    resident,
-                    f"GPU {gpu} over-committed by {-budget.schedulable / 2**30:.1f} GiB: {cause}",
-                    reason=UnloadReason.PRESSURE.value,
-                )
-            )
-            deficit -= resident.bytes
-        return effects

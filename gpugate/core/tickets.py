@@ -10,6 +10,19 @@ from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.residents import ResidentKey
 
 
+class LeaseScope(enum.Enum):
+    """How long a lease lives, and which event ends it."""
+
+    REQUEST = "request"
+    """Ends with the request that asked for it (its response ends or its client leaves)."""
+    JOB = "job"
+    """Outlives the request that queued a job; ends with the job (`GateCore.job_done`).
+    A consumer's jobs share one lease, sized to the largest live job."""
+    PROCESS = "process"
+    """A process that allocates at start: the lease becomes a resident once NVML shows the
+    consumer holding its bytes, and fails if that does not happen within `appear_within`."""
+
+
 @attrs.frozen
 class Demand:
     """What an adapter says a request needs before it may be forwarded."""
@@ -33,6 +46,12 @@ class Demand:
     lease_ttl: float | None = None
     """An explicit lease (work that is not a request): it lapses unless renewed within this
     many seconds. None: a request's lease, which ends with its request."""
+    scope: LeaseScope = LeaseScope.REQUEST
+    appear_within: float | None = None
+    """PROCESS scope: seconds the process has to show its memory in NVML."""
+    job_bytes: int | None = None
+    """JOB scope, set by the core: the job's own size, while `envelope` is what it must
+    grow its consumer's job lease by."""
 
     @property
     def consumer(self) -> str:
@@ -45,6 +64,12 @@ class Demand:
     @property
     def explicit(self) -> bool:
         return self.lease_ttl is not None
+
+    @property
+    def loads_model(self) -> bool:
+        """Whether the runtime answering the request means its model is loaded (a job's
+        and a process's memory shows in NVML later; an explicit lease loads nothing)."""
+        return not self.explicit and self.scope is LeaseScope.REQUEST
 
 
 class TicketState(enum.Enum):
@@ -85,6 +110,14 @@ class Lease:
     """True when this lease loads the model (it was not resident when granted)."""
     expires_at: float | None = None
     """An explicit lease lapses at this time unless renewed; None for a request's lease."""
+    job_of: int | None = None
+    """A job's lease: the id of its consumer's job lease, which carries the bytes."""
+    appear_by: float | None = None
+    """PROCESS scope: the process must show its memory in NVML by then."""
+
+    @property
+    def scope(self) -> LeaseScope:
+        return self.demand.scope
 
     @property
     def key(self) -> ResidentKey:

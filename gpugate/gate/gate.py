@@ -14,82 +14,52 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-import attrs
-
-from gpugate.config.model import Config, Consumer, RuntimeKind
+from gpugate.config.model import Config
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, Unload
-from gpugate.core.explicit import LeaseTerms
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
-from gpugate.core.planner import PlannerSettings
-from gpugate.core.pressure import ReserveSettings
-from gpugate.core.residents import ResidentKey, ResidentState
-from gpugate.core.state import CoreSettings, GateCore, ListedModel
-from gpugate.core.tickets import Demand, Lease
+from gpugate.core.residents import ResidentKey
+from gpugate.core.state import GateCore
+from gpugate.core.tickets import Lease
+from gpugate.gate.admission import AdmissionWork
 from gpugate.gate.events import ROUTINE, EventHub
+from gpugate.gate.links import (
+    RECONCILE_INTERVAL,
+    UPSTREAM_SKIP_AUTO_HEADERS,
+    AdapterFactory,
+    GateFailure,
+    Link,
+    LinkWork,
+    core_settings,
+    make_links,
+)
 from gpugate.gate.unloads import UnloadRunner
-from gpugate.gate.upstream import Backoff, upstream_failure
+from gpugate.gate.upstream import Backoff
 from gpugate.gpu.sampler import Sampler
 from gpugate.logs import OncePerInterval
-from gpugate.runtimes.ollama import OllamaAdapter
-from gpugate.store.db import MeasuredEnvelope, Store
+from gpugate.runtimes.registry import adapter_for
+from gpugate.store.db import Store
+
+__all__ = [
+    "UPSTREAM_SKIP_AUTO_HEADERS",
+    "Gate",
+    "GateFailure",
+    "Link",
+    "core_settings",
+]
 
 log = logging.getLogger("gpugate.gate")
 
-RECONCILE_INTERVAL = 2.0
-UPSTREAM_SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-"""Headers aiohttp would add on its own to forwarded requests: the client's (or none) go
-up instead. Set on the session, which resolves them once rather than per request."""
-ESTIMATE_TTL = 60.0
-LISTING_BACKOFF_MAX = 10.0
-"""The longest a failing listing loop waits before it asks again."""
 TIMER_FLOOR = 0.05
 """A timer set again after it fired waits at least this long (no spinning on a past deadline)."""
 LOG_INTERVAL = 60.0
 
 
-class GateFailure(Exception):
-    """A request cannot be admitted; carries the failure to tell its client."""
+class Gate(LinkWork, AdmissionWork):
+    """Owns the core and runs its effects. Used by the proxy and the control API.
 
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-@attrs.define
-class Link:
-    """A managed consumer with its adapter and its upstream connection pool."""
-
-    consumer: Consumer
-    adapter: OllamaAdapter
-    session: aiohttp.ClientSession | None = None
-    reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
-
-
-def core_settings(config: Config) -> CoreSettings:
-    """Resolve the configuration into what the decision core needs."""
-    budget = config.budget
-    reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
-    by_gpu = {
-        g.index: ReserveSettings(g.reserve, max(g.reserve, budget.reserve_max))
-        for g in config.gpus
-        if g.reserve is not None
-    }
-    return CoreSettings(
-        reserve=reserve,
-        reserve_by_gpu=by_gpu,
-        max_wait={c.priority: c.max_wait for c in config.classes},
-        consumer_gpus={c.name: c.gpu for c in config.consumers},
-        queue_limit={c.name: c.queue_limit for c in config.consumers},
-        stale_after=budget.stale_after,
-        planner=PlannerSettings(),
-        reconcilable=frozenset(c.name for c in config.consumers if c.runtime is RuntimeKind.OLLAMA),
-    )
-
-
-class Gate:
-    """Owns the core and runs its effects. Used by the proxy and the control API."""
+    Its parts: `LinkWork` (links, listings, envelopes) and `AdmissionWork` (leases).
+    """
 
     def __init__(
         self,
@@ -99,19 +69,17 @@ class Gate:
         store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
         listing_interval: float = RECONCILE_INTERVAL,
+        adapters: AdapterFactory = adapter_for,
     ) -> None:
         self.config = config
         self.listing_interval = listing_interval
         self.sampler = sampler
         self.store = store
         self.clock = clock
-        self.core = GateCore(core_settings(config))
+        self._adapters = adapters
+        self.core = GateCore(core_settings(config, adapters))
         self.events = EventHub()
-        self.links = {
-            c.name: Link(c, OllamaAdapter(c))
-            for c in config.consumers
-            if c.runtime is RuntimeKind.OLLAMA
-        }
+        self.links: dict[str, Link] = make_links(config, adapters)
         self._waiters: dict[int, asyncio.Future[Lease]] = {}
         self._measured: dict[ResidentKey, int] = {}
         self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
@@ -135,14 +103,7 @@ class Gate:
                 self._measured[key] = envelope.bytes
         for link in self.links.values():
             self._listed_at[link.consumer.name] = self.clock()
-            link.session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=link.consumer.timeouts.connect
-                ),
-                auto_decompress=False,
-                skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
-            )
+            link.open()
         self.observe(await self.sampler.sample())
         budget = self.config.budget
         sampling = self.sampler.run(
@@ -153,7 +114,8 @@ class Gate:
         )
         self._spawn(sampling, "sampler")
         for link in self.links.values():
-            self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
+            if link.adapter.reconcilable:
+                self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
         self.started = True
 
     async def close(self) -> None:
@@ -175,45 +137,6 @@ class Gate:
         if self.store is not None:
             await self.store.close()
         self.sampler.close()
-
-    # -- the proxy's side ------------------------------------------------------------------
-
-    async def acquire(self, demand: Demand) -> Lease:
-        """Wait for a lease for this demand; raises GateFailure when it cannot have one."""
-        admission = self.core.submit(demand, self.clock())
-        future: asyncio.Future[Lease] | None = None
-        if admission.waiting:
-            future = asyncio.get_running_loop().create_future()
-            self._waiters[admission.ticket_id] = future
-        if admission.lease is not None:
-            # A lease on a resident model sets no timer and wakes nobody.
-            self._apply(admission.effects, timers=admission.lease.pending > 0)
-            return admission.lease
-        self._apply(admission.effects)
-        if admission.failure is not None:
-            raise GateFailure(admission.failure)
-        assert future is not None
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._waiters.pop(admission.ticket_id, None)
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.release(future.result(), failed=True)
-            else:
-                self._apply(self.core.cancel(admission.ticket_id, self.clock()))
-            raise
-
-    def loaded(self, lease: Lease) -> None:
-        """The runtime started answering the lease's request: its model is loaded."""
-        if lease.pending:
-            self._apply(self.core.loaded(lease.id, self.clock()))
-
-    def release(self, lease: Lease, *, failed: bool = False) -> None:
-        """The lease's request is over."""
-        now = self.clock()
-        self._apply(self.core.release(lease.id, now, failed=failed))
-        if self.store is not None:
-            self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 
     def unloaded(
         self, key: ResidentKey, *, reclaimed: bool, failure: Failure | None = None
@@ -238,45 +161,6 @@ class Gate:
             ]
         )
 
-    def want_reconcile(self, consumer: str) -> None:
-        """Something changed behind the books (an unload request): list residents soon."""
-        link = self.links.get(consumer)
-        if link is not None:
-            link.reconcile_wanted.set()
-
-    def known_envelope(self, link: Link, model: str, options: str) -> int | None:
-        """Configured or measured bytes for a model, when the gate has them without asking."""
-        configured = link.adapter.configured_envelope(model)
-        if configured is not None:
-            return configured
-        return self._measured.get(ResidentKey(link.consumer.name, model, options))
-
-    async def envelope(self, link: Link, model: str, options: str) -> int | None:
-        """Bytes to lease for a model: configured, else measured, else estimated.
-
-        None when the runtime does not know the model (it answers 404 without loading).
-        """
-        known = self.known_envelope(link, model, options)
-        if known is not None:
-            return known
-        adapter = link.adapter
-        cache_key = (link.consumer.name, model, options)
-        cached = self._estimates.get(cache_key)
-        now = self.clock()
-        if cached is not None and now - cached[0] < ESTIMATE_TTL:
-            return cached[1]
-        assert link.session is not None
-        try:
-            async with asyncio.timeout(link.consumer.timeouts.control):
-                estimate = await adapter.estimate(link.session, model, options)
-        except Exception as exc:
-            failure = upstream_failure(link.consumer, exc, f"cannot size {model}", model=model)
-            raise GateFailure(failure) from exc
-        if estimate is not None:
-            # Not an unknown model: one pulled a moment later must be sized, not passed.
-            self._estimates[cache_key] = (now, estimate)
-        return estimate
-
     # -- what the world reports ------------------------------------------------------------
 
     def observe(self, sample: HostObservation) -> None:
@@ -288,87 +172,9 @@ class Gate:
         # ask the runtime what it has rather than wait for the next periodic listing.
         for rows in self.core.telemetry.unexplained.values():
             for consumer, nbytes in rows.items():
-                if nbytes and consumer in self.links:
+                link = self.links.get(consumer)
+                if nbytes and link is not None and link.adapter.reconcilable:
                     self.want_reconcile(consumer)
-
-    async def reconcile(self, link: Link) -> None:
-        """List what the runtime has loaded and fold it into the books."""
-        assert link.session is not None
-        asked_at = self.clock()
-        async with asyncio.timeout(link.consumer.timeouts.control):
-            loaded = await link.adapter.loaded(link.session)
-        adapter = link.adapter
-        listed = []
-        for model in loaded:
-            residency = adapter.residency(model.name)
-            listed.append(
-                ListedModel(
-                    model=model.name,
-                    bytes=model.size_vram,
-                    size=max(model.size, model.size_vram),
-                    priority=adapter.model_priority(model.name),
-                    policy=residency.policy,
-                    idle_ttl=residency.idle_ttl,
-                    reload_seconds=adapter.reload_seconds(model.name, model.size),
-                )
-            )
-        self._apply(
-            self.core.reconcile(
-                link.consumer.name, link.consumer.gpu, listed, asked_at=asked_at, now=self.clock()
-            )
-        )
-        self._learn_envelopes(link, listed)
-        self._listed_at[link.consumer.name] = self.clock()
-
-    def listing_age(self, consumer: str, now: float) -> float | None:
-        """Seconds since the consumer's runtime last answered a listing (None: not listed)."""
-        at = self._listed_at.get(consumer)
-        return None if at is None else max(0.0, now - at)
-
-    def listing_stale_after(self, consumer: Consumer) -> float:
-        """How old a consumer's last good listing may be before health turns bad."""
-        return 3 * self.listing_interval + consumer.timeouts.control
-
-    def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
-        sizes = {m.model: m.size for m in listed}
-        for resident in self.core.residents(link.consumer.gpu):
-            key = resident.key
-            size = sizes.get(key.model)
-            if (
-                key.consumer != link.consumer.name
-                or size is None
-                or resident.out_of_band
-                or resident.state is not ResidentState.RESIDENT
-                or self._measured.get(key) == size
-            ):
-                continue
-            self._measured[key] = size
-            if self.store is not None:
-                self.store.record_envelope(
-                    MeasuredEnvelope(key.consumer, key.model, key.options, size)
-                )
-
-    async def _reconcile_loop(self, link: Link) -> None:
-        name = link.consumer.name
-        backoff = Backoff(self.listing_interval, max(self.listing_interval, LISTING_BACKOFF_MAX))
-        while True:
-            try:
-                await self.reconcile(link)
-            except Exception as exc:
-                # The books keep the last good listing; a failing runtime is asked less
-                # often, and a wish for a listing does not cut the wait short.
-                what = f"cannot list what {name} has loaded"
-                self.loop_failed(f"listing-{name}", upstream_failure(link.consumer, exc, what))
-                await asyncio.sleep(backoff.failed())
-                link.reconcile_wanted.clear()
-                continue
-            backoff.succeeded()
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
-            # arrives as the event is set, and the gate could not stop this loop.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.listing_interval):
-                    await link.reconcile_wanted.wait()
-            link.reconcile_wanted.clear()
 
     # -- effects ---------------------------------------------------------------------------
 
@@ -390,14 +196,6 @@ class Gate:
                 self._spawn(self._unloads.run(effect), f"unload-{effect.key}")
         if timers:
             self._arm_timer()
-
-    def _wake(self, grant: Grant) -> None:
-        future = self._waiters.pop(grant.ticket_id, None)
-        if future is None or future.done():
-            # Its client is gone: the lease ends before it began.
-            self._apply(self.core.release(grant.lease.id, self.clock(), failed=True))
-            return
-        future.set_result(grant.lease)
 
     def _arm_timer(self, *, floor: float = 0.0) -> None:
         """Keep one timer for the core's next deadline.
@@ -469,7 +267,7 @@ class Gate:
         The caller keeps in `config` what only a restart can change (listeners, upstreams,
         GPUs, sampling); consumers are matched by name and none is added or removed here.
         """
-        settings = core_settings(config)
+        settings = core_settings(config, self._adapters)
         core = self.core
         core.settings = settings
         # The core's parts took their settings when they were built: these are the ones a
@@ -486,48 +284,8 @@ class Gate:
         for consumer in config.consumers:
             link = self.links.get(consumer.name)
             if link is not None and link.consumer != consumer:
-                link.consumer = consumer
-                link.adapter = OllamaAdapter(consumer)
+                adapter = self._adapters(consumer)
+                if adapter is not None:
+                    link.consumer = consumer
+                    link.adapter = adapter
         self.config = config
-
-    # -- explicit leases (work that is not a request) --------------------------------------
-
-    async def hold(self, terms: LeaseTerms) -> Lease:
-        """Wait for an explicit lease; raises GateFailure when it cannot have one.
-
-        A caller that goes away while waiting leaves no ticket behind, and a grant that
-        finds it gone is released at once (as for a request).
-        """
-        admission = self.core.ask(terms, self.clock())
-        if admission.lease is not None:
-            self._apply(admission.effects)
-            return admission.lease
-        future: asyncio.Future[Lease] | None = None
-        if admission.waiting:
-            future = asyncio.get_running_loop().create_future()
-            self._waiters[admission.ticket_id] = future
-        self._apply(admission.effects)
-        if admission.failure is not None:
-            raise GateFailure(admission.failure)
-        assert future is not None
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._waiters.pop(admission.ticket_id, None)
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.release(future.result(), failed=True)
-            else:
-                self._apply(self.core.cancel(admission.ticket_id, self.clock()))
-            raise
-
-    def renew(self, lease_id: int) -> Lease | None:
-        """Extend an explicit lease by its ttl; None when it is not held (any more)."""
-        self._apply(self.core.renew(lease_id, self.clock()))
-        lease = self.core.lease(lease_id)
-        return lease if lease is not None and lease.expires_at is not None else None
-
-    def explicit_leases(self) -> list[Lease]:
-        """The explicit leases held now, by id."""
-        return sorted(
-            (x for x in self.core.leases() if x.expires_at is not None), key=lambda x: x.id
-        )

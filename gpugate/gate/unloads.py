@@ -1,9 +1,10 @@
 """Unloads, verified: ask the runtime, then watch NVML until the bytes come back.
 
-Ollama answers an unload before its runner has exited, and NVML can lag behind the
-exit; a grant made on the strength of the answer alone would land on memory that is
-still taken. So after asking, the gate samples NVML quickly until the device's free
-memory rose by at least 75 % of the resident's bytes (Ollama's own recovery rule), or
+A runtime may answer an unload before the process holding the memory has exited, and
+NVML can lag behind the exit; a grant made on the strength of the answer alone would land
+on memory that is still taken. So after asking (the adapter's `evict`), the gate samples
+NVML quickly until the device's free memory rose by the adapter's reclaim rule (a
+fraction of the resident's bytes), or
 until the consumer's usage is what its other residents explain without external use
 having grown meanwhile (the runner was gone before the gate asked), or the reclaim
 timeout passes (GPU_MEMORY_NOT_RECLAIMED). Free memory, not per-process attribution,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpugate.unloads")
 
-RECOVERED_FRACTION = 0.75
 POLL_INTERVAL = 0.1
 
 
@@ -58,20 +58,23 @@ class UnloadRunner:
                     raise LookupError(f"no adapter can unload {unload.key}")
                 try:
                     async with asyncio.timeout(link.consumer.timeouts.control):
-                        await link.adapter.unload(link.session, unload.key.model)
+                        await link.adapter.evict(link.session, unload.key.model)
                 except Exception as exc:
                     what = f"cannot unload {unload.key.model}"
                     failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
                     gate.loop_failed(f"unload-{consumer}", failure)
                 else:
-                    reclaimed = await self._wait_for_reclaim(unload, before)
+                    fraction = link.adapter.reclaim_rule.recovered_fraction
+                    reclaimed = await self._wait_for_reclaim(unload, before, fraction)
         except Exception:
             log.exception("unload of %s failed", unload.key)
         finally:
             gate.unloaded(unload.key, reclaimed=reclaimed, failure=failure)
             gate.want_reconcile(consumer)
 
-    async def _wait_for_reclaim(self, unload: Unload, before: GpuObservation | None) -> bool:
+    async def _wait_for_reclaim(
+        self, unload: Unload, before: GpuObservation | None, fraction: float
+    ) -> bool:
         gate = self.gate
         deadline = gate.clock() + gate.config.budget.reclaim_timeout
         while True:
@@ -86,7 +89,7 @@ class UnloadRunner:
             if (
                 device is not None
                 and sample.error is None
-                and self._reclaimed(unload, before, device)
+                and self._reclaimed(unload, before, device, fraction)
             ):
                 return True
             if gate.clock() >= deadline:
@@ -94,9 +97,13 @@ class UnloadRunner:
             await asyncio.sleep(POLL_INTERVAL)
 
     def _reclaimed(
-        self, unload: Unload, before: GpuObservation | None, now: GpuObservation
+        self,
+        unload: Unload,
+        before: GpuObservation | None,
+        now: GpuObservation,
+        fraction: float,
     ) -> bool:
-        target = RECOVERED_FRACTION * unload.bytes
+        target = fraction * unload.bytes
         if before is None:
             return False
         if now.free - before.free >= target:

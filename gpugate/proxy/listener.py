@@ -1,10 +1,15 @@
-"""One listener per consumer: screen, classify, admit under a lease, forward, release.
+"""One listener per fronted consumer: screen, classify, admit under a lease, forward, release.
 
-The lease is released in a `finally`: when the response is complete, when the upstream
-fails or stalls past its timeouts, and when the client goes away (aiohttp cancels the
-handler; the upstream request is closed at once, so Ollama stops generating or aborts a
-load). An upstream that fails after the response started is a failure event and a cut
-connection, never bytes added to the client's stream.
+A request's lease (REQUEST scope) is released in a `finally`: when the response is
+complete, when the upstream fails or stalls past its timeouts, and when the client goes
+away (aiohttp cancels the handler; the upstream request is closed at once, so the runtime
+stops generating or aborts a load). An upstream that fails after the response started is
+a failure event and a cut connection, never bytes added to the client's stream.
+
+A lease of another scope outlives the request once the runtime accepted it: a JOB lease
+ends with its job (the adapter reads the runtime's name for the job from its answer), a
+PROCESS lease when NVML shows the process's memory. If the runtime refused, the lease is
+released here all the same.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from multidict import CIMultiDict
 
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import ResidentKey
-from gpugate.core.tickets import Demand, Lease
+from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.gate import Gate, GateFailure, Link
 from gpugate.identity import PRIORITY_HEADER, IdentityResolver, resolve_priority
 from gpugate.proxy.forward import (
@@ -164,6 +169,7 @@ class ConsumerListener:
             idle_ttl=classified.idle_ttl,
             reload_seconds=adapter.reload_seconds(model, envelope),
             sets_ttl=classified.sets_ttl,
+            scope=classified.scope,
         )
         return await self.gate.acquire(demand)
 
@@ -176,6 +182,7 @@ class ConsumerListener:
         screening: Screening,
     ) -> web.StreamResponse:
         failed = lease is not None and lease.pending > 0
+        kept = False  # the lease outlives this request: the runtime accepted a job or a start
         session = self.link.session
         assert session is not None
         timeouts = self.link.consumer.timeouts
@@ -200,6 +207,11 @@ class ConsumerListener:
                     if upstream.status < 400:
                         self.gate.loaded(lease)
                         failed = False
+                        if lease.scope is LeaseScope.JOB:
+                            prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)
+                            job = self.link.adapter.job_key(classified, prefix)
+                            self.gate.job_started(lease, job)
+                        kept = not self.gate.released_by_caller(lease)
                     elif upstream.status >= 500 and lease.loads:
                         prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)
                         failure = self._load_failure(classified, upstream.status, prefix)
@@ -227,7 +239,7 @@ class ConsumerListener:
                 else:
                     upstream.close()
         finally:
-            if lease is not None:
+            if lease is not None and not kept:
                 self.gate.release(lease, failed=failed)
 
     async def _websocket(

@@ -1,13 +1,26 @@
-"""What every runtime adapter answers about a request, and the error shapes clients parse."""
+"""The runtime adapter interface, what an adapter answers about a request, and the error
+shapes clients parse.
+
+The gate, the unload runner, the listeners and `serve` know runtimes only through
+`RuntimeAdapter`: adding a runtime is one adapter here and one entry in `registry.py`.
+"""
 
 from __future__ import annotations
 
+import abc
 import enum
 import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import ClassVar
 
+import aiohttp
 import attrs
 
+from gpugate.config.model import Consumer, ModelOverride, Residency
+from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure
+from gpugate.core.tickets import LeaseScope
 
 
 class ApiFamily(enum.Enum):
@@ -54,6 +67,8 @@ class Classified:
     sets_ttl: bool = False
     """Whether this request sets the model's idle time (Ollama's sticky keep_alive)."""
     refusal: Refusal | None = None
+    scope: LeaseScope = LeaseScope.REQUEST
+    """How long the lease of a DEMAND lives, and who ends it (docs/architecture.md)."""
 
 
 @attrs.frozen
@@ -123,3 +138,128 @@ def failure_reply(api: ApiFamily, failure: Failure) -> ErrorReply:
     cls = failure.failure_class
     reply = error_reply(api, cls.http_status, failure.message, code=cls.value)
     return attrs.evolve(reply, failure_class=cls.value, retry_after=failure.retry_after)
+
+
+@attrs.frozen
+class LoadedModel:
+    """One model a runtime says it holds."""
+
+    name: str
+    size: int
+    size_vram: int
+    expires_at: datetime | None = None
+    context_length: int | None = None
+
+
+class AdapterError(Exception):
+    """The runtime answered something the adapter cannot use."""
+
+
+class NotSupported(AdapterError):
+    """The runtime cannot answer this question (it has no listing, no health route)."""
+
+
+@attrs.frozen
+class ReclaimRule:
+    """How an unload is confirmed from NVML."""
+
+    recovered_fraction: float = 0.75
+    """The device's free memory must rise by this fraction of the resident's bytes."""
+
+
+class RuntimeAdapter(abc.ABC):
+    """What the gate needs from one consumer's runtime; one instance per consumer.
+
+    The base class holds the consumer's configuration lookups every runtime shares;
+    a runtime family implements the request reading and the calls to its upstream.
+    """
+
+    reconcilable: ClassVar[bool] = False
+    """The runtime's listing names its memory (its unknown memory gets a name soon)."""
+    reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule()
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self._overrides = {self.model_key(m.name): m for m in consumer.models}
+        self._seen: dict[str, ModelOverride | None] = {}
+
+    # -- configuration for a model ---------------------------------------------------------
+
+    def model_key(self, name: str) -> str:
+        """The gate's key for a model name as a client or the configuration writes it."""
+        return name
+
+    def override(self, model: str) -> ModelOverride | None:
+        """The consumer's per-model settings for this model, if any."""
+        # Looked up several times per request: remember by the name as clients write it.
+        try:
+            return self._seen[model]
+        except KeyError:
+            found = self._overrides.get(self.model_key(model))
+            if len(self._seen) < 4096:
+                self._seen[model] = found
+            return found
+
+    def residency(self, model: str) -> Residency:
+        """The model's residency, else the consumer's."""
+        override = self.override(model)
+        return override.residency if override and override.residency else self.consumer.residency
+
+    def model_priority(self, model: str) -> PriorityClass:
+        """The model's class, else the consumer's."""
+        override = self.override(model)
+        return override.priority if override and override.priority else self.consumer.priority
+
+    def configured_envelope(self, model: str) -> int | None:
+        """The bytes consumers.yaml gives this model, if any."""
+        override = self.override(model)
+        return override.envelope if override and override.envelope else None
+
+    def reload_seconds(self, model: str, nbytes: int) -> float:
+        """Configured reload time, else a guess from the size (about 2 GiB/s from disk)."""
+        override = self.override(model)
+        if override and override.reload_seconds is not None:
+            return override.reload_seconds
+        return 1.0 + nbytes / (2 * 1024**3)
+
+    def url(self, path: str) -> str:
+        """The upstream's address for a path."""
+        return self.consumer.upstream.url + path
+
+    # -- reading requests ------------------------------------------------------------------
+
+    def screen(self, method: str, headers: Mapping[str, str]) -> Screening:
+        """The runtime's own checks (Host, Origin) as it would run them where the gate listens."""
+        return Screening()
+
+    @abc.abstractmethod
+    def wants_body(self, method: str, path: str) -> bool:
+        """Must the body be read to classify this request?"""
+
+    @abc.abstractmethod
+    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+        """Whether a request may put a model in VRAM, under which lease scope, and its body."""
+
+    def job_key(self, classified: Classified, body: bytes) -> str | None:
+        """The runtime's name for the job a JOB request started, read from its answer."""
+        return None
+
+    # -- talking to the runtime ------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
+        """What the runtime holds; raises NotSupported when it cannot say (NVML decides)."""
+
+    @abc.abstractmethod
+    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
+        """Ask the runtime to give a resident's memory back (unload, free, stop)."""
+
+    async def estimate(
+        self, session: aiohttp.ClientSession, model: str, options: str
+    ) -> int | None:
+        """Bytes a model will take before it was ever measured; None: the runtime lacks it."""
+        raise NotSupported(f"{self.consumer.name} cannot size {model} before it is loaded")
+
+    @abc.abstractmethod
+    async def health(self, session: aiohttp.ClientSession) -> bool:
+        """Whether the runtime answers as a healthy one does."""

@@ -15,12 +15,19 @@ from datetime import datetime
 from typing import Any
 
 import aiohttp
-import attrs
 
-from gpugate.config.model import Consumer, ModelOverride, Residency
-from gpugate.core.classes import PriorityClass
+from gpugate.config.model import Consumer, Residency
 from gpugate.core.units import MiB
-from gpugate.runtimes.base import ApiFamily, Classified, RouteKind, Screening
+from gpugate.runtimes.base import (
+    AdapterError,
+    ApiFamily,
+    Classified,
+    LoadedModel,
+    ReclaimRule,
+    RouteKind,
+    RuntimeAdapter,
+    Screening,
+)
 from gpugate.runtimes.gojson import (
     Bound,
     GoJsonError,
@@ -122,47 +129,27 @@ def options_key(options: object) -> str:
     return ",".join(parts)
 
 
-@attrs.frozen
-class LoadedModel:
-    """One entry of /api/ps."""
-
-    name: str
-    size: int
-    size_vram: int
-    expires_at: datetime | None
-    context_length: int | None = None
-
-
-class OllamaError(Exception):
+class OllamaError(AdapterError):
     """Ollama answered something the adapter cannot use."""
 
 
-class OllamaAdapter:
+class OllamaAdapter(RuntimeAdapter):
     """Reads requests for one Ollama consumer; talks to its upstream for listings."""
 
+    reconcilable = True
+    # server/sched.go waits for free memory to recover by 75 % of the runner's estimate.
+    reclaim_rule = ReclaimRule(recovered_fraction=0.75)
+
     def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-        # consumers.yaml names resolve as request names do: `library/m`, `M` and `m:latest`
-        # configure the same model.
-        self._overrides = {normalize_model(m.name): m for m in consumer.models}
-        self._seen: dict[str, ModelOverride | None] = {}
+        super().__init__(consumer)
         self._ceilings: dict[Residency, KeepAlive] = {}
 
     # -- configuration for a model ---------------------------------------------------------
 
-    def override(self, model: str) -> ModelOverride | None:
-        # Looked up several times per request: remember by the name as clients write it.
-        try:
-            return self._seen[model]
-        except KeyError:
-            found = self._overrides.get(normalize_model(model))
-            if len(self._seen) < 4096:
-                self._seen[model] = found
-            return found
-
-    def residency(self, model: str) -> Residency:
-        override = self.override(model)
-        return override.residency if override and override.residency else self.consumer.residency
+    def model_key(self, name: str) -> str:
+        # consumers.yaml names resolve as request names do: `library/m`, `M` and `m:latest`
+        # configure the same model.
+        return normalize_model(name)
 
     def allowed_keep_alive(self, model: str) -> KeepAlive:
         """The longest keep_alive this model's policy allows."""
@@ -171,21 +158,6 @@ class OllamaAdapter:
         if allowed is None:
             allowed = self._ceilings[residency] = policy_keep_alive(residency.policy, residency.ttl)
         return allowed
-
-    def model_priority(self, model: str) -> PriorityClass:
-        override = self.override(model)
-        return override.priority if override and override.priority else self.consumer.priority
-
-    def configured_envelope(self, model: str) -> int | None:
-        override = self.override(model)
-        return override.envelope if override and override.envelope else None
-
-    def reload_seconds(self, model: str, nbytes: int) -> float:
-        """Configured reload time, else a guess from the size (about 2 GiB/s from disk)."""
-        override = self.override(model)
-        if override and override.reload_seconds is not None:
-            return override.reload_seconds
-        return 1.0 + nbytes / (2 * 1024**3)
 
     # -- classification --------------------------------------------------------------------
 
@@ -260,7 +232,7 @@ class OllamaAdapter:
 
     # -- talking to Ollama -----------------------------------------------------------------
 
-    async def loaded(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
+    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
         """What Ollama has in memory (/api/ps; a model still loading is not listed).
 
         Raises OllamaError for anything but a 200 with `{"models": [...]}` whose entries
@@ -303,7 +275,7 @@ class OllamaAdapter:
             )
         return models
 
-    async def unload(self, session: aiohttp.ClientSession, model: str) -> None:
+    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
         """Ask Ollama to unload a model (keep_alive 0, empty prompt); it answers at once."""
         payload = {"model": model, "keep_alive": 0}
         async with session.post(
@@ -354,8 +326,14 @@ class OllamaAdapter:
                     kv = kv_cache_bytes(info, _num_ctx(options))
         return size + kv + RUNTIME_OVERHEAD
 
+    async def health(self, session: aiohttp.ClientSession) -> bool:
+        """Ollama answers GET /api/version with 200 once it serves."""
+        async with session.get(self._url("/api/version"), headers=self._headers()) as resp:
+            await resp.read()
+            return resp.status == 200
+
     def _url(self, path: str) -> str:
-        return self.consumer.upstream.url + path
+        return self.url(path)
 
     def _headers(self) -> dict[str, str]:
         # Ollama checks Host when it listens on loopback; its own name always passes.

@@ -1,0 +1,70 @@
+"""Pressure relief: give idle memory back when external use ate into the reserve."""
+
+from __future__ import annotations
+
+from gpugate.core.books import Books
+from gpugate.core.classes import ResidencyPolicy
+from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
+from gpugate.core.explain import describe_pressure
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.listing import resident_event
+from gpugate.core.planner import victim_order
+from gpugate.core.telemetry import Telemetry
+
+
+def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -> list[Effect]:
+    """Give idle memory back when external use ate into the reserve."""
+    budget = telemetry.budget(gpu, books)
+    if budget is None:
+        return []
+    gauge = telemetry.gauge(gpu)
+    change = gauge.update(budget.schedulable)
+    effects: list[Effect] = []
+    cause = describe_pressure(budget, books.on_gpu(gpu)) if gauge.active else ""
+    if change is True:
+        effects.append(
+            Event(
+                EventKind.PRESSURE_ENTERED,
+                now,
+                gpu=gpu,
+                bytes=-budget.schedulable,
+                detail=f"over-committed by {-budget.schedulable} bytes",
+                failure=Failure(
+                    FailureClass.EXTERNAL_GPU_PRESSURE,
+                    f"EXTERNAL_GPU_PRESSURE: GPU {gpu} is over-committed by "
+                    f"{-budget.schedulable / 2**30:.1f} GiB "
+                    f"({cause}); giving back idle memory",
+                    gpu=gpu,
+                    bytes_schedulable=0,
+                ),
+            )
+        )
+    elif change is False:
+        effects.append(Event(EventKind.PRESSURE_CLEARED, now, gpu=gpu, bytes=budget.schedulable))
+    if not gauge.active:
+        return effects
+    unloading = sum(u.bytes for u in books.unloads.values() if u.gpu == gpu)
+    deficit = -budget.schedulable - unloading
+    victims = sorted(
+        (
+            r
+            for r in books.on_gpu(gpu)
+            if r.idle and r.policy is not ResidencyPolicy.ALWAYS_WARM and r.bytes > 0
+        ),
+        key=victim_order,
+    )
+    for resident in victims:
+        if deficit <= 0:
+            break
+        effects.append(books.start_unload(resident, UnloadReason.PRESSURE, None))
+        effects.append(
+            resident_event(
+                EventKind.EVICTION_STARTED,
+                now,
+                resident,
+                f"GPU {gpu} over-committed by {-budget.schedulable / 2**30:.1f} GiB: {cause}",
+                reason=UnloadReason.PRESSURE.value,
+            )
+        )
+        deficit -= resident.bytes
+    return effects

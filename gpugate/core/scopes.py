@@ -1,0 +1,337 @@
+"""Leases that outlive a request: jobs and processes.
+
+JOB: a runtime that queues work and runs it after the request that asked for it returned
+(its jobs running one at a time) needs the memory of its largest job, not the sum. Its
+consumer holds one job lease per GPU, sized to its largest live job; each job has a lease
+of its own that carries no bytes. A job that fits in the job lease is granted at once; a
+bigger one asks the planner for the difference and grows it. When a job ends the job lease
+shrinks to the largest job left, and it ends with the last one.
+
+PROCESS: a process that allocates at start. Its lease loads a resident like a request's;
+it turns into that resident once NVML shows the consumer holding the lease's bytes, and
+fails if that does not happen within the demand's `appear_within`.
+
+Memory known from NVML only (a process resident, or what a runtime that cannot list kept
+after its jobs) is a resident whose bytes follow what NVML shows for its consumer.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from gpugate.core.books import Books
+from gpugate.core.effects import Effect, Event, EventKind
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.listing import resident_event
+from gpugate.core.observation import GpuObservation
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
+from gpugate.core.tickets import Demand, Lease, LeaseScope, Ticket
+
+JOBS_MODEL = "<jobs>"
+"""The name a consumer's job lease goes by where a model's name would be."""
+HELD_MODEL = "<held>"
+"""The resident for memory a runtime that cannot list kept after its jobs."""
+PROCESS_APPEARED = 0.75
+"""A process lease is a resident once NVML shows this fraction of its bytes."""
+
+
+def job_model(job_id: int) -> str:
+    """The name a job goes by where a model's name would be (`job-7`): unique, so no
+    job rides on another's ticket."""
+    return f"job-{job_id}"
+
+
+@attrs.define
+class JobLease:
+    """A consumer's one lease for its jobs on a GPU."""
+
+    lease: Lease
+    """The lease in the books that carries the bytes (as `pending`)."""
+    last: Demand
+    """The latest job's demand: the class and policy of what stays after the jobs."""
+    jobs: dict[int, int] = attrs.field(factory=dict)
+    """Live jobs: their lease's id → their size."""
+    names: dict[str, int] = attrs.field(factory=dict)
+    """The runtime's names of jobs → their lease's id."""
+
+    @property
+    def bytes(self) -> int:
+        return self.lease.pending
+
+    def largest(self) -> int:
+        return max(self.jobs.values(), default=0)
+
+
+class JobBook:
+    """The job leases, kept with the books they change."""
+
+    def __init__(self, books: Books) -> None:
+        self.books = books
+        self.by_consumer: dict[tuple[str, int], JobLease] = {}
+        self.carriers: dict[int, JobLease] = {}
+
+    def held(self, consumer: str, gpu: int) -> int:
+        """Bytes of the consumer's job lease on a GPU (0: none)."""
+        pool = self.by_consumer.get((consumer, gpu))
+        return 0 if pool is None else pool.bytes
+
+    def open(self, job_id: int, demand: Demand, now: float, arrived: float) -> Lease:
+        """Record a granted job; its consumer's job lease starts or grows to cover it."""
+        books = self.books
+        size = demand.job_bytes if demand.job_bytes is not None else demand.envelope
+        pool = self.by_consumer.get((demand.consumer, demand.gpu))
+        if pool is None:
+            carrier_demand = attrs.evolve(
+                demand, key=ResidentKey(demand.consumer, JOBS_MODEL), envelope=size, job_bytes=None
+            )
+            carrier = Lease(
+                books.new_id(), carrier_demand, granted=now, waited=0.0, pending=0, loads=False
+            )
+            books.leases[carrier.id] = carrier
+            pool = JobLease(carrier, demand)
+            self.by_consumer[(demand.consumer, demand.gpu)] = pool
+            self.carriers[carrier.id] = pool
+        pool.lease.pending = max(pool.lease.pending, size)
+        pool.jobs[job_id] = size
+        pool.last = demand
+        lease = Lease(
+            job_id,
+            demand,
+            granted=now,
+            waited=now - arrived,
+            pending=0,
+            loads=False,
+            job_of=pool.lease.id,
+        )
+        books.leases[job_id] = lease
+        books.touch()
+        return lease
+
+    def name(self, job_id: int, job: str) -> bool:
+        """The runtime named a job (its id in the runtime's own queue)."""
+        lease = self.books.leases.get(job_id)
+        if lease is None or lease.job_of is None:
+            return False
+        self.carriers[lease.job_of].names[job] = job_id
+        return True
+
+    def find(self, consumer: str, job: int | str) -> int | None:
+        """A job's lease id, by that id or by the runtime's name for the job."""
+        if isinstance(job, int):
+            lease = self.books.leases.get(job)
+            ok = lease is not None and lease.job_of is not None and lease.key.consumer == consumer
+            return job if ok else None
+        for (owner, _), pool in self.by_consumer.items():
+            if owner == consumer and job in pool.names:
+                return pool.names[job]
+        return None
+
+    def close(self, job_id: int) -> tuple[Lease, JobLease, bool] | None:
+        """A job ended: its lease goes, and its job lease shrinks or (last job) ends."""
+        lease = self.books.leases.get(job_id)
+        if lease is None or lease.job_of is None:
+            return None
+        del self.books.leases[job_id]
+        pool = self.carriers[lease.job_of]
+        pool.jobs.pop(job_id, None)
+        pool.names = {k: v for k, v in pool.names.items() if v != job_id}
+        ended = not pool.jobs
+        if ended:
+            del self.books.leases[pool.lease.id]
+            del self.carriers[pool.lease.id]
+            del self.by_consumer[(lease.key.consumer, lease.gpu)]
+        else:
+            pool.lease.pending = pool.largest()
+        self.books.touch()
+        return lease, pool, ended
+
+    def resize_waiting(self, tickets: list[Ticket]) -> None:
+        """Waiting jobs ask for what their consumer's job lease lacks now, no more, no less."""
+        changed = False
+        for ticket in tickets:
+            demand = ticket.demand
+            if demand.scope is not LeaseScope.JOB or demand.job_bytes is None:
+                continue
+            grow = max(0, demand.job_bytes - self.held(demand.consumer, demand.gpu))
+            if grow != demand.envelope:
+                ticket.demand = attrs.evolve(demand, envelope=grow)
+                changed = True
+        if changed:
+            self.books.touch(residents=False)
+
+
+def job_demand(demand: Demand, job_id: int, held: int) -> Demand:
+    """A job's demand as the queue sees it: a unique key, and the bytes it grows by."""
+    size = demand.envelope if demand.job_bytes is None else demand.job_bytes
+    return attrs.evolve(
+        demand,
+        key=ResidentKey(demand.consumer, job_model(job_id)),
+        envelope=max(0, size - held),
+        job_bytes=size,
+    )
+
+
+def released_event(lease: Lease, now: float, reason: str) -> Event:
+    return Event(
+        EventKind.LEASE_RELEASED,
+        now,
+        key=lease.key,
+        gpu=lease.gpu,
+        wait=lease.waited,
+        reason=reason,
+    )
+
+
+def left_behind(
+    books: Books, pool: JobLease, observation: GpuObservation | None, now: float
+) -> list[Event]:
+    """What a runtime that cannot list kept after its last job, as a resident NVML tracks."""
+    demand = pool.last
+    if observation is None:
+        return []
+    held = observation.managed.get(demand.consumer, 0) - accounted(
+        books, demand.consumer, pool.lease.gpu
+    )
+    if held <= 0:
+        return []
+    key = ResidentKey(demand.consumer, HELD_MODEL)
+    resident = books.residents.get(key)
+    if resident is not None:
+        if resident.state is not ResidentState.RESIDENT:
+            return []
+        resident.bytes += held
+        resident.last_used = resident.changed_at = now
+    else:
+        resident = books.residents[key] = Resident(
+            key=key,
+            gpu=pool.lease.gpu,
+            bytes=held,
+            priority=demand.resident_priority,
+            policy=demand.policy,
+            idle_ttl=demand.idle_ttl,
+            last_used=now,
+            changed_at=now,
+            reload_seconds=demand.reload_seconds,
+            tracks_observed=True,
+        )
+    books.touch()
+    detail = "kept by its runtime after its last job"
+    return [resident_event(EventKind.OUT_OF_BAND_RESIDENT, now, resident, detail)]
+
+
+def accounted(books: Books, consumer: str, gpu: int, *, but: ResidentKey | None = None) -> int:
+    """What the books hold for a consumer on a GPU: its residents and pending leases."""
+    residents = sum(
+        r.bytes
+        for r in books.residents.values()
+        if r.key.consumer == consumer
+        and r.gpu == gpu
+        and r.key != but
+        and r.state is not ResidentState.LOADING
+    )
+    pending = sum(
+        x.pending for x in books.leases.values() if x.key.consumer == consumer and x.gpu == gpu
+    )
+    return residents + pending
+
+
+def appeared(books: Books, observation: GpuObservation) -> list[Lease]:
+    """Process leases whose process now shows (most of) their bytes in NVML."""
+    found = []
+    for lease in books.leases_on(observation.index):
+        if lease.scope is not LeaseScope.PROCESS or not lease.pending:
+            continue
+        consumer = lease.key.consumer
+        others = sum(
+            r.bytes
+            for r in books.residents.values()
+            if r.key.consumer == consumer
+            and r.gpu == lease.gpu
+            and r.key != lease.key
+            and r.state is not ResidentState.LOADING
+        )
+        if observation.managed.get(consumer, 0) - others >= PROCESS_APPEARED * lease.pending:
+            found.append(lease)
+    return found
+
+
+def follow_observed(books: Books, observation: GpuObservation, now: float) -> list[Event]:
+    """Residents known from NVML only shrink to what it shows, and go when it shows none."""
+    events: list[Event] = []
+    for resident in list(books.on_gpu(observation.index)):
+        if not resident.tracks_observed or not resident.idle:
+            continue
+        consumer = resident.key.consumer
+        room = observation.managed.get(consumer, 0) - accounted(
+            books, consumer, resident.gpu, but=resident.key
+        )
+        if room >= resident.bytes:
+            continue
+        if room <= 0:
+            del books.residents[resident.key]
+            events.append(
+                Event(
+                    EventKind.RESIDENT_GONE,
+                    now,
+                    key=resident.key,
+                    gpu=resident.gpu,
+                    bytes=resident.bytes,
+                    detail="NVML no longer shows its memory",
+                )
+            )
+        else:
+            resident.bytes = room
+        books.touch()
+    return events
+
+
+def process_overdue(books: Books, now: float) -> list[Lease]:
+    """Process leases whose process did not show its memory in time, oldest id first."""
+    return sorted(
+        (
+            x
+            for x in books.leases.values()
+            if x.appear_by is not None and x.pending and x.appear_by <= now
+        ),
+        key=lambda x: x.id,
+    )
+
+
+def next_appearance(books: Books) -> float | None:
+    times = [x.appear_by for x in books.leases.values() if x.appear_by is not None and x.pending]
+    return min(times) if times else None
+
+
+def never_appeared(lease: Lease, now: float) -> Event:
+    """The failure event of a process lease whose memory never showed."""
+    within = lease.demand.appear_within or 0.0
+    failure = Failure(
+        FailureClass.TIMEOUT,
+        f"TIMEOUT: {lease.key} did not show its {lease.demand.envelope / 2**30:.1f} GiB in NVML "
+        f"within {within:g}s of its start; its lease is released",
+        consumer=lease.key.consumer,
+        model=lease.key.model,
+        gpu=lease.gpu,
+        bytes_needed=lease.demand.envelope,
+    )
+    return Event(
+        EventKind.FAILURE,
+        now,
+        key=lease.key,
+        gpu=lease.gpu,
+        failure=failure,
+        detail=failure.message,
+    )
+
+
+def observed_scopes(books: Books, observation: GpuObservation, now: float) -> list[Effect]:
+    """Process leases whose memory appeared become residents (known from NVML, followed
+    by it); residents known from NVML only follow it."""
+    effects: list[Effect] = []
+    for lease in appeared(books, observation):
+        closed = books.close_lease(lease.id, now, failed=False)
+        if closed is not None and closed[1] is not None:
+            closed[1].tracks_observed = True
+        effects.append(released_event(lease, now, "resident"))
+    effects.extend(follow_observed(books, observation, now))
+    return effects

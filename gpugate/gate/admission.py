@@ -1,0 +1,135 @@
+"""Admission: leases for requests, jobs and explicit holds, waiting for them, and their
+ends. Who ends a lease depends on its scope: a request's listener, a job's events, an
+explicit lease's holder (or its ttl), a process lease's appearance in NVML."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from gpugate.core.effects import Effect, Grant
+from gpugate.core.explicit import LeaseTerms
+from gpugate.core.scheduling import Admission
+from gpugate.core.state import GateCore
+from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.gate.links import GateFailure
+from gpugate.store.db import Store
+
+
+class AdmissionWork:
+    """The gate's side of leases (a part of `Gate`)."""
+
+    core: GateCore
+    clock: Callable[[], float]
+    store: Store | None
+    _waiters: dict[int, asyncio.Future[Lease]]
+
+    if TYPE_CHECKING:  # Gate provides it
+
+        def _apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
+
+    async def acquire(self, demand: Demand) -> Lease:
+        """Wait for a lease for this demand; raises GateFailure when it cannot have one.
+
+        A REQUEST lease is the caller's to release; a JOB lease ends with its job
+        (`job_finished`), a PROCESS lease when NVML shows its process's memory.
+        """
+        admission = self.core.submit(demand, self.clock())
+        if admission.lease is not None:
+            # A lease on a resident model sets no timer and wakes nobody.
+            self._apply(admission.effects, timers=admission.lease.pending > 0)
+            return admission.lease
+        return await self._wait(admission)
+
+    async def hold(self, terms: LeaseTerms) -> Lease:
+        """Wait for an explicit lease; raises GateFailure when it cannot have one.
+
+        A caller that goes away while waiting leaves no ticket behind, and a grant that
+        finds it gone is released at once (as for a request).
+        """
+        admission = self.core.ask(terms, self.clock())
+        if admission.lease is not None:
+            self._apply(admission.effects)
+            return admission.lease
+        return await self._wait(admission)
+
+    async def _wait(self, admission: Admission) -> Lease:
+        future: asyncio.Future[Lease] | None = None
+        if admission.waiting:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[admission.ticket_id] = future
+        self._apply(admission.effects)
+        if admission.failure is not None:
+            raise GateFailure(admission.failure)
+        assert future is not None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiters.pop(admission.ticket_id, None)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result(), failed=True)
+            else:
+                self._apply(self.core.cancel(admission.ticket_id, self.clock()))
+            raise
+
+    def loaded(self, lease: Lease) -> None:
+        """The runtime started answering the lease's request: its model is loaded."""
+        if lease.pending:
+            self._apply(self.core.loaded(lease.id, self.clock()))
+
+    def release(self, lease: Lease, *, failed: bool = False) -> None:
+        """The lease's request is over."""
+        now = self.clock()
+        self._apply(self.core.release(lease.id, now, failed=failed))
+        if self.store is not None:
+            self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def job_started(self, lease: Lease, job: str | None) -> None:
+        """The runtime queued the job a JOB lease was granted for, as `job` (its own name
+        for it, when it has one; the lease's id names it otherwise)."""
+        if job is not None:
+            self.core.job_started(lease.id, job)
+
+    def job_finished(self, consumer: str, job: int | str, *, failed: bool = False) -> None:
+        """A job finished, failed, was interrupted or deleted (by lease id or its name)."""
+        now = self.clock()
+        job_id = self.core.jobs.find(consumer, job)
+        lease = None if job_id is None else self.core.lease(job_id)
+        self._apply(self.core.job_done(consumer, job, now, failed=failed))
+        if lease is not None and self.store is not None:
+            self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
+
+    def jobs(self, consumer: str) -> list[Lease]:
+        """The consumer's live jobs' leases, by id."""
+        return sorted(
+            (x for x in self.core.leases() if x.job_of is not None and x.key.consumer == consumer),
+            key=lambda x: x.id,
+        )
+
+    @staticmethod
+    def released_by_caller(lease: Lease) -> bool:
+        """Whether the caller that acquired a lease ends it (a request's), or an event does."""
+        return lease.scope is LeaseScope.REQUEST
+
+    def _wake(self, grant: Grant) -> None:
+        future = self._waiters.pop(grant.ticket_id, None)
+        if future is None or future.done():
+            # Its client is gone: the lease ends before it began.
+            self._apply(self.core.release(grant.lease.id, self.clock(), failed=True))
+            return
+        future.set_result(grant.lease)
+
+    def renew(self, lease_id: int) -> Lease | None:
+        """Extend an explicit lease by its ttl; None when it is not held (any more)."""
+        self._apply(self.core.renew(lease_id, self.clock()))
+        lease = self.core.lease(lease_id)
+        return lease if lease is not None and lease.expires_at is not None else None
+
+    def explicit_leases(self) -> list[Lease]:
+        """The explicit leases held now, by id."""
+        return sorted(
+            (x for x in self.core.leases() if x.expires_at is not None), key=lambda x: x.id
+        )

@@ -1,0 +1,232 @@
+"""Links: each fronted consumer's adapter and upstream connection pool, the listings that
+keep the books in step with what the runtimes hold, and what a model will take."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import aiohttp
+import attrs
+
+from gpugate.config.model import Config, Consumer
+from gpugate.core.effects import Effect
+from gpugate.core.failures import Failure
+from gpugate.core.planner import PlannerSettings
+from gpugate.core.pressure import ReserveSettings
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.state import CoreSettings, GateCore, ListedModel
+from gpugate.gate.upstream import Backoff, upstream_failure
+from gpugate.runtimes.base import RuntimeAdapter
+from gpugate.runtimes.registry import adapter_for
+from gpugate.store.db import MeasuredEnvelope, Store
+
+RECONCILE_INTERVAL = 2.0
+UPSTREAM_SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+"""Headers aiohttp would add on its own to forwarded requests: the client's (or none) go
+up instead. Set on the session, which resolves them once rather than per request."""
+ESTIMATE_TTL = 60.0
+LISTING_BACKOFF_MAX = 10.0
+"""The longest a failing listing loop waits before it asks again."""
+
+AdapterFactory = Callable[[Consumer], RuntimeAdapter | None]
+
+
+class GateFailure(Exception):
+    """A request cannot be admitted; carries the failure to tell its client."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@attrs.define
+@attrs.define
+class Link:
+    """A fronted consumer with its adapter and its upstream connection pool."""
+
+    consumer: Consumer
+    adapter: RuntimeAdapter
+    session: aiohttp.ClientSession | None = None
+    reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+    def open(self) -> None:
+        """Open the upstream connection pool."""
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.consumer.timeouts.connect),
+            auto_decompress=False,
+            skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        )
+
+
+def make_links(config: Config, adapters: AdapterFactory) -> dict[str, Link]:
+    """A link for every consumer whose runtime has an adapter."""
+    links = {}
+    for consumer in config.consumers:
+        adapter = adapters(consumer)
+        if adapter is not None:
+            links[consumer.name] = Link(consumer, adapter)
+    return links
+
+
+def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> CoreSettings:
+    """Resolve the configuration into what the decision core needs."""
+    budget = config.budget
+    reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
+    by_gpu = {
+        g.index: ReserveSettings(g.reserve, max(g.reserve, budget.reserve_max))
+        for g in config.gpus
+        if g.reserve is not None
+    }
+    return CoreSettings(
+        reserve=reserve,
+        reserve_by_gpu=by_gpu,
+        max_wait={c.priority: c.max_wait for c in config.classes},
+        consumer_gpus={c.name: c.gpu for c in config.consumers},
+        queue_limit={c.name: c.queue_limit for c in config.consumers},
+        stale_after=budget.stale_after,
+        planner=PlannerSettings(),
+        reconcilable=frozenset(
+            c.name for c in config.consumers if (a := adapters(c)) is not None and a.reconcilable
+        ),
+    )
+
+
+class LinkWork:
+    """The gate's side of its links (a part of `Gate`)."""
+
+    core: GateCore
+    clock: Callable[[], float]
+    links: dict[str, Link]
+    listing_interval: float
+    store: Store | None
+    _measured: dict[ResidentKey, int]
+    _estimates: dict[tuple[str, str, str], tuple[float, int | None]]
+    _listed_at: dict[str, float]
+
+    if TYPE_CHECKING:  # Gate provides these
+
+        def _apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
+
+        def loop_failed(self, loop: str, failure: Failure) -> None: ...
+
+    def want_reconcile(self, consumer: str) -> None:
+        """Something changed behind the books (an unload request): list residents soon."""
+        link = self.links.get(consumer)
+        if link is not None:
+            link.reconcile_wanted.set()
+
+    def known_envelope(self, link: Link, model: str, options: str) -> int | None:
+        """Configured or measured bytes for a model, when the gate has them without asking."""
+        configured = link.adapter.configured_envelope(model)
+        if configured is not None:
+            return configured
+        return self._measured.get(ResidentKey(link.consumer.name, model, options))
+
+    async def envelope(self, link: Link, model: str, options: str) -> int | None:
+        """Bytes to lease for a model: configured, else measured, else estimated.
+
+        None when the runtime does not know the model (it answers 404 without loading).
+        """
+        known = self.known_envelope(link, model, options)
+        if known is not None:
+            return known
+        adapter = link.adapter
+        cache_key = (link.consumer.name, model, options)
+        cached = self._estimates.get(cache_key)
+        now = self.clock()
+        if cached is not None and now - cached[0] < ESTIMATE_TTL:
+            return cached[1]
+        assert link.session is not None
+        try:
+            async with asyncio.timeout(link.consumer.timeouts.control):
+                estimate = await adapter.estimate(link.session, model, options)
+        except Exception as exc:
+            failure = upstream_failure(link.consumer, exc, f"cannot size {model}", model=model)
+            raise GateFailure(failure) from exc
+        if estimate is not None:
+            # Not an unknown model: one pulled a moment later must be sized, not passed.
+            self._estimates[cache_key] = (now, estimate)
+        return estimate
+
+    async def reconcile(self, link: Link) -> None:
+        """List what the runtime has loaded and fold it into the books."""
+        assert link.session is not None
+        asked_at = self.clock()
+        async with asyncio.timeout(link.consumer.timeouts.control):
+            loaded = await link.adapter.listing(link.session)
+        adapter = link.adapter
+        listed = []
+        for model in loaded:
+            residency = adapter.residency(model.name)
+            listed.append(
+                ListedModel(
+                    model=model.name,
+                    bytes=model.size_vram,
+                    size=max(model.size, model.size_vram),
+                    priority=adapter.model_priority(model.name),
+                    policy=residency.policy,
+                    idle_ttl=residency.idle_ttl,
+                    reload_seconds=adapter.reload_seconds(model.name, model.size),
+                )
+            )
+        self._apply(
+            self.core.reconcile(
+                link.consumer.name, link.consumer.gpu, listed, asked_at=asked_at, now=self.clock()
+            )
+        )
+        self._learn_envelopes(link, listed)
+        self._listed_at[link.consumer.name] = self.clock()
+
+    def listing_age(self, consumer: str, now: float) -> float | None:
+        """Seconds since the consumer's runtime last answered a listing (None: not listed)."""
+        at = self._listed_at.get(consumer)
+        return None if at is None else max(0.0, now - at)
+
+    def listing_stale_after(self, consumer: Consumer) -> float:
+        """How old a consumer's last good listing may be before health turns bad."""
+        return 3 * self.listing_interval + consumer.timeouts.control
+
+    def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
+        sizes = {m.model: m.size for m in listed}
+        for resident in self.core.residents(link.consumer.gpu):
+            key = resident.key
+            size = sizes.get(key.model)
+            if (
+                key.consumer != link.consumer.name
+                or size is None
+                or resident.out_of_band
+                or resident.state is not ResidentState.RESIDENT
+                or self._measured.get(key) == size
+            ):
+                continue
+            self._measured[key] = size
+            if self.store is not None:
+                self.store.record_envelope(
+                    MeasuredEnvelope(key.consumer, key.model, key.options, size)
+                )
+
+    async def _reconcile_loop(self, link: Link) -> None:
+        name = link.consumer.name
+        backoff = Backoff(self.listing_interval, max(self.listing_interval, LISTING_BACKOFF_MAX))
+        while True:
+            try:
+                await self.reconcile(link)
+            except Exception as exc:
+                # The books keep the last good listing; a failing runtime is asked less
+                # often, and a wish for a listing does not cut the wait short.
+                what = f"cannot list what {name} has loaded"
+                self.loop_failed(f"listing-{name}", upstream_failure(link.consumer, exc, what))
+                await asyncio.sleep(backoff.failed())
+                link.reconcile_wanted.clear()
+                continue
+            backoff.succeeded()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # arrives as the event is set, and the gate could not stop this loop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.listing_interval):
+                    await link.reconcile_wanted.wait()
+            link.reconcile_wanted.clear()

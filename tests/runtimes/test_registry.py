@@ -1,0 +1,68 @@
+"""The registry maps runtime kinds to adapters; the Ollama adapter answers the interface."""
+
+from __future__ import annotations
+
+import aiohttp
+import attrs
+import pytest
+from aiohttp import web
+
+from gpugate.config.model import RuntimeKind, Upstream
+from gpugate.core.tickets import LeaseScope
+from gpugate.runtimes.base import ReclaimRule, RouteKind, RuntimeAdapter
+from gpugate.runtimes.ollama import OllamaAdapter
+from gpugate.runtimes.registry import ADAPTERS, adapter_class, adapter_for
+from tests.runtimes.test_ollama_adapter import CONSUMER
+
+
+def test_ollama_consumers_get_the_ollama_adapter():
+    adapter = adapter_for(CONSUMER)
+    assert isinstance(adapter, OllamaAdapter)
+    assert isinstance(adapter, RuntimeAdapter)
+    assert adapter.consumer is CONSUMER
+
+
+@pytest.mark.parametrize("kind", [RuntimeKind.COMFYUI, RuntimeKind.WHISPER, RuntimeKind.HTTP])
+def test_kinds_without_an_adapter_are_only_observed(kind):
+    assert adapter_class(kind) is None
+    assert adapter_for(attrs.evolve(CONSUMER, runtime=kind)) is None
+
+
+def test_every_registered_adapter_is_a_runtime_adapter():
+    assert all(issubclass(cls, RuntimeAdapter) for cls in ADAPTERS.values())
+
+
+def test_ollama_adapter_parameters():
+    adapter = OllamaAdapter(CONSUMER)
+    assert adapter.reconcilable is True
+    assert adapter.reclaim_rule == ReclaimRule(recovered_fraction=0.75)
+    body = b'{"model": "bge-m3", "prompt": "hi"}'
+    classified = adapter.classify("POST", "/api/generate", body, "application/json")
+    assert classified.kind is RouteKind.DEMAND
+    assert classified.scope is LeaseScope.REQUEST
+
+
+def test_shared_lookups_resolve_names_as_the_runtime_does():
+    adapter = OllamaAdapter(CONSUMER)
+    # `library/bge-m3:latest` is Ollama's full spelling of `bge-m3`.
+    assert adapter.model_priority("library/bge-m3:latest") is adapter.model_priority("bge-m3")
+    assert adapter.residency("BGE-M3").ttl == 901.0
+    assert adapter.configured_envelope("bge-m3") is None
+    assert adapter.reload_seconds("bge-m3", 2 * 1024**3) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(("status", "healthy"), [(200, True), (500, False)])
+async def test_ollama_health_is_api_version(aiohttp_server, status, healthy):
+    seen = []
+
+    async def version(request: web.Request) -> web.Response:
+        seen.append(request.headers["Host"])
+        return web.json_response({"version": "0.33.0"}, status=status)
+
+    app = web.Application()
+    app.router.add_get("/api/version", version)
+    server = await aiohttp_server(app)
+    consumer = attrs.evolve(CONSUMER, upstream=Upstream("http", "127.0.0.1", server.port))
+    async with aiohttp.ClientSession() as session:
+        assert await OllamaAdapter(consumer).health(session) is healthy
+    assert seen == [f"127.0.0.1:{server.port}"]

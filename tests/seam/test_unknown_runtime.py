@@ -1,0 +1,165 @@
+"""The gate and a listener serve a runtime they know only through its adapter.
+
+The adapter here exists only in this test: its runtime queues jobs (a POST answers at
+once with the job's id, the work runs later), so its demands have JOB scope. The lease
+outlives the HTTP call and ends on the job's event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpugate.config.loader import load_config_text
+from gpugate.config.model import Consumer, RuntimeKind
+from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.tickets import LeaseScope
+from gpugate.core.units import GiB
+from gpugate.gate.gate import Gate
+from gpugate.gpu.sampler import Sampler
+from gpugate.identity import IdentityResolver
+from gpugate.proxy.listener import LEASE_HEADER, ConsumerListener
+from gpugate.runtimes.base import (
+    ApiFamily,
+    Classified,
+    LoadedModel,
+    NotSupported,
+    RouteKind,
+    RuntimeAdapter,
+)
+from gpugate.runtimes.registry import adapter_for
+from tests.gate.fakes import FakeAttributor, FakeGpu
+
+
+class QueueAdapter(RuntimeAdapter):
+    """A runtime that queues work: POST /prompt starts a job, /free gives memory back."""
+
+    reconcilable = False
+
+    def wants_body(self, method: str, path: str) -> bool:
+        return method == "POST" and path == "/prompt"
+
+    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+        if not self.wants_body(method, path) or body is None:
+            return Classified(RouteKind.PASS, ApiFamily.PLAIN)
+        return Classified(RouteKind.DEMAND, ApiFamily.PLAIN, "workflow", scope=LeaseScope.JOB)
+
+    def job_key(self, classified: Classified, body: bytes) -> str | None:
+        return str(json.loads(body)["prompt_id"])
+
+    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
+        raise NotSupported("no listing")
+
+    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
+        async with session.post(self.url("/free"), json={"free_memory": True}) as resp:
+            resp.raise_for_status()
+
+    async def health(self, session: aiohttp.ClientSession) -> bool:
+        async with session.get(self.url("/health")) as resp:
+            return resp.status == 200
+
+
+def adapters(consumer: Consumer) -> RuntimeAdapter | None:
+    if consumer.runtime is RuntimeKind.HTTP:
+        return QueueAdapter(consumer)
+    return adapter_for(consumer)
+
+
+def upstream_app(seen: list[Mapping[str, object]]) -> web.Application:
+    async def prompt(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        if body.get("bad"):
+            return web.json_response({"error": "invalid prompt"}, status=400)
+        return web.json_response({"prompt_id": f"p{len(seen)}", "number": len(seen)})
+
+    async def other(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/prompt", prompt)
+    app.router.add_get("/other", other)
+    return app
+
+
+CONFIG = """\
+gate:
+  control: 127.0.0.1:1
+budget:
+  reserve: 1GiB
+  sample_interval: 50ms
+  stale_after: 5s
+consumers:
+  queue:
+    runtime: http
+    listen: 127.0.0.1:2
+    processes: {{commands: [queue-server]}}
+    upstream: {url}
+    class: interactive
+    models:
+      workflow: {{envelope: 3GiB}}
+"""
+
+
+@pytest.fixture
+async def stack(aiohttp_server, aiohttp_client, tmp_path: Path):
+    seen: list[Mapping[str, object]] = []
+    server = await aiohttp_server(upstream_app(seen))
+    url = f"http://127.0.0.1:{server.port}"
+    config = load_config_text(CONFIG.format(url=url), tmp_path / "consumers.yaml")
+    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), adapters=adapters)
+    await gate.start()
+    link = gate.links["queue"]
+    listener = ConsumerListener(gate, link, IdentityResolver(config.identities))
+    client = await aiohttp_client(listener.app())
+    try:
+        yield gate, client, seen
+    finally:
+        await gate.close()
+
+
+async def test_a_job_lease_outlives_its_request_until_the_job_ends(stack):
+    gate, client, seen = stack
+    assert isinstance(gate.links["queue"].adapter, QueueAdapter)
+    async with client.post("/prompt", json={"prompt": {}}) as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"prompt_id": "p1", "number": 1}
+        lease_id = int(resp.headers[LEASE_HEADER])
+    # The HTTP call is over; the job is not: its lease and its consumer's job lease stay.
+    [job] = gate.jobs("queue")
+    assert job.id == lease_id and job.scope is LeaseScope.JOB
+    carriers = [x for x in gate.core.leases() if x.key.model == JOBS_MODEL]
+    assert [x.pending for x in carriers] == [3 * GiB]
+    gate.job_finished("queue", "p1")
+    assert gate.core.leases() == []
+    assert gate.core.waiting() == []
+    assert len(seen) == 1
+
+
+async def test_a_job_the_runtime_refuses_ends_with_its_request(stack):
+    gate, client, seen = stack
+    async with client.post("/prompt", json={"bad": True}) as resp:
+        assert resp.status == 400
+        assert await resp.json() == {"error": "invalid prompt"}
+    assert seen == [{"bad": True}]
+    assert gate.core.leases() == []
+    assert gate.jobs("queue") == []
+
+
+async def test_requests_that_demand_nothing_pass_without_a_lease(stack):
+    gate, client, _ = stack
+    async with client.get("/other") as resp:
+        assert resp.status == 200
+        assert LEASE_HEADER not in resp.headers
+    assert gate.core.leases() == []
+
+
+async def test_a_runtime_that_cannot_list_is_not_listed(stack):
+    gate, _, _ = stack
+    assert not any(t.get_name().startswith("gpugate-reconcile") for t in gate._tasks)
+    assert "queue" not in gate.core.settings.reconcilable
