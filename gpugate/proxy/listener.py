@@ -151,7 +151,12 @@ class ConsumerListener:
         adapter = self.link.adapter
         consumer = self.link.consumer
         model = classified.model
-        envelope = self.gate.known_envelope(self.link, model, classified.options_key)
+        key = ResidentKey(consumer.name, model, classified.options_key)
+        envelope = adapter.size(
+            classified, self.gate.measured_job(key), self.gate.ceiling(consumer.name, consumer.gpu)
+        )
+        if envelope is None:
+            envelope = self.gate.known_envelope(self.link, model, classified.options_key)
         if envelope is None:
             envelope = await self.gate.envelope(self.link, model, classified.options_key)
         if envelope is None:
@@ -160,7 +165,7 @@ class ConsumerListener:
         model_class = adapter.model_priority(model)
         residency = adapter.residency(model)
         demand = Demand(
-            key=ResidentKey(consumer.name, model, classified.options_key),
+            key=key,
             gpu=consumer.gpu,
             envelope=envelope,
             priority=resolve_priority(identity, model_class, request.headers.get(PRIORITY_HEADER)),
@@ -210,7 +215,12 @@ class ConsumerListener:
                         if lease.scope is LeaseScope.JOB:
                             prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)
                             job = self.link.adapter.job_key(classified, prefix)
-                            self.gate.job_started(lease, job)
+                            kind = ResidentKey(
+                                self.link.consumer.name,
+                                classified.model or "",
+                                classified.options_key,
+                            )
+                            self.gate.job_started(lease, job, kind=kind, scale=classified.scale)
                         kept = not self.gate.released_by_caller(lease)
                     elif upstream.status >= 500 and lease.loads:
                         prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)

@@ -32,6 +32,9 @@ class ApiFamily(enum.Enum):
     """OpenAI-compatible /v1/*: {"error": {"message", "type", "param", "code"}}."""
     PLAIN = "plain"
     """Anything else: a text body."""
+    JOB_QUEUE = "job_queue"
+    """A queue of jobs that answers `{"error": {"type", "message", "details", "extra_info"},
+    "node_errors": {}}` (ComfyUI's `POST /prompt`); the adapter writes the gate's failures."""
 
 
 class RouteKind(enum.Enum):
@@ -69,6 +72,11 @@ class Classified:
     refusal: Refusal | None = None
     scope: LeaseScope = LeaseScope.REQUEST
     """How long the lease of a DEMAND lives, and who ends it (docs/architecture.md)."""
+    reading: object = attrs.field(default=None, eq=False)
+    """The adapter's own reading of the body, for `size` and `job_key` (opaque elsewhere)."""
+    scale: float = 0.0
+    """How large the job is in the runtime's own unit (ComfyUI: megapixels); a measured
+    peak is kept with the scale it was measured at."""
 
 
 @attrs.frozen
@@ -135,6 +143,11 @@ def error_reply(
 
 def failure_reply(api: ApiFamily, failure: Failure) -> ErrorReply:
     """A gate failure in the client's shape, with its status and Retry-After."""
+    if api is ApiFamily.JOB_QUEUE:
+        # Imported here: the shape lives with its runtime, which imports this module.
+        from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
+
+        return comfyui_failure_reply(failure)
     cls = failure.failure_class
     reply = error_reply(api, cls.http_status, failure.message, code=cls.value)
     return attrs.evolve(reply, failure_class=cls.value, retry_after=failure.retry_after)
@@ -165,6 +178,27 @@ class ReclaimRule:
 
     recovered_fraction: float = 0.75
     """The device's free memory must rise by this fraction of the resident's bytes."""
+    to_idle: bool = False
+    """The runtime keeps a context while idle and gives back all else: the unload is done
+    when NVML shows the consumer holding no more than its idle memory (learned while the
+    books held nothing for it) and what its other residents and leases explain."""
+
+
+@attrs.frozen
+class Measured:
+    """A peak NVML showed for an earlier job of the same kind, and the scale it ran at."""
+
+    bytes: int
+    scale: float | None = None
+
+
+@attrs.frozen
+class JobEnd:
+    """A job the runtime no longer has: finished, failed, interrupted or deleted."""
+
+    job: str
+    failed: bool = False
+    detail: str = ""
 
 
 class RuntimeAdapter(abc.ABC):
@@ -243,6 +277,26 @@ class RuntimeAdapter(abc.ABC):
     def job_key(self, classified: Classified, body: bytes) -> str | None:
         """The runtime's name for the job a JOB request started, read from its answer."""
         return None
+
+    def size(
+        self, classified: Classified, measured: Measured | None, ceiling: int | None
+    ) -> int | None:
+        """Bytes for a demand the adapter sizes from its body (None: configured, measured or
+        estimated by model); `ceiling` is the most the card can give the consumer."""
+        return None
+
+    tracks_jobs: ClassVar[bool] = False
+    """Its JOB leases end by `track_jobs`: the gate polls it while the consumer has jobs."""
+
+    async def track_jobs(
+        self, session: aiohttp.ClientSession, live: frozenset[str]
+    ) -> list[JobEnd]:
+        """Which of the live jobs (by the runtime's names) the runtime no longer has."""
+        raise NotSupported(f"{self.consumer.name} cannot say when its jobs end")
+
+    async def preempt(self, session: aiohttp.ClientSession, job: str) -> None:
+        """Stop a running job for a demand of a class the consumer lets preempt it."""
+        raise NotSupported(f"{self.consumer.name} cannot stop a job")
 
     # -- talking to the runtime ------------------------------------------------------------
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from gpugate.config.model import Consumer, RuntimeKind
 from gpugate.runtimes.base import RuntimeAdapter
+from gpugate.runtimes.comfyui import ComfyUIAdapter
 from gpugate.runtimes.ollama import OllamaAdapter
 
 ADAPTERS: dict[RuntimeKind, type[RuntimeAdapter]] = {
     RuntimeKind.OLLAMA: OllamaAdapter,
+    RuntimeKind.COMFYUI: ComfyUIAdapter,
 }
 
 

@@ -89,6 +89,8 @@ MIGRATIONS: Sequence[str] = (
         PRIMARY KEY (consumer, model, options)
     );
     """,
+    # A job's measured peak is kept with the scale it ran at (ComfyUI: megapixels).
+    "ALTER TABLE envelopes ADD COLUMN scale REAL;",
 )
 
 
@@ -105,9 +107,10 @@ _INSERT = {
     " failure_class, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     RecordKind.LEASE: "INSERT INTO leases (id, started, consumer, model, options, gpu,"
     " priority, bytes, loaded, waited, held, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    RecordKind.ENVELOPE: "INSERT INTO envelopes (consumer, model, options, bytes, measured)"
-    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
-    " DO UPDATE SET bytes = excluded.bytes, measured = excluded.measured",
+    RecordKind.ENVELOPE: "INSERT INTO envelopes (consumer, model, options, bytes, measured, scale)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
+    " DO UPDATE SET bytes = excluded.bytes, measured = excluded.measured,"
+    " scale = excluded.scale",
 }
 
 
@@ -117,6 +120,8 @@ class MeasuredEnvelope:
     model: str
     options: str
     bytes: int
+    scale: float | None = None
+    """For a job's peak: the scale it ran at (the runtime's unit, e.g. megapixels)."""
 
 
 @attrs.frozen
@@ -286,7 +291,14 @@ class Store:
     def record_envelope(self, envelope: MeasuredEnvelope) -> None:
         self._append(
             RecordKind.ENVELOPE,
-            (envelope.consumer, envelope.model, envelope.options, envelope.bytes, time.time()),
+            (
+                envelope.consumer,
+                envelope.model,
+                envelope.options,
+                envelope.bytes,
+                time.time(),
+                envelope.scale,
+            ),
         )
 
     async def flush(self) -> None:
@@ -307,7 +319,7 @@ class Store:
     async def envelopes(self) -> list[MeasuredEnvelope]:
         assert self._db is not None
         async with self._db.execute(
-            "SELECT consumer, model, options, bytes FROM envelopes"
+            "SELECT consumer, model, options, bytes, scale FROM envelopes"
         ) as cursor:
             return [MeasuredEnvelope(*row) async for row in cursor]
 

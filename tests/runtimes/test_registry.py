@@ -22,7 +22,7 @@ def test_ollama_consumers_get_the_ollama_adapter():
     assert adapter.consumer is CONSUMER
 
 
-@pytest.mark.parametrize("kind", [RuntimeKind.COMFYUI, RuntimeKind.WHISPER, RuntimeKind.HTTP])
+@pytest.mark.parametrize("kind", [RuntimeKind.WHISPER, RuntimeKind.HTTP])
 def test_kinds_without_an_adapter_are_only_observed(kind):
     assert adapter_class(kind) is None
     assert adapter_for(attrs.evolve(CONSUMER, runtime=kind)) is None

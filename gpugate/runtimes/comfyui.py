@@ -1,0 +1,193 @@
+"""The ComfyUI adapter: admission at `POST /prompt`, job leases, completion from `/history`
+and `/queue`, eviction with `/free`.
+
+Every route but `POST /prompt` (and its `/api` twin) passes untouched and unread: the UI,
+`/view` with its Range header, uploads streamed as they come, the `/ws` socket. A prompt
+is the only request that puts models on the card, and it does so later, when ComfyUI's
+one worker runs it: the `POST` answers as soon as the prompt is queued. So its lease has
+JOB scope: it starts when the prompt is admitted and ends when `track_jobs` finds the
+prompt finished, failed, interrupted or deleted. What ComfyUI keeps loaded afterwards
+(smart memory) is a resident known from NVML, given back with `POST /free`.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import aiohttp
+
+from gpugate.config.model import Consumer
+from gpugate.core.tickets import LeaseScope
+from gpugate.runtimes.base import (
+    AdapterError,
+    ApiFamily,
+    Classified,
+    JobEnd,
+    LoadedModel,
+    Measured,
+    NotSupported,
+    ReclaimRule,
+    RouteKind,
+    RuntimeAdapter,
+    Screening,
+)
+from gpugate.runtimes.comfyui_envelope import (
+    PROMPT_OPTIONS,
+    PromptSizing,
+    prompt_envelope,
+)
+from gpugate.runtimes.comfyui_graph import PromptDemand, Unreadable, read_prompt
+from gpugate.runtimes.comfyui_origin import host_origin_mismatch
+
+PROMPT_ROUTES = frozenset({"/prompt", "/api/prompt"})
+FREE_BODY = {"unload_models": True, "free_memory": True}
+"""`free_memory` too: under --highvram the offload device is the GPU, and only dropping
+the node caches lets the weights go (runtime-contracts §2.5)."""
+
+
+class ComfyUIAdapter(RuntimeAdapter):
+    """One ComfyUI consumer."""
+
+    reconcilable: ClassVar[bool] = False
+    tracks_jobs: ClassVar[bool] = True
+    reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(to_idle=True)
+
+    def __init__(self, consumer: Consumer) -> None:
+        super().__init__(consumer)
+        self.sizing = PromptSizing.of(consumer)
+
+    # -- reading requests ------------------------------------------------------------------
+
+    def screen(self, method: str, headers: Mapping[str, str]) -> Screening:
+        """ComfyUI's origin check as a ComfyUI listening where the gate listens runs it.
+
+        The gate sends `Host` as the upstream's own (loopback) address, so a browser's
+        Origin would never match it there. An Origin that passes here is already judged and
+        is not sent up. One that fails here goes up as it came, and the upstream decides as
+        ComfyUI would have at this address: refused (403, empty) by its origin check, or
+        let through when it runs with `--enable-cors-header`.
+        """
+        host, origin = headers.get("Host"), headers.get("Origin")
+        if host is not None and origin is not None and host_origin_mismatch(host, origin):
+            return Screening()
+        return Screening(drop_up=("Origin",))
+
+    def wants_body(self, method: str, path: str) -> bool:
+        return method == "POST" and path in PROMPT_ROUTES
+
+    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+        if not self.wants_body(method, path):
+            return Classified(RouteKind.PASS, ApiFamily.PLAIN)
+        if body is None:
+            return Classified(RouteKind.PASS, ApiFamily.JOB_QUEUE)
+        demand = read_prompt(body)
+        if isinstance(demand, Unreadable):
+            # ComfyUI answers its own error, without loading anything.
+            return Classified(RouteKind.PASS, ApiFamily.JOB_QUEUE)
+        return Classified(
+            RouteKind.DEMAND,
+            ApiFamily.JOB_QUEUE,
+            model=demand.key,
+            options_key=PROMPT_OPTIONS,
+            idle_ttl=self.consumer.residency.idle_ttl,
+            scope=LeaseScope.JOB,
+            reading=demand,
+            scale=demand.megapixels,
+        )
+
+    def size(
+        self, classified: Classified, measured: Measured | None, ceiling: int | None
+    ) -> int | None:
+        """The prompt's files and working set, or a measured peak of the same files."""
+        demand = classified.reading
+        if not isinstance(demand, PromptDemand):
+            return None
+        envelope = prompt_envelope(
+            demand,
+            self.sizing,
+            None if measured is None else measured.bytes,
+            measured_megapixels=None if measured is None else measured.scale,
+            ceiling=ceiling,
+        )
+        return envelope.bytes
+
+    def job_key(self, classified: Classified, body: bytes) -> str | None:
+        """The prompt id: the client's own when it chose one, else ComfyUI's answer's."""
+        demand = classified.reading
+        if isinstance(demand, PromptDemand) and demand.prompt_id is not None:
+            return demand.prompt_id
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return None
+        prompt_id = answer.get("prompt_id") if isinstance(answer, dict) else None
+        return None if prompt_id is None else str(prompt_id)
+
+    # -- talking to the runtime ------------------------------------------------------------
+
+    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
+        raise NotSupported(f"{self.consumer.name}: ComfyUI does not list what it holds")
+
+    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
+        """`POST /free`: ComfyUI answers at once and frees between prompts (NVML confirms)."""
+        async with session.post(self.url("/free"), json=FREE_BODY) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"/free answered {resp.status}")
+
+    async def health(self, session: aiohttp.ClientSession) -> bool:
+        async with session.get(self.url("/system_stats")) as resp:
+            return resp.status == 200
+
+    async def track_jobs(
+        self, session: aiohttp.ClientSession, live: frozenset[str]
+    ) -> list[JobEnd]:
+        """Prompts no longer running or pending: in `/history` (success or error), or not
+        there either (deleted from the queue before they ran)."""
+        queued = await self._queued(session)
+        ended = []
+        for prompt_id in sorted(live - queued):
+            entry = await self._history(session, prompt_id)
+            if entry is None:
+                ended.append(JobEnd(prompt_id, failed=True, detail="deleted from the queue"))
+                continue
+            status = entry.get("status") if isinstance(entry, dict) else None
+            outcome = status.get("status_str") if isinstance(status, dict) else None
+            ended.append(JobEnd(prompt_id, failed=outcome != "success", detail=str(outcome)))
+        return ended
+
+    async def preempt(self, session: aiohttp.ClientSession, job: str) -> None:
+        """Interrupt the prompt if it runs, delete it if it waits (ComfyUI ignores the other)."""
+        async with session.post(self.url("/interrupt"), json={"prompt_id": job}) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"/interrupt answered {resp.status}")
+        async with session.post(self.url("/queue"), json={"delete": [job]}) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"/queue answered {resp.status}")
+
+    async def _queued(self, session: aiohttp.ClientSession) -> frozenset[str]:
+        async with session.get(self.url("/queue")) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"/queue answered {resp.status}")
+            data = await resp.json(content_type=None)
+        if not isinstance(data, dict):
+            raise AdapterError("/queue answered something that is not an object")
+        ids = set()
+        for part in ("queue_running", "queue_pending"):
+            items = data.get(part)
+            if not isinstance(items, list):
+                raise AdapterError(f"/queue has no {part} list")
+            ids.update(str(item[1]) for item in items if isinstance(item, list) and len(item) > 1)
+        return frozenset(ids)
+
+    async def _history(self, session: aiohttp.ClientSession, prompt_id: str) -> Any:
+        path = "/history/" + urllib.parse.quote(prompt_id, safe="")
+        async with session.get(self.url(path)) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"{path} answered {resp.status}")
+            data = await resp.json(content_type=None)
+        if not isinstance(data, dict):
+            raise AdapterError(f"{path} answered something that is not an object")
+        return data.get(prompt_id) if data else None
