@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gpugate.core.effects import Effect, Grant
 from gpugate.core.explicit import LeaseTerms
+from gpugate.core.residents import ResidentKey
 from gpugate.core.scheduling import Admission
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
@@ -25,9 +26,13 @@ class AdmissionWork:
     store: Store | None
     _waiters: dict[int, asyncio.Future[Lease]]
 
-    if TYPE_CHECKING:  # Gate provides it
+    if TYPE_CHECKING:  # Gate provides these
 
         def _apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
+
+        def watch_job(self, lease: Lease, kind: ResidentKey, scale: float) -> None: ...
+
+        def job_ended(self, lease_id: int, *, failed: bool) -> None: ...
 
     async def acquire(self, demand: Demand) -> Lease:
         """Wait for a lease for this demand; raises GateFailure when it cannot have one.
@@ -87,11 +92,21 @@ class AdmissionWork:
 
     # -- jobs --------------------------------------------------------------------------------
 
-    def job_started(self, lease: Lease, job: str | None) -> None:
+    def job_started(
+        self,
+        lease: Lease,
+        job: str | None,
+        *,
+        kind: ResidentKey | None = None,
+        scale: float = 0.0,
+    ) -> None:
         """The runtime queued the job a JOB lease was granted for, as `job` (its own name
-        for it, when it has one; the lease's id names it otherwise)."""
+        for it, when it has one; the lease's id names it otherwise). `kind`: the key its
+        measured peak is kept under."""
         if job is not None:
             self.core.job_started(lease.id, job)
+        if kind is not None:
+            self.watch_job(lease, kind, scale)
 
     def job_finished(self, consumer: str, job: int | str, *, failed: bool = False) -> None:
         """A job finished, failed, was interrupted or deleted (by lease id or its name)."""
@@ -99,6 +114,8 @@ class AdmissionWork:
         job_id = self.core.jobs.find(consumer, job)
         lease = None if job_id is None else self.core.lease(job_id)
         self._apply(self.core.job_done(consumer, job, now, failed=failed))
+        if job_id is not None:
+            self.job_ended(job_id, failed=failed)
         if lease is not None and self.store is not None:
             self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 

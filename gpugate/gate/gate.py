@@ -23,6 +23,7 @@ from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
 from gpugate.gate.admission import AdmissionWork
 from gpugate.gate.events import ROUTINE, EventHub
+from gpugate.gate.jobs import JobWatch, JobWork
 from gpugate.gate.links import (
     RECONCILE_INTERVAL,
     UPSTREAM_SKIP_AUTO_HEADERS,
@@ -55,10 +56,11 @@ TIMER_FLOOR = 0.05
 LOG_INTERVAL = 60.0
 
 
-class Gate(LinkWork, AdmissionWork):
+class Gate(LinkWork, AdmissionWork, JobWork):
     """Owns the core and runs its effects. Used by the proxy and the control API.
 
-    Its parts: `LinkWork` (links, listings, envelopes) and `AdmissionWork` (leases).
+    Its parts: `LinkWork` (links, listings, envelopes), `AdmissionWork` (leases) and
+    `JobWork` (when tracked jobs end, their peaks).
     """
 
     def __init__(
@@ -82,6 +84,8 @@ class Gate(LinkWork, AdmissionWork):
         self.links: dict[str, Link] = make_links(config, adapters)
         self._waiters: dict[int, asyncio.Future[Lease]] = {}
         self._measured: dict[ResidentKey, int] = {}
+        self._measured_scale: dict[ResidentKey, float] = {}
+        self._job_watches: dict[int, JobWatch] = {}
         self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -101,6 +105,8 @@ class Gate(LinkWork, AdmissionWork):
             for envelope in await self.store.envelopes():
                 key = ResidentKey(envelope.consumer, envelope.model, envelope.options)
                 self._measured[key] = envelope.bytes
+                if envelope.scale is not None:
+                    self._measured_scale[key] = envelope.scale
         for link in self.links.values():
             self._listed_at[link.consumer.name] = self.clock()
             link.open()
@@ -116,6 +122,7 @@ class Gate(LinkWork, AdmissionWork):
         for link in self.links.values():
             if link.adapter.reconcilable:
                 self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
+        self.start_job_loops(self._spawn)
         self.started = True
 
     async def close(self) -> None:
@@ -168,6 +175,7 @@ class Gate(LinkWork, AdmissionWork):
         if sample.error is not None and self.core.fault is None:
             log.warning("NVML error: %s (%s)", sample.error.message, sample.error.name)
         self._apply(self.core.observe(sample, self.clock()))
+        self.observe_jobs(sample)
         # Memory the books cannot explain is usually a model loaded behind the gate's back:
         # ask the runtime what it has rather than wait for the next periodic listing.
         for rows in self.core.telemetry.unexplained.values():

@@ -43,7 +43,6 @@ class GateFailure(Exception):
 
 
 @attrs.define
-@attrs.define
 class Link:
     """A fronted consumer with its adapter and its upstream connection pool."""
 
@@ -51,6 +50,12 @@ class Link:
     adapter: RuntimeAdapter
     session: aiohttp.ClientSession | None = None
     reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
+    jobs_live: asyncio.Event = attrs.field(factory=asyncio.Event)
+    """Set when a tracked job starts: the job loop wakes."""
+    seen_holding: bool = False
+    """NVML showed the consumer holding memory while its jobs were live."""
+    idle_bytes: int | None = None
+    """What NVML showed for the consumer while the books held nothing for it."""
 
     def open(self) -> None:
         """Open the upstream connection pool."""

@@ -64,8 +64,11 @@ class UnloadRunner:
                     failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
                     gate.loop_failed(f"unload-{consumer}", failure)
                 else:
-                    fraction = link.adapter.reclaim_rule.recovered_fraction
-                    reclaimed = await self._wait_for_reclaim(unload, before, fraction)
+                    rule = link.adapter.reclaim_rule
+                    idle = link.idle_bytes if rule.to_idle else None
+                    reclaimed = await self._wait_for_reclaim(
+                        unload, before, rule.recovered_fraction, idle
+                    )
         except Exception:
             log.exception("unload of %s failed", unload.key)
         finally:
@@ -73,7 +76,7 @@ class UnloadRunner:
             gate.want_reconcile(consumer)
 
     async def _wait_for_reclaim(
-        self, unload: Unload, before: GpuObservation | None, fraction: float
+        self, unload: Unload, before: GpuObservation | None, fraction: float, idle: int | None
     ) -> bool:
         gate = self.gate
         deadline = gate.clock() + gate.config.budget.reclaim_timeout
@@ -89,7 +92,11 @@ class UnloadRunner:
             if (
                 device is not None
                 and sample.error is None
-                and self._reclaimed(unload, before, device, fraction)
+                and (
+                    self._reclaimed(unload, before, device, fraction)
+                    if idle is None
+                    else self._back_to_idle(unload, device, idle)
+                )
             ):
                 return True
             if gate.clock() >= deadline:
@@ -114,6 +121,14 @@ class UnloadRunner:
         return external_now <= external_before and held <= self._explained(unload) + (
             unload.bytes - target
         )
+
+    def _back_to_idle(self, unload: Unload, now: GpuObservation, idle: int) -> bool:
+        """A runtime that keeps a context: all it holds beyond that is explained otherwise.
+
+        Its answer to the unload comes before it frees anything; the fraction rule could
+        pass on the first of several models leaving, this one waits for the last."""
+        held = now.managed.get(unload.key.consumer, 0)
+        return held <= idle + self._explained(unload)
 
     def _explained(self, unload: Unload) -> int:
         """What the consumer's other residents and loading leases account for."""
