@@ -2,8 +2,8 @@
 
 The simulated card is the one from the incident of 2026-07-10: gemma3:12b pinned for 24 h
 and bge-m3 loaded straight at Ollama, whisper-server, mVoice and an idle ComfyUI. The gate
-listens where Ollama's clients expect it (127.0.0.1:11434); the simulated Ollama sits
-behind it on 127.0.0.1:11435.
+listens where Ollama's and ComfyUI's clients expect it (127.0.0.1:11434, 127.0.0.1:8188);
+the simulated runtimes sit behind it on 127.0.0.1:11435 and 127.0.0.1:8189.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ gpugate demo: a simulated 16 GiB GPU (the incident of 2026-07-10) with the gate 
 
   Ollama, through the gate:  http://127.0.0.1:11434
   the simulated Ollama:      http://127.0.0.1:11435  (what the gate forwards to)
+  ComfyUI, through the gate: http://127.0.0.1:8188   (the simulated one on :8189)
   control:                   http://127.0.0.1:9411/gate/v1/status  and  /metrics
 
 gemma3:12b and bge-m3 were loaded behind the gate's back with keep_alive 24h; 2.5 GiB is
@@ -35,6 +36,15 @@ schedulable. Ask for a model that does not fit and watch the gate evict the idle
   OLLAMA_HOST=127.0.0.1:11434 .venv/bin/python -c \
       "import ollama; print(ollama.generate('llama3.2:3b', 'hi', keep_alive='24h').response)"
   curl -s 127.0.0.1:11434/api/ps
+
+Or render FLUX in ComfyUI (open http://127.0.0.1:8188, or queue it from a script): it
+fails with CUDA out of memory at :8189 and renders through the gate, which evicts the
+idle Ollama models for it first:
+
+  .venv/bin/python -c "import json, urllib.request as r; \\
+      from tests.sim.comfyui_helpers import flux; \\
+      body = json.dumps({{'prompt': flux()}}).encode(); \\
+      print(r.urlopen(r.Request('http://127.0.0.1:8188/prompt', body)).read())"
   .venv/bin/gpugate status --config {config}
 
 Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.
