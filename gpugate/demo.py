@@ -41,10 +41,8 @@ Or render FLUX in ComfyUI (open http://127.0.0.1:8188, or queue it from a script
 fails with CUDA out of memory at :8189 and renders through the gate, which evicts the
 idle Ollama models for it first:
 
-  .venv/bin/python -c "import json, urllib.request as r; \\
-      from tests.sim.comfyui_helpers import flux; \\
-      body = json.dumps({{'prompt': flux()}}).encode(); \\
-      print(r.urlopen(r.Request('http://127.0.0.1:8188/prompt', body)).read())"
+  curl -s 127.0.0.1:8188/prompt -d @sim/flux-prompt.json
+  curl -s 127.0.0.1:8188/history   # once it is done: status_str "success"
   .venv/bin/gpugate status --config {config}
 
 Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.

@@ -3,6 +3,7 @@ ComfyUI is fronted."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,19 @@ def test_the_demo_fronts_comfyui() -> None:
     [comfyui] = [c for c in config.consumers if c.name == "comfyui"]
     assert isinstance(adapter_for(comfyui), ComfyUIAdapter)
     assert comfyui.files
+
+
+def test_the_demos_flux_prompt_is_the_graph_the_gate_sizes():
+    from gpugate.runtimes.comfyui_graph import PromptDemand, read_prompt
+    from tests.sim.comfyui_helpers import flux
+
+    body = (ROOT / "sim" / "flux-prompt.json").read_bytes()
+    assert json.loads(body)["prompt"] == flux()
+    demand = read_prompt(body)
+    assert isinstance(demand, PromptDemand)
+    assert {f.name for f in demand.files} == {
+        "flux1-dev-fp8.safetensors",
+        "t5xxl_fp8_e4m3fn.safetensors",
+        "clip_l.safetensors",
+        "ae.safetensors",
+    }
