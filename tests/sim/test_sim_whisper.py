@@ -167,6 +167,8 @@ def test_it_dies_with_its_parent(gpu: SimulatedGpuHost, tmp_path: Path) -> None:
         "from gpugate.sim.whisper import SimWhisper, WhisperServerSpec\n"
         f"sim = SimWhisper(WhisperServerSpec(listen='127.0.0.1:0', model={TURBO!r},"
         f" models={{{TURBO!r}: {TURBO_BYTES}}}), Path({str(gpu.directory)!r}))\n"
+        # A launcher whose thread blocks SIGTERM passes the mask on across exec.
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
         "sim.start()\n"
         "print(sim.pid, flush=True)\n"
         "signal.pause()\n"

@@ -56,6 +56,8 @@ async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
     sim = SimComfyUI(spec, gpu, pid=os.getpid(), data_dir=state_dir / "comfyui")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # A launcher's blocked stop signals are inherited across exec: take them back.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:

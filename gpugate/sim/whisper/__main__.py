@@ -98,6 +98,9 @@ def _die_with_parent() -> None:
     import ctypes
 
     parent = os.getppid()
+    # A launcher's blocked stop signals are inherited across exec; a blocked SIGTERM would
+    # leave the death signal (and any stop) pending forever.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
         raise SystemExit(1)
