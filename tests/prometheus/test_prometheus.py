@@ -4,6 +4,7 @@ tests; the Grafana dashboard asks only for metrics the gate exposes and document
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -66,12 +67,10 @@ async def test_prometheus_scrapes_the_schedulable_bytes_the_status_reports(
                 result: list[dict] = []
                 async with asyncio.timeout(60):
                     while not result:
-                        try:
+                        with contextlib.suppress(aiohttp.ClientConnectionError):
                             result = await query(
                                 session, url, 'gpugate_budget_schedulable_bytes{gpu="0"}'
                             )
-                        except aiohttp.ClientConnectionError:
-                            pass
                         if not result:
                             await asyncio.sleep(0.2)
                 scraped = int(float(result[0]["value"][1]))
@@ -136,9 +135,7 @@ async def test_the_grafana_dashboard_uses_only_exposed_and_documented_metrics(
 ):
     dashboard = json.loads((DOCS / "grafana-dashboard.json").read_text())
     expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    expressions += [
-        v["definition"] for v in dashboard["templating"]["list"] if v.get("definition")
-    ]
+    expressions += [v["definition"] for v in dashboard["templating"]["list"] if v.get("definition")]
     used = {name for e in expressions for name in re.findall(r"\bgpugate_\w+", e)}
     assert len(used) >= 15
     async with (
