@@ -1,4 +1,4 @@
-"""The `gpugate` command: check, status, serve, lease, sim run, demo."""
+"""The `gpugate` command: check, status, serve, lease, leases, events, envelopes, sim run, demo."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="the VRAM budget per GPU")
     status.add_argument("--json", action="store_true", help="machine-readable, in bytes")
     status.add_argument("--config", type=Path, help="consumers.yaml (for attribution)")
+    status.add_argument(
+        "--watch", action="store_true", help="redraw every second from the running gate"
+    )
 
     serve = sub.add_parser("serve", help="run the gate")
     serve.add_argument("--config", type=Path, help="consumers.yaml")
@@ -43,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     from gpugate.lease_cli import add_lease_parser
 
     add_lease_parser(sub)
+
+    from gpugate.views_cli import add_view_parsers
+
+    add_view_parsers(sub)
 
     sim = sub.add_parser("sim", help="the simulated GPU host")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
@@ -64,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.config.check import run_check
 
         return run_check(args.file or default_config_path())
+    if args.command == "status" and args.watch:
+        from gpugate.views_cli import run_watch
+
+        return run_watch(args.config or default_config_path(), as_json=args.json)
     if args.command == "status":
         from gpugate.status import run_status
 
@@ -76,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.lease_cli import run_lease
 
         return run_lease(args, args.config or default_config_path())
+    if args.command in ("leases", "events", "envelopes"):
+        from gpugate.views_cli import run_view
+
+        return run_view(args, args.config or default_config_path())
     if args.command == "sim":
         from gpugate.sim.host import run_host
 

@@ -17,8 +17,8 @@ from gpugate.status import SCHEMA, budget_document
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
 
-FILTERS = frozenset({"consumer", "class", "failure"})
-"""Query parameters that filter `GET /gate/v1/events`."""
+FILTERS = frozenset({"consumer", "class", "failure", "recent"})
+"""Query parameters of `GET /gate/v1/events`: with any of them, lines carry wall time too."""
 
 
 def gate_document(gate: Gate) -> dict[str, Any]:

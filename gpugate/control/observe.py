@@ -164,4 +164,6 @@ async def follow_events(request: web.Request, gate: Gate) -> web.StreamResponse:
 def filtered_events(request: web.Request, gate: Gate) -> list[str]:
     """The recent events that match the query's filters, one JSON line each."""
     wanted = EventFilter.from_query(request.query)
-    return [json.dumps(event_document(e, gate)) for e in gate.recent_events() if wanted(e)]
+    lines = [json.dumps(event_document(e, gate)) for e in gate.recent_events() if wanted(e)]
+    recent = request.query.get("recent", "")
+    return lines[-int(recent) :] if recent.isdigit() and int(recent) > 0 else lines

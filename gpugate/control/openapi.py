@@ -92,7 +92,9 @@ def openapi_document() -> dict[str, Any]:
                 "parameters": [
                     _query("follow", "1: server-sent events (`event: event`) as they happen"),
                     _query(
-                        "recent", "with follow: first send up to this many recent events", "integer"
+                        "recent",
+                        "at most this many recent events (with follow: sent first)",
+                        "integer",
                     ),
                     *EVENT_FILTERS,
                 ],
