@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 SHIM   := build/fakenvml/libnvidia-ml.so.1
 PROMTOOL := build/prom/usr/bin/promtool
 WRK    := build/wrk/usr/bin/wrk
+CHROMIUM := build/.chromium-installed
 
 .PHONY: run test bench fuzz soak lint shim clean
 
@@ -28,10 +29,17 @@ $(PROMTOOL):
 	mkdir -p build/prom
 	cd build && apt-get download prometheus && dpkg -x prometheus_*.deb prom && rm -f prometheus_*.deb
 
+# The dashboard test drives Debian's chromium headless. It needs many shared libraries, so it
+# is installed as a package (as root, as on CI), and only when it is not there already.
+$(CHROMIUM):
+	mkdir -p build
+	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+	touch $@
+
 run: $(STAMP) $(SHIM)
 	$(BIN)/gpugate demo
 
-test: $(STAMP) $(SHIM) $(PROMTOOL)
+test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 # wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.

@@ -1,4 +1,5 @@
-"""The `gpugate` command: check, status, serve, lease, admit, sim run, demo."""
+"""The `gpugate` command: check, status, serve, lease, admit, leases, events, envelopes, sim
+run, demo."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="the VRAM budget per GPU")
     status.add_argument("--json", action="store_true", help="machine-readable, in bytes")
     status.add_argument("--config", type=Path, help="consumers.yaml (for attribution)")
+    status.add_argument(
+        "--watch", action="store_true", help="redraw every second from the running gate"
+    )
 
     serve = sub.add_parser("serve", help="run the gate")
     serve.add_argument("--config", type=Path, help="consumers.yaml")
@@ -47,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     from gpugate.admit_cli import add_admit_parser
 
     add_admit_parser(sub)
+
+    from gpugate.views_cli import add_view_parsers
+
+    add_view_parsers(sub)
 
     sim = sub.add_parser("sim", help="the simulated GPU host")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
@@ -68,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.config.check import run_check
 
         return run_check(args.file or default_config_path())
+    if args.command == "status" and args.watch:
+        from gpugate.views_cli import run_watch
+
+        return run_watch(args.config or default_config_path(), as_json=args.json)
     if args.command == "status":
         from gpugate.status import run_status
 
@@ -84,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.admit_cli import run_admit
 
         return run_admit(args, args.config or default_config_path())
+    if args.command in ("leases", "events", "envelopes"):
+        from gpugate.views_cli import run_view
+
+        return run_view(args, args.config or default_config_path())
     if args.command == "sim":
         from gpugate.sim.host import run_host
 

@@ -133,7 +133,12 @@ async def test_a_full_buffer_drops_the_oldest_records_and_counts_them(tmp_path):
     await store.flush()
 
     assert models_in(path) == ["m3", "m4", "m5"]
-    assert store.dropped == {RecordKind.EVENT: 2, RecordKind.LEASE: 0, RecordKind.ENVELOPE: 0}
+    assert store.dropped == {
+        RecordKind.EVENT: 2,
+        RecordKind.LEASE: 0,
+        RecordKind.ENVELOPE: 0,
+        RecordKind.HISTORY: 0,
+    }
     await store.close()
 
 
@@ -171,5 +176,10 @@ async def test_close_does_not_hang_on_a_locked_file(tmp_path):
         )
         await asyncio.wait_for(store.close(), 3.0)
 
-    assert store.dropped == {RecordKind.EVENT: 1, RecordKind.LEASE: 1, RecordKind.ENVELOPE: 0}
+    assert store.dropped == {
+        RecordKind.EVENT: 1,
+        RecordKind.LEASE: 1,
+        RecordKind.ENVELOPE: 0,
+        RecordKind.HISTORY: 0,
+    }
     assert models_in(path) == []

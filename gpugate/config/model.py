@@ -408,6 +408,7 @@ class GateSettings:
     """Bearer tokens of the control API's state-changing routes (`env:NAME`, `file:PATH`)."""
     control_public: bool | None = None
     """Read-only control routes and /metrics without a token; None: only on loopback."""
+    history_retention: float = attrs.field(default=30 * 86400.0, metadata=DURATION)
 
 
 DEFAULT_MAX_WAIT = {

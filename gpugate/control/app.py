@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -10,10 +11,14 @@ from prometheus_client.exposition import choose_encoder
 from gpugate.control.auth import token_middleware
 from gpugate.control.leases import add_lease_routes
 from gpugate.control.metrics import GateMetrics
+from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
 from gpugate.status import SCHEMA, budget_document
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
+
+FILTERS = frozenset({"consumer", "class", "failure", "recent"})
+"""Query parameters of `GET /gate/v1/events`: with any of them, lines carry wall time too."""
 
 
 def gate_document(gate: Gate) -> dict[str, Any]:
@@ -126,14 +131,31 @@ def health_document(gate: Gate) -> dict[str, Any]:
     return {"ok": ok, "failed": [c["check"] for c in checks if not c["ok"]], "checks": checks}
 
 
-def control_app(gate: Gate, metrics: GateMetrics) -> web.Application:
+def live_document(gate: Gate) -> dict[str, Any]:
+    """The status document with what the dashboard adds: wall time, pressure, health."""
+    document = gate_document(gate)
+    document["time"] = round(time.time(), 3)
+    document["pressure"] = {str(gpu): gate.core.in_pressure(gpu) for gpu in gate.core.gpus()}
+    health = health_document(gate)
+    document["health"] = {"ok": health["ok"], "failed": health["failed"]}
+    return document
+
+
+def control_app(
+    gate: Gate, metrics: GateMetrics, *, history_interval: float | None = None
+) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(gate_document(gate))
 
-    async def events(request: web.Request) -> web.Response:
+    async def events(request: web.Request) -> web.StreamResponse:
         from gpugate.gate.events import event_json
 
-        lines = [event_json(e) for e in gate.recent_events()]
+        if request.query.get("follow", "0").lower() not in ("", "0", "false", "no"):
+            return await follow_events(request, gate)
+        if FILTERS.intersection(request.query):
+            lines = filtered_events(request, gate)
+        else:
+            lines = [event_json(e) for e in gate.recent_events()]
         return web.Response(
             text="\n".join(lines) + ("\n" if lines else ""), content_type="application/x-ndjson"
         )
@@ -153,4 +175,5 @@ def control_app(gate: Gate, metrics: GateMetrics) -> web.Application:
     app.router.add_get("/gate/v1/events", events)
     app.router.add_get("/gate/v1/health", health)
     add_lease_routes(app, gate)
+    add_observe_routes(app, gate, lambda: live_document(gate), history_interval=history_interval)
     return app

@@ -91,6 +91,30 @@ MIGRATIONS: Sequence[str] = (
     """,
     # A job's measured peak is kept with the scale it ran at (ComfyUI: megapixels).
     "ALTER TABLE envelopes ADD COLUMN scale REAL;",
+    # 3: the minute history (one row per GPU a minute; `rows` is the budget's rows as
+    # compact JSON) and the runtime version an envelope was measured under.
+    """
+    CREATE TABLE history (
+        gpu INTEGER NOT NULL,
+        wall REAL NOT NULL,
+        total INTEGER NOT NULL,
+        driver_reserved INTEGER NOT NULL,
+        used INTEGER NOT NULL,
+        free INTEGER NOT NULL,
+        external INTEGER NOT NULL,
+        committed INTEGER NOT NULL,
+        pending INTEGER NOT NULL,
+        reserve INTEGER NOT NULL,
+        schedulable INTEGER NOT NULL,
+        residents INTEGER NOT NULL,
+        queue INTEGER NOT NULL,
+        sample_age REAL,
+        pressure INTEGER NOT NULL,
+        rows TEXT NOT NULL,
+        PRIMARY KEY (gpu, wall)
+    ) WITHOUT ROWID;
+    ALTER TABLE envelopes ADD COLUMN runtime_version TEXT;
+    """,
 )
 
 
@@ -100,6 +124,7 @@ class RecordKind(enum.Enum):
     EVENT = "event"
     LEASE = "lease"
     ENVELOPE = "envelope"
+    HISTORY = "history"
 
 
 _INSERT = {
@@ -107,11 +132,33 @@ _INSERT = {
     " failure_class, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     RecordKind.LEASE: "INSERT INTO leases (id, started, consumer, model, options, gpu,"
     " priority, bytes, loaded, waited, held, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    RecordKind.ENVELOPE: "INSERT INTO envelopes (consumer, model, options, bytes, measured, scale)"
-    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
+    RecordKind.ENVELOPE: "INSERT INTO envelopes (consumer, model, options, bytes, measured,"
+    " scale, runtime_version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
     " DO UPDATE SET bytes = excluded.bytes, measured = excluded.measured,"
-    " scale = excluded.scale",
+    " scale = excluded.scale, runtime_version = excluded.runtime_version",
+    RecordKind.HISTORY: "INSERT OR REPLACE INTO history (gpu, wall, total, driver_reserved,"
+    " used, free, external, committed, pending, reserve, schedulable, residents, queue,"
+    " sample_age, pressure, rows) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
+
+HISTORY_COLUMNS = (
+    "gpu",
+    "wall",
+    "total",
+    "driver_reserved",
+    "used",
+    "free",
+    "external",
+    "committed",
+    "pending",
+    "reserve",
+    "schedulable",
+    "residents",
+    "queue",
+    "sample_age",
+    "pressure",
+    "rows",
+)
 
 
 @attrs.frozen
@@ -122,6 +169,35 @@ class MeasuredEnvelope:
     bytes: int
     scale: float | None = None
     """For a job's peak: the scale it ran at (the runtime's unit, e.g. megapixels)."""
+    runtime_version: str | None = None
+    """The runtime's version when it was measured; None when it was not known."""
+    measured: float | None = attrs.field(default=None, eq=False)
+    """Wall-clock time of the measurement (set when read back; not part of equality)."""
+
+
+@attrs.frozen
+class HistoryPoint:
+    """One GPU's budget at one minute (or the last of a downsampled step)."""
+
+    gpu: int
+    wall: float
+    total: int
+    driver_reserved: int
+    used: int
+    free: int
+    external: int
+    committed: int
+    pending: int
+    reserve: int
+    schedulable: int
+    residents: int
+    queue: int
+    sample_age: float | None
+    pressure: bool
+    rows: str
+    """JSON: {"external": {service: bytes}, "consumers": {name: [committed, pending]}}."""
+    schedulable_min: int | None = None
+    """The least schedulable within the step (None: a single row)."""
 
 
 @attrs.frozen
@@ -296,8 +372,20 @@ class Store:
                 envelope.model,
                 envelope.options,
                 envelope.bytes,
-                time.time(),
+                envelope.measured if envelope.measured is not None else time.time(),
                 envelope.scale,
+                envelope.runtime_version,
+            ),
+        )
+
+    def record_history(self, point: HistoryPoint) -> None:
+        """One GPU's minute snapshot (buffered like every other record)."""
+        self._append(
+            RecordKind.HISTORY,
+            (
+                *(getattr(point, name) for name in HISTORY_COLUMNS[:-2]),
+                int(point.pressure),
+                point.rows,
             ),
         )
 
@@ -319,9 +407,40 @@ class Store:
     async def envelopes(self) -> list[MeasuredEnvelope]:
         assert self._db is not None
         async with self._db.execute(
-            "SELECT consumer, model, options, bytes, scale FROM envelopes"
+            "SELECT consumer, model, options, bytes, scale, runtime_version, measured"
+            " FROM envelopes ORDER BY consumer, model, options"
         ) as cursor:
             return [MeasuredEnvelope(*row) async for row in cursor]
+
+    async def history(
+        self, gpu: int | None, since: float, step: float = 60.0
+    ) -> list[HistoryPoint]:
+        """Snapshots since `since` (wall clock), the last one of each `step` seconds."""
+        assert self._db is not None
+        # SQLite takes the bare columns of a group from the row that has its max(wall).
+        columns = ", ".join("max(wall)" if c == "wall" else c for c in HISTORY_COLUMNS)
+        where = "wall >= ?" + ("" if gpu is None else " AND gpu = ?")
+        params: tuple[object, ...] = (since,) if gpu is None else (since, gpu)
+        query = (
+            f"SELECT {columns}, min(schedulable), count(*) FROM history WHERE {where}"
+            f" GROUP BY gpu, CAST(wall / {float(max(step, 1.0))!r} AS INTEGER)"
+            " ORDER BY gpu, 2"
+        )
+        async with self._db.execute(query, params) as cursor:
+            points = []
+            async for row in cursor:
+                *fields, low, count = row
+                fields[14] = bool(fields[14])
+                points.append(HistoryPoint(*fields, schedulable_min=low if count > 1 else None))
+            return points
+
+    async def prune_history(self, before: float) -> int:
+        """Delete snapshots older than `before` (wall clock); how many went."""
+        assert self._db is not None
+        async with self._write_lock:
+            cursor = await self._db.execute("DELETE FROM history WHERE wall < ?", (before,))
+            await self._db.commit()
+            return cursor.rowcount
 
     # -- the writer ------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ async def test_requests_are_served_while_another_process_locks_the_database(
             labels: value
             for (name, labels), value in after.items()
             if name == "gpugate_store_dropped_total"
-        } == {(("kind", k),): 0 for k in ("event", "lease", "envelope")}
+        } == {(("kind", k),): 0 for k in ("event", "lease", "envelope", "history")}
 
 
 async def test_the_gate_stops_promptly_while_the_database_is_locked(

@@ -1,0 +1,219 @@
+"""Server-sent events for the dashboard and for `gpugate events --follow`.
+
+One `LiveFeed` per control app subscribes to the gate's events once and fans them out
+to the connected streams. Events go out as they happen. Snapshots of the whole state go
+out on connect and then whenever a new NVML sample arrived or an event changed the
+books, at most once per `min_interval`: a stream is never a snapshot per event, so a
+burst of requests costs each viewer a few documents a second, not one per request.
+
+A viewer that reads too slowly loses the oldest events it has not been sent (its
+buffer is bounded) and is told how many with a `dropped` event; the gate never waits
+on a viewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from aiohttp import web
+
+from gpugate.core.effects import Event
+from gpugate.gate.events import event_json
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate
+
+MIN_INTERVAL = 0.25
+"""The shortest time between two snapshots on one stream."""
+KEEPALIVE = 15.0
+"""Seconds of silence after which a comment line keeps proxies from closing the stream."""
+BUFFER = 1000
+"""Events kept for one slow viewer."""
+
+
+def event_document(event: Event, gate: Gate) -> dict[str, Any]:
+    """An event as the control API shows it: the log line's fields and its wall time."""
+    document: dict[str, Any] = json.loads(event_json(event))
+    document["time"] = round(time.time() - (gate.clock() - event.time), 3)
+    if event.priority is not None:
+        document["priority"] = event.priority
+    if event.failure is not None:
+        document["failure"] = event.failure.failure_class.value
+    return document
+
+
+@attrs.frozen
+class EventFilter:
+    """Which events a follower wants: all of the given fields must match."""
+
+    consumer: str | None = None
+    priority: str | None = None
+    failure: str | None = None
+
+    @classmethod
+    def from_query(cls, query: Any) -> EventFilter:
+        """`consumer`, `class` (priority class) and `failure` (failure class) query parameters."""
+        failure = query.get("failure")
+        return cls(
+            consumer=query.get("consumer") or None,
+            priority=query.get("class") or None,
+            failure=failure.upper() if failure else None,
+        )
+
+    def __call__(self, event: Event) -> bool:
+        if self.consumer is not None and event.consumer != self.consumer:
+            return False
+        if self.priority is not None and event.priority != self.priority:
+            return False
+        if self.failure is not None:
+            if event.failure is None:
+                return False
+            if self.failure not in ("*", "ANY") and event.failure.failure_class.value != (
+                self.failure
+            ):
+                return False
+        return True
+
+
+class _Viewer:
+    def __init__(self, wanted: EventFilter, snapshots: bool) -> None:
+        self.wanted = wanted
+        self.snapshots = snapshots
+        self.events: collections.deque[Event] = collections.deque(maxlen=BUFFER)
+        self.dropped = 0
+        self.snapshot_due = snapshots
+        self.wake = asyncio.Event()
+
+    def push(self, event: Event) -> None:
+        if not self.wanted(event):
+            return
+        if len(self.events) == self.events.maxlen:
+            self.dropped += 1
+        self.events.append(event)
+        self.wake.set()
+
+
+def sse(kind: str, data: str) -> bytes:
+    """One server-sent event (data is one line of JSON)."""
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+class LiveFeed:
+    """Fans the gate's events and state out to the open streams of one control app."""
+
+    def __init__(
+        self,
+        gate: Gate,
+        document: Callable[[], dict[str, Any]],
+        *,
+        min_interval: float = MIN_INTERVAL,
+    ) -> None:
+        self.gate = gate
+        self.document = document
+        self.min_interval = min_interval
+        self._viewers: set[_Viewer] = set()
+        self._changed = False
+        self._version: tuple[int, ...] = ()
+        self._task: asyncio.Task[None] | None = None
+        self._running = False
+
+    @property
+    def viewers(self) -> int:
+        return len(self._viewers)
+
+    def start(self) -> None:
+        # The hub has no way to unsubscribe: a stopped feed's callback does nothing.
+        self._running = True
+        self.gate.events.subscribe(self._on_event)
+        self._task = asyncio.create_task(self._watch(), name="gpugate-live")
+
+    async def stop(self) -> None:
+        self._running = False
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for viewer in self._viewers:
+            viewer.wake.set()
+
+    def _on_event(self, event: Event) -> None:
+        if not self._running:
+            return
+        self._changed = True
+        for viewer in self._viewers:
+            viewer.push(event)
+
+    def _sample_version(self) -> tuple[int, ...]:
+        core = self.gate.core
+        # A new sample is a new observation object: comparing identities is enough.
+        return tuple(id(core.observation(gpu)) for gpu in core.gpus())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.min_interval)
+            if not self._viewers:
+                continue
+            version = self._sample_version()
+            if version != self._version or self._changed:
+                self._version = version
+                self._changed = False
+                for viewer in self._viewers:
+                    if viewer.snapshots:
+                        viewer.snapshot_due = True
+                        viewer.wake.set()
+
+    async def stream(
+        self,
+        request: web.Request,
+        *,
+        wanted: EventFilter,
+        snapshots: bool,
+        backlog: list[Event],
+    ) -> web.StreamResponse:
+        """Serve one stream until the client leaves or the app stops."""
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        viewer = _Viewer(wanted, snapshots)
+        for event in backlog:
+            viewer.push(event)
+        self._viewers.add(viewer)
+        try:
+            # Sent at once, so a client knows the stream is open before anything happens.
+            await response.write(b": gpugate\n\n")
+            while self._running:
+                if viewer.snapshot_due:
+                    viewer.snapshot_due = False
+                    await response.write(sse("snapshot", json.dumps(self.document())))
+                while viewer.events:
+                    event = viewer.events.popleft()
+                    await response.write(sse("event", json.dumps(event_document(event, self.gate))))
+                if viewer.dropped:
+                    await response.write(sse("dropped", json.dumps({"events": viewer.dropped})))
+                    viewer.dropped = 0
+                viewer.wake.clear()
+                if viewer.events or viewer.snapshot_due:
+                    continue
+                try:
+                    async with asyncio.timeout(KEEPALIVE):
+                        await viewer.wake.wait()
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            self._viewers.discard(viewer)
+        return response

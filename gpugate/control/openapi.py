@@ -1,0 +1,223 @@
+"""The OpenAPI 3.1 document of `/gate/v1/` (served at `/gate/v1/openapi.json`).
+
+Kept by hand beside the routes; `tests/control/test_openapi.py` checks it against the
+app's router, so a route added without a description fails the suite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BYTES = {"type": "integer", "description": "bytes"}
+SECONDS = {"type": "number", "description": "seconds"}
+
+
+def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema or {"type": "object"}}},
+    }
+
+
+def _query(name: str, description: str, kind: str = "string") -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": {"type": kind},
+    }
+
+
+ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {"class": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["class", "message"],
+        }
+    },
+}
+UNAUTHORIZED = _json("no valid bearer token for this route", ERROR)
+LEASE = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "consumer": {"type": "string"},
+        "identity": {"type": "string"},
+        "gpu": {"type": "integer"},
+        "bytes": BYTES,
+        "class": {"type": "string"},
+        "ttl": SECONDS,
+        "expires_in": SECONDS,
+        "waited": SECONDS,
+        "held_for": SECONDS,
+    },
+}
+LEASE_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}
+EVENT_FILTERS = [
+    _query("consumer", "only events of this consumer"),
+    _query("class", "only events of requests of this priority class"),
+    _query("failure", "only failures of this class (`*`: every failure)"),
+]
+SSE = {
+    "description": "server-sent events until the client leaves",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document, built fresh (callers may change it)."""
+    secured = [{"bearer": []}]
+    paths: dict[str, Any] = {
+        "/gate/v1/status": {
+            "get": {
+                "summary": "budget per GPU, residents, leases and the queue",
+                "responses": {"200": _json("the gate's books, in bytes and seconds")},
+            }
+        },
+        "/gate/v1/health": {
+            "get": {
+                "summary": "whether samples and listings are fresh",
+                "responses": {
+                    "200": _json("every check passed"),
+                    "503": _json("a check failed (`failed` names it)"),
+                },
+            }
+        },
+        "/gate/v1/events": {
+            "get": {
+                "summary": "the recent events; with follow=1 a live stream",
+                "parameters": [
+                    _query("follow", "1: server-sent events (`event: event`) as they happen"),
+                    _query(
+                        "recent",
+                        "at most this many recent events (with follow: sent first)",
+                        "integer",
+                    ),
+                    *EVENT_FILTERS,
+                ],
+                "responses": {
+                    "200": {
+                        "description": "NDJSON, one event a line; with follow=1, SSE",
+                        "content": {
+                            "application/x-ndjson": {"schema": {"type": "string"}},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    "400": _json("a bad parameter", ERROR),
+                },
+            }
+        },
+        "/gate/v1/stream": {
+            "get": {
+                "summary": "the dashboard's feed: `snapshot` on connect and on each change "
+                "(at most 4 a second), `event` as each happens",
+                "parameters": EVENT_FILTERS,
+                "responses": {"200": SSE},
+            }
+        },
+        "/gate/v1/history": {
+            "get": {
+                "summary": "minute snapshots per GPU, downsampled to `step`",
+                "parameters": [
+                    _query("gpu", "NVML index (default: every GPU)", "integer"),
+                    _query("since", "wall-clock seconds, or a duration back from now (24h)"),
+                    _query("step", "one point per step (a duration, default 60s)"),
+                ],
+                "responses": {
+                    "200": _json("`points`, oldest first per GPU"),
+                    "400": _json("a bad parameter", ERROR),
+                },
+            }
+        },
+        "/gate/v1/envelopes": {
+            "get": {
+                "summary": "measured envelopes: bytes, when, under which runtime version",
+                "responses": {"200": _json("`envelopes`")},
+            }
+        },
+        "/gate/v1/openapi.json": {
+            "get": {"summary": "this document", "responses": {"200": _json("OpenAPI 3.1")}}
+        },
+        "/gate/v1/leases": {
+            "get": {
+                "summary": "the explicit leases held now",
+                "responses": {
+                    "200": _json(
+                        "`leases`",
+                        {
+                            "type": "object",
+                            "properties": {"leases": {"type": "array", "items": LEASE}},
+                        },
+                    )
+                },
+            },
+            "post": {
+                "summary": "ask for an explicit lease; answers once granted or failed",
+                "security": secured,
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "consumer": {"type": "string"},
+                                    "identity": {"type": "string"},
+                                    "bytes": {"type": ["integer", "string"]},
+                                    "class": {"type": "string"},
+                                    "ttl": {"type": ["number", "string"]},
+                                    "max_wait": {"type": ["number", "string"]},
+                                    "gpu": {"type": "integer"},
+                                },
+                                "required": ["bytes"],
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "201": _json("granted", LEASE),
+                    "400": _json("a bad request", ERROR),
+                    "401": UNAUTHORIZED,
+                    "503": _json("no lease: the failure class in X-GPUGate-Failure", ERROR),
+                },
+            },
+        },
+        "/gate/v1/leases/{id}/renew": {
+            "post": {
+                "summary": "move an explicit lease's expiry to now + ttl",
+                "security": secured,
+                "parameters": [LEASE_ID],
+                "responses": {
+                    "200": _json("renewed", LEASE),
+                    "401": UNAUTHORIZED,
+                    "409": _json("LEASE_CONFLICT: not held", ERROR),
+                },
+            }
+        },
+        "/gate/v1/leases/{id}": {
+            "delete": {
+                "summary": "release an explicit lease",
+                "security": secured,
+                "parameters": [LEASE_ID],
+                "responses": {
+                    "200": _json("released", LEASE),
+                    "401": UNAUTHORIZED,
+                    "409": _json("LEASE_CONFLICT: not held", ERROR),
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "gpugate control API",
+            "version": "1",
+            "description": "Read-only routes answer without a token on loopback "
+            "(`gate.control_public`); every other method needs a bearer token.",
+        },
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": paths,
+    }
