@@ -18,11 +18,12 @@ import attrs
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.planner import PlanKind, PlannerSettings, ResidentSource, ResidentView, plan
+from gpugate.core.planner import PlanKind, PlannerSettings, plan
 from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import Resident, ResidentKey
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+from gpugate.core.views import ResidentSource, ResidentView
 
 UNEXPLAINED = ResidentKey("", "<unexplained>")
 """Claim marker for memory a runtime will name at its next listing."""
