@@ -7,6 +7,7 @@ SHIM   := build/fakenvml/libnvidia-ml.so.1
 PROMTOOL := build/prom/usr/bin/promtool
 WRK    := build/wrk/usr/bin/wrk
 CHROMIUM := build/.chromium-installed
+NGINX  := build/nginx/usr/sbin/nginx
 
 .PHONY: run test bench fuzz soak lint shim clean
 
@@ -49,7 +50,15 @@ $(WRK):
 		for deb in wrk_*.deb libluajit-5.1-2_*.deb; do dpkg -x $$deb wrk; done && \
 		rm -f wrk_*.deb libluajit-5.1-2_*.deb
 
-bench: $(STAMP) $(SHIM) $(WRK)
+# nginx is the benchmark's ceiling: a plain reverse proxy in C, unpacked like wrk (its
+# libraries, OpenSSL, PCRE2 and zlib, are part of any Debian); one already installed will do.
+$(NGINX):
+	mkdir -p build/nginx
+	cd build && apt-get download nginx nginx-common && \
+		for deb in nginx_*.deb nginx-common_*.deb; do dpkg -x $$deb nginx; done && \
+		rm -f nginx_*.deb nginx-common_*.deb
+
+bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
 	$(BIN)/python -m bench
 
 # 10,000 hostile requests to the gate over the simulated Ollama (docs/reliability.md).

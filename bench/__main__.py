@@ -1,4 +1,4 @@
-"""`make bench`: the gate against a direct connection and a bare aiohttp pass-through.
+"""`make bench`: the gate against a direct connection, a bare aiohttp pass-through and nginx.
 
 Everything runs on this machine at once. The proxy under test gets a core of its own;
 the load generator and the upstream share the other (on a machine with one core, all
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -22,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.decisions import measure as measure_decisions
+from bench.decisions import table as decisions_table
 from gpugate.core.units import GiB
 from gpugate.sim.device import SimDevice, SimulatedGpuHost
 from gpugate.sim.shim import STATE_ENV, library_path
@@ -29,9 +31,12 @@ from gpugate.sim.shim import STATE_ENV, library_path
 ROOT = Path(__file__).resolve().parents[1]
 WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
 WRK_LIB = ROOT / "build" / "wrk" / "usr" / "lib" / "x86_64-linux-gnu"
+NGINX = ROOT / "build" / "nginx" / "usr" / "sbin" / "nginx"
 DOC = ROOT / "docs" / "benchmarks.md"
 DURATION = int(os.environ.get("BENCH_SECONDS", "3"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+FLOOR = "bare pass-through (asyncio)"
+CEILING = "nginx"
 CONNECTIONS = (1, 16, 64)
 CPUS = sorted(os.sched_getaffinity(0))
 LOAD_CPU = CPUS[0]
@@ -88,6 +93,57 @@ consumers:
       bench: {{envelope: 1GiB}}
 """)
     return path
+
+
+def nginx_binary() -> Path | None:
+    """Debian's nginx unpacked by `make bench`, else one installed on the machine."""
+    if NGINX.exists():
+        return NGINX
+    found = shutil.which("nginx")
+    return Path(found) if found else None
+
+
+def nginx_config(port: int, upstream: int, tmp: Path) -> Path:
+    """A plain reverse proxy: keepalive to the upstream, nothing buffered, upgrades passed."""
+    home = tmp / "nginx"
+    home.mkdir()
+    temp = "\n".join(
+        f"  {kind}_temp_path {home / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    path = home / "nginx.conf"
+    path.write_text(f"""\
+daemon off;
+master_process off;
+worker_processes 1;
+pid {home / "nginx.pid"};
+error_log {home / "error.log"} warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+{temp}
+  map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
+  upstream backend {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Host $host;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection $connection_upgrade;
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+""")
+    return path
+
+
+def ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference else "—"
 
 
 def wait_resident(control: int) -> None:
@@ -202,48 +258,51 @@ def ws_table(results: dict[str, dict[str, object]]) -> list[str]:
     return lines
 
 
-def table(results: dict[str, dict[str, object]], decisions: dict[str, float]) -> str:
+def table(results: dict[str, dict[str, object]], decisions: dict[str, object]) -> str:
     names = list(results)
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores): the "
         f"proxy under test pinned to CPU {PROXY_CPU}, wrk and the upstream to CPU {LOAD_CPU}; "
         f"the median of {ROUNDS} interleaved rounds of {DURATION} s. Ratios are against the "
-        "bare pass-through on asyncio's loop, measured in the same run.",
+        "bare pass-through on asyncio's loop and against nginx (Debian's, one worker, "
+        "keepalive to the upstream, nothing buffered), measured in the same run.",
         "",
-        "| path | conns | req/s | ratio | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| path | conns | req/s | vs bare | vs nginx | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for conns in CONNECTIONS:
-        floor = results["bare pass-through (asyncio)"][f"c{conns}"]["rps"]  # type: ignore[index]
+        floor = results[FLOOR][f"c{conns}"]["rps"]  # type: ignore[index]
+        ceiling = results.get(CEILING, {}).get(f"c{conns}", {"rps": 0.0})["rps"]  # type: ignore[index,union-attr]
         for name in names:
             row = results[name][f"c{conns}"]  # type: ignore[index]
             lines.append(
-                f"| {name} | {conns} | {row['rps']:.0f} | {row['rps'] / floor:.2f}x | "
-                f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} |"
+                f"| {name} | {conns} | {row['rps']:.0f} | {ratio(row['rps'], floor)} | "
+                f"{ratio(row['rps'], ceiling)} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |"
             )
     lines += [
         "",
         "64 concurrent NDJSON streams, 100 chunks each, one chunk every 20 ms per stream:",
         "",
-        "| path | chunks/s | chunk latency p50 ms | chunk latency p99 ms | TTFB p99 ms |",
-        "|---|---:|---:|---:|---:|",
+        "| path | chunks/s | vs bare | vs nginx | chunk latency p50 ms | chunk latency p99 ms "
+        "| p99 vs bare | p99 vs nginx | TTFB p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    floor_s = results[FLOOR]["streams"]  # type: ignore[index]
+    ceiling_s = results.get(CEILING, {}).get("streams", {})  # type: ignore[union-attr]
     for name in names:
         row = results[name]["streams"]  # type: ignore[index]
         lines.append(
-            f"| {name} | {row['chunks_per_s']:.0f} | {row['chunk_latency_p50_ms']:.2f} | "
-            f"{row['chunk_latency_p99_ms']:.2f} | {row['ttfb_p99_ms']:.2f} |"
+            f"| {name} | {row['chunks_per_s']:.0f} | "
+            f"{ratio(row['chunks_per_s'], floor_s['chunks_per_s'])} | "  # type: ignore[index]
+            f"{ratio(row['chunks_per_s'], ceiling_s.get('chunks_per_s', 0.0))} | "  # type: ignore[union-attr]
+            f"{row['chunk_latency_p50_ms']:.2f} | {row['chunk_latency_p99_ms']:.2f} | "
+            f"{ratio(row['chunk_latency_p99_ms'], floor_s['chunk_latency_p99_ms'])} | "  # type: ignore[index]
+            f"{ratio(row['chunk_latency_p99_ms'], ceiling_s.get('chunk_latency_p99_ms', 0.0))} | "  # type: ignore[union-attr]
+            f"{row['ttfb_p99_ms']:.2f} |"
         )
     lines += ws_table(results)
-    lines += [
-        "",
-        "Decision core, 50 residents and 1,000 queued tickets (in-process):",
-        "",
-        f"* an arrival planned against the queue: median {decisions['submit_median_us']:.0f} µs, "
-        f"p99 {decisions['submit_p99_us']:.0f} µs",
-        f"* a full pass over the queue: {decisions['queue_pass_median_us'] / 1000:.1f} ms "
-        f"({decisions['queue_pass_per_ticket_us']:.1f} µs per ticket)",
-    ]
+    lines += ["", "Decision core (in-process, after the proxies stopped):", ""]
+    lines += decisions_table(decisions)
     return "\n".join(lines)
 
 
@@ -258,8 +317,9 @@ def write_doc(text: str) -> None:
 
 
 def main() -> int:
-    if not WRK.exists():
-        print("bench: wrk is missing; run `make bench`", file=sys.stderr)
+    nginx = nginx_binary()
+    if not WRK.exists() or nginx is None:
+        print("bench: wrk or nginx is missing; run `make bench`", file=sys.stderr)
         return 2
     processes: list[subprocess.Popen[bytes]] = []
     os.sched_setaffinity(0, {LOAD_CPU})  # wrk and the stream client inherit this
@@ -293,6 +353,11 @@ def main() -> int:
                 )
                 targets[name] = f"http://127.0.0.1:{port}"
                 pids[name] = processes[-1].pid
+            port = free_port()
+            config = nginx_config(port, upstream, Path(tmp))
+            processes.append(start([str(nginx), "-e", "stderr", "-c", str(config)], PROXY_CPU))
+            targets[CEILING] = f"http://127.0.0.1:{port}"
+            pids[CEILING] = processes[-1].pid
             gpu = SimulatedGpuHost.create(
                 Path(tmp) / "gpu", [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
             )

@@ -1,9 +1,20 @@
-"""The decision core's cost with 50 residents and 1,000 queued tickets, in-process."""
+"""The decision core's cost against the number of residents and queued tickets, in-process.
+
+    python -m bench.decisions          # prints the curves as JSON
+
+Each world is one GPU with `residents` busy production models of 1.5 GiB and `tickets`
+interactive tickets of 30 GiB waiting for them (they fit only once residents go). The
+clock moves between events as it does in the gate, so nothing cached for one `now`
+survives to the next event by accident.
+"""
 
 from __future__ import annotations
 
+import copy
+import json
 import statistics
 import time
+from collections.abc import Callable
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.observation import GpuObservation, HostObservation
@@ -13,8 +24,14 @@ from gpugate.core.state import CoreSettings, GateCore
 from gpugate.core.tickets import Demand
 from gpugate.core.units import GiB
 
-RESIDENTS = 50
-QUEUED = 1000
+RESIDENTS = (10, 50, 100, 200)
+TICKETS = (0, 100, 1000)
+PASS_TICKETS = (100, 1000, 3000)
+BATCH = 100
+"""Arrivals timed against one copy of a world (the queue grows by at most this much)."""
+BATCHES = 5
+STEP = 0.001
+"""Seconds between two events."""
 
 
 def demand(model: str, nbytes: int, priority: PriorityClass) -> Demand:
@@ -29,34 +46,34 @@ def demand(model: str, nbytes: int, priority: PriorityClass) -> Demand:
     )
 
 
-def build() -> GateCore:
-    """50 busy production residents; 1,000 interactive tickets that must wait for them."""
+def build(residents: int, tickets: int) -> GateCore:
+    """Busy production residents; interactive tickets that must wait for them."""
     core = GateCore(
         CoreSettings(
             reserve=ReserveSettings(GiB, GiB),
             max_wait={p: 7200.0 for p in PriorityClass},
             consumer_gpus={"ollama": 0},
-            queue_limit={"ollama": 10 * QUEUED},
+            queue_limit={"ollama": 10**6},
             reconcilable=frozenset({"ollama"}),
         )
     )
-    total = 96 * GiB
+    total = int((residents * 1.5 + 21) * GiB)
     core.observe(
         HostObservation(0.0, 0.0, (GpuObservation(0, "GPU-0", "bench", total, 0, 0, total),)), 0.0
     )
-    for n in range(RESIDENTS):
+    for n in range(residents):
         admission = core.submit(
             demand(f"resident-{n}", int(1.5 * GiB), PriorityClass.PRODUCTION), 0.0
         )
         assert admission.lease is not None
         core.loaded(admission.lease.id, 0.0)
-    for n in range(QUEUED):
+    for n in range(tickets):
         admission = core.submit(demand(f"queued-{n}", 30 * GiB, PriorityClass.INTERACTIVE), 0.0)
         assert admission.waiting, admission
     return core
 
 
-def timed(fn, repeat: int) -> list[float]:
+def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     samples = []
     for _ in range(repeat):
         start = time.perf_counter_ns()
@@ -65,23 +82,110 @@ def timed(fn, repeat: int) -> list[float]:
     return samples
 
 
-def measure() -> dict[str, float]:
-    """Arrivals planned against 1,000 queued tickets, and a full pass over the queue."""
-    core = build()
-    arrivals = iter(range(10**9))
+def p99(samples: list[float]) -> float:
+    return sorted(samples)[int(0.99 * len(samples))]
 
-    def arrive() -> None:
-        admission = core.submit(
-            demand(f"new-{next(arrivals)}", 30 * GiB, PriorityClass.INTERACTIVE), 1.0
+
+def arrivals(residents: int, tickets: int) -> list[float]:
+    """Arrivals that sort last, each at a later moment, planned against the queue."""
+    world = build(residents, tickets)
+    samples: list[float] = []
+    for _ in range(BATCHES):
+        core = copy.deepcopy(world)
+        for n in range(BATCH):
+            wanted = demand(f"new-{n}", 30 * GiB, PriorityClass.INTERACTIVE)
+            now = 1.0 + (n + 1) * STEP
+            start = time.perf_counter_ns()
+            admission = core.submit(wanted, now)
+            samples.append((time.perf_counter_ns() - start) / 1000)
+            assert admission.waiting
+    return samples
+
+
+def queue_pass(tickets: int, residents: int = 50) -> float:
+    """A full pass over the queue (all wait): median µs per ticket."""
+    core = build(residents, tickets)
+    clock = iter(range(1, 10**9))
+    samples = timed(lambda: core.scheduler.schedule(0, 1.0 + next(clock) * STEP), 10)
+    return statistics.median(samples) / tickets
+
+
+def grants(residents: int) -> list[float]:
+    """A model that fits and is not resident: granted at once (then its load fails)."""
+    core = build(residents, 0)
+    clock = iter(range(1, 10**9))
+    samples: list[float] = []
+    for n in range(BATCH * BATCHES):
+        now = 1.0 + next(clock) * STEP
+        start = time.perf_counter_ns()
+        admission = core.submit(demand(f"small-{n}", GiB, PriorityClass.INTERACTIVE), now)
+        samples.append((time.perf_counter_ns() - start) / 1000)
+        assert admission.lease is not None
+        core.release(admission.lease.id, now + STEP / 2, failed=True)
+    return samples
+
+
+def measure() -> dict[str, object]:
+    """Every curve, in µs."""
+    arrival = {}
+    for residents in RESIDENTS:
+        for tickets in TICKETS:
+            samples = arrivals(residents, tickets)
+            arrival[f"{residents}x{tickets}"] = {
+                "p50": statistics.median(samples),
+                "p99": p99(samples),
+            }
+    grant = {}
+    for residents in RESIDENTS:
+        samples = grants(residents)
+        grant[str(residents)] = {"p50": statistics.median(samples), "p99": p99(samples)}
+    per_ticket = {str(tickets): queue_pass(tickets) for tickets in PASS_TICKETS}
+    return {"arrival": arrival, "grant": grant, "pass_per_ticket": per_ticket}
+
+
+def table(result: dict[str, object]) -> list[str]:
+    """The curves as markdown lines."""
+    arrival: dict[str, dict[str, float]] = result["arrival"]  # type: ignore[assignment]
+    grant: dict[str, dict[str, float]] = result["grant"]  # type: ignore[assignment]
+    per_ticket: dict[str, float] = result["pass_per_ticket"]  # type: ignore[assignment]
+    head = " | ".join(f"{t:,} queued p50 / p99" for t in TICKETS)
+    lines = [
+        f"An arrival that must wait, planned against the queue ({BATCH * BATCHES} arrivals, "
+        f"µs; the clock moves {STEP * 1000:.0f} ms between events):",
+        "",
+        f"| residents | {head} |",
+        "|---:|" + "---:|" * len(TICKETS),
+    ]
+    for residents in RESIDENTS:
+        cells = " | ".join(
+            f"{arrival[f'{residents}x{t}']['p50']:.0f} / {arrival[f'{residents}x{t}']['p99']:.0f}"
+            for t in TICKETS
         )
-        assert admission.waiting
+        lines.append(f"| {residents} | {cells} |")
+    lines += [
+        "",
+        "A grant of a model that fits and is not loaded, empty queue (µs):",
+        "",
+        "| residents | p50 | p99 |",
+        "|---:|---:|---:|",
+    ]
+    for residents in RESIDENTS:
+        row = grant[str(residents)]
+        lines.append(f"| {residents} | {row['p50']:.0f} | {row['p99']:.0f} |")
+    lines += [
+        "",
+        "A full pass over the queue, 50 residents, every ticket waits (µs per ticket):",
+        "",
+        "| queued | µs per ticket | pass ms |",
+        "|---:|---:|---:|",
+    ]
+    for tickets in PASS_TICKETS:
+        cost = per_ticket[str(tickets)]
+        lines.append(f"| {tickets:,} | {cost:.1f} | {cost * tickets / 1000:.1f} |")
+    return lines
 
-    # 100 arrivals in a row: the queue grows from 1,000 to 1,100 tickets.
-    submit = timed(arrive, 100)
-    full_pass = timed(lambda: core.scheduler.schedule(0, 1.0), 20)
-    return {
-        "submit_median_us": statistics.median(submit),
-        "submit_p99_us": sorted(submit)[int(0.99 * len(submit))],
-        "queue_pass_median_us": statistics.median(full_pass),
-        "queue_pass_per_ticket_us": statistics.median(full_pass) / len(core.waiting()),
-    }
+
+if __name__ == "__main__":
+    result = measure()
+    print(json.dumps(result, indent=1))
+    print("\n".join(table(result)))

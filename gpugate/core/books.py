@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
+from gpugate.core.budget import GpuUsage, usage_of
 from gpugate.core.effects import Unload, UnloadReason
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
@@ -13,15 +14,73 @@ if TYPE_CHECKING:
     from gpugate.core.scopes import JobBook
 
 
+class ResidentTable(dict[ResidentKey, Resident]):
+    """The residents by key, indexed by GPU and by model as entries are set and removed.
+
+    Each index keeps the table's own order, so a GPU's residents come out as a scan of
+    the whole table would give them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_gpu: dict[int, dict[ResidentKey, Resident]] = {}
+        self.by_model: dict[tuple[int, str, str], dict[ResidentKey, Resident]] = {}
+
+    def __setitem__(self, key: ResidentKey, resident: Resident) -> None:
+        old = self.get(key)
+        super().__setitem__(key, resident)
+        if old is not None and old.gpu != resident.gpu:
+            self._reindex()
+            return
+        self.by_gpu.setdefault(resident.gpu, {})[key] = resident
+        self.by_model.setdefault((resident.gpu, key.consumer, key.model), {})[key] = resident
+
+    def __delitem__(self, key: ResidentKey) -> None:
+        resident = self[key]
+        super().__delitem__(key)
+        self._unindex(key, resident)
+
+    def pop(self, key: ResidentKey, *default: Resident | None) -> Resident | None:  # type: ignore[override]
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        resident = super().pop(key)
+        self._unindex(key, resident)
+        return resident
+
+    def on_gpu(self, gpu: int) -> list[Resident]:
+        return list(self.by_gpu.get(gpu, {}).values())
+
+    def same_model(self, gpu: int, consumer: str, model: str) -> list[Resident]:
+        return list(self.by_model.get((gpu, consumer, model), {}).values())
+
+    def _unindex(self, key: ResidentKey, resident: Resident) -> None:
+        for index, at in ((self.by_gpu, resident.gpu), (self.by_model, (resident.gpu, *key[:2]))):
+            rows = index[at]  # type: ignore[index]
+            del rows[key]
+            if not rows:
+                del index[at]  # type: ignore[arg-type]
+
+    def _reindex(self) -> None:
+        self.by_gpu, self.by_model = {}, {}
+        for key, resident in self.items():
+            self.by_gpu.setdefault(resident.gpu, {})[key] = resident
+            self.by_model.setdefault((resident.gpu, key.consumer, key.model), {})[key] = resident
+
+
 class Books:
     """Mutable ledger owned by the core.
 
     `version` changes with every change the queue's plans depend on; `residents_version`
     only when residents or leases change (not when a ticket joins or leaves the queue).
+    Every change to what holds memory is followed by `touch()`; the per-GPU sums a budget
+    is computed from are recounted after a change made elsewhere, and carried forward
+    by the changes the books make themselves.
     """
 
     def __init__(self) -> None:
-        self.residents: dict[ResidentKey, Resident] = {}
+        self.residents: ResidentTable = ResidentTable()
         self.leases: dict[int, Lease] = {}
         self.unloads: dict[ResidentKey, Unload] = {}
         self.version = 0
@@ -29,6 +88,9 @@ class Books:
         self._ids = itertools.count(1)
         self.jobs: JobBook | None = None
         """The consumers' job leases (set by the core that owns these books)."""
+        self._usage: dict[int, GpuUsage] = {}
+        self._usage_at = -1
+        """The `residents_version` the sums are right for."""
 
     def new_id(self) -> int:
         """An id for a ticket, and the lease it becomes."""
@@ -41,7 +103,28 @@ class Books:
             self.residents_version += 1
 
     def on_gpu(self, gpu: int) -> list[Resident]:
-        return [r for r in self.residents.values() if r.gpu == gpu]
+        return self.residents.on_gpu(gpu)
+
+    def usage(self, gpu: int) -> GpuUsage:
+        """Per consumer, what the residents and pending leases of a GPU hold."""
+        if self._usage_at != self.residents_version:
+            gpus = {r.gpu for r in self.residents.values()} | {x.gpu for x in self.leases.values()}
+            leases = list(self.leases.values())
+            self._usage = {g: usage_of(g, self.residents.on_gpu(g), leases) for g in gpus}
+            self._usage_at = self.residents_version
+        return self._usage.get(gpu) or GpuUsage()
+
+    def _counted(self) -> bool:
+        """Whether the sums are right now (a change may then be carried into them)."""
+        return self._usage_at == self.residents_version
+
+    def _count(self, fresh: bool, gpu: int) -> GpuUsage | None:
+        return self._usage.setdefault(gpu, GpuUsage()) if fresh else None
+
+    def _touch_counted(self, fresh: bool) -> None:
+        self.touch()
+        if fresh:
+            self._usage_at = self.residents_version
 
     def leases_on(self, gpu: int) -> list[Lease]:
         return [lease for lease in self.leases.values() if lease.gpu == gpu]
@@ -69,6 +152,7 @@ class Books:
         """Record a granted lease; a lease for a model not resident starts its load."""
         if demand.scope is LeaseScope.JOB and self.jobs is not None:
             return self.jobs.open(lease_id, demand, now, arrived)
+        sums = self._count(self._counted(), demand.gpu)
         appear_by = None
         if demand.scope is LeaseScope.PROCESS and demand.appear_within is not None and needed:
             appear_by = now + demand.appear_within
@@ -83,9 +167,11 @@ class Books:
             appear_by=appear_by,
         )
         self.leases[lease_id] = lease
+        if sums is not None:
+            sums.count_lease(lease, 1)
         if demand.explicit:
             # No model to load: its bytes stay pending, counted for its owner, until it ends.
-            self.touch()
+            self._touch_counted(sums is not None)
             return lease
         if resident is not None:
             resident.in_flight += 1
@@ -95,6 +181,9 @@ class Books:
         else:
             # A loading resident carries its lease's bytes for planning (what it will free
             # one day); the budget counts them as the lease's until the load completes.
+            old = self.residents.get(demand.key)
+            if sums is not None and old is not None:
+                sums.count_resident(old, -1)
             self.residents[demand.key] = Resident(
                 key=demand.key,
                 gpu=demand.gpu,
@@ -108,55 +197,83 @@ class Books:
                 changed_at=now,
                 reload_seconds=demand.reload_seconds,
             )
-        self.touch()
+            if sums is not None:
+                sums.count_resident(self.residents[demand.key], 1)
+        self._touch_counted(sums is not None)
         return lease
 
     def materialise(self, lease: Lease, now: float) -> None:
         """The lease's load completed: its pending bytes become the resident's."""
+        fresh = self._counted()
+        self._materialise(lease, now, self._count(fresh, lease.gpu))
+        self._touch_counted(fresh)
+
+    def _materialise(self, lease: Lease, now: float, sums: GpuUsage | None) -> None:
         resident = self.residents.get(lease.key)
         if resident is not None and resident.state is ResidentState.LOADING:
+            if sums is not None:
+                sums.count_resident(resident, -1)
             resident.state = ResidentState.RESIDENT
             resident.bytes = lease.pending
             resident.changed_at = now
+            if sums is not None:
+                sums.count_resident(resident, 1)
+        if sums is not None and self.leases.get(lease.id) is lease:
+            sums.count_lease(lease, -1)
         lease.pending = 0
-        self.touch()
 
     def close_lease(
         self, lease_id: int, now: float, *, failed: bool
     ) -> tuple[Lease, Resident | None] | None:
         """Remove a lease; returns it and the resident it leaves behind (if any)."""
+        fresh = self._counted()
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return None
+        sums = self._count(fresh, lease.gpu)
+        if sums is not None:
+            sums.count_lease(lease, -1)
         resident = self.residents.get(lease.key) if lease.loads else self.reusable(lease.key)
         if lease.pending and failed and resident is not None:
             # The load never completed: whatever it allocated is the runtime's to free.
             resident.in_flight -= 1
             if resident.in_flight <= 0 and resident.state is ResidentState.LOADING:
-                del self.residents[lease.key]
-            self.touch()
+                gone = self.residents.pop(lease.key)
+                if sums is not None and gone is not None:
+                    sums.count_resident(gone, -1)
+            self._touch_counted(fresh)
             return lease, None
         if lease.pending:
-            self.materialise(lease, now)
+            self._materialise(lease, now, sums)
+            self.touch()
         if resident is not None:
             resident.in_flight = max(0, resident.in_flight - 1)
             resident.last_used = now
-        self.touch()
+        self._touch_counted(fresh)
         return lease, resident
 
     def start_unload(
         self, resident: Resident, reason: UnloadReason, ticket_id: int | None
     ) -> Unload:
+        fresh = self._counted() and self.residents.get(resident.key) is resident
+        sums = self._count(fresh, resident.gpu)
+        if sums is not None:
+            sums.count_resident(resident, -1)
         resident.state = ResidentState.UNLOADING
+        if sums is not None:
+            sums.count_resident(resident, 1)
         unload = Unload(resident.key, resident.gpu, resident.bytes, reason, ticket_id)
         self.unloads[resident.key] = unload
-        self.touch()
+        self._touch_counted(fresh)
         return unload
 
     def finish_unload(self, key: ResidentKey) -> tuple[Unload, Resident | None] | None:
+        fresh = self._counted()
         unload = self.unloads.pop(key, None)
         if unload is None:
             return None
         resident = self.residents.pop(key, None)
-        self.touch()
+        if fresh and resident is not None:
+            self._usage.setdefault(resident.gpu, GpuUsage()).count_resident(resident, -1)
+        self._touch_counted(fresh)
         return unload, resident

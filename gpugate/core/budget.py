@@ -112,6 +112,63 @@ def resident_bytes(resident: Resident) -> int:
     return 0 if resident.state is ResidentState.LOADING else resident.bytes
 
 
+@attrs.define
+class GpuUsage:
+    """What the books hold on one GPU, summed per consumer: what a budget is computed from.
+
+    Kept up to date change by change by the books, so a budget costs the same with 200
+    residents as with two.
+    """
+
+    resident: dict[str, int] = attrs.field(factory=dict)
+    """Bytes of residents (a loading one counts 0: its lease counts them)."""
+    residents: dict[str, int] = attrs.field(factory=dict)
+    """How many residents (a consumer with any gets a row, even at 0 bytes)."""
+    unloading: dict[str, int] = attrs.field(factory=dict)
+    pending: dict[str, int] = attrs.field(factory=dict)
+
+    def count_resident(self, resident: Resident, sign: int) -> None:
+        """Add (sign 1) or take away (sign -1) one resident."""
+        consumer = resident.key.consumer
+        count = self.residents.get(consumer, 0) + sign
+        if count:
+            self.residents[consumer] = count
+            self.resident[consumer] = self.resident.get(consumer, 0) + sign * resident_bytes(
+                resident
+            )
+        else:
+            del self.residents[consumer]
+            del self.resident[consumer]
+        if resident.state is ResidentState.UNLOADING:
+            left = self.unloading.get(consumer, 0) + sign * resident.bytes
+            if left:
+                self.unloading[consumer] = left
+            else:
+                self.unloading.pop(consumer, None)
+
+    def count_lease(self, lease: Lease, sign: int) -> None:
+        """Add (sign 1) or take away (sign -1) one lease's pending bytes."""
+        if lease.pending:
+            consumer = lease.key.consumer
+            left = self.pending.get(consumer, 0) + sign * lease.pending
+            if left:
+                self.pending[consumer] = left
+            else:
+                del self.pending[consumer]
+
+
+def usage_of(gpu: int, residents: Iterable[Resident], leases: Iterable[Lease]) -> GpuUsage:
+    """The sums of one GPU, counted from scratch."""
+    usage = GpuUsage()
+    for r in residents:
+        if r.gpu == gpu:
+            usage.count_resident(r, 1)
+    for lease in leases:
+        if lease.gpu == gpu:
+            usage.count_lease(lease, 1)
+    return usage
+
+
 def compute_budget(
     observation: GpuObservation,
     *,
@@ -123,18 +180,29 @@ def compute_budget(
     consumers: Iterable[str] = (),
 ) -> GpuBudget:
     """The budget rows of one GPU. Pure: the same inputs always give the same rows."""
-    gpu = observation.index
-    resident: dict[str, int] = {}
-    unloading: dict[str, int] = {}
-    for r in residents:
-        if r.gpu == gpu:
-            resident[r.key.consumer] = resident.get(r.key.consumer, 0) + resident_bytes(r)
-            if r.state is ResidentState.UNLOADING:
-                unloading[r.key.consumer] = unloading.get(r.key.consumer, 0) + r.bytes
-    pending: dict[str, int] = {}
-    for lease in leases:
-        if lease.gpu == gpu and lease.pending:
-            pending[lease.key.consumer] = pending.get(lease.key.consumer, 0) + lease.pending
+    return budget_of(
+        observation,
+        usage_of(observation.index, residents, leases),
+        sampled_at=sampled_at,
+        reserve=reserve,
+        unexplained=unexplained,
+        consumers=consumers,
+    )
+
+
+def budget_of(
+    observation: GpuObservation,
+    usage: GpuUsage,
+    *,
+    sampled_at: float,
+    reserve: int,
+    unexplained: Mapping[str, int] | None = None,
+    consumers: Iterable[str] = (),
+) -> GpuBudget:
+    """The budget rows of one GPU from the books' sums for it."""
+    resident = usage.resident
+    unloading = usage.unloading
+    pending = usage.pending
     observed = observation.managed
     unexplained = unexplained or {}
     names = sorted(set(consumers) | set(observed) | set(resident) | set(pending) | set(unexplained))
@@ -180,9 +248,12 @@ def unexplained_after_sample(
     observation: GpuObservation, residents: Iterable[Resident], leases: Iterable[Lease]
 ) -> dict[str, int]:
     """Per consumer, what the sample shows beyond the gate's own books (never negative)."""
-    budget = compute_budget(
-        observation, sampled_at=0.0, reserve=0, residents=residents, leases=leases
-    )
+    return unexplained_of(observation, usage_of(observation.index, residents, leases))
+
+
+def unexplained_of(observation: GpuObservation, usage: GpuUsage) -> dict[str, int]:
+    """Per consumer, what the sample shows beyond the books' sums (never negative)."""
+    budget = budget_of(observation, usage, sampled_at=0.0, reserve=0)
     return {
         row.name: row.observed - row.resident - row.pending
         for row in budget.consumers

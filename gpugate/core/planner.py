@@ -12,16 +12,33 @@ from collections.abc import Collection, Sequence
 
 import attrs
 
-from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.failures import FailureClass
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand
+from gpugate.core.views import (
+    PlannerSettings,
+    ResidentSource,
+    ResidentView,
+    class_allows,
+    evictable_now,
+    release_time,
+    victim_order,
+)
 
-
-@attrs.frozen
-class PlannerSettings:
-    equal_class_grace: float = 30.0
-    """An idle resident of the demand's own class may be evicted only after this long idle."""
+__all__ = [
+    "Plan",
+    "PlanKind",
+    "PlannerSettings",
+    "ResidentSource",
+    "ResidentView",
+    "class_allows",
+    "evictable_now",
+    "plan",
+    "release_time",
+    "reusable",
+    "same_model",
+    "victim_order",
+]
 
 
 class PlanKind(enum.Enum):
@@ -61,93 +78,7 @@ def reusable(resident: ResidentKey, demand: ResidentKey) -> bool:
     )
 
 
-def class_allows(resident: Resident, demand: Demand) -> bool:
-    """May a demand of this class ever take this resident's memory (when it is idle)?"""
-    if resident.policy is ResidencyPolicy.ALWAYS_WARM:
-        return (
-            demand.priority is PriorityClass.PRODUCTION
-            and resident.priority < PriorityClass.PRODUCTION
-        )
-    return resident.priority <= demand.priority
-
-
-def evictable_now(
-    resident: Resident, demand: Demand, now: float, settings: PlannerSettings
-) -> bool:
-    """Idle, its policy allows it, and of lower class (equal: only after the idle grace)."""
-    if not resident.idle or not class_allows(resident, demand):
-        return False
-    if resident.priority == demand.priority:
-        return now - resident.last_used >= settings.equal_class_grace
-    return True
-
-
-def victim_order(resident: Resident) -> tuple[int, float, float]:
-    """Lowest class first, then cheapest to reload per byte freed, then least recently used."""
-    return (int(resident.priority), resident.reload_cost_per_byte(), resident.last_used)
-
-
-def release_time(
-    resident: Resident, demand: Demand, now: float, settings: PlannerSettings
-) -> float | None:
-    """The soonest this resident's bytes could be the demand's (None: not before shutdown).
-
-    Requests in flight have no known end, so a busy resident is assumed to become idle
-    now: the demand waits for it rather than giving up.
-    """
-    if resident.state is ResidentState.UNLOADING:
-        return now
-    if class_allows(resident, demand):
-        if resident.priority == demand.priority:
-            idle_since = resident.last_used if resident.idle else now
-            return max(now, idle_since + settings.equal_class_grace)
-        return now
-    if resident.idle_ttl is None:
-        return None
-    expiry = resident.expires_at()
-    return expiry if expiry is not None else now + resident.idle_ttl
-
-
-class ResidentView:
-    """The residents of one GPU at one moment, indexed for planning many demands.
-
-    Built once per queue pass: lookups by model, the victim order and, per demand class,
-    the sorted release schedule are shared by every ticket the pass plans.
-    """
-
-    def __init__(
-        self,
-        residents: Sequence[Resident],
-        now: float,
-        settings: PlannerSettings,
-        *,
-        version: int = 0,
-    ) -> None:
-        self.now = now
-        self.version = version
-        """The books' version it was built at; a change to the books makes it stale."""
-        self.settings = settings
-        self.by_model: dict[tuple[str, str], list[Resident]] = {}
-        for resident in residents:
-            model = (resident.key.consumer, resident.key.model)
-            self.by_model.setdefault(model, []).append(resident)
-        self.in_victim_order = sorted(residents, key=victim_order)
-        self.unloading = [r for r in residents if r.state is ResidentState.UNLOADING]
-        self._releases: dict[PriorityClass, list[tuple[float, int, ResidentKey]]] = {}
-        self._residents = residents
-
-    def releases(self, demand: Demand) -> list[tuple[float, int, ResidentKey]]:
-        """(when, bytes, key) for every resident that can ever be the demand's, soonest first."""
-        cached = self._releases.get(demand.priority)
-        if cached is None:
-            cached = []
-            for resident in self._residents:
-                when = release_time(resident, demand, self.now, self.settings)
-                if when is not None:
-                    cached.append((when, resident.bytes, resident.key))
-            cached.sort(key=lambda item: item[0])
-            self._releases[demand.priority] = cached
-        return cached
+DEFAULT_SETTINGS = PlannerSettings()
 
 
 def plan(
@@ -158,7 +89,7 @@ def plan(
     schedulable: int | None = None,
     now: float,
     deadline: float,
-    settings: PlannerSettings = PlannerSettings(),
+    settings: PlannerSettings = DEFAULT_SETTINGS,
     claimed: Collection[ResidentKey] = frozenset(),
     releasable_unexplained: int = 0,
     may_evict: bool = True,
@@ -178,7 +109,7 @@ def plan(
     view = (
         residents if isinstance(residents, ResidentView) else ResidentView(residents, now, settings)
     )
-    same = view.by_model.get((demand.key.consumer, demand.key.model), [])
+    same = view.same_model(demand.key)
     exact = [r for r in same if reusable(r.key, demand.key)]
     for resident in exact:
         if resident.state is ResidentState.RESIDENT:
@@ -244,12 +175,8 @@ def plan(
     freed = sum(r.bytes for r in forced) + incoming
     if pool + freed < needed:
         taken = {r.key for r in forced}
-        for resident in view.in_victim_order:
-            if (
-                resident.key not in claimed
-                and resident.key not in taken
-                and evictable_now(resident, demand, now, settings)
-            ):
+        for resident in view.evictable(demand):
+            if resident.key not in claimed and resident.key not in taken:
                 victims.append(resident)
                 freed += resident.bytes
                 if pool + freed >= needed:

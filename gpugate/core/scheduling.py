@@ -18,11 +18,12 @@ import attrs
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.planner import PlanKind, PlannerSettings, ResidentView, plan
+from gpugate.core.planner import PlanKind, PlannerSettings, plan
 from gpugate.core.queue import TicketQueue
-from gpugate.core.residents import ResidentKey
+from gpugate.core.residents import Resident, ResidentKey
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+from gpugate.core.views import ResidentSource, ResidentView
 
 UNEXPLAINED = ResidentKey("", "<unexplained>")
 """Claim marker for memory a runtime will name at its next listing."""
@@ -62,6 +63,39 @@ class _Tail:
     claimed: set[ResidentKey]
     riding: set[ResidentKey]
     view: ResidentView
+
+
+class _GpuResidents(ResidentSource):
+    """One GPU's residents read from the books' indexes; what is derived from them is kept
+    until the books' residents change."""
+
+    def __init__(self, books: Books, gpu: int) -> None:
+        self.books = books
+        self.gpu = gpu
+        self.version = -1
+        super().__init__()
+
+    def reset(self) -> None:
+        super().reset()
+        self._all: list[Resident] | None = None
+
+    def current(self) -> _GpuResidents:
+        if self.version != self.books.residents_version:
+            self.reset()
+            self.version = self.books.residents_version
+        return self
+
+    def all(self) -> list[Resident]:
+        if self._all is None:
+            self._all = self.books.on_gpu(self.gpu)
+        return self._all
+
+    def same_model(self, key: ResidentKey) -> list[Resident]:
+        return self.books.residents.same_model(self.gpu, key.consumer, key.model)
+
+    def unloading(self) -> list[Resident]:
+        # Only `start_unload` makes a resident UNLOADING, and it records the unload.
+        return super().unloading() if self.books.unloads else []
 
 
 def granted_event(lease: Lease) -> Event:
@@ -118,6 +152,7 @@ class Scheduler:
         self.wake: dict[int, float] = {}
         self._tails: dict[int, _Tail] = {}
         self._full: set[int] = set()
+        self._residents: dict[int, _GpuResidents] = {}
 
     # -- demands -------------------------------------------------------------------------
 
@@ -248,7 +283,7 @@ class Scheduler:
         budget = self.telemetry.budget(gpu, self.books)
         schedulable = budget.schedulable if budget else 0
         view = ResidentView(
-            self.books.on_gpu(gpu), now, self.planner, version=self.books.residents_version
+            self._source(gpu), now, self.planner, version=self.books.residents_version
         )
         tail = _Tail(self.books.version, schedulable, schedulable, set(), set(), view)
         queue = self.queues.get(gpu)
@@ -356,8 +391,14 @@ class Scheduler:
         """The pass's resident view, rebuilt when a grant or an eviction changed the books."""
         version = self.books.residents_version
         if tail.view.now != now or tail.view.version != version:
-            tail.view = ResidentView(self.books.on_gpu(gpu), now, self.planner, version=version)
+            tail.view = ResidentView(self._source(gpu), now, self.planner, version=version)
         return tail.view
+
+    def _source(self, gpu: int) -> _GpuResidents:
+        source = self._residents.get(gpu)
+        if source is None:
+            source = self._residents[gpu] = _GpuResidents(self.books, gpu)
+        return source.current()
 
     def _releasable_unexplained(self, gpu: int) -> int:
         rows = self.telemetry.unexplained.get(gpu, {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpugate.core.books import Books
-from gpugate.core.budget import GpuBudget, compute_budget, unexplained_after_sample
+from gpugate.core.budget import GpuBudget, budget_of, unexplained_of
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
 from gpugate.core.pressure import ExternalHistory, PressureGauge, ReserveSettings
 
@@ -53,9 +53,7 @@ class Telemetry:
         """Recompute what the last sample shows beyond the books (after either changed)."""
         observation = self.observations.get(gpu)
         if observation is not None:
-            self.unexplained[gpu] = unexplained_after_sample(
-                observation, books.on_gpu(gpu), books.leases_on(gpu)
-            )
+            self.unexplained[gpu] = unexplained_of(observation, books.usage(gpu))
 
     def reserve(self, gpu: int) -> int:
         history = self._history.get(gpu)
@@ -69,12 +67,11 @@ class Telemetry:
         observation = self.observations.get(gpu)
         if observation is None:
             return None
-        return compute_budget(
+        return budget_of(
             observation,
+            books.usage(gpu),
             sampled_at=self.observed_at[gpu],
             reserve=self.reserve(gpu),
-            residents=books.residents.values(),
-            leases=books.leases.values(),
             unexplained=self.unexplained.get(gpu, {}),
             consumers=[c for c, g in self.consumer_gpus.items() if g == gpu],
         )

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpugate.unloads")
 
 POLL_INTERVAL = 0.1
+"""The longest pause between two samples while an unload waits for its bytes."""
+FIRST_POLL = 0.005
+"""The first pause: memory usually shows back within milliseconds of the answer, and the
+request the unload is for waits on the sample that sees it. Each pause doubles, up to
+POLL_INTERVAL, so a slow unload does not keep NVML busy."""
 
 
 class UnloadRunner:
@@ -80,6 +85,7 @@ class UnloadRunner:
     ) -> bool:
         gate = self.gate
         deadline = gate.clock() + gate.config.budget.reclaim_timeout
+        pause = FIRST_POLL
         while True:
             try:
                 # A read NVML never finishes must not hold the unload past its deadline.
@@ -101,7 +107,8 @@ class UnloadRunner:
                 return True
             if gate.clock() >= deadline:
                 return False
-            await asyncio.sleep(POLL_INTERVAL)
+            await asyncio.sleep(pause)
+            pause = min(POLL_INTERVAL, pause * 2)
 
     def _reclaimed(
         self,

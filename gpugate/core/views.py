@@ -1,0 +1,251 @@
+"""What the planner reads about one GPU's residents: who may take whose memory, when
+it could come free, and the orders a queue pass shares between its tickets.
+
+Pure, like the planner: no I/O, no clock (the moment is passed in).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
+from gpugate.core.tickets import Demand
+
+
+@attrs.frozen
+class PlannerSettings:
+    equal_class_grace: float = 30.0
+    """An idle resident of the demand's own class may be evicted only after this long idle."""
+
+
+def class_allows(resident: Resident, demand: Demand) -> bool:
+    """May a demand of this class ever take this resident's memory (when it is idle)?"""
+    if resident.policy is ResidencyPolicy.ALWAYS_WARM:
+        return (
+            demand.priority is PriorityClass.PRODUCTION
+            and resident.priority < PriorityClass.PRODUCTION
+        )
+    return resident.priority <= demand.priority
+
+
+def evictable_now(
+    resident: Resident, demand: Demand, now: float, settings: PlannerSettings
+) -> bool:
+    """Idle, its policy allows it, and of lower class (equal: only after the idle grace)."""
+    if not resident.idle or not class_allows(resident, demand):
+        return False
+    if resident.priority == demand.priority:
+        return now - resident.last_used >= settings.equal_class_grace
+    return True
+
+
+def victim_order(resident: Resident) -> tuple[int, float, float]:
+    """Lowest class first, then cheapest to reload per byte freed, then least recently used."""
+    return (int(resident.priority), resident.reload_cost_per_byte(), resident.last_used)
+
+
+def release_time(
+    resident: Resident, demand: Demand, now: float, settings: PlannerSettings
+) -> float | None:
+    """The soonest this resident's bytes could be the demand's (None: not before shutdown).
+
+    Requests in flight have no known end, so a busy resident is assumed to become idle
+    now: the demand waits for it rather than giving up.
+    """
+    if resident.state is ResidentState.UNLOADING:
+        return now
+    if class_allows(resident, demand):
+        if resident.priority == demand.priority:
+            idle_since = resident.last_used if resident.idle else now
+            return max(now, idle_since + settings.equal_class_grace)
+        return now
+    if resident.idle_ttl is None:
+        return None
+    expiry = resident.expires_at()
+    return expiry if expiry is not None else now + resident.idle_ttl
+
+
+class ResidentSource:
+    """The residents of one GPU, with what planning derives from them alone (no clock).
+
+    Derived orders are computed on first use and kept for as long as the source lives:
+    the caller makes a new source (or resets one) when the residents change.
+    """
+
+    def __init__(self, residents: Sequence[Resident] = ()) -> None:
+        self._residents = residents
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything derived (the residents changed)."""
+        self._by_model: dict[tuple[str, str], list[Resident]] | None = None
+        self._victims: list[Resident] | None = None
+        self._candidates: dict[PriorityClass, list[tuple[Resident, bool]]] = {}
+        self._relative: dict[PriorityClass, _Relative | None] = {}
+
+    def all(self) -> Sequence[Resident]:
+        return self._residents
+
+    def same_model(self, key: ResidentKey) -> Sequence[Resident]:
+        if self._by_model is None:
+            self._by_model = {}
+            for resident in self.all():
+                model = (resident.key.consumer, resident.key.model)
+                self._by_model.setdefault(model, []).append(resident)
+        return self._by_model.get((key.consumer, key.model), [])
+
+    def unloading(self) -> list[Resident]:
+        return [r for r in self.all() if r.state is ResidentState.UNLOADING]
+
+    def victim_order(self) -> list[Resident]:
+        if self._victims is None:
+            self._victims = sorted(self.all(), key=victim_order)
+        return self._victims
+
+    def candidates(self, demand: Demand) -> list[tuple[Resident, bool]]:
+        """In victim order, the idle residents the demand's class may take, and whether
+        the equal-class grace applies to each (the only part that depends on the clock)."""
+        cached = self._candidates.get(demand.priority)
+        if cached is None:
+            cached = [
+                (r, r.priority == demand.priority)
+                for r in self.victim_order()
+                if r.idle and class_allows(r, demand)
+            ]
+            self._candidates[demand.priority] = cached
+        return cached
+
+    def relative(self, demand: Demand, settings: PlannerSettings) -> _Relative | None:
+        """The release schedule when every time in it is `now` plus a constant (None:
+        some resident's time does not move with the clock)."""
+        if demand.priority in self._relative:
+            return self._relative[demand.priority]
+        rows: list[tuple[float, int, int, ResidentKey]] = []
+        for index, resident in enumerate(self.all()):
+            offset = release_offset(resident, demand, settings)
+            if offset is _ABSOLUTE:
+                rows = []
+                self._relative[demand.priority] = None
+                return None
+            if offset is not None:
+                rows.append((offset, index, resident.bytes, resident.key))  # type: ignore[arg-type]
+        rows.sort(key=lambda row: (row[0], row[1]))
+        offsets = sorted({row[0] for row in rows})
+        gaps = [b - a for a, b in itertools.pairwise(offsets)]
+        relative = _Relative(
+            [(row[0], row[2], row[3]) for row in rows],
+            min(gaps) if gaps else math.inf,
+            max((abs(o) for o in offsets), default=0.0),
+        )
+        self._relative[demand.priority] = relative
+        return relative
+
+
+@attrs.frozen
+class _Relative:
+    rows: list[tuple[float, int, ResidentKey]]
+    """(offset from now, bytes, key), soonest first, ties in the residents' order."""
+    gap: float
+    """The smallest difference between two distinct offsets."""
+    largest: float
+
+    def at(self, now: float) -> list[tuple[float, int, ResidentKey]] | None:
+        """The schedule at `now`; None when rounding could tie two distinct offsets (the
+        order would then have to come from the residents' order)."""
+        if self.gap <= 4 * math.ulp(abs(now) + self.largest):
+            return None
+        return [(now + offset, nbytes, key) for offset, nbytes, key in self.rows]
+
+
+_ABSOLUTE = object()
+
+
+def release_offset(
+    resident: Resident, demand: Demand, settings: PlannerSettings
+) -> float | object | None:
+    """`release_time` minus now, when that does not depend on now; `_ABSOLUTE` otherwise."""
+    if resident.state is ResidentState.UNLOADING:
+        return 0
+    if class_allows(resident, demand):
+        if resident.priority == demand.priority:
+            if resident.idle:
+                return _ABSOLUTE
+            grace = settings.equal_class_grace
+            return grace if grace > 0 else 0
+        return 0
+    if resident.idle_ttl is None:
+        return None
+    if resident.expires_at() is not None:
+        return _ABSOLUTE
+    return resident.idle_ttl
+
+
+class ResidentView:
+    """The residents of one GPU at one moment, indexed for planning many demands.
+
+    Built once per queue pass: lookups by model, the victim order and, per demand class,
+    the sorted release schedule are shared by every ticket the pass plans. What does not
+    depend on the clock lives in its `ResidentSource`, which outlives the moment.
+    """
+
+    def __init__(
+        self,
+        residents: Sequence[Resident] | ResidentSource,
+        now: float,
+        settings: PlannerSettings,
+        *,
+        version: int = 0,
+    ) -> None:
+        self.now = now
+        self.version = version
+        """The books' version it was built at; a change to the books makes it stale."""
+        self.settings = settings
+        if not isinstance(residents, ResidentSource):
+            residents = ResidentSource(residents)
+        self.source = residents
+        self._unloading: list[Resident] | None = None
+        self._evictable: dict[PriorityClass, list[Resident]] = {}
+        self._releases: dict[PriorityClass, list[tuple[float, int, ResidentKey]]] = {}
+
+    @property
+    def unloading(self) -> list[Resident]:
+        if self._unloading is None:
+            self._unloading = self.source.unloading()
+        return self._unloading
+
+    def same_model(self, key: ResidentKey) -> Sequence[Resident]:
+        return self.source.same_model(key)
+
+    def evictable(self, demand: Demand) -> list[Resident]:
+        """The residents the demand could evict now, in victim order."""
+        cached = self._evictable.get(demand.priority)
+        if cached is None:
+            grace = self.settings.equal_class_grace
+            cached = [
+                r
+                for r, equal in self.source.candidates(demand)
+                if not equal or self.now - r.last_used >= grace
+            ]
+            self._evictable[demand.priority] = cached
+        return cached
+
+    def releases(self, demand: Demand) -> list[tuple[float, int, ResidentKey]]:
+        """(when, bytes, key) for every resident that can ever be the demand's, soonest first."""
+        cached = self._releases.get(demand.priority)
+        if cached is None:
+            relative = self.source.relative(demand, self.settings)
+            cached = None if relative is None else relative.at(self.now)
+            if cached is None:
+                cached = []
+                for resident in self.source.all():
+                    when = release_time(resident, demand, self.now, self.settings)
+                    if when is not None:
+                        cached.append((when, resident.bytes, resident.key))
+                cached.sort(key=lambda item: item[0])
+            self._releases[demand.priority] = cached
+        return cached
