@@ -89,6 +89,10 @@ class Event:
     reason: str | None = None
     priority: str | None = None
     """The class of the request (lease events) as a label."""
+    schedulable_before: int | None = None
+    """EVICTION_STARTED: the GPU's schedulable bytes when the unload was decided."""
+    schedulable_after: int | None = None
+    """EVICTION_DONE: the GPU's schedulable bytes once the unload finished."""
 
 
 Effect = Grant | Reject | Unload | Event

@@ -23,6 +23,7 @@ from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import ResidentKey
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+from gpugate.core.units import format_gib
 
 UNEXPLAINED = ResidentKey("", "<unexplained>")
 """Claim marker for memory a runtime will name at its next listing."""
@@ -323,6 +324,7 @@ class Scheduler:
             return Outcome.FULL
         if decision.kind is PlanKind.EVICT:
             ticket.evicting = decision.victims
+            before = self._schedulable(gpu)
             for key in decision.victims:
                 resident = self.books.residents[key]
                 reason = (
@@ -337,7 +339,9 @@ class Scheduler:
                         gpu=gpu,
                         bytes=resident.bytes,
                         reason=reason.value,
-                        detail=f"for {demand.key} ({demand.priority.label})",
+                        detail=f"for {demand.key} ({demand.priority.label}); "
+                        f"{format_gib(before)} schedulable before",
+                        schedulable_before=before,
                     )
                 )
         if decision.earliest is not None and decision.earliest > now:
@@ -358,6 +362,11 @@ class Scheduler:
         if tail.view.now != now or tail.view.version != version:
             tail.view = ResidentView(self.books.on_gpu(gpu), now, self.planner, version=version)
         return tail.view
+
+    def _schedulable(self, gpu: int) -> int:
+        """The GPU's schedulable bytes now (for the record of an eviction)."""
+        budget = self.telemetry.budget(gpu, self.books)
+        return 0 if budget is None else budget.schedulable
 
     def _releasable_unexplained(self, gpu: int) -> int:
         rows = self.telemetry.unexplained.get(gpu, {})

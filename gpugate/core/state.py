@@ -40,6 +40,7 @@ from gpugate.core.scopes import (
 from gpugate.core.suspects import clear_suspects
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, LeaseScope, Ticket
+from gpugate.core.units import format_gib
 
 __all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
 
@@ -264,6 +265,12 @@ class GateCore:
                 resident.changed_at = now
                 self.books.residents[key] = resident
                 self.books.touch()
+        # What the card offers now that the unload is over, before anyone takes it.
+        self.telemetry.explain(unload.gpu, self.books)
+        budget = self.budget(unload.gpu)
+        after = None if budget is None else budget.schedulable
+        if after is not None:
+            detail = f"{detail}; {format_gib(after)} schedulable after"
         effects: list[Effect] = [
             Event(
                 EventKind.EVICTION_DONE,
@@ -273,6 +280,7 @@ class GateCore:
                 bytes=unload.bytes,
                 reason=unload.reason.value,
                 detail=detail,
+                schedulable_after=after,
             )
         ]
         if not reclaimed and unload.for_ticket is not None:
@@ -291,7 +299,6 @@ class GateCore:
                     failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
                 )
                 effects.extend(self.scheduler.reject(ticket, rejection, now))
-        self.telemetry.explain(unload.gpu, self.books)
         effects.extend(self.scheduler.schedule(unload.gpu, now))
         return effects
 
@@ -387,18 +394,17 @@ class GateCore:
 
     def _expire(self, resident: Resident, now: float) -> list[Effect]:
         """Unload a resident idle for longer than its policy allows."""
+        budget = self.budget(resident.gpu)
+        before = None if budget is None else budget.schedulable
         unload = self.books.start_unload(resident, UnloadReason.TTL, None)
         idle = now - resident.last_used
-        return [
-            unload,
-            resident_event(
-                EventKind.EVICTION_STARTED,
-                now,
-                resident,
-                f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s",
-                reason=UnloadReason.TTL.value,
-            ),
-        ]
+        detail = f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s"
+        if before is not None:
+            detail = f"{detail}; {format_gib(before)} schedulable before"
+        started = resident_event(
+            EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.TTL.value
+        )
+        return [unload, attrs.evolve(started, schedulable_before=before)]
 
     def _unusable(self, gpu: int, now: float) -> FailureClass | None:
         if self.telemetry.fault is not None:
