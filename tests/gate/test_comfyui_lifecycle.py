@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import urllib.parse
 
 import aiohttp
@@ -16,9 +17,11 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.proxy.listener import LEASE_HEADER
+from gpugate.runtimes.comfyui_envelope import PROMPT_OPTIONS
 from gpugate.sim.comfyui import SimComfyUI
+from gpugate.sim.comfyui.work import CHECKPOINT_SHARES
 from tests.gate.comfyui_stack import comfy_stack
-from tests.sim.comfyui_helpers import connect, txt2img
+from tests.sim.comfyui_helpers import SD15, connect, txt2img
 
 
 @pytest.fixture
@@ -91,3 +94,41 @@ async def test_a_comfyui_that_dies_mid_prompt_ends_its_jobs_and_a_new_one_is_adm
     await asyncio.wait_for(ended, 10)
     assert gate.core.leases() == []
     assert not [e for e in gate.recent_events() if crashed(e) and e.time > event.time]
+
+
+async def test_a_prompts_measured_peak_is_its_file_sets_envelope_next_time(
+    stack, session, tmp_path
+):
+    gate = stack.gate
+    graph = txt2img(steps=100)  # half a second of sampling: NVML is sampled at its peak
+    ended = gate.events.next(
+        lambda e: e.kind is EventKind.LEASE_RELEASED and e.reason == "jobs done"
+    )
+    status, _, answer = await post_prompt(session, stack.gate_comfy, graph)
+    assert status == 200, answer
+    # Configured: the checkpoint and 1 GiB per megapixel at 512x512.
+    assert [x.pending for x in carriers(gate)] == [(2034 + 256) * MiB]
+    await asyncio.wait_for(ended, 10)
+
+    # Its peak, while sampling: the CUDA context, the checkpoint's UNet and text encoder
+    # (its VAE comes on the card only to decode, once the working set is gone), and the
+    # working set.
+    weights = sum(int(2034 * MiB * share) for _, share in CHECKPOINT_SHARES)
+    peak = 210 * MiB + weights + 256 * MiB
+    await gate.store.flush()
+    with sqlite3.connect(tmp_path / "gpugate.db") as db:
+        rows = db.execute("SELECT consumer, model, options, bytes, scale FROM envelopes").fetchall()
+    assert rows == [("comfyui", SD15, PROMPT_OPTIONS, peak, 0.25)]
+
+    # The same graph again (another seed: nothing served from ComfyUI's cache): the
+    # measured peak wins over the configured files.
+    graph["3"]["inputs"]["seed"] = 2
+    ended = gate.events.next(
+        lambda e: e.kind is EventKind.LEASE_RELEASED and e.reason == "jobs done"
+    )
+    status, _, answer = await post_prompt(session, stack.gate_comfy, graph)
+    assert status == 200, answer
+    assert [x.pending for x in carriers(gate)] == [peak]
+    await asyncio.wait_for(ended, 10)
+    assert gate.core.leases() == []
+    assert gate.core.waiting() == []
