@@ -9,7 +9,8 @@ class PriorityClass(enum.IntEnum):
     """Who is served first. A larger value is a higher class.
 
     Priority is not preemption: a higher class may take memory from an *idle* lower one,
-    never from a request in flight.
+    never from a request in flight (a job consumer's `preempt` is the one opt-in
+    exception: `core/preemption.py`).
     """
 
     MAINTENANCE = 1

@@ -49,6 +49,21 @@ class Unload:
     for_ticket: int | None = None
 
 
+@attrs.frozen
+class Preempt:
+    """Stop a consumer's jobs on a GPU (the running one interrupted, the pending ones
+    deleted) so that a higher-class demand its `preempt` lists can have their memory."""
+
+    consumer: str
+    gpu: int
+    jobs: tuple[str, ...]
+    """The runtime's names of the jobs, newest first (pending ones go before the running
+    one can hand the worker to them)."""
+    bytes: int
+    """What the job lease held."""
+    for_ticket: int
+
+
 class EventKind(enum.Enum):
     LEASE_GRANTED = "lease_granted"
     LEASE_RELEASED = "lease_released"
@@ -65,6 +80,8 @@ class EventKind(enum.Enum):
     PRESSURE_ENTERED = "pressure_entered"
     PRESSURE_CLEARED = "pressure_cleared"
     ENVELOPE_MEASURED = "envelope_measured"
+    PREEMPTION_STARTED = "preemption_started"
+    """A consumer's jobs are being stopped for a higher-class demand it lets preempt them."""
 
 
 @attrs.frozen
@@ -89,6 +106,10 @@ class Event:
     reason: str | None = None
     priority: str | None = None
     """The class of the request (lease events) as a label."""
+    schedulable_before: int | None = None
+    """EVICTION_STARTED: the GPU's schedulable bytes when the unload was decided."""
+    schedulable_after: int | None = None
+    """EVICTION_DONE: the GPU's schedulable bytes once the unload finished."""
 
 
-Effect = Grant | Reject | Unload | Event
+Effect = Grant | Reject | Unload | Preempt | Event

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from gpugate.core.books import Books
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
@@ -57,14 +59,13 @@ def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -
         if deficit <= 0:
             break
         effects.append(books.start_unload(resident, UnloadReason.PRESSURE, None))
-        effects.append(
-            resident_event(
-                EventKind.EVICTION_STARTED,
-                now,
-                resident,
-                f"GPU {gpu} over-committed by {-budget.schedulable / 2**30:.1f} GiB: {cause}",
-                reason=UnloadReason.PRESSURE.value,
-            )
+        started = resident_event(
+            EventKind.EVICTION_STARTED,
+            now,
+            resident,
+            f"GPU {gpu} over-committed by {-budget.schedulable / 2**30:.1f} GiB: {cause}",
+            reason=UnloadReason.PRESSURE.value,
         )
+        effects.append(attrs.evolve(started, schedulable_before=budget.schedulable))
         deficit -= resident.bytes
     return effects

@@ -16,13 +16,15 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from gpugate.core.books import Books
-from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, UnloadReason
+from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.planner import PlanKind, PlannerSettings, plan
+from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
+from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import Resident, ResidentKey
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+from gpugate.core.units import format_gib
 from gpugate.core.views import ResidentSource, ResidentView
 
 UNEXPLAINED = ResidentKey("", "<unexplained>")
@@ -153,6 +155,8 @@ class Scheduler:
         self._tails: dict[int, _Tail] = {}
         self._full: set[int] = set()
         self._residents: dict[int, _GpuResidents] = {}
+        self.preempt: PreemptClasses | None = None
+        """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
 
     # -- demands -------------------------------------------------------------------------
 
@@ -320,6 +324,8 @@ class Scheduler:
             releasable_unexplained=releasable,
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
         )
+        if decision.kind in (PlanKind.WAIT, PlanKind.FAIL) and self.preempt is not None:
+            decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
         queued = ticket.id in self.tickets
         if decision.kind is PlanKind.GRANT:
             if queued:
@@ -358,6 +364,7 @@ class Scheduler:
             return Outcome.FULL
         if decision.kind is PlanKind.EVICT:
             ticket.evicting = decision.victims
+            before = self._schedulable(gpu)
             for key in decision.victims:
                 resident = self.books.residents[key]
                 reason = (
@@ -372,7 +379,9 @@ class Scheduler:
                         gpu=gpu,
                         bytes=resident.bytes,
                         reason=reason.value,
-                        detail=f"for {demand.key} ({demand.priority.label})",
+                        detail=f"for {demand.key} ({demand.priority.label}); "
+                        f"{format_gib(before)} schedulable before",
+                        schedulable_before=before,
                     )
                 )
         if decision.earliest is not None and decision.earliest > now:
@@ -399,6 +408,71 @@ class Scheduler:
         if source is None:
             source = self._residents[gpu] = _GpuResidents(self.books, gpu)
         return source.current()
+
+    def _preempting(
+        self,
+        ticket: Ticket,
+        tail: _Tail,
+        decision: Plan,
+        now: float,
+        effects: list[Effect],
+        may_wait: bool,
+    ) -> Plan | None:
+        """A ticket that cannot have its bytes otherwise waits for jobs it may stop: those
+        already being stopped for it, or, now, the fewest that make it fit."""
+        jobs = self.books.jobs
+        if jobs is None or self.preempt is None:
+            return None
+        demand = ticket.demand
+        stopping = [p for p in jobs.by_consumer.values() if p.preempted_for == ticket.id]
+        if not stopping and may_wait:
+            stopping = choose_preemption(
+                demand,
+                pool=tail.pool,
+                view=self._view(tail, demand.gpu, now),
+                claimed=tail.claimed,
+                job_leases=list(jobs.by_consumer.values()),
+                books=self.books,
+                classes=self.preempt,
+                now=now,
+                settings=self.planner,
+            )
+            before = self._schedulable(demand.gpu) if stopping else 0
+            for pool in stopping:
+                pool.preempted_for = ticket.id
+                consumer = pool.lease.key.consumer
+                names = sorted(pool.names, key=lambda name: pool.names[name], reverse=True)
+                effects.append(Preempt(consumer, demand.gpu, tuple(names), pool.bytes, ticket.id))
+                effects.append(
+                    Event(
+                        EventKind.PREEMPTION_STARTED,
+                        now,
+                        consumer=consumer,
+                        model=pool.lease.key.model,
+                        gpu=demand.gpu,
+                        bytes=pool.bytes,
+                        reason=demand.priority.label,
+                        detail=f"jobs {', '.join(names)} of {consumer} for {demand.key} "
+                        f"({demand.priority.label}); {format_gib(before)} schedulable before",
+                        schedulable_before=before,
+                    )
+                )
+            if stopping:
+                self.books.touch()
+        if not stopping:
+            return None
+        return Plan(
+            PlanKind.WAIT,
+            decision.needed,
+            eventual=sum(p.bytes for p in stopping),
+            earliest=now,
+            reason="waiting for the jobs it preempted to end",
+        )
+
+    def _schedulable(self, gpu: int) -> int:
+        """The GPU's schedulable bytes now (for the record of an eviction)."""
+        budget = self.telemetry.budget(gpu, self.books)
+        return 0 if budget is None else budget.schedulable
 
     def _releasable_unexplained(self, gpu: int) -> int:
         rows = self.telemetry.unexplained.get(gpu, {})

@@ -53,6 +53,8 @@ class JobLease:
     """Live jobs: their lease's id → their size."""
     names: dict[str, int] = attrs.field(factory=dict)
     """The runtime's names of jobs → their lease's id."""
+    preempted_for: int | None = None
+    """The ticket its jobs are being stopped for (`Preempt`), until they end."""
 
     @property
     def bytes(self) -> int:

@@ -9,7 +9,7 @@ clock and the gate's event loop is the only caller.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 
@@ -40,6 +40,7 @@ from gpugate.core.scopes import (
 from gpugate.core.suspects import clear_suspects
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, LeaseScope, Ticket
+from gpugate.core.units import format_gib
 
 __all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
 
@@ -58,6 +59,8 @@ class CoreSettings:
     planner: PlannerSettings = attrs.field(factory=PlannerSettings)
     reconcilable: frozenset[str] = frozenset()
     """Consumers whose runtime lists what it has loaded (their unknown memory gets a name)."""
+    preempt: Mapping[str, frozenset[PriorityClass]] = attrs.field(factory=dict)
+    """Job consumers → the classes whose demands may stop their jobs (none: never)."""
 
     def wait_for(self, priority: PriorityClass) -> float:
         return self.max_wait.get(priority, 120.0)
@@ -84,6 +87,8 @@ class GateCore:
             usable=self._unusable,
             fail=self._failure,
         )
+        # Read through the settings, so that a reload's new `preempt` applies at once.
+        self.scheduler.preempt = lambda consumer: self.settings.preempt.get(consumer, frozenset())
 
     # -- views ---------------------------------------------------------------------------
 
@@ -264,6 +269,12 @@ class GateCore:
                 resident.changed_at = now
                 self.books.residents[key] = resident
                 self.books.touch()
+        # What the card offers now that the unload is over, before anyone takes it.
+        self.telemetry.explain(unload.gpu, self.books)
+        budget = self.budget(unload.gpu)
+        after = None if budget is None else budget.schedulable
+        if after is not None:
+            detail = f"{detail}; {format_gib(after)} schedulable after"
         effects: list[Effect] = [
             Event(
                 EventKind.EVICTION_DONE,
@@ -273,6 +284,7 @@ class GateCore:
                 bytes=unload.bytes,
                 reason=unload.reason.value,
                 detail=detail,
+                schedulable_after=after,
             )
         ]
         if not reclaimed and unload.for_ticket is not None:
@@ -291,7 +303,6 @@ class GateCore:
                     failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
                 )
                 effects.extend(self.scheduler.reject(ticket, rejection, now))
-        self.telemetry.explain(unload.gpu, self.books)
         effects.extend(self.scheduler.schedule(unload.gpu, now))
         return effects
 
@@ -357,6 +368,78 @@ class GateCore:
         effects.extend(self.scheduler.schedule(lease.gpu, now))
         return effects
 
+    def preempted(
+        self,
+        consumer: str,
+        gpu: int,
+        jobs: Collection[str],
+        now: float,
+        *,
+        failure: Failure | None = None,
+    ) -> list[Effect]:
+        """The consumer's jobs on a GPU were stopped (`Preempt`): each ends with a failure
+        event naming who stopped it, and the ticket it was for is planned again (it evicts
+        what the runtime kept). `jobs`: the runtime's names of the jobs stopped.
+        `failure`: the runtime could not be asked; the jobs go on and the ticket fails
+        with that class."""
+        pool = self.jobs.by_consumer.get((consumer, gpu))
+        if pool is None or pool.preempted_for is None:
+            return []
+        ticket = self.scheduler.tickets.get(pool.preempted_for)
+        effects: list[Effect] = []
+        if failure is not None:
+            pool.preempted_for = None
+            self.books.touch()
+            if ticket is not None:
+                extra = f"; {consumer}'s jobs could not be stopped: {failure.message}"
+                rejection = self._failure(
+                    failure.failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
+                )
+                effects.extend(self.scheduler.reject(ticket, rejection, now))
+            effects.extend(self.scheduler.schedule(gpu, now))
+            return effects
+        # The job lease stays marked until its last job ends with it: no second `Preempt`.
+        names = {job_id: name for name, job_id in pool.names.items()}
+        by = (
+            "a demand that is gone"
+            if ticket is None
+            else (f"{ticket.demand.key} ({ticket.demand.priority.label})")
+        )
+        for job_id in sorted(pool.names[name] for name in jobs if name in pool.names):
+            job = self.books.leases.get(job_id)
+            if job is None:
+                continue
+            label = job.demand.priority.label
+            message = (
+                f"RESIDENCY_CONFLICT: {consumer}'s job {names.get(job_id, job_id)} ({label}) "
+                f"was preempted for {by}: {consumer} lets that class stop its jobs"
+            )
+            stopped = Failure(
+                FailureClass.RESIDENCY_CONFLICT,
+                message,
+                consumer=consumer,
+                model=job.key.model,
+                gpu=gpu,
+            )
+            effects.append(
+                Event(
+                    EventKind.FAILURE,
+                    now,
+                    consumer=consumer,
+                    model=job.key.model,
+                    gpu=gpu,
+                    failure=stopped,
+                    detail=message,
+                )
+            )
+            effects.extend(self.job_done(consumer, job_id, now, failed=True))
+        if self.jobs.by_consumer.get((consumer, gpu)) is pool:
+            # A job that came after the decision keeps the job lease: it was not stopped.
+            pool.preempted_for = None
+            self.books.touch()
+            effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
+
     # -- internals -----------------------------------------------------------------------
 
     def _submit_job(self, demand: Demand, now: float) -> Admission:
@@ -387,18 +470,17 @@ class GateCore:
 
     def _expire(self, resident: Resident, now: float) -> list[Effect]:
         """Unload a resident idle for longer than its policy allows."""
+        budget = self.budget(resident.gpu)
+        before = None if budget is None else budget.schedulable
         unload = self.books.start_unload(resident, UnloadReason.TTL, None)
         idle = now - resident.last_used
-        return [
-            unload,
-            resident_event(
-                EventKind.EVICTION_STARTED,
-                now,
-                resident,
-                f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s",
-                reason=UnloadReason.TTL.value,
-            ),
-        ]
+        detail = f"idle {idle:.0f}s, its policy allows {resident.idle_ttl:.0f}s"
+        if before is not None:
+            detail = f"{detail}; {format_gib(before)} schedulable before"
+        started = resident_event(
+            EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.TTL.value
+        )
+        return [unload, attrs.evolve(started, schedulable_before=before)]
 
     def _unusable(self, gpu: int, now: float) -> FailureClass | None:
         if self.telemetry.fault is not None:

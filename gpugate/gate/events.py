@@ -24,7 +24,16 @@ def event_json(event: Event) -> str:
     if event.failure is not None:
         record.update(event.failure.as_event())
         record["event"] = event.kind.value
-    for name in ("consumer", "model", "gpu", "bytes", "wait", "reason"):
+    for name in (
+        "consumer",
+        "model",
+        "gpu",
+        "bytes",
+        "wait",
+        "reason",
+        "schedulable_before",
+        "schedulable_after",
+    ):
         value = getattr(event, name)
         if value is not None and name not in record:
             record[name] = value

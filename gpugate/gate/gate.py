@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from gpugate.config.model import Config
-from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject, Unload
+from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, Unload
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
 from gpugate.core.residents import ResidentKey
@@ -202,6 +202,8 @@ class Gate(LinkWork, AdmissionWork, JobWork):
                     future.set_exception(GateFailure(effect.failure))
             elif isinstance(effect, Unload):
                 self._spawn(self._unloads.run(effect), f"unload-{effect.key}")
+            elif isinstance(effect, Preempt):
+                self._spawn(self._unloads.preempt(effect), f"preempt-{effect.consumer}")
         if timers:
             self._arm_timer()
 

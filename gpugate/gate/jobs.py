@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from gpugate.core.effects import Effect
+from gpugate.core.effects import Effect, Preempt
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
 from gpugate.core.residents import ResidentKey
@@ -154,6 +154,19 @@ class JobWork:
         for lease in lost:
             self.job_finished(name, lease.id, failed=True)
         link.seen_holding = False
+
+    def preempted(self, effect: Preempt, failure: Failure | None) -> None:
+        """The runtime was asked to stop the jobs (`failure`: it could not be)."""
+        now = self.clock()
+        before = {x.id: x for x in self.jobs(effect.consumer) if x.gpu == effect.gpu}
+        self._apply(
+            self.core.preempted(effect.consumer, effect.gpu, effect.jobs, now, failure=failure)
+        )
+        for lease_id, lease in before.items():
+            if self.core.lease(lease_id) is None:
+                self.job_ended(lease_id, failed=True)
+                if self.store is not None:
+                    self.store.record_lease(lease, now - lease.granted, "preempted")
 
     async def _job_loop(self, link: Link) -> None:
         name = link.consumer.name

@@ -97,6 +97,7 @@ def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> Cor
         reconcilable=frozenset(
             c.name for c in config.consumers if (a := adapters(c)) is not None and a.reconcilable
         ),
+        preempt={c.name: frozenset(c.preempt) for c in config.consumers if c.preempt},
     )
 
 

@@ -23,11 +23,12 @@ did not come back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from gpugate.core.effects import Unload
-from gpugate.core.failures import Failure
+from gpugate.core.effects import Preempt, Unload
+from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
 from gpugate.gate.upstream import upstream_failure
@@ -79,6 +80,35 @@ class UnloadRunner:
         finally:
             gate.unloaded(unload.key, reclaimed=reclaimed, failure=failure)
             gate.want_reconcile(consumer)
+
+    async def preempt(self, effect: Preempt) -> None:
+        """Ask the runtime to stop the jobs, newest first, within one control timeout; the
+        memory they leave is then evicted for the demand and confirmed like any unload."""
+        gate = self.gate
+        link = gate.links.get(effect.consumer)
+        failure: Failure | None = None
+        try:
+            if link is None or link.session is None:
+                raise LookupError(f"no adapter can stop {effect.consumer}'s jobs")
+            async with asyncio.timeout(link.consumer.timeouts.control):
+                for job in effect.jobs:
+                    await link.adapter.preempt(link.session, job)
+            # The jobs' lease ends with them: what the runtime holds from then on must be
+            # what NVML shows now, not at the last periodic sample (a model loaded since
+            # would be counted by nobody).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(gate.config.budget.reclaim_timeout):
+                    gate.observe(await gate.sampler.sample())
+        except Exception as exc:
+            if link is None:
+                log.exception("preemption of %s's jobs failed", effect.consumer)
+                failure = Failure(FailureClass.INVALID_OUTPUT, f"INVALID_OUTPUT: {exc}")
+            else:
+                what = f"cannot stop {effect.consumer}'s jobs"
+                failure = upstream_failure(link.consumer, exc, what)
+                gate.loop_failed(f"preempt-{effect.consumer}", failure)
+        finally:
+            gate.preempted(effect, failure)
 
     async def _wait_for_reclaim(
         self, unload: Unload, before: GpuObservation | None, fraction: float, idle: int | None

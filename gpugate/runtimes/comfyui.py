@@ -159,13 +159,16 @@ class ComfyUIAdapter(RuntimeAdapter):
         return ended
 
     async def preempt(self, session: aiohttp.ClientSession, job: str) -> None:
-        """Interrupt the prompt if it runs, delete it if it waits (ComfyUI ignores the other)."""
-        async with session.post(self.url("/interrupt"), json={"prompt_id": job}) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"/interrupt answered {resp.status}")
+        """Delete the prompt if it waits, interrupt it if it runs (ComfyUI ignores the other).
+
+        Deleting first: a prompt interrupted while still pending would be skipped by the
+        targeted interrupt, then run once the worker took it."""
         async with session.post(self.url("/queue"), json={"delete": [job]}) as resp:
             if resp.status != 200:
                 raise AdapterError(f"/queue answered {resp.status}")
+        async with session.post(self.url("/interrupt"), json={"prompt_id": job}) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"/interrupt answered {resp.status}")
 
     async def _queued(self, session: aiohttp.ClientSession) -> frozenset[str]:
         async with session.get(self.url("/queue")) as resp:

@@ -204,6 +204,21 @@ async def test_flux_renders_through_the_gate_where_it_ran_out_of_memory_directly
     [queued] = [e for e in log if e["event"] == "ticket_queued" and e["consumer"] == "comfyui"]
     assert queued["bytes"] == (11350 + 1024) * MiB
     assert sum(e["bytes"] for e in done) >= (7796 + 2012) * MiB
+    # The bytes before and after: the job did not fit before, it fits once the last is done.
+    for event in started:
+        assert event["schedulable_before"] < queued["bytes"]
+        before = event["schedulable_before"] / 2**30
+        assert event["detail"].endswith(f"; {before:.1f} GiB schedulable before")
+    assert len({e["schedulable_before"] for e in started}) == 1
+    for event in done:
+        after = event["schedulable_after"] / 2**30
+        assert event["detail"] == f"reclaimed; {after:.1f} GiB schedulable after"
+    afters = [e["schedulable_after"] for e in done]
+    assert afters == sorted(afters)
+    assert afters[-1] >= queued["bytes"]
+    # Each victim's bytes came back to the schedulable pool, less NVML's own slack.
+    freed = afters[-1] - started[0]["schedulable_before"]
+    assert freed >= 0.9 * sum(e["bytes"] for e in started), (freed, started, done)
     assert status["leases"] == [] and status.get("waiting", []) == []
     assert {r["model"] for r in status["residents"] if r["consumer"] == "comfyui"} == {"<held>"}
 

@@ -43,7 +43,7 @@ consumers:
     residency: {{policy: keep_warm, ttl: 15m}}
     processes: {{commands: [llama-server], names: [llama-server]}}
     models:
-      gemma3:12b: {{envelope: 7796MiB}}
+      gemma3:12b: {{envelope: 7796MiB, class: production}}
       bge-m3: {{envelope: 2012MiB}}
       qwen2.5:7b: {{envelope: 5700MiB, class: interactive}}
   comfyui:

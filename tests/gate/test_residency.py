@@ -73,7 +73,7 @@ async def test_v1_loads_are_unloaded_by_the_gate_when_idle(tmp_path, sim_host, f
         await client.close()
         # Ollama would keep it for OLLAMA_KEEP_ALIVE (5m here); the gate unloads it.
         event = await done
-        assert event.reason == "ttl" and event.detail == "reclaimed"
+        assert event.reason == "ttl" and event.detail.startswith("reclaimed; ")
         assert await stack.ps() == []
         assert stack.gate.core.residents() == []
 
