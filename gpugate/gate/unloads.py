@@ -57,15 +57,17 @@ class UnloadRunner:
                 if link is None or link.session is None:
                     raise LookupError(f"no adapter can unload {unload.key}")
                 try:
-                    async with asyncio.timeout(link.consumer.timeouts.control):
+                    async with asyncio.timeout(link.adapter.evict_timeout()):
                         await link.adapter.evict(link.session, unload.key.model)
                 except Exception as exc:
                     what = f"cannot unload {unload.key.model}"
                     failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
                     gate.loop_failed(f"unload-{consumer}", failure)
                 else:
-                    fraction = link.adapter.reclaim_rule.recovered_fraction
-                    reclaimed = await self._wait_for_reclaim(unload, before, fraction)
+                    rule = link.adapter.reclaim_rule
+                    reclaimed = await self._wait_for_reclaim(
+                        unload, before, rule.recovered_fraction, clear=rule.consumer_clear
+                    )
         except Exception:
             log.exception("unload of %s failed", unload.key)
         finally:
@@ -73,7 +75,7 @@ class UnloadRunner:
             gate.want_reconcile(consumer)
 
     async def _wait_for_reclaim(
-        self, unload: Unload, before: GpuObservation | None, fraction: float
+        self, unload: Unload, before: GpuObservation | None, fraction: float, *, clear: bool
     ) -> bool:
         gate = self.gate
         deadline = gate.clock() + gate.config.budget.reclaim_timeout
@@ -90,6 +92,7 @@ class UnloadRunner:
                 device is not None
                 and sample.error is None
                 and self._reclaimed(unload, before, device, fraction)
+                and (not clear or self._cleared(unload, device))
             ):
                 return True
             if gate.clock() >= deadline:
@@ -114,6 +117,10 @@ class UnloadRunner:
         return external_now <= external_before and held <= self._explained(unload) + (
             unload.bytes - target
         )
+
+    def _cleared(self, unload: Unload, now: GpuObservation) -> bool:
+        """The consumer holds no more than its other residents explain (its process left)."""
+        return now.managed.get(unload.key.consumer, 0) <= self._explained(unload)
 
     def _explained(self, unload: Unload) -> int:
         """What the consumer's other residents and loading leases account for."""

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from gpugate.config.model import Consumer, RuntimeKind
 from gpugate.runtimes.base import RuntimeAdapter
+from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.ollama import OllamaAdapter
+from gpugate.runtimes.whisper import WhisperAdapter
 
 ADAPTERS: dict[RuntimeKind, type[RuntimeAdapter]] = {
     RuntimeKind.OLLAMA: OllamaAdapter,
+    RuntimeKind.WHISPER: WhisperAdapter,
+    RuntimeKind.HTTP: HttpAdapter,
 }
 
 
