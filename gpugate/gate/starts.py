@@ -44,6 +44,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+import attrs
+
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
@@ -66,6 +68,8 @@ DEFAULT_START_ADMISSION_TIMEOUT = 120.0
 """For a consumer without `control:` (its config default is the same)."""
 POLL_INTERVAL = 0.05
 """How often a start waits for an unload or another start to end."""
+ADOPT_FLOOR = 1024**2
+"""The least a lease adopting a running process asks for (it must have bytes to appear)."""
 ATTEMPTS = 3
 """Starts one request may ask for when the process keeps going away under it."""
 
@@ -189,7 +193,13 @@ class ProcessStarts:
                 return
             process = link.adapter.process
             running = process is None or await self._is_running(link, process)
-            lease = await gate.acquire(self._demand(link, priority))
+            demand = self._demand(link, priority)
+            if running:
+                # Adopted: what NVML already shows of it is counted (as unexplained); the
+                # lease covers the rest, so nothing is counted twice.
+                shown = gate.core.telemetry.unexplained.get(demand.gpu, {}).get(name, 0)
+                demand = attrs.evolve(demand, envelope=max(ADOPT_FLOOR, demand.envelope - shown))
+            lease = await gate.acquire(demand)
             if running:
                 log.info("%s is running: its memory is counted from the next sample", name)
                 return
