@@ -6,12 +6,14 @@ A unit is `$FAKE_SYSTEMD_DIR/UNIT.json`: {"pre": [[argv], ...], "exec": [argv]}.
 runs each ExecStartPre in turn (a failing one fails the start, as systemd's does: the
 main process never runs), then starts the main process detached (Type=simple: the start
 job ends once it was forked) and records its PID. `stop` sends SIGTERM and waits for it
-to be gone (SIGKILL after 10 s). `is-active` prints active or inactive (status 3).
+to be gone (SIGKILL after 10 s); one job of a unit runs at a time (a file lock).
+`is-active` prints active or inactive (status 3).
 Each call is appended to `UNIT.log` with what its ExecStartPre printed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -42,6 +44,11 @@ def main(argv: list[str]) -> int:
     if verb == "is-active":
         print("active" if running else "inactive")
         return 0 if running else 3
+    # systemd runs one job of a unit at a time: a start waits for a stop and the other way.
+    lock = (directory / f"{unit}.lock").open("a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    pid = int(pid_file.read_text()) if pid_file.exists() else None
+    running = pid is not None and alive(pid)
     if verb == "start":
         if running:
             return 0
