@@ -9,7 +9,7 @@ WRK    := build/wrk/usr/bin/wrk
 CHROMIUM := build/.chromium-installed
 NGINX  := build/nginx/usr/sbin/nginx
 
-.PHONY: run test bench fuzz soak lint shim clean
+.PHONY: run test bench fuzz soak demo lint shim clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,21 @@ fuzz: $(STAMP) $(SHIM)
 # 10,000 mixed requests under changing external pressure, the budget checked throughout.
 soak: $(STAMP) $(SHIM)
 	$(BIN)/python -m tests.faults.soak --requests 10000 --seed 20261202
+
+# Both incidents, narrated, then the seeded trace replayed direct and through the gate.
+demo: $(STAMP) $(SHIM)
+	@echo "== Incident of 2026-07-10: a FLUX render found no GPU space. The card held"
+	@echo "   gemma3:12b (24h keep_alive), bge-m3, whisper-server, mVoice and an idle ComfyUI,"
+	@echo "   nobody coordinating them. Behind the gate every load is leased from one budget,"
+	@echo "   idle lower-class holds are evicted inline (see docs/reliability.md)."
+	@echo "== Incident of 2026-07-29: gemma3:12b loaded while whisper-server restarted;"
+	@echo "   whisper's start found no room and crash-looped with SIGABRT. Replayed through"
+	@echo "   the CLI: direct it aborts, through the gate (its unit's ExecStartPre is"
+	@echo "   gpugate admit) one waits for the other, and a whisper the gate stopped starts"
+	@echo "   again for the next transcription."
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_incident_whisper.py
+	@echo "== A seeded trace of 2,000 operations on the incident host, direct then gated:"
+	$(BIN)/python -m tests.faults.trace --requests 2000 --seed 20260729
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate tests bench

@@ -8,11 +8,16 @@ the simulated runtimes sit behind it on 127.0.0.1:11435 and 127.0.0.1:8189.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import wave
 from pathlib import Path
+
+import yaml
 
 from gpugate.sim.host import HostStartError
 from gpugate.sim.hostprocess import SimulatedHostProcess
@@ -45,6 +50,11 @@ idle Ollama models for it first:
   curl -s 127.0.0.1:8188/history   # once it is done: status_str "success"
   .venv/bin/gpugate status --config {config}
 
+whisper-server, through the gate (the gate runs the simulated one and starts it again
+when a request finds it stopped):
+
+  curl -s 127.0.0.1:8080/inference -F file=@{wav} -F response_format=json
+
 Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.
 """
 
@@ -57,16 +67,21 @@ def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     print(f"starting the simulated host from {host_file} ...", flush=True)
+    scratch = Path(tempfile.mkdtemp(prefix="gpugate-demo-"))
+    wav = write_wav(scratch / "hello.wav")
     try:
-        host = SimulatedHostProcess(host_file).start()
+        host = SimulatedHostProcess(without_whisper(host_file, scratch)).start()
     except HostStartError as exc:
         print(f"gpugate demo: {exc}", file=sys.stderr)
         return 1
     try:
         assert host.environment is not None
+        env = host.environment.apply()
+        # `python3` in the whisper consumer's command is this interpreter.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         gate = subprocess.Popen(
             [sys.executable, "-m", "gpugate", "serve", "--config", str(config_path)],
-            env=host.environment.apply(),
+            env=env,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -78,7 +93,7 @@ def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> 
         else:
             print("gpugate demo: the gate did not start (see above)", file=sys.stderr)
             return 1
-        print(HOW_TO.format(config=config_path), flush=True)
+        print(HOW_TO.format(config=config_path, wav=wav), flush=True)
         threading.Thread(target=lambda: gate.wait() and stop.set(), daemon=True).start()
         stop.wait()
         gate.send_signal(signal.SIGTERM)
@@ -86,3 +101,23 @@ def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> 
         return 0 if code in (0, -signal.SIGTERM) else code
     finally:
         host.stop()
+
+
+def without_whisper(host_file: Path, scratch: Path) -> Path:
+    """The host file without its whisper-server: the gate runs that one (its `control`)."""
+    host = yaml.safe_load(host_file.read_text())
+    if host.pop("whisper", None) is None:
+        return host_file
+    copy = scratch / host_file.name
+    copy.write_text(yaml.safe_dump(host))
+    return copy
+
+
+def write_wav(path: Path, seconds: float = 2.0) -> Path:
+    """A short silent 16 kHz mono WAV to transcribe."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(b"\0\0" * int(16000 * seconds))
+    return path

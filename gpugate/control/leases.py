@@ -299,13 +299,9 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         ]
         return web.json_response({"leases": documents})
 
-    starts = StartLeases(gate)
+    # The gate's own: a start the gate runs itself holds its lease there, and admit joins it.
+    starts = gate.starts
     app[START_LEASES] = starts
-
-    async def stop_watching(app: web.Application) -> None:
-        await starts.close()
-
-    app.on_cleanup.append(stop_watching)
 
     app.router.add_post("/gate/v1/leases", ask)
     app.router.add_get("/gate/v1/leases", listing)

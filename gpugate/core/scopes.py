@@ -258,7 +258,8 @@ def appeared(books: Books, observation: GpuObservation) -> list[Lease]:
 
 
 def follow_observed(books: Books, observation: GpuObservation, now: float) -> list[Event]:
-    """Residents known from NVML only shrink to what it shows, and go when it shows none."""
+    """Residents known from NVML only shrink to what it shows, and go when it shows none; a
+    process's resident also grows to it (a process adopted while it held its memory)."""
     events: list[Event] = []
     for resident in list(books.on_gpu(observation.index)):
         if not resident.tracks_observed or not resident.idle:
@@ -268,6 +269,9 @@ def follow_observed(books: Books, observation: GpuObservation, now: float) -> li
             books, consumer, resident.gpu, but=resident.key
         )
         if room >= resident.bytes:
+            if room > resident.bytes and resident.key.model != HELD_MODEL:
+                resident.bytes = room
+                books.touch()
             continue
         if room <= 0:
             del books.residents[resident.key]

@@ -128,7 +128,12 @@ class AdmissionWork:
 
     @staticmethod
     def released_by_caller(lease: Lease) -> bool:
-        """Whether the caller that acquired a lease ends it (a request's), or an event does."""
+        """Whether the caller that acquired a lease ends it (a request's), or an event does.
+
+        A PROCESS lease granted on a resident already there carries no bytes for NVML to
+        show: its caller ends it too."""
+        if lease.scope is LeaseScope.PROCESS:
+            return not lease.pending
         return lease.scope is LeaseScope.REQUEST
 
     def _wake(self, grant: Grant) -> None:

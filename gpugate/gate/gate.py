@@ -34,6 +34,7 @@ from gpugate.gate.links import (
     core_settings,
     make_links,
 )
+from gpugate.gate.starts import ProcessStarts, StartLeases
 from gpugate.gate.unloads import UnloadRunner
 from gpugate.gate.upstream import Backoff
 from gpugate.gpu.sampler import Sampler
@@ -94,6 +95,8 @@ class Gate(LinkWork, AdmissionWork, JobWork):
         self._limiter = OncePerInterval(log, LOG_INTERVAL, clock=clock)
         self._listed_at: dict[str, float] = {}
         self._timer_backoff = Backoff(TIMER_FLOOR, 5.0)
+        self.starts = StartLeases(self)
+        self.processes = ProcessStarts(self)
         self.started = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -123,6 +126,7 @@ class Gate(LinkWork, AdmissionWork, JobWork):
             if link.adapter.reconcilable:
                 self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
         self.start_job_loops(self._spawn)
+        self.processes.on_gate_start()
         self.started = True
 
     async def close(self) -> None:
@@ -135,6 +139,8 @@ class Gate(LinkWork, AdmissionWork, JobWork):
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.processes.close()
+        await self.starts.close()
         for future in self._waiters.values():
             if not future.done():
                 future.cancel()

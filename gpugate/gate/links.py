@@ -63,7 +63,7 @@ class Link:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.consumer.timeouts.connect),
             auto_decompress=False,
             skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            connector=aiohttp.TCPConnector(limit=0, force_close=not self.adapter.pool_connections),
         )
 
 

@@ -63,7 +63,7 @@ class UnloadRunner:
                 if link is None or link.session is None:
                     raise LookupError(f"no adapter can unload {unload.key}")
                 try:
-                    async with asyncio.timeout(link.consumer.timeouts.control):
+                    async with asyncio.timeout(link.adapter.evict_timeout()):
                         await link.adapter.evict(link.session, unload.key.model)
                 except Exception as exc:
                     what = f"cannot unload {unload.key.model}"
@@ -73,7 +73,7 @@ class UnloadRunner:
                     rule = link.adapter.reclaim_rule
                     idle = link.idle_bytes if rule.to_idle else None
                     reclaimed = await self._wait_for_reclaim(
-                        unload, before, rule.recovered_fraction, idle
+                        unload, before, rule.recovered_fraction, idle, clear=rule.consumer_clear
                     )
         except Exception:
             log.exception("unload of %s failed", unload.key)
@@ -111,7 +111,13 @@ class UnloadRunner:
             gate.preempted(effect, failure)
 
     async def _wait_for_reclaim(
-        self, unload: Unload, before: GpuObservation | None, fraction: float, idle: int | None
+        self,
+        unload: Unload,
+        before: GpuObservation | None,
+        fraction: float,
+        idle: int | None,
+        *,
+        clear: bool,
     ) -> bool:
         gate = self.gate
         deadline = gate.clock() + gate.config.budget.reclaim_timeout
@@ -133,6 +139,7 @@ class UnloadRunner:
                     if idle is None
                     else self._back_to_idle(unload, device, idle)
                 )
+                and (not clear or self._cleared(unload, device))
             ):
                 return True
             if gate.clock() >= deadline:
@@ -166,6 +173,10 @@ class UnloadRunner:
         pass on the first of several models leaving, this one waits for the last."""
         held = now.managed.get(unload.key.consumer, 0)
         return held <= idle + self._explained(unload)
+
+    def _cleared(self, unload: Unload, now: GpuObservation) -> bool:
+        """The consumer holds no more than its other residents explain (its process left)."""
+        return now.managed.get(unload.key.consumer, 0) <= self._explained(unload)
 
     def _explained(self, unload: Unload) -> int:
         """What the consumer's other residents and loading leases account for."""

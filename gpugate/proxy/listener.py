@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease, LeaseScope
@@ -132,18 +133,36 @@ class ConsumerListener:
             return reply(error_reply(classified.api, refusal.status, refusal.message))
         if classified.kind is RouteKind.PASS and is_upgrade(request):
             return await self._websocket(request, classified, screening)
-        lease = None
-        if classified.kind is RouteKind.DEMAND:
+        busy = None
+        if self.gate.processes.fronts(self.link):
+            # A process runtime: it must run (the gate starts it if it was stopped), and
+            # it stays busy, never evicted, while this request is in flight.
             try:
-                lease = await self._admit(request, classified)
+                busy = await self.gate.processes.serve_lease(self.link, self._priority(request))
             except GateFailure as exc:
                 return reply(failure_reply(classified.api, exc.failure))
-        forward_body = classified.body if classified.body is not None else body
         try:
+            lease = None
+            if classified.kind is RouteKind.DEMAND:
+                try:
+                    lease = await self._admit(request, classified)
+                except GateFailure as exc:
+                    return reply(failure_reply(classified.api, exc.failure))
+            forward_body = classified.body if classified.body is not None else body
             return await self._forward(request, forward_body, lease, classified, screening)
         finally:
+            if busy is not None:
+                self.gate.release(busy)
             if classified.kind is RouteKind.UNLOAD:
                 self.gate.want_reconcile(consumer.name)
+
+    def _priority(self, request: web.Request, model: str | None = None) -> PriorityClass:
+        """The request's class: its identity's, else the model's (or the consumer's)."""
+        adapter = self.link.adapter
+        identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
+        model = model or adapter.process_model()
+        default = adapter.model_priority(model) if model else self.link.consumer.priority
+        return resolve_priority(identity, default, request.headers.get(PRIORITY_HEADER))
 
     async def _admit(self, request: web.Request, classified: Classified) -> Lease | None:
         """A lease for a request that may load a model (None: the runtime will refuse it)."""
@@ -175,6 +194,7 @@ class ConsumerListener:
             reload_seconds=adapter.reload_seconds(model, envelope),
             sets_ttl=classified.sets_ttl,
             scope=classified.scope,
+            appear_within=classified.appear_within,
         )
         return await self.gate.acquire(demand)
 
@@ -203,6 +223,7 @@ class ConsumerListener:
                 failed = True
                 return reply(failure_reply(classified.api, self._crash(classified, exc)))
             complete = False
+            self.link.adapter.answered(classified, upstream.status)
             try:
                 extra = list(screening.response_headers)
                 prefix = b""

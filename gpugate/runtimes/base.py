@@ -21,6 +21,7 @@ from gpugate.config.model import Consumer, ModelOverride, Residency
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure
 from gpugate.core.tickets import LeaseScope
+from gpugate.runtimes.process import ProcessControl
 
 
 class ApiFamily(enum.Enum):
@@ -77,6 +78,8 @@ class Classified:
     scale: float = 0.0
     """How large the job is in the runtime's own unit (ComfyUI: megapixels); a measured
     peak is kept with the scale it was measured at."""
+    appear_within: float | None = None
+    """PROCESS scope: seconds the process has to show the lease's bytes in NVML."""
 
 
 @attrs.frozen
@@ -183,6 +186,10 @@ class ReclaimRule:
     when NVML shows the consumer holding no more than its idle memory (learned while the
     books held nothing for it) and what its other residents and leases explain."""
 
+    consumer_clear: bool = False
+    """Also require NVML to show the consumer holding no more than its other residents
+    explain: a stopped process is gone only when its memory left the consumer's row."""
+
 
 @attrs.frozen
 class Measured:
@@ -211,6 +218,13 @@ class RuntimeAdapter(abc.ABC):
     reconcilable: ClassVar[bool] = False
     """The runtime's listing names its memory (its unknown memory gets a name soon)."""
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule()
+    pool_connections: ClassVar[bool] = True
+    """Upstream connections may be kept and reused; False opens one per request (a
+    runtime whose idle connections close sooner than the gate would notice)."""
+
+    process: ProcessControl | None = None
+    """The runtime's process when the gate starts and stops it (its memory is the
+    process's, from start to exit); None for a runtime the gate only talks to."""
 
     def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
@@ -317,3 +331,22 @@ class RuntimeAdapter(abc.ABC):
     @abc.abstractmethod
     async def health(self, session: aiohttp.ClientSession) -> bool:
         """Whether the runtime answers as a healthy one does."""
+
+    def evict_timeout(self) -> float:
+        """How long an eviction may take (a process's stop takes its stop timeout)."""
+        return self.consumer.timeouts.control
+
+    # -- runtimes whose memory is a process's ---------------------------------------------
+
+    def process_model(self) -> str | None:
+        """The name the process's memory goes by (its current model); None when the
+        runtime's memory is not a process's held from start to exit."""
+        return None
+
+    def answered(self, classified: Classified, status: int) -> None:
+        """The runtime answered a request with `status` (a model switch took effect)."""
+        return None
+
+    def process_ended(self) -> None:
+        """The process stopped or died: the next one starts as its command says."""
+        return None

@@ -9,11 +9,15 @@ from __future__ import annotations
 from gpugate.config.model import Consumer, RuntimeKind
 from gpugate.runtimes.base import RuntimeAdapter
 from gpugate.runtimes.comfyui import ComfyUIAdapter
+from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.ollama import OllamaAdapter
+from gpugate.runtimes.whisper import WhisperAdapter
 
 ADAPTERS: dict[RuntimeKind, type[RuntimeAdapter]] = {
     RuntimeKind.OLLAMA: OllamaAdapter,
     RuntimeKind.COMFYUI: ComfyUIAdapter,
+    RuntimeKind.WHISPER: WhisperAdapter,
+    RuntimeKind.HTTP: HttpAdapter,
 }
 
 

@@ -10,8 +10,10 @@ from aiohttp import web
 from gpugate.config.model import RuntimeKind, Upstream
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ReclaimRule, RouteKind, RuntimeAdapter
+from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.ollama import OllamaAdapter
 from gpugate.runtimes.registry import ADAPTERS, adapter_class, adapter_for
+from gpugate.runtimes.whisper import WhisperAdapter
 from tests.runtimes.test_ollama_adapter import CONSUMER
 
 
@@ -22,10 +24,17 @@ def test_ollama_consumers_get_the_ollama_adapter():
     assert adapter.consumer is CONSUMER
 
 
-@pytest.mark.parametrize("kind", [RuntimeKind.WHISPER, RuntimeKind.HTTP])
-def test_kinds_without_an_adapter_are_only_observed(kind):
-    assert adapter_class(kind) is None
-    assert adapter_for(attrs.evolve(CONSUMER, runtime=kind)) is None
+@pytest.mark.parametrize("kind", list(RuntimeKind))
+def test_every_runtime_kind_is_fronted_by_an_adapter(kind):
+    assert adapter_class(kind) is not None
+    assert isinstance(adapter_for(attrs.evolve(CONSUMER, runtime=kind)), RuntimeAdapter)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"), [(RuntimeKind.WHISPER, WhisperAdapter), (RuntimeKind.HTTP, HttpAdapter)]
+)
+def test_process_runtimes_have_adapters(kind, cls):
+    assert isinstance(adapter_for(attrs.evolve(CONSUMER, runtime=kind)), cls)
 
 
 def test_every_registered_adapter_is_a_runtime_adapter():

@@ -1,0 +1,101 @@
+"""The whisper.cpp server (`whisper-server`): a model held from process start to exit.
+
+What decides the adapter (reference/runtime-contracts.md §3):
+
+* whisper-server loads its model before it binds its port and frees it only by exiting;
+  it has no listing and no unload. Its memory is a process's (PROCESS scope): the gate
+  starts it when a request finds it stopped, and evicts it by stopping it.
+* `POST /inference` (multipart, streamed up untouched), `GET /health`, `GET /` and
+  everything else pass as they are; while they run, the gate counts the process busy.
+* `POST /load` (multipart, field `model`: a path on the server) frees the model and loads
+  another: a demand for the new model's envelope (`models:` keyed by that path, else the
+  consumer's `envelope`). A body without a `model` field, or the model already loaded,
+  passes: whisper-server answers it without a new allocation.
+* cpp-httplib closes a connection idle for 5 s and after 100 requests. A pooled
+  connection can therefore be closed by the server just as the gate sends a POST on it,
+  which must not be sent again (it may have reached the server). The gate opens a new
+  connection for every request instead (`pool_connections = False`); on loopback that
+  costs well under a millisecond against a transcription's seconds (docs/reliability.md).
+* Every response carries `Access-Control-Allow-Origin: *`: there is no origin check to
+  run where the gate listens.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+from typing import ClassVar
+
+import aiohttp
+
+from gpugate.config.model import Consumer
+from gpugate.core.tickets import LeaseScope
+from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
+from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter, command_option
+
+LOAD_BODY_LIMIT = 64 * 1024
+"""A /load body is a path; anything longer is not read (whisper-server answers it)."""
+
+
+def multipart_field(body: bytes, content_type: str, name: str) -> str | None:
+    """The text of form field `name` in a multipart/form-data body; None when absent."""
+    if not content_type.lower().startswith("multipart/"):
+        return None
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    if not message.is_multipart():
+        return None
+    for part in message.iter_parts():
+        if part.get_param("name", header="content-disposition") == name:
+            payload = part.get_payload(decode=True)
+            if isinstance(payload, bytes):
+                return payload.decode("utf-8", "replace")
+    return None
+
+
+class WhisperAdapter(ProcessAdapter):
+    """One whisper-server behind the gate."""
+
+    pool_connections: ClassVar[bool] = False
+
+    def __init__(self, consumer: Consumer) -> None:
+        super().__init__(consumer)
+
+    def start_model(self) -> str:
+        control = self.consumer.control
+        if control is not None and control.command:
+            model = command_option(control.command, "-m", "--model")
+            if model is not None:
+                return model
+        found = super().start_model()
+        # whisper-server's own default when its command names none.
+        return "models/ggml-base.en.bin" if found == PROCESS_MODEL and control else found
+
+    def wants_body(self, method: str, path: str) -> bool:
+        return method == "POST" and path == "/load"
+
+    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+        if not self.wants_body(method, path) or body is None or len(body) > LOAD_BODY_LIMIT:
+            return Classified(RouteKind.PASS, ApiFamily.PLAIN)
+        model = multipart_field(body, content_type, "model")
+        if not model or model == self.current:
+            return Classified(RouteKind.PASS, ApiFamily.PLAIN)
+        control = self.consumer.control
+        return Classified(
+            RouteKind.DEMAND,
+            ApiFamily.PLAIN,
+            model,
+            scope=LeaseScope.PROCESS,
+            appear_within=control.start_admission_timeout if control is not None else None,
+        )
+
+    def answered(self, classified: Classified, status: int) -> None:
+        if classified.kind is RouteKind.DEMAND and status == 200 and classified.model:
+            self.current = classified.model
+
+    async def health(self, session: aiohttp.ClientSession) -> bool:
+        """`GET /health` answers 200 (503 while a /load runs)."""
+        path = self.consumer.control.health if self.consumer.control is not None else "/health"
+        async with session.get(self.url(path)) as resp:
+            await resp.read()
+            return resp.status == 200
