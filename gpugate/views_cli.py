@@ -86,9 +86,9 @@ class Control:
 
     @classmethod
     def from_config(cls, path: Path) -> Control:
-        from gpugate.lease_cli import _control
+        from gpugate.control_client import control_address
 
-        base, token = _control(path)
+        base, token = control_address(path)
         return cls(base, token)
 
     async def get(self, session: aiohttp.ClientSession, path: str, **query: str) -> Any:

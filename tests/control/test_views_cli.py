@@ -104,7 +104,9 @@ async def test_events_follow_prints_each_event_as_it_happens(stack, tmp_path):
 async def test_envelopes_show_when_and_an_unknown_runtime_version_as_a_dash(stack, tmp_path):
     store = stack.gate.store
     store.record_envelope(MeasuredEnvelope("ollama", "bge-m3:latest", "", 2012 * MiB))
-    qwen = MeasuredEnvelope("ollama", "qwen2.5:7b", "num_ctx=8192", 5 * GiB, "0.33.0")
+    qwen = MeasuredEnvelope(
+        "ollama", "qwen2.5:7b", "num_ctx=8192", 5 * GiB, runtime_version="0.33.0"
+    )
     store.record_envelope(qwen)
     await store.flush()
     code, out, err = await gpugate(stack, tmp_path, "envelopes")
