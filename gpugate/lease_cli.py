@@ -93,23 +93,57 @@ def run_lease(args: argparse.Namespace, config_path: Path) -> int:
     return asyncio.run(_lease_and_run(url, token, body, command))
 
 
+class _Signals:
+    """Stop signals, from before the lease is asked for: passed on to CMD once it runs,
+    and before that remembered, so a signal in between still ends the command's run."""
+
+    def __init__(self) -> None:
+        self.process: asyncio.subprocess.Process | None = None
+        self.early: int | None = None
+
+    def __enter__(self) -> _Signals:
+        loop = asyncio.get_running_loop()
+        for signum in FORWARDED:
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in FORWARDED:
+            loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        if self.process is None:
+            self.early = self.early or signum
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signum)
+
+
 async def _lease_and_run(url: str, token: str | None, body: dict, command: list[str]) -> int:
-    async with control_session(url, token) as session:
-        try:
-            answer = await ask_lease(session, url, body)
-        except ControlFailure as exc:
-            return _fail(str(exc))
-        lease_id = answer["id"]
-        try:
-            return await _run_under(session, lease_id, float(answer["ttl"]), command)
-        finally:
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with session.delete(f"/gate/v1/leases/{lease_id}") as resp:
-                    await resp.read()
+    with _Signals() as signals:
+        async with control_session(url, token) as session:
+            try:
+                answer = await ask_lease(session, url, body)
+            except ControlFailure as exc:
+                return _fail(str(exc))
+            lease_id = answer["id"]
+            try:
+                if signals.early is not None:
+                    return 128 + signals.early
+                return await _run_under(session, lease_id, float(answer["ttl"]), command, signals)
+            finally:
+                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                    async with session.delete(f"/gate/v1/leases/{lease_id}") as resp:
+                        await resp.read()
 
 
 async def _run_under(
-    session: aiohttp.ClientSession, lease_id: int, ttl: float, command: list[str]
+    session: aiohttp.ClientSession,
+    lease_id: int,
+    ttl: float,
+    command: list[str],
+    signals: _Signals,
 ) -> int:
     env = dict(os.environ, GPUGATE_LEASE=str(lease_id))
     try:
@@ -117,9 +151,11 @@ async def _run_under(
     except OSError as exc:
         print(f"gpugate lease: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
-    loop = asyncio.get_running_loop()
-    for signum in FORWARDED:
-        loop.add_signal_handler(signum, _forward, process, signum)
+    signals.process = process
+    if signals.early is not None:
+        # A signal came while the command was being started: it is the command's now.
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signals.early)
     renewer = asyncio.create_task(_renew(session, lease_id, ttl))
     try:
         code = await process.wait()
@@ -127,14 +163,7 @@ async def _run_under(
         renewer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewer
-        for signum in FORWARDED:
-            loop.remove_signal_handler(signum)
     return 128 - code if code < 0 else code
-
-
-def _forward(process: asyncio.subprocess.Process, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signum)
 
 
 async def _renew(session: aiohttp.ClientSession, lease_id: int, ttl: float) -> None:
