@@ -157,3 +157,38 @@ async def test_operator_actions_are_in_the_event_stream(stack):
     assert "gpu_paused" in kinds and "gpu_resumed" in kinds
     paused = [line for line in lines if line["event"] == "gpu_paused"]
     assert all("asked by token" in line["detail"] for line in paused)
+
+
+async def test_the_cli_pauses_resumes_drains_and_evicts(stack, tmp_path, monkeypatch):
+    from tests.control.conftest import CONTROL_TOKEN
+    from tests.control.test_views_cli import gpugate
+
+    monkeypatch.setenv("GPUGATE_TOKEN", CONTROL_TOKEN)
+    code, out, err = await gpugate(stack, tmp_path, "pause")
+    assert (code, out, err) == (0, "GPU 0: paused\n", "")
+    assert stack.gate.core.paused() == [0]
+    code, out, _ = await gpugate(stack, tmp_path, "resume", "--gpu", "0")
+    assert (code, out) == (0, "GPU 0: admitting\n")
+    code, out, _ = await gpugate(stack, tmp_path, "drain", "ollama")
+    assert (code, out) == (0, "ollama: drained (0 lease(s) in flight)\n")
+    code, out, _ = await gpugate(stack, tmp_path, "undrain", "ollama")
+    assert (code, out) == (0, "ollama: admitting (0 lease(s) in flight)\n")
+    code, out, err = await gpugate(stack, tmp_path, "evict", "ollama", "bge-m3:latest")
+    assert code == 1 and out == ""
+    assert err.startswith("gpugate evict: NOT_FOUND: no resident") and err.count("\n") == 1
+    await embed(stack)
+    done = stack.next_event(EventKind.EVICTION_DONE, reason="operator")
+    code, out, _ = await gpugate(stack, tmp_path, "evict", "ollama", "bge-m3:latest", "--force")
+    assert (code, out) == (0, "evicting ollama/bge-m3:latest (eviction_done follows)\n")
+    await asyncio.wait_for(done, 10)
+    assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
+
+
+async def test_the_cli_without_a_token_is_one_line_and_a_failure(stack, tmp_path, monkeypatch):
+    from tests.control.test_views_cli import gpugate
+
+    monkeypatch.delenv("GPUGATE_TOKEN", raising=False)
+    code, out, err = await gpugate(stack, tmp_path, "drain", "ollama")
+    assert code == 1 and out == "" and err.startswith("gpugate drain: UNAUTHORIZED: ")
+    assert err.count("\n") == 1
+    assert stack.gate.core.draining("ollama") == (False, False)
