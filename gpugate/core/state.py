@@ -373,6 +373,7 @@ class GateCore:
         self.jobs.resize_waiting(self.waiting(lease.gpu))
         self.telemetry.explain(lease.gpu, self.books)
         effects.extend(self.scheduler.schedule(lease.gpu, now))
+        effects.extend(self._drained(now))
         return effects
 
     def preempted(
