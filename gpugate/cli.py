@@ -1,5 +1,5 @@
-"""The `gpugate` command: check, status, serve, lease, admit, leases, events, envelopes, sim
-run, demo."""
+"""The `gpugate` command: check, status, serve, lease, admit, leases, events, envelopes,
+evict, drain, undrain, pause, resume, sim run, demo."""
 
 from __future__ import annotations
 
@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_view_parsers(sub)
 
+    from gpugate.operator_cli import add_operator_parsers
+
+    add_operator_parsers(sub)
+
     sim = sub.add_parser("sim", help="the simulated GPU host")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
     sim_run = sim_sub.add_parser("run", help="start a simulated host from HOST.yaml")
@@ -100,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpugate.views_cli import run_view
 
         return run_view(args, args.config or default_config_path())
+    if args.command in ("evict", "drain", "undrain", "pause", "resume"):
+        from gpugate.operator_cli import run_operator
+
+        return run_operator(args, args.config or default_config_path())
     if args.command == "sim":
         from gpugate.sim.host import run_host
 

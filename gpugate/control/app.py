@@ -12,6 +12,7 @@ from gpugate.control.auth import token_middleware
 from gpugate.control.leases import add_lease_routes
 from gpugate.control.metrics import GateMetrics
 from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
+from gpugate.control.operator import add_operator_routes
 from gpugate.status import SCHEMA, budget_document
 
 if TYPE_CHECKING:
@@ -175,5 +176,6 @@ def control_app(
     app.router.add_get("/gate/v1/events", events)
     app.router.add_get("/gate/v1/health", health)
     add_lease_routes(app, gate)
+    add_operator_routes(app, gate)
     add_observe_routes(app, gate, lambda: live_document(gate), history_interval=history_interval)
     return app

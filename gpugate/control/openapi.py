@@ -67,6 +67,91 @@ SSE = {
 }
 
 
+def _path(name: str, kind: str = "string") -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": kind}}
+
+
+CONSUMER_STATE = {
+    "type": "object",
+    "properties": {
+        "consumer": {"type": "string"},
+        "draining": {"type": "boolean"},
+        "drained": {"type": "boolean", "description": "draining, and no lease of it is left"},
+        "leases": {"type": "integer"},
+    },
+}
+GPU_STATE = {
+    "type": "object",
+    "properties": {"gpu": {"type": "integer"}, "paused": {"type": "boolean"}},
+}
+
+
+def _operator_paths(secured: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """Operator actions (gpugate.control.operator): each is an event naming who asked."""
+    consumer, gpu = [_path("name")], [_path("index", "integer")]
+
+    def action(summary: str, params: list[Any], ok: dict[str, Any], **more: Any) -> Any:
+        responses = {"401": UNAUTHORIZED, "404": _json("no such consumer or GPU", ERROR)}
+        responses.update(more)
+        return {
+            "post": {
+                "summary": summary,
+                "security": secured,
+                "parameters": params,
+                "responses": {"200": ok, **responses},
+            }
+        }
+
+    evict = {
+        "post": {
+            "summary": "unload an idle resident (eviction_started now, eviction_done follows)",
+            "security": secured,
+            "parameters": [
+                _path("consumer"),
+                _path("model"),
+                _query("force", "1: evict an always_warm resident too"),
+                _query("options", "the resident's runner options, when several match"),
+            ],
+            "responses": {
+                "202": _json("the unload started", {"type": "object"}),
+                "401": UNAUTHORIZED,
+                "404": _json("no such resident", ERROR),
+                "409": _json(
+                    "EVICTION_NOT_ALLOWED (always_warm without force) or RESIDENCY_CONFLICT "
+                    "(in flight, or not resident)",
+                    ERROR,
+                ),
+            },
+        }
+    }
+    return {
+        "/gate/v1/residents/{consumer}/{model}/evict": evict,
+        "/gate/v1/consumers/{name}": {
+            "get": {
+                "summary": "a consumer's operator state: draining, drained",
+                "parameters": consumer,
+                "responses": {"200": _json("its state", CONSUMER_STATE)},
+            }
+        },
+        "/gate/v1/consumers/{name}/drain": action(
+            "admit nothing new for the consumer (503 RESIDENCY_CONFLICT); in-flight work ends",
+            consumer,
+            _json("draining", CONSUMER_STATE),
+        ),
+        "/gate/v1/consumers/{name}/undrain": action(
+            "admit the consumer's demands again", consumer, _json("admitting", CONSUMER_STATE)
+        ),
+        "/gate/v1/gpus/{index}/pause": action(
+            "pause admission on a GPU: new demands wait in its queue",
+            gpu,
+            _json("paused", GPU_STATE),
+        ),
+        "/gate/v1/gpus/{index}/resume": action(
+            "resume admission on a GPU", gpu, _json("resumed", GPU_STATE)
+        ),
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     """The document, built fresh (callers may change it)."""
     secured = [{"bearer": []}]
@@ -210,6 +295,7 @@ def openapi_document() -> dict[str, Any]:
             }
         },
     }
+    paths.update(_operator_paths(secured))
     return {
         "openapi": "3.1.0",
         "info": {

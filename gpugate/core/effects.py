@@ -36,6 +36,8 @@ class UnloadReason(enum.Enum):
     """Idle longer than its residency policy allows."""
     PRESSURE = "pressure"
     """External use grew into the reserve; idle memory is given back."""
+    OPERATOR = "operator"
+    """An operator asked for it over the control API."""
 
 
 @attrs.frozen
@@ -82,6 +84,14 @@ class EventKind(enum.Enum):
     ENVELOPE_MEASURED = "envelope_measured"
     PREEMPTION_STARTED = "preemption_started"
     """A consumer's jobs are being stopped for a higher-class demand it lets preempt them."""
+    CONSUMER_DRAINING = "consumer_draining"
+    """An operator drains a consumer: it admits nothing new, in-flight work finishes."""
+    CONSUMER_DRAINED = "consumer_drained"
+    """A draining consumer holds no lease any more."""
+    CONSUMER_UNDRAINED = "consumer_undrained"
+    GPU_PAUSED = "gpu_paused"
+    """An operator paused admission on a GPU: new demands wait in its queue."""
+    GPU_RESUMED = "gpu_resumed"
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ import attrs
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.operator import OperatorBook
 from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
@@ -31,6 +32,9 @@ UNEXPLAINED = ResidentKey("", "<unexplained>")
 """Claim marker for memory a runtime will name at its next listing."""
 
 FailureFactory = Callable[..., Failure]
+
+DRAINING_RETRY_AFTER = 30.0
+"""Retry-After for a draining consumer's demand: a drain is maintenance, not a blip."""
 
 
 @attrs.frozen
@@ -156,6 +160,8 @@ class Scheduler:
         self._full: set[int] = set()
         self._residents: dict[int, _GpuResidents] = {}
         self.preempt: PreemptClasses | None = None
+        self.operator = OperatorBook()
+        """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
 
     # -- demands -------------------------------------------------------------------------
@@ -168,6 +174,11 @@ class Scheduler:
         """A request needs VRAM: grant it, queue it, or fail it."""
         ticket_id = self.books.new_id() if ticket_id is None else ticket_id
         gpu = demand.gpu
+        draining = self.refuse_draining(demand, ticket_id, now)
+        if draining is not None:
+            return draining
+        if gpu in self.operator.paused:
+            return self._hold(demand, ticket_id, now)
         resident = self.books.reusable(demand.key)
         if resident is not None:
             lease = self.books.open_lease(ticket_id, demand, now, now, 0, resident)
@@ -228,6 +239,46 @@ class Scheduler:
         if isinstance(mine[0], Grant):
             return Admission(ticket_id, lease=mine[0].lease, effects=rest)
         return Admission(ticket_id, failure=mine[0].failure, effects=rest)
+
+    def refuse_draining(self, demand: Demand, ticket_id: int, now: float) -> Admission | None:
+        """A draining consumer's new demand fails at once (None: the consumer is not draining)."""
+        if demand.consumer not in self.operator.draining:
+            return None
+        failure = Failure(
+            FailureClass.RESIDENCY_CONFLICT,
+            f"RESIDENCY_CONFLICT: consumer {demand.consumer} is draining",
+            consumer=demand.consumer,
+            model=demand.model,
+            gpu=demand.gpu,
+            bytes_needed=demand.envelope,
+            retry_after=DRAINING_RETRY_AFTER,
+        )
+        return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
+
+    def _hold(self, demand: Demand, ticket_id: int, now: float) -> Admission:
+        """Queue a demand on a paused GPU without planning it: it waits for resume."""
+        queue = self.queues.setdefault(demand.gpu, TicketQueue())
+        if queue.waiting_for(demand.consumer) >= self._queue_limit(demand.consumer):
+            failure = self._fail(
+                FailureClass.QUEUE_FULL,
+                demand,
+                demand.envelope,
+                now,
+                extra=f"; {demand.consumer} already has {queue.waiting_for(demand.consumer)} "
+                "requests waiting",
+            )
+            return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
+        wait = self._max_wait(demand) if demand.max_wait is None else demand.max_wait
+        self._enqueue(Ticket(ticket_id, demand, arrived=now, deadline=now + wait))
+        queued = Event(
+            EventKind.TICKET_QUEUED,
+            now,
+            key=demand.key,
+            gpu=demand.gpu,
+            bytes=demand.envelope,
+            detail=f"admission on GPU {demand.gpu} is paused",
+        )
+        return Admission(ticket_id, effects=(queued,))
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client of a waiting ticket went away."""
@@ -291,7 +342,8 @@ class Scheduler:
         )
         tail = _Tail(self.books.version, schedulable, schedulable, set(), set(), view)
         queue = self.queues.get(gpu)
-        if queue and budget is not None and self._usable(gpu, now) is None:
+        paused = gpu in self.operator.paused
+        if queue and budget is not None and not paused and self._usable(gpu, now) is None:
             no_wait = set(no_wait)
             for ticket in queue:
                 if ticket.demand.key in tail.riding:

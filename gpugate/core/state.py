@@ -22,6 +22,7 @@ from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
+from gpugate.core.operator import action_event, drained_events, refuse_eviction
 from gpugate.core.planner import PlannerSettings
 from gpugate.core.pressure import ReserveSettings
 from gpugate.core.relief import relieve_pressure
@@ -136,6 +137,10 @@ class GateCore:
     def submit(self, demand: Demand, now: float) -> Admission:
         """A request needs VRAM: a lease now, a ticket to wait on, or a failure."""
         if demand.scope is LeaseScope.JOB:
+            if demand.consumer in self.scheduler.operator.draining:
+                refused = self.scheduler.refuse_draining(demand, self.books.new_id(), now)
+                assert refused is not None
+                return refused
             return self._submit_job(demand, now)
         return self.scheduler.submit(demand, now)
 
@@ -209,6 +214,7 @@ class GateCore:
             self.telemetry.explain(lease.gpu, self.books)
         if self.scheduler.queues.get(lease.gpu):
             effects.extend(self.scheduler.schedule(lease.gpu, now))
+        effects.extend(self._drained(now))
         return effects
 
     # -- events: what the world reports --------------------------------------------------
@@ -323,6 +329,7 @@ class GateCore:
                 gpus.add(resident.gpu)
         for gpu in sorted(gpus):
             effects.extend(self.scheduler.schedule(gpu, now))
+        effects.extend(self._drained(now))
         return effects
 
     def next_wakeup(self) -> float | None:
@@ -366,6 +373,7 @@ class GateCore:
         self.jobs.resize_waiting(self.waiting(lease.gpu))
         self.telemetry.explain(lease.gpu, self.books)
         effects.extend(self.scheduler.schedule(lease.gpu, now))
+        effects.extend(self._drained(now))
         return effects
 
     def preempted(
@@ -439,6 +447,95 @@ class GateCore:
             self.books.touch()
             effects.extend(self.scheduler.schedule(gpu, now))
         return effects
+
+    # -- events: operator actions ----------------------------------------------------------
+
+    def evict(self, key: ResidentKey, now: float, force: bool, who: str = "token") -> list[Effect]:
+        """An operator unloads an idle resident; raises `EvictionRefused` when it may not."""
+        resident = self.books.residents.get(key)
+        refused = refuse_eviction(
+            key,
+            None if resident is None else resident.policy,
+            None if resident is None else resident.state,
+            0 if resident is None else resident.in_flight,
+            force=force,
+        )
+        if refused is not None:
+            raise refused
+        assert resident is not None
+        budget = self.budget(resident.gpu)
+        before = None if budget is None else budget.schedulable
+        unload = self.books.start_unload(resident, UnloadReason.OPERATOR, None)
+        detail = f"asked by {who}" + (" (forced)" if force else "")
+        started = resident_event(
+            EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.OPERATOR.value
+        )
+        return [unload, attrs.evolve(started, schedulable_before=before)]
+
+    def drain(self, consumer: str, now: float, who: str = "token") -> list[Effect]:
+        """A consumer admits nothing new; its in-flight leases finish."""
+        book = self.scheduler.operator
+        if consumer in book.draining:
+            return []
+        book.draining.add(consumer)
+        book.drained.discard(consumer)
+        started = action_event(
+            EventKind.CONSUMER_DRAINING,
+            now,
+            who,
+            f"{consumer} admits nothing new",
+            consumer=consumer,
+        )
+        return [started, *self._drained(now)]
+
+    def undrain(self, consumer: str, now: float, who: str = "token") -> list[Effect]:
+        """A drained consumer admits demands again."""
+        book = self.scheduler.operator
+        if consumer not in book.draining:
+            return []
+        book.draining.discard(consumer)
+        book.drained.discard(consumer)
+        return [
+            action_event(
+                EventKind.CONSUMER_UNDRAINED,
+                now,
+                who,
+                f"{consumer} admits again",
+                consumer=consumer,
+            )
+        ]
+
+    def draining(self, consumer: str) -> tuple[bool, bool]:
+        """(draining, drained) for a consumer."""
+        book = self.scheduler.operator
+        return consumer in book.draining, consumer in book.drained
+
+    def pause(self, gpu: int, now: float, who: str = "token") -> list[Effect]:
+        """New demands on the GPU wait in its queue (until resume or their deadline)."""
+        book = self.scheduler.operator
+        if gpu in book.paused:
+            return []
+        book.paused.add(gpu)
+        return [action_event(EventKind.GPU_PAUSED, now, who, "admission paused", gpu=gpu)]
+
+    def resume(self, gpu: int, now: float, who: str = "token") -> list[Effect]:
+        """Admission on the GPU runs again: its queue is planned at once."""
+        book = self.scheduler.operator
+        if gpu not in book.paused:
+            return []
+        book.paused.discard(gpu)
+        resumed = action_event(EventKind.GPU_RESUMED, now, who, "admission resumed", gpu=gpu)
+        return [resumed, *self.scheduler.schedule(gpu, now)]
+
+    def paused(self) -> list[int]:
+        return sorted(self.scheduler.operator.paused)
+
+    def _drained(self, now: float) -> list[Effect]:
+        book = self.scheduler.operator
+        if not book.draining:
+            return []
+        holding = {lease.key.consumer for lease in self.books.leases.values()}
+        return drained_events(book, holding, now)
 
     # -- internals -----------------------------------------------------------------------
 

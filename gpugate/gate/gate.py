@@ -305,3 +305,23 @@ class Gate(LinkWork, AdmissionWork, JobWork):
                     link.consumer = consumer
                     link.adapter = adapter
         self.config = config
+
+    # -- operator actions ------------------------------------------------------------------
+
+    def evict(self, key: ResidentKey, *, force: bool = False, who: str = "token") -> None:
+        """Unload an idle resident now (raises `EvictionRefused`); the unload runner does it."""
+        self._apply(self.core.evict(key, self.clock(), force, who))
+
+    def drain(self, consumer: str, *, who: str = "token") -> None:
+        """The consumer admits nothing new; what is in flight finishes."""
+        self._apply(self.core.drain(consumer, self.clock(), who))
+
+    def undrain(self, consumer: str, *, who: str = "token") -> None:
+        self._apply(self.core.undrain(consumer, self.clock(), who))
+
+    def pause(self, gpu: int, *, who: str = "token") -> None:
+        """New demands on the GPU wait in its queue until resume."""
+        self._apply(self.core.pause(gpu, self.clock(), who))
+
+    def resume(self, gpu: int, *, who: str = "token") -> None:
+        self._apply(self.core.resume(gpu, self.clock(), who))

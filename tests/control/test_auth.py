@@ -12,6 +12,15 @@ from gpugate.control.metrics import GateMetrics
 from tests.control.conftest import admin, trainer
 
 
+class _AnyPart(dict):
+    # Every path parameter ({id}, {consumer}, {index}, ...) filled with "1".
+    def __missing__(self, key: str) -> str:
+        return "1"
+
+
+ANY_PART = _AnyPart()
+
+
 def state_changing_routes(gate) -> list[tuple[str, str]]:
     """(method, path) of every route on the control app that is not read-only."""
     app = control_app(gate, GateMetrics(gate))
@@ -20,7 +29,7 @@ def state_changing_routes(gate) -> list[tuple[str, str]]:
         if route.method in READ_ONLY or route.method == "*":
             continue
         info = route.resource.get_info()
-        path = info.get("path") or info["formatter"].format_map({"id": "1"})
+        path = info.get("path") or info["formatter"].format_map(ANY_PART)
         routes.append((route.method, path))
     return routes
 

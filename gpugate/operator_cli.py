@@ -1,0 +1,109 @@
+"""Operator actions from the shell: `gpugate evict`, `drain`, `undrain`, `pause`, `resume`.
+
+Each is one POST to the control API with the control token (found as `gpugate lease`
+finds it). It prints one line of what the gate did; an error is one line on stderr, the
+failure class first, with exit status 1 (2 for a bad configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from gpugate.control_client import ControlFailure, control_address, control_session
+
+COMMANDS = ("evict", "drain", "undrain", "pause", "resume")
+
+
+def add_operator_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The `evict`, `drain`, `undrain`, `pause` and `resume` subcommands."""
+    evict = sub.add_parser("evict", help="unload an idle resident model now")
+    evict.add_argument("consumer")
+    evict.add_argument("model")
+    evict.add_argument("--force", action="store_true", help="evict an always_warm model too")
+    drain = sub.add_parser("drain", help="a consumer admits nothing new; in-flight work ends")
+    undrain = sub.add_parser("undrain", help="a drained consumer admits again")
+    for parser in (drain, undrain):
+        parser.add_argument("consumer")
+    pause = sub.add_parser("pause", help="pause admission (new requests wait in the queue)")
+    resume = sub.add_parser("resume", help="resume admission")
+    for parser in (pause, resume):
+        parser.add_argument("--gpu", type=int, help="one GPU (default: every GPU)")
+    for parser in (evict, drain, undrain, pause, resume):
+        parser.add_argument("--config", type=Path, help="consumers.yaml (the control address)")
+
+
+async def _call(session: aiohttp.ClientSession, url: str, path: str) -> dict[str, Any]:
+    try:
+        async with session.request("POST" if path else "GET", path or "/gate/v1/status") as resp:
+            answer = await resp.json(content_type=None)
+            status = resp.status
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ControlFailure(f"cannot reach the gate at {url}: {exc}") from None
+    except ValueError:
+        raise ControlFailure(f"the gate at {url} did not answer with JSON") from None
+    if status >= 300 or not isinstance(answer, dict):
+        error = answer.get("error", {}) if isinstance(answer, dict) else {}
+        failure = error.get("class", f"HTTP {status}")
+        message = " ".join(str(error.get("message", "")).split())
+        raise ControlFailure(f"{failure}: {message}" if message else failure)
+    return answer
+
+
+def _paths(args: argparse.Namespace, gpus: list[int]) -> list[str]:
+    if args.command == "evict":
+        model = quote(args.model, safe=":")
+        force = "?force=1" if args.force else ""
+        return [f"/gate/v1/residents/{quote(args.consumer)}/{model}/evict{force}"]
+    if args.command in ("drain", "undrain"):
+        return [f"/gate/v1/consumers/{quote(args.consumer)}/{args.command}"]
+    return [f"/gate/v1/gpus/{gpu}/{args.command}" for gpu in gpus]
+
+
+def _line(args: argparse.Namespace, answer: dict[str, Any]) -> str:
+    if args.command == "evict":
+        key = answer["key"]
+        return f"evicting {key['consumer']}/{key['model']} (eviction_done follows)"
+    if args.command in ("drain", "undrain"):
+        state = "admitting"
+        if answer["draining"]:
+            state = "drained" if answer["drained"] else "draining"
+        return f"{answer['consumer']}: {state} ({answer['leases']} lease(s) in flight)"
+    return f"GPU {answer['gpu']}: {'paused' if answer['paused'] else 'admitting'}"
+
+
+async def _run(args: argparse.Namespace, url: str, token: str | None) -> list[str]:
+    async with control_session(url, token) as session:
+        gpus: list[int] = []
+        if args.command in ("pause", "resume"):
+            if args.gpu is not None:
+                gpus = [args.gpu]
+            else:
+                status = await _call(session, url, "")
+                gpus = [gpu["index"] for gpu in status.get("gpus", [])]
+        return [_line(args, await _call(session, url, path)) for path in _paths(args, gpus)]
+
+
+def run_operator(args: argparse.Namespace, config_path: Path) -> int:
+    """Run one operator action; 0 when the gate did it."""
+    from gpugate.config.loader import ConfigError
+
+    try:
+        url, token = control_address(config_path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        lines = asyncio.run(_run(args, url, token))
+    except ControlFailure as exc:
+        print(f"gpugate {args.command}: {exc}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    return 0
