@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpugate.core.budget import GpuUsage, usage_of
 from gpugate.core.effects import Unload, UnloadReason
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
-
-if TYPE_CHECKING:
-    from gpugate.core.scopes import JobBook
 
 
 class ResidentTable(dict[ResidentKey, Resident]):
@@ -69,6 +66,12 @@ class ResidentTable(dict[ResidentKey, Resident]):
             self.by_model.setdefault((resident.gpu, key.consumer, key.model), {})[key] = resident
 
 
+class JobOpener(Protocol):
+    """Opens a job-scope lease within its consumer's job lease (gpugate.core.scopes)."""
+
+    def open(self, job_id: int, demand: Demand, now: float, arrived: float) -> Lease: ...
+
+
 class Books:
     """Mutable ledger owned by the core.
 
@@ -86,8 +89,8 @@ class Books:
         self.version = 0
         self.residents_version = 0
         self._ids = itertools.count(1)
-        self.jobs: JobBook | None = None
-        """The consumers' job leases (set by the core that owns these books)."""
+        self.jobs: JobOpener | None = None
+        """Where job-scope leases are opened (the core's job book, set by its owner)."""
         self._usage: dict[int, GpuUsage] = {}
         self._usage_at = -1
         """The `residents_version` the sums are right for."""

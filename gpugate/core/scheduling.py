@@ -23,6 +23,7 @@ from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import Resident, ResidentKey
+from gpugate.core.scopes import JobBook
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
 from gpugate.core.units import format_gib
@@ -160,6 +161,8 @@ class Scheduler:
         self._full: set[int] = set()
         self._residents: dict[int, _GpuResidents] = {}
         self.preempt: PreemptClasses | None = None
+        self.jobs: JobBook | None = None
+        """The consumers' job leases (set by the core that owns the scheduler)."""
         self.operator = OperatorBook()
         """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
@@ -472,7 +475,7 @@ class Scheduler:
     ) -> Plan | None:
         """A ticket that cannot have its bytes otherwise waits for jobs it may stop: those
         already being stopped for it, or, now, the fewest that make it fit."""
-        jobs = self.books.jobs
+        jobs = self.jobs
         if jobs is None or self.preempt is None:
             return None
         demand = ticket.demand

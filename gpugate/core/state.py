@@ -89,6 +89,7 @@ class GateCore:
             fail=self._failure,
         )
         # Read through the settings, so that a reload's new `preempt` applies at once.
+        self.scheduler.jobs = self.jobs
         self.scheduler.preempt = lambda consumer: self.settings.preempt.get(consumer, frozenset())
 
     # -- views ---------------------------------------------------------------------------

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 import attrs
 
@@ -51,6 +50,7 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
+from gpugate.gate.owner import GateOwner
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
@@ -58,9 +58,6 @@ from gpugate.runtimes.process import (
     SupervisedCommand,
     wait_ready,
 )
-
-if TYPE_CHECKING:
-    from gpugate.gate.gate import Gate
 
 log = logging.getLogger("gpugate.starts")
 
@@ -74,7 +71,7 @@ ATTEMPTS = 3
 """Starts one request may ask for when the process keeps going away under it."""
 
 
-def materialised(gate: Gate, lease: Lease) -> bool:
+def materialised(gate: GateOwner, lease: Lease) -> bool:
     """Whether a sample newer than the grant shows the lease's owner holding its bytes."""
     budget = gate.core.budget(lease.gpu)
     if budget is None or budget.sampled_at <= lease.granted:
@@ -85,7 +82,7 @@ def materialised(gate: Gate, lease: Lease) -> bool:
 class StartLeases:
     """The start leases being watched, by consumer; one watcher task each."""
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: GateOwner) -> None:
         self.gate = gate
         self._by_consumer: dict[str, Lease] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -141,7 +138,7 @@ class StartLeases:
 class ProcessStarts:
     """Processes the gate starts when a request needs them, and at its own start."""
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: GateOwner) -> None:
         self.gate = gate
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()

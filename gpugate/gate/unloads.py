@@ -25,16 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 from gpugate.core.effects import Preempt, Unload
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
+from gpugate.gate.owner import GateOwner
 from gpugate.gate.upstream import upstream_failure
-
-if TYPE_CHECKING:
-    from gpugate.gate.gate import Gate
 
 log = logging.getLogger("gpugate.unloads")
 
@@ -47,7 +44,7 @@ POLL_INTERVAL, so a slow unload does not keep NVML busy."""
 
 
 class UnloadRunner:
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: GateOwner) -> None:
         self.gate = gate
         self._locks: dict[int, asyncio.Lock] = {}
 

@@ -21,7 +21,9 @@ from gpugate.config.model import Consumer, ModelOverride, Residency
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure
 from gpugate.core.tickets import LeaseScope
+from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
 from gpugate.runtimes.process import ProcessControl
+from gpugate.runtimes.replies import ErrorReply
 
 
 class ApiFamily(enum.Enum):
@@ -83,19 +85,6 @@ class Classified:
 
 
 @attrs.frozen
-class ErrorReply:
-    """A response the gate writes itself, in the client's shape."""
-
-    status: int
-    body: bytes
-    content_type: str
-    failure_class: str | None = None
-    retry_after: float | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    """More headers, in order (CORS headers on a refusal or a preflight answer)."""
-
-
-@attrs.frozen
 class Screening:
     """What a runtime's own checks (Host, Origin) say before a request is routed.
 
@@ -147,9 +136,6 @@ def error_reply(
 def failure_reply(api: ApiFamily, failure: Failure) -> ErrorReply:
     """A gate failure in the client's shape, with its status and Retry-After."""
     if api is ApiFamily.JOB_QUEUE:
-        # Imported here: the shape lives with its runtime, which imports this module.
-        from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
-
         return comfyui_failure_reply(failure)
     cls = failure.failure_class
     reply = error_reply(api, cls.http_status, failure.message, code=cls.value)

@@ -21,7 +21,7 @@ import json
 import attrs
 
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.runtimes.base import ErrorReply
+from gpugate.runtimes.replies import ErrorReply
 
 CONTENT_TYPE = "application/json; charset=utf-8"
 

@@ -1,0 +1,57 @@
+"""What the gate's effect runners (unloads, process starts) need of the gate that owns them.
+
+A protocol, so the runners are typed against the owner without importing it: `Gate`
+builds them and satisfies this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from gpugate.config.model import Config
+from gpugate.core.effects import Preempt
+from gpugate.core.failures import Failure
+from gpugate.core.observation import HostObservation
+from gpugate.core.residents import ResidentKey
+from gpugate.core.state import GateCore
+from gpugate.core.tickets import Demand, Lease
+from gpugate.gate.links import Link
+from gpugate.gpu.sampler import Sampler
+
+
+class StartBook(Protocol):
+    """The start leases the gate holds for processes it starts."""
+
+    def held(self, consumer: str) -> Lease | None: ...
+
+    def own(self, lease: Lease) -> None: ...
+
+
+class GateOwner(Protocol):
+    """The owner of live state, as the effect runners see it."""
+
+    config: Config
+    core: GateCore
+    links: dict[str, Link]
+    sampler: Sampler
+    clock: Callable[[], float]
+    starts: StartBook
+
+    async def acquire(self, demand: Demand) -> Lease: ...
+
+    def release(self, lease: Lease, *, failed: bool = False) -> None: ...
+
+    def report(self, failure: Failure) -> None: ...
+
+    def observe(self, sample: HostObservation) -> None: ...
+
+    def unloaded(
+        self, key: ResidentKey, *, reclaimed: bool, failure: Failure | None = None
+    ) -> None: ...
+
+    def preempted(self, effect: Preempt, failure: Failure | None) -> None: ...
+
+    def loop_failed(self, loop: str, failure: Failure) -> None: ...
+
+    def want_reconcile(self, consumer: str) -> None: ...
