@@ -60,6 +60,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--streams", type=int, default=10)
     parser.add_argument("--chunks", type=int, default=100)
+    parser.add_argument(
+        "--target",
+        choices=("gate", "passthrough"),
+        default="gate",
+        help="what is measured: the gate, or the bare pass-through it is compared with",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpugate-cg-") as tmp:
         upstream_port, port, control_port = free_port(), free_port(), free_port()
@@ -77,6 +83,11 @@ def main() -> None:
             "GPUGATE_LOG_LEVEL": "WARNING",
         }
         serve = [sys.executable, "-m", "gpugate", "serve", "--config", str(config)]
+        if args.target == "passthrough":
+            serve = [
+                sys.executable, "-m", "bench.passthrough",
+                "--port", str(port), "--upstream", f"http://127.0.0.1:{upstream_port}",
+            ]  # fmt: skip
         if args.tool == "callgrind":
             serve = [
                 "valgrind",
@@ -89,8 +100,11 @@ def main() -> None:
             serve = [sys.executable, "-m", "cProfile", "-o", args.out, *serve[1:]]
         gate = subprocess.Popen(serve, env=env)
         try:
-            wait_http(f"http://127.0.0.1:{control_port}/gate/v1/health", timeout=300)
-            wait_resident(control_port)
+            if args.target == "gate":
+                wait_http(f"http://127.0.0.1:{control_port}/gate/v1/health", timeout=300)
+                wait_resident(control_port)
+            else:
+                wait_http(f"http://127.0.0.1:{port}/api/tags", timeout=300)
             url = f"http://127.0.0.1:{port}"
             asyncio.run(requests(url, 50))
             asyncio.run(streams(url, 2, args.chunks))

@@ -27,7 +27,13 @@ from gpugate.gate.gate import Gate, Link
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
 from gpugate.notify import Notifier, stop_task
-from gpugate.proxy.guard import GuardedRunner, fit_caps, quiet_loop_errors, raise_fd_limit
+from gpugate.proxy.guard import (
+    GuardedRunner,
+    GuardedServerRunner,
+    fit_caps,
+    quiet_loop_errors,
+    raise_fd_limit,
+)
 from gpugate.proxy.listener import ConsumerListener
 from gpugate.reload import apply_reload, reload_file, unset_secrets
 from gpugate.store.db import Store
@@ -43,14 +49,16 @@ def _url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+Runner = GuardedRunner | GuardedServerRunner
+
+
 class ListenError(RuntimeError):
     """A listener could not be opened (port taken, address not on this host)."""
 
 
 async def _start_site(
-    app: web.Application, address: Address, limits: ListenerLimits, cap: int, what: str
-) -> tuple[GuardedRunner, tuple[str, int]]:
-    runner = GuardedRunner(app, limits, what, cap)
+    runner: Runner, address: Address, what: str
+) -> tuple[Runner, tuple[str, int]]:
     await runner.setup()
     site = web.TCPSite(runner, address.host or None, address.port, reuse_address=True)
     try:
@@ -108,7 +116,7 @@ async def serve(
         gate = Gate(config, Sampler.from_config(config), store=Store(config.gate.database))
     metrics = GateMetrics(gate)
     await gate.start()
-    runners: list[GuardedRunner] = []
+    runners: list[Runner] = []
     lines = []
     try:
         resolver = IdentityResolver(config.identities)
@@ -116,9 +124,13 @@ async def serve(
         caps = _connection_caps(config, links)
         for link, cap in zip(links, caps, strict=False):
             consumer = link.consumer
-            app = ConsumerListener(gate, link, resolver).app()
+            listener = ConsumerListener(gate, link, resolver)
             runner, bound = await _start_site(
-                app, consumer.listen, consumer.limits, cap, consumer.name
+                GuardedServerRunner(
+                    listener.server, listener.close, consumer.limits, consumer.name, cap
+                ),
+                consumer.listen,
+                consumer.name,
             )
             runners.append(runner)
             lines.append(
@@ -131,10 +143,8 @@ async def serve(
                     "version; its memory is observed and counted"
                 )
         runner, bound = await _start_site(
-            control_app(gate, metrics),
+            GuardedRunner(control_app(gate, metrics), CONTROL_LIMITS, "the control API", caps[-1]),
             config.gate.control,
-            CONTROL_LIMITS,
-            caps[-1],
             "the control API",
         )
         runners.append(runner)
@@ -174,7 +184,7 @@ async def _run_until(
         stopping.cancel()
 
 
-async def _shut_down(runners: list[GuardedRunner], grace: float) -> None:
+async def _shut_down(runners: list[Runner], grace: float) -> None:
     """Stop accepting, give in-flight requests `grace` seconds in all, then close."""
     await asyncio.gather(*(r.stop_accepting() for r in runners), return_exceptions=True)
     # The control API's requests are short; its streams need no grace.

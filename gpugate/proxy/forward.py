@@ -5,22 +5,44 @@ written down chunk by chunk as they arrive (NDJSON and SSE included) with no byt
 added. Hop-by-hop headers are dropped. Compressed bodies pass through compressed.
 The client gets the upstream's headers and nothing of the gate's server software.
 
-Every upstream call is bounded (`UpstreamTimeouts`): connecting, the wait for response
-headers once the request is sent, and the silence between two chunks of the body.
+The request goes up over the listener's `UpstreamPool` (http1.py): its head is built
+here from the client's raw header bytes, so what the runtime reads is what the client
+wrote, less the hops and with the runtime's own address as Host. Every upstream call is
+bounded (`Bounds`): connecting, the wait for response headers once the request is sent,
+and the silence between two chunks of the body.
 """
 
 from __future__ import annotations
 
-import asyncio
-import enum
+import functools
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
-from yarl import URL
 
-from gpugate.config.model import UpstreamTimeouts
+from gpugate.config.model import UpstreamTimeouts as Bounds
+from gpugate.proxy.http1 import (
+    Response,
+    Stall,
+    UpstreamClosed,
+    UpstreamInvalid,
+    UpstreamPool,
+    UpstreamTimeout,
+)
+
+__all__ = [
+    "HOP_BY_HOP",
+    "Bounds",
+    "Stall",
+    "UpstreamBroken",
+    "UpstreamClosed",
+    "UpstreamInvalid",
+    "UpstreamTimeout",
+    "cut_off",
+    "open_upstream",
+    "stream_down",
+    "upstream_headers",
+]
 
 HOP_BY_HOP = frozenset(
     h.lower()
@@ -37,10 +59,12 @@ HOP_BY_HOP = frozenset(
         "Upgrade",
     )
 )
+_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
+# Expect: the listener already answered 100 Continue, and the body goes up with the head.
+_DROP_UP = _HOP_BYTES | {b"host", b"expect"}
+_DROP_UP_SIZED = _DROP_UP | {b"content-length"}
 
-
-_DROP_UP = HOP_BY_HOP | {"host"}
-_DROP_UP_REPLACED = _DROP_UP | {"content-length"}
+_DROP_WS = HOP_BY_HOP | {"host"}
 
 
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
@@ -49,60 +73,81 @@ def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
 
 
 def upstream_headers(
-    request: web.Request, upstream_host: str, *, body_replaced: bool, drop: Iterable[str] = ()
-) -> dict[str, str] | CIMultiDict[str]:
-    """The client's headers as the upstream should see them.
+    request: web.BaseRequest, upstream_host: str, *, drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
+    """The client's headers for an upgrade the websocket client sends upstream.
 
     `Host` becomes the upstream's own address, which every runtime's loopback host check
-    accepts; headers the adapter already judged (`drop`, e.g. Origin) are not sent. A plain
-    dict when no header repeats (the usual case, and cheaper for the client to take in); a
-    multidict when one does.
+    accepts; headers the adapter already judged (`drop`, e.g. Origin) are not sent.
     """
     incoming = request.headers
-    dropped = _DROP_UP_REPLACED if body_replaced else _DROP_UP
-    dropped = dropped | {name.lower() for name in drop}
-    if hdrs.CONNECTION in incoming:
-        dropped = dropped | _connection_tokens(incoming)
-    out: dict[str, str] | CIMultiDict[str] = {}
-    for name, value in incoming.items():
-        if name.lower() in dropped:
-            continue
-        if name in out:
-            out = CIMultiDict((n, v) for n, v in incoming.items() if n.lower() not in dropped)
-            break
-        out[name] = value
+    dropped = _DROP_WS | {name.lower() for name in drop} | _connection_tokens(incoming)
+    out: CIMultiDict[str] = CIMultiDict(
+        (n, v) for n, v in incoming.items() if n.lower() not in dropped
+    )
     out[hdrs.HOST] = upstream_host
+    _forwarded_for(request, out)
+    return out
+
+
+def _forwarded_for(request: web.BaseRequest, out: CIMultiDict[str]) -> None:
     peer = request.remote
     if peer:
-        prior = incoming.get("X-Forwarded-For")
+        prior = request.headers.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-    return out
 
 
-def downstream_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    drop = HOP_BY_HOP | _connection_tokens(upstream.headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
-    return out
+@functools.cache
+def _dropped(sized: bool, drop: tuple[str, ...]) -> frozenset[bytes]:
+    """Request headers not copied upstream (a few combinations, each built once)."""
+    base = _DROP_UP_SIZED if sized else _DROP_UP
+    return base | {b"x-forwarded-for"} | {name.lower().encode() for name in drop}
 
 
-class Stall(enum.Enum):
-    """Where an upstream exchange ran out of time."""
+def request_head(
+    request: web.BaseRequest,
+    upstream_host: bytes,
+    *,
+    length: int | None,
+    chunked: bool,
+    close: bool,
+    drop: Iterable[str] = (),
+) -> bytes:
+    """The request line and headers to send upstream, as bytes.
 
-    CONNECT = "connecting"
-    FIRST_BYTE = "waiting for response headers"
-    IDLE = "waiting for the next chunk of the response"
-
-
-class UpstreamTimeout(Exception):
-    """An upstream call passed one of its bounds."""
-
-    def __init__(self, stall: Stall, seconds: float) -> None:
-        super().__init__(f"no progress {stall.value} for {seconds:g}s")
-        self.stall = stall
-        self.seconds = seconds
+    The client's header lines are copied byte for byte, less the hops (and what the
+    `Connection` header names), Host (the upstream's own address instead), Expect, the
+    headers the adapter already judged (`drop`), and the framing when the gate sets it:
+    `length` for a body sent whole, `chunked` for a body relayed as it comes whose
+    client sent it chunked. A client's X-Forwarded-For is extended with its address.
+    """
+    dropped = _dropped(length is not None, tuple(drop))
+    incoming = request.headers
+    if hdrs.CONNECTION in incoming:
+        dropped = dropped | {t.encode("latin-1") for t in _connection_tokens(incoming)}
+    target = request.raw_path
+    if not target.startswith("/"):
+        target = str(request.rel_url)
+    # The client's X-Forwarded-For is dropped from the copy and sent extended, last.
+    forwarded = incoming.get("X-Forwarded-For")
+    peer = request.remote
+    if peer:
+        forwarded = f"{forwarded}, {peer}" if forwarded else peer
+    line = f"{request.method} {target} HTTP/1.1\r\nHost: ".encode("utf-8", "surrogateescape")
+    parts = [line, upstream_host, b"\r\n"]
+    for name, value in request.raw_headers:
+        if name.lower() not in dropped:
+            parts += (name, b": ", value, b"\r\n")
+    if forwarded is not None:
+        parts += (b"X-Forwarded-For: ", forwarded.encode("utf-8", "surrogateescape"), b"\r\n")
+    if length is not None:
+        parts.append(b"Content-Length: %d\r\n" % length)
+    elif chunked:
+        parts.append(b"Transfer-Encoding: chunked\r\n")
+    if close:
+        parts.append(b"Connection: close\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
 
 
 class UpstreamBroken(Exception):
@@ -115,77 +160,58 @@ class UpstreamBroken(Exception):
 
 
 async def open_upstream(
-    session: aiohttp.ClientSession,
-    request: web.Request,
-    base_url: str,
-    upstream_host: str,
+    pool: UpstreamPool,
+    request: web.BaseRequest,
+    upstream_host: bytes,
     body: bytes | None,
-    timeouts: UpstreamTimeouts,
+    bounds: Bounds,
     *,
     drop: Iterable[str] = (),
-) -> aiohttp.ClientResponse:
+) -> Response:
     """Send the request upstream and return once response headers arrived.
 
-    Raises UpstreamTimeout when connecting takes longer than `timeouts.connect`, or the
-    headers take longer than `timeouts.first_byte` after the request (and its body) went up.
+    `body`: the whole body, as read (and perhaps rewritten) by the adapter; None relays
+    the client's body, if it has one, as it arrives. Raises UpstreamTimeout when
+    connecting takes longer than `bounds.connect`, or the headers longer than
+    `bounds.first_byte` after the request (and its last body byte) went up; an OSError
+    when the upstream cannot be reached or closes without an answer.
     """
-    loop = asyncio.get_running_loop()
-    bound = asyncio.timeout_at(loop.time() + timeouts.connect + timeouts.first_byte)
-    if body is not None:
-        data: object = body
-    elif request.body_exists:
-        data = _relay_body(request, bound, timeouts.first_byte)
-    else:
-        data = None
-    headers = upstream_headers(request, upstream_host, body_replaced=body is not None, drop=drop)
-    try:
-        async with bound:
-            return await session.request(
-                request.method,
-                URL(base_url + str(request.rel_url), encoded=True),
-                headers=headers,
-                data=data,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
-            )
-    except aiohttp.ConnectionTimeoutError:
-        raise UpstreamTimeout(Stall.CONNECT, timeouts.connect) from None
-    except TimeoutError:
-        if bound.expired():
-            raise UpstreamTimeout(Stall.FIRST_BYTE, timeouts.first_byte) from None
-        raise
+    upload: bytes | AsyncIterator[bytes] | None = body
+    length = None if body is None else len(body)
+    chunked = False
+    if body is None and request.body_exists:
+        upload = _relay_body(request)
+        chunked = request.content_length is None
+    head = request_head(
+        request,
+        upstream_host,
+        length=length,
+        chunked=chunked,
+        close=not pool.keep_alive,
+        drop=drop,
+    )
+    return await pool.send(
+        head, upload, bounds, chunked=chunked, head_only=request.method == hdrs.METH_HEAD
+    )
 
 
-async def _relay_body(
-    request: web.Request, bound: asyncio.Timeout, first_byte: float
-) -> AsyncIterator[bytes]:
-    """The client's body as it arrives; the wait for headers counts from its last byte."""
-    loop = asyncio.get_running_loop()
+async def _relay_body(request: web.BaseRequest) -> AsyncIterator[bytes]:
+    """The client's body as it arrives."""
     async for chunk in request.content.iter_any():
-        bound.reschedule(loop.time() + first_byte)
         yield chunk
-    bound.reschedule(loop.time() + first_byte)
 
 
-async def read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float) -> bytes:
-    """Up to `limit` bytes of the body (all of it when it is shorter), each chunk within `idle`."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await _next_chunk(upstream, idle)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-async def _next_chunk(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
-    try:
-        async with asyncio.timeout(idle):
-            return await upstream.content.readany()
-    except TimeoutError:
-        raise UpstreamTimeout(Stall.IDLE, idle) from None
+def downstream_headers(upstream: Response) -> CIMultiDict[str]:
+    """The upstream's response headers for the client: all but the hops."""
+    drop: frozenset[bytes] | set[bytes] = _HOP_BYTES
+    connection = upstream.header(b"connection")
+    if connection is not None:
+        drop = _HOP_BYTES | {t.strip().lower() for t in connection.split(b",") if t.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.raw_headers:
+        if name.lower() not in drop:
+            out.add(name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
+    return out
 
 
 WHOLE_BODY_LIMIT = 256 * 1024
@@ -197,8 +223,8 @@ UPSTREAM_SERVER = web.ResponseKey("gpugate.upstream_server", bool)
 
 
 async def stream_down(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    request: web.BaseRequest,
+    upstream: Response,
     extra_headers: Iterable[tuple[str, str]],
     idle: float,
     *,
@@ -215,42 +241,34 @@ async def stream_down(
     for name, value in extra_headers:
         headers.add(name, value)
     length = upstream.content_length
+    server = hdrs.SERVER in headers
     if not prefix and length is not None and length <= WHOLE_BODY_LIMIT:
-        body = await read_bounded(upstream, length + 1, idle) if length else b""
+        body = await upstream.read(length + 1, idle) if length else b""
         if request.method != hdrs.METH_HEAD:
             headers.popall(hdrs.CONTENT_LENGTH, None)
         response: web.StreamResponse = web.Response(
             status=upstream.status, reason=upstream.reason, body=body, headers=headers
         )
-        _mark_server(response, upstream)
+        if server:
+            response[UPSTREAM_SERVER] = True
         return response
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     response.headers.extend(headers)
-    _mark_server(response, upstream)
+    if server:
+        response[UPSTREAM_SERVER] = True
     await response.prepare(request)
     try:
         if prefix:
             await response.write(prefix)
-        while chunk := await _next_chunk(upstream, idle):
+        while chunk := await upstream.chunk(idle):
             await response.write(chunk)
-    except (UpstreamTimeout, aiohttp.ClientError) as exc:
+    except (UpstreamTimeout, OSError) as exc:
         raise UpstreamBroken(exc, response) from None
     await response.write_eof()
     return response
 
 
-def _mark_server(response: web.StreamResponse, upstream: aiohttp.ClientResponse) -> None:
-    if hdrs.SERVER in upstream.headers:
-        response[UPSTREAM_SERVER] = True
-
-
-async def drop_own_server(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: no Server header unless the upstream sent it."""
-    if not response.get(UPSTREAM_SERVER):
-        response.headers.popall(hdrs.SERVER, None)
-
-
-def cut_off(request: web.Request) -> None:
+def cut_off(request: web.BaseRequest) -> None:
     """End the client's connection now: what was sent stays, nothing marks the body complete."""
     transport = request.transport
     if transport is not None:

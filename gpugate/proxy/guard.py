@@ -67,6 +67,8 @@ class GuardedConnection(asyncio.Protocol):
         self.refused = False
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's are not subclasses of asyncio.Transport).
@@ -84,7 +86,6 @@ class GuardedConnection(asyncio.Protocol):
         if self.refused:
             return
         if self.phase is Phase.IDLE:
-            self.phase = Phase.HEADERS
             self._arm(self.guard.limits.header_timeout, Phase.HEADERS)
         self.handler.data_received(data)
 
@@ -113,36 +114,60 @@ class GuardedConnection(asyncio.Protocol):
 
     def headers_done(self, request: web.BaseRequest) -> None:
         """A request's headers arrived: its body now has body_timeout to arrive."""
-        self.phase = Phase.BODY
+        content = request.content
+        if content.is_eof():
+            self._disarm(Phase.HANDLING)
+            return
         self._arm(self.guard.limits.body_timeout, Phase.BODY)
-        request.content.on_eof(self._body_done)
+        content.on_eof(self._body_done)
 
     def _body_done(self) -> None:
         if self.phase is Phase.BODY:
-            self.phase = Phase.HANDLING
-            self._cancel_timer()
+            self._disarm(Phase.HANDLING)
 
     def request_done(self) -> None:
         """The handler returned; aiohttp's keep-alive timer bounds the wait for the next one."""
-        self.phase = Phase.IDLE
-        self._cancel_timer()
+        self._disarm(Phase.IDLE)
 
     # -- timers ----------------------------------------------------------------------------
+    # One timer per connection, moved lazily: a phase sets its deadline, and the timer,
+    # when it fires before the deadline, is set again for it. A request whose headers and
+    # body come at once so creates no timer at all while an earlier one is still pending.
 
     def _arm(self, seconds: float, phase: Phase) -> None:
-        self._cancel_timer()
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(seconds, self._expire, phase)
+        deadline = loop.time() + seconds
+        self.phase = phase
+        self._deadline = deadline
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = loop.call_at(deadline, self._expire)
+
+    def _disarm(self, phase: Phase) -> None:
+        self.phase = phase
+        self._deadline = None
 
     def _cancel_timer(self) -> None:
+        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _expire(self, phase: Phase) -> None:
+    def _expire(self) -> None:
         self._timer = None
-        if self.phase is not phase:
+        deadline = self._deadline
+        if deadline is None:
             return
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._timer_at = deadline
+            self._timer = loop.call_at(deadline, self._expire)
+            return
+        phase = self.phase
+        self._deadline = None
         limit = (
             self.guard.limits.header_timeout
             if phase is Phase.HEADERS
@@ -298,8 +323,8 @@ class _PlainResponse(web.Response):
         self.headers.popall(hdrs.SERVER, None)
 
 
-class GuardedRunner(web.AppRunner):
-    """An AppRunner whose sites accept through a `Guard`, and whose shutdown is `drain`.
+class _Guarded(web.BaseRunner):
+    """A runner whose sites accept through a `Guard`, and whose shutdown is `drain`.
 
     aiohttp's own shutdown applies its timeout twice to a handler that streams: it waits
     that long for the handler, then fails the request's payload (which a handler writing a
@@ -307,25 +332,12 @@ class GuardedRunner(web.AppRunner):
     above 5 s. So the grace period is kept here, and aiohttp's timeout is only a margin.
     """
 
-    def __init__(
-        self, app: web.Application, limits: ListenerLimits, name: str, max_connections: int
-    ) -> None:
-        super().__init__(
-            app,
-            handler_cancellation=True,
-            shutdown_timeout=SHUTDOWN_MARGIN,
-            access_log=None,
-            keepalive_timeout=limits.idle_timeout,
-            # A proxy forwards a request body as the client encoded it.
-            auto_decompress=False,
-        )
-        self.limits = limits
-        self.name = name
-        self.max_connections = max_connections
-        self.guard: Guard | None = None
+    limits: ListenerLimits
+    name: str
+    max_connections: int
+    guard: Guard | None
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+    def _guard(self, server: web.Server) -> web.Server:
         self.guard = Guard(server, self.limits, self.name, self.max_connections)
         return server
 
@@ -341,6 +353,58 @@ class GuardedRunner(web.AppRunner):
     async def drain(self, grace: float) -> int:
         """In-flight requests get `grace` seconds, then are cancelled; returns how many were."""
         return 0 if self.guard is None else await self.guard.drain(grace)
+
+
+def _server_settings(limits: ListenerLimits) -> dict[str, Any]:
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "keepalive_timeout": limits.idle_timeout,
+        # A proxy forwards a request body as the client encoded it.
+        "auto_decompress": False,
+    }
+
+
+class GuardedRunner(_Guarded, web.AppRunner):
+    """A guarded runner for an application (the control API)."""
+
+    def __init__(
+        self, app: web.Application, limits: ListenerLimits, name: str, max_connections: int
+    ) -> None:
+        super().__init__(app, shutdown_timeout=SHUTDOWN_MARGIN, **_server_settings(limits))
+        self.limits = limits
+        self.name = name
+        self.max_connections = max_connections
+        self.guard = None
+
+    async def _make_server(self) -> web.Server:
+        return self._guard(await super()._make_server())
+
+
+class GuardedServerRunner(_Guarded, web.ServerRunner):
+    """A guarded runner for one low-level handler (a consumer's listener); `on_cleanup`
+    runs once its sites and connections are closed."""
+
+    def __init__(
+        self,
+        make_server: Callable[..., web.Server],
+        on_cleanup: Callable[[], Awaitable[None]],
+        limits: ListenerLimits,
+        name: str,
+        max_connections: int,
+    ) -> None:
+        super().__init__(make_server(**_server_settings(limits)), shutdown_timeout=SHUTDOWN_MARGIN)
+        self.limits = limits
+        self.name = name
+        self.max_connections = max_connections
+        self.guard = None
+        self._on_cleanup = on_cleanup
+
+    async def _make_server(self) -> web.Server:
+        return self._guard(await super()._make_server())
+
+    async def _cleanup_server(self) -> None:
+        await self._on_cleanup()
 
 
 FD_RESERVE = 64

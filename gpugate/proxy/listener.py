@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import aiohttp
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 from multidict import CIMultiDict
+from yarl import URL
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
@@ -28,14 +30,14 @@ from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.gate import Gate, GateFailure, Link
 from gpugate.identity import PRIORITY_HEADER, IdentityResolver, resolve_priority
 from gpugate.proxy.forward import (
+    UPSTREAM_SERVER,
     UpstreamBroken,
     UpstreamTimeout,
     cut_off,
-    drop_own_server,
     open_upstream,
-    read_bounded,
     stream_down,
 )
+from gpugate.proxy.http1 import UpstreamPool
 from gpugate.proxy.websocket import WebSocketRelay, is_upgrade
 from gpugate.runtimes.base import (
     Classified,
@@ -57,14 +59,18 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     """The whole request body, refusing more than `limit` bytes."""
     if request.content_length == 0:
         return b""
     if request.content_length is not None:
         if request.content_length > limit:
             raise BodyTooLarge
-        return await request.content.readexactly(request.content_length)
+        content = request.content
+        if content.is_eof():
+            # All of it came with the headers (a small request): no wait, no copy per part.
+            return content.read_nowait()
+        return await content.readexactly(request.content_length)
     chunks = []
     size = 0
     async for chunk in request.content.iter_any():
@@ -73,6 +79,35 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class _ListenerRequest(web.BaseRequest):
+    """A request to a listener: its answers carry no Server header but the upstream's."""
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        if not response.get(UPSTREAM_SERVER):
+            response.headers.popall(hdrs.SERVER, None)
+
+
+def _request(
+    message: Any, payload: Any, protocol: Any, writer: Any, task: asyncio.Task[None]
+) -> web.BaseRequest:
+    """web.Server's request factory."""
+    return _ListenerRequest(message, payload, protocol, writer, task, task.get_loop())
+
+
+async def expect_continue(request: web.BaseRequest) -> web.StreamResponse | None:
+    """`Expect: 100-continue` is answered before the body is read, as aiohttp's router
+    does; any other expectation is refused with 417 (None: go on)."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return None
+    if expect.lower() != "100-continue":
+        return web.Response(status=417, text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0
+    await request.writer.drain()
+    return None
 
 
 def reply(error: ErrorReply) -> web.Response:
@@ -98,19 +133,31 @@ class ConsumerListener:
         upstream = link.consumer.upstream
         self._base = upstream.url
         self._host = upstream.url.split("://", 1)[1]  # host:port, IPv6 in brackets
+        self._host_bytes = self._host.encode("latin-1")
         self.websockets = WebSocketRelay(self._base, self._host, link.consumer.timeouts)
+        url = URL(upstream.url)
+        assert url.host is not None and url.port is not None
+        self.pool = UpstreamPool(url.host, url.port, keep_alive=link.adapter.pool_connections)
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.link.consumer.max_body)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        app.on_response_prepare.append(drop_own_server)
-        app.on_cleanup.append(self.websockets.close)
-        return app
+    def server(self, **kwargs: Any) -> web.Server:
+        """aiohttp's low-level server around `handle`: one handler for every path, so no
+        router, application or middleware runs per request. `kwargs` go to web.Server."""
+        return web.Server(self.handle, request_factory=_request, **kwargs)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def close(self) -> None:
+        """Close the upstream connections (the listener's sockets are closed already)."""
+        await self.websockets.close()
+        self.pool.close()
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Screen, classify, admit, forward and release one request."""
         adapter = self.link.adapter
         consumer = self.link.consumer
         method, path = request.method, request.path
+        if hdrs.EXPECT in request.headers:
+            refused = await expect_continue(request)
+            if refused is not None:
+                return refused
         screening = adapter.screen(method, request.headers)
         if screening.reply is not None:
             return reply(screening.reply)
@@ -156,7 +203,7 @@ class ConsumerListener:
             if classified.kind is RouteKind.UNLOAD:
                 self.gate.want_reconcile(consumer.name)
 
-    def _priority(self, request: web.Request, model: str | None = None) -> PriorityClass:
+    def _priority(self, request: web.BaseRequest, model: str | None = None) -> PriorityClass:
         """The request's class: its identity's, else the model's (or the consumer's)."""
         adapter = self.link.adapter
         identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
@@ -164,16 +211,17 @@ class ConsumerListener:
         default = adapter.model_priority(model) if model else self.link.consumer.priority
         return resolve_priority(identity, default, request.headers.get(PRIORITY_HEADER))
 
-    async def _admit(self, request: web.Request, classified: Classified) -> Lease | None:
+    async def _admit(self, request: web.BaseRequest, classified: Classified) -> Lease | None:
         """A lease for a request that may load a model (None: the runtime will refuse it)."""
         assert classified.model is not None
         adapter = self.link.adapter
         consumer = self.link.consumer
         model = classified.model
         key = ResidentKey(consumer.name, model, classified.options_key)
-        envelope = adapter.size(
-            classified, self.gate.measured_job(key), self.gate.ceiling(consumer.name, consumer.gpu)
-        )
+        envelope = None
+        if adapter.sizes_requests:
+            ceiling = self.gate.ceiling(consumer.name, consumer.gpu)
+            envelope = adapter.size(classified, self.gate.measured_job(key), ceiling)
         if envelope is None:
             envelope = self.gate.known_envelope(self.link, model, classified.options_key)
         if envelope is None:
@@ -200,7 +248,7 @@ class ConsumerListener:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         body: bytes | None,
         lease: Lease | None,
         classified: Classified,
@@ -208,18 +256,15 @@ class ConsumerListener:
     ) -> web.StreamResponse:
         failed = lease is not None and lease.pending > 0
         kept = False  # the lease outlives this request: the runtime accepted a job or a start
-        session = self.link.session
-        assert session is not None
         timeouts = self.link.consumer.timeouts
         try:
             try:
                 upstream = await open_upstream(
-                    session, request, self._base, self._host, body, timeouts,
-                    drop=screening.drop_up,
-                )  # fmt: skip
+                    self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
+                )
             except UpstreamTimeout as exc:
                 return reply(failure_reply(classified.api, self._timeout(classified, exc)))
-            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
+            except OSError as exc:
                 failed = True
                 return reply(failure_reply(classified.api, self._crash(classified, exc)))
             complete = False
@@ -234,7 +279,7 @@ class ConsumerListener:
                         self.gate.loaded(lease)
                         failed = False
                         if lease.scope is LeaseScope.JOB:
-                            prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)
+                            prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
                             job = self.link.adapter.job_key(classified, prefix)
                             kind = ResidentKey(
                                 self.link.consumer.name,
@@ -244,7 +289,7 @@ class ConsumerListener:
                             self.gate.job_started(lease, job, kind=kind, scale=classified.scale)
                         kept = not self.gate.released_by_caller(lease)
                     elif upstream.status >= 500 and lease.loads:
-                        prefix = await read_bounded(upstream, ERROR_BODY_LIMIT, timeouts.idle)
+                        prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
                         failure = self._load_failure(classified, upstream.status, prefix)
                         self.gate.report(failure)
                         extra.append((FAILURE_HEADER, failure.failure_class.value))
@@ -255,7 +300,7 @@ class ConsumerListener:
                 return response
             except UpstreamTimeout as exc:
                 return reply(failure_reply(classified.api, self._timeout(classified, exc)))
-            except aiohttp.ClientError as exc:
+            except OSError as exc:
                 return reply(failure_reply(classified.api, self._crash(classified, exc)))
             except UpstreamBroken as exc:
                 if isinstance(exc.cause, UpstreamTimeout):
@@ -274,7 +319,7 @@ class ConsumerListener:
                 self.gate.release(lease, failed=failed)
 
     async def _websocket(
-        self, request: web.Request, classified: Classified, screening: Screening
+        self, request: web.BaseRequest, classified: Classified, screening: Screening
     ) -> web.StreamResponse:
         """A websocket upgrade that needs no lease, relayed frame by frame (websocket.py)."""
         try:

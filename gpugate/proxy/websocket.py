@@ -34,17 +34,17 @@ from typing import Any
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+from multidict import CIMultiDict
 from yarl import URL
 
 from gpugate.config.model import UpstreamTimeouts
 from gpugate.gate.gate import UPSTREAM_SKIP_AUTO_HEADERS
 from gpugate.proxy.forward import (
+    HOP_BY_HOP,
     UPSTREAM_SERVER,
     Stall,
     UpstreamTimeout,
     cut_off,
-    downstream_headers,
-    read_bounded,
     upstream_headers,
 )
 
@@ -88,6 +88,30 @@ class UpgradeRefused(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__(f"upgrade refused with {response.status}")
         self.response = response
+
+
+async def read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float) -> bytes:
+    """Up to `limit` bytes of a refusal's body, each chunk within `idle`."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        try:
+            async with asyncio.timeout(idle):
+                chunk = await upstream.content.readany()
+        except TimeoutError:
+            raise UpstreamTimeout(Stall.IDLE, idle) from None
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def downstream_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    """A refusal's headers for the client: all but the hops."""
+    connection = upstream.headers.get(hdrs.CONNECTION, "")
+    drop = HOP_BY_HOP | {t.strip().lower() for t in connection.split(",") if t.strip()}
+    return CIMultiDict((n, v) for n, v in upstream.headers.items() if n.lower() not in drop)
 
 
 class UpstreamDropped(Exception):
@@ -156,9 +180,7 @@ class WebSocketRelay:
             for p in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")
             if p.strip()
         ]
-        headers = upstream_headers(
-            request, self._host, body_replaced=False, drop=(*drop, *HANDSHAKE_HEADERS)
-        )
+        headers = upstream_headers(request, self._host, drop=(*drop, *HANDSHAKE_HEADERS))
         try:
             upstream = await self._connect(request, headers, offered)
         except UpgradeRefused as exc:

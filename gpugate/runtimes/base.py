@@ -278,6 +278,9 @@ class RuntimeAdapter(abc.ABC):
         """The runtime's name for the job a JOB request started, read from its answer."""
         return None
 
+    sizes_requests: ClassVar[bool] = False
+    """Whether `size` reads requests; the gate works out a ceiling only for those that do."""
+
     def size(
         self, classified: Classified, measured: Measured | None, ceiling: int | None
     ) -> int | None:

@@ -53,6 +53,7 @@ class ComfyUIAdapter(RuntimeAdapter):
 
     reconcilable: ClassVar[bool] = False
     tracks_jobs: ClassVar[bool] = True
+    sizes_requests: ClassVar[bool] = True
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(to_idle=True)
 
     def __init__(self, consumer: Consumer) -> None:

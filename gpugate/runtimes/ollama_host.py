@@ -143,6 +143,10 @@ def _local_addresses() -> frozenset[str]:
     return frozenset(found)
 
 
+SEEN_LIMIT = 4096
+"""Distinct (method, Host, Origin) answers remembered per listener."""
+
+
 class OllamaHostCheck:
     """Ollama's CORS and Host checks for a listener on `listen_host`."""
 
@@ -151,6 +155,7 @@ class OllamaHostCheck:
         self.origins = OriginRules.build(origins)
         self._hostname = socket.gethostname().lower()
         self._local: frozenset[str] | None = None
+        self._seen: dict[tuple[str, str, str], Screening] = {}
 
     def _is_local_ip(self, ip: str) -> bool:
         if self._local is None:
@@ -174,6 +179,17 @@ class OllamaHostCheck:
         """What Ollama at the listener would do before routing this request."""
         host = headers.get("Host", "")
         origin = headers.get("Origin", "")
+        # The answer depends on these three alone, and a host sees few distinct ones; a
+        # client sending a new Host each time only fills a bounded table.
+        key = (method, host, origin)
+        screening = self._seen.get(key)
+        if screening is None:
+            screening = self._screen(method, host, origin)
+            if len(self._seen) < SEEN_LIMIT:
+                self._seen[key] = screening
+        return screening
+
+    def _screen(self, method: str, host: str, origin: str) -> Screening:
         cors: tuple[tuple[str, str], ...] = ()
         if origin and origin not in (f"http://{host}", f"https://{host}"):
             if not self.origins.allowed(origin):

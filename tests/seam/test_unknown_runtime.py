@@ -107,7 +107,7 @@ consumers:
 
 
 @pytest.fixture
-async def stack(aiohttp_server, aiohttp_client, tmp_path: Path):
+async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path):
     seen: list[Mapping[str, object]] = []
     server = await aiohttp_server(upstream_app(seen))
     url = f"http://127.0.0.1:{server.port}"
@@ -116,10 +116,11 @@ async def stack(aiohttp_server, aiohttp_client, tmp_path: Path):
     await gate.start()
     link = gate.links["queue"]
     listener = ConsumerListener(gate, link, IdentityResolver(config.identities))
-    client = await aiohttp_client(listener.app())
+    client = await aiohttp_client(await aiohttp_raw_server(listener.handle))
     try:
         yield gate, client, seen
     finally:
+        await listener.close()
         await gate.close()
 
 
