@@ -11,6 +11,7 @@ its request's own `finally`, and the gate's background work stops last.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -74,26 +75,36 @@ async def _start_site(
 
 
 def _connection_caps(config: Config, links: list[Link]) -> list[int]:
-    """Each listener's cap, the control listener's last, within the open-files limit."""
+    """Each listener's client and upstream caps (two a listener), the control listener's
+    last, within the open-files limit."""
     before, after = raise_fd_limit()
     if after > before:
         log.info("open files limit %d (raised from %d)", after, before)
     else:
         log.info("open files limit %d", after)
-    # A proxied connection holds the client's socket and one to the runtime.
-    wanted = [(link.consumer.limits.max_connections, 2) for link in links]
+    # A listener holds its clients' sockets, and one to the runtime per request in flight.
+    wanted = []
+    for link in links:
+        limits = link.consumer.limits
+        wanted += [(limits.max_connections, 1), (limits.upstream_connections, 1)]
     wanted.append((CONTROL_LIMITS.max_connections, 1))
     caps = fit_caps(wanted, after)
-    for link, cap in zip(links, caps, strict=False):
-        if cap < link.consumer.limits.max_connections:
-            log.warning(
-                "%s: max_connections %d lowered to %d to stay within the open files limit "
-                "(%d); raise LimitNOFILE to keep it",
-                link.consumer.name,
-                link.consumer.limits.max_connections,
-                cap,
-                after,
-            )
+    for i, link in enumerate(links):
+        limits = link.consumer.limits
+        for key, asked, cap in (
+            ("max_connections", limits.max_connections, caps[2 * i]),
+            ("upstream_connections", limits.upstream_connections, caps[2 * i + 1]),
+        ):
+            if cap < asked:
+                log.warning(
+                    "%s: %s %d lowered to %d to stay within the open files limit (%d); "
+                    "raise LimitNOFILE to keep it",
+                    link.consumer.name,
+                    key,
+                    asked,
+                    cap,
+                    after,
+                )
     return caps
 
 
@@ -122,9 +133,10 @@ async def serve(
         resolver = IdentityResolver(config.identities)
         links = list(gate.links.values())
         caps = _connection_caps(config, links)
-        for link, cap in zip(links, caps, strict=False):
+        for i, link in enumerate(links):
             consumer = link.consumer
-            listener = ConsumerListener(gate, link, resolver)
+            cap, upstream_cap = caps[2 * i], caps[2 * i + 1]
+            listener = ConsumerListener(gate, link, resolver, upstream_connections=upstream_cap)
             runner, bound = await _start_site(
                 GuardedServerRunner(
                     listener.server, listener.close, consumer.limits, consumer.name, cap
@@ -256,6 +268,11 @@ def run_serve(config_path: Path) -> int:
         loop.add_signal_handler(signal.SIGHUP, hang_up)
 
         def ready(lines: list[str]) -> None:
+            # What start-up built lives as long as the process. Frozen, it is left out of
+            # the collector's full passes, which otherwise walk all of it (10-20 ms, the
+            # p99 of a busy listener; docs/benchmarks.md).
+            gc.collect()
+            gc.freeze()
             for line in lines:
                 print(line, flush=True)
             notifier.ready()

@@ -259,6 +259,9 @@ class ListenerLimits:
     """How long a keep-alive connection may sit between requests."""
     max_connections: int = 1024
     """Open client connections at once; one more is refused with 503 and closed."""
+    upstream_connections: int = 1024
+    """Connections to the runtime at once (requests in flight); a request past them waits
+    for one to come free, within the connect timeout. Idle client connections hold none."""
 
 
 @attrs.frozen

@@ -190,9 +190,20 @@ async def open_upstream(
         close=not pool.keep_alive,
         drop=drop,
     )
+    method = request.method
     return await pool.send(
-        head, upload, bounds, chunked=chunked, head_only=request.method == hdrs.METH_HEAD
+        head,
+        upload,
+        bounds,
+        chunked=chunked,
+        head_only=method == hdrs.METH_HEAD,
+        idempotent=method in IDEMPOTENT,
     )
+
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+"""Methods a client may send twice (RFC 9110 9.2.2): only these are sent again on a new
+connection when a kept-alive one turns out closed."""
 
 
 async def _relay_body(request: web.BaseRequest) -> AsyncIterator[bytes]:

@@ -41,6 +41,7 @@ class Stall(enum.Enum):
     """Where an upstream exchange ran out of time."""
 
     CONNECT = "connecting"
+    SLOT = "waiting for a free connection to the upstream"
     FIRST_BYTE = "waiting for response headers"
     IDLE = "waiting for the next chunk of the response"
 
@@ -65,10 +66,14 @@ class UpstreamInvalid(ConnectionError):
 class UpstreamPool:
     """Keep-alive connections to one upstream `host:port`."""
 
-    def __init__(self, host: str, port: int, *, keep_alive: bool = True) -> None:
+    def __init__(self, host: str, port: int, *, keep_alive: bool = True, limit: int = 1024) -> None:
         self.host = host
         self.port = port
         self.keep_alive = keep_alive
+        self.limit = limit
+        """Exchanges at once; one more waits for a slot, within the connect bound."""
+        self.in_flight = 0
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self.opened = 0
@@ -76,7 +81,7 @@ class UpstreamPool:
 
     async def send(
         self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds, *,
-        chunked: bool = False, head_only: bool = False,
+        chunked: bool = False, head_only: bool = False, idempotent: bool = False,
     ) -> Response:  # fmt: skip
         """Send one request (`head`: request line and headers, framing included) and
         return once the response headers arrived.
@@ -85,11 +90,26 @@ class UpstreamPool:
         yields, in chunks when `chunked` (the head says how it is framed). Raises
         UpstreamTimeout, or an OSError (UpstreamClosed, UpstreamInvalid, a refused
         connection) when there is no answer.
-        A request sent on a kept-alive connection the upstream had just closed is sent
-        once more on a new one, when nothing of an answer came back and the body can be
-        sent again.
+        An `idempotent` request sent on a kept-alive connection the upstream had just
+        closed is sent once more on a new one, when nothing of an answer came back and
+        the body can be sent again (the rule of Go's and aiohttp's clients: a POST the
+        upstream may have acted on is never sent twice).
         """
-        replayable = not isinstance(body, AsyncIterable)
+        if self.in_flight < self.limit:
+            self.in_flight += 1
+        else:
+            await self._wait_for_slot(bounds.connect)
+        try:
+            return await self._send(head, body, bounds, chunked, head_only, idempotent)
+        except BaseException:
+            self.slot_freed()
+            raise
+
+    async def _send(
+        self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds,
+        chunked: bool, head_only: bool, idempotent: bool,
+    ) -> Response:  # fmt: skip
+        replayable = idempotent and not isinstance(body, AsyncIterable)
         while True:
             connection = self._take()
             reused = connection is not None
@@ -107,6 +127,32 @@ class UpstreamPool:
                 connection.close()
                 raise
 
+    async def _wait_for_slot(self, seconds: float) -> None:
+        """Wait until an ending exchange hands its slot over (first come, first served)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(seconds):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.slot_freed()  # handed over just as the wait ended: pass it on
+            else:
+                waiter.cancel()
+                self._slot_waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise UpstreamTimeout(Stall.SLOT, seconds) from None
+            raise
+
+    def slot_freed(self) -> None:
+        """An exchange ended: its slot goes to the first request waiting, if any."""
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.in_flight -= 1
+
     def close(self) -> None:
         """Close every connection, idle or busy."""
         for connection in [*self._idle, *self._busy]:
@@ -121,8 +167,10 @@ class UpstreamPool:
     def _take(self) -> _Connection | None:
         while self._idle:
             connection = self._idle.pop()
-            if not connection.lost:
+            transport = connection.transport
+            if not connection.lost and transport is not None and not transport.is_closing():
                 return connection
+            connection.close()
         return None
 
     async def _connect(self, seconds: float) -> _Connection:
@@ -243,13 +291,20 @@ class Response:
     def release(self) -> None:
         """The caller is done: the connection is kept when the whole answer was read."""
         connection = self._connection
+        if connection.response is not self:
+            return
         connection.response = None
         connection.pool._done(connection, self._ended and not self._chunks and connection.reusable)
+        connection.pool.slot_freed()
 
     def close(self) -> None:
         """Abandon the exchange: the connection is closed, the upstream sees it go."""
-        self._connection.response = None
-        self._connection.close()
+        connection = self._connection
+        if connection.response is not self:
+            return
+        connection.response = None
+        connection.close()
+        connection.pool.slot_freed()
 
     # -- from the connection ---------------------------------------------------------------
 

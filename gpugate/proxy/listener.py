@@ -126,7 +126,14 @@ def reply(error: ErrorReply) -> web.Response:
 class ConsumerListener:
     """The aiohttp application in front of one managed runtime."""
 
-    def __init__(self, gate: Gate, link: Link, identities: IdentityResolver) -> None:
+    def __init__(
+        self,
+        gate: Gate,
+        link: Link,
+        identities: IdentityResolver,
+        *,
+        upstream_connections: int | None = None,
+    ) -> None:
         self.gate = gate
         self.link = link
         self.identities = identities
@@ -137,7 +144,12 @@ class ConsumerListener:
         self.websockets = WebSocketRelay(self._base, self._host, link.consumer.timeouts)
         url = URL(upstream.url)
         assert url.host is not None and url.port is not None
-        self.pool = UpstreamPool(url.host, url.port, keep_alive=link.adapter.pool_connections)
+        self.pool = UpstreamPool(
+            url.host,
+            url.port,
+            keep_alive=link.adapter.pool_connections,
+            limit=upstream_connections or link.consumer.limits.upstream_connections,
+        )
 
     def server(self, **kwargs: Any) -> web.Server:
         """aiohttp's low-level server around `handle`: one handler for every path, so no

@@ -144,7 +144,7 @@ async def test_a_head_answer_has_no_body_and_its_connection_is_not_reused():
         pool.close()
 
 
-async def test_a_request_on_a_connection_the_upstream_just_closed_is_sent_again():
+async def test_an_idempotent_request_on_a_connection_the_upstream_closed_is_sent_again():
     served = 0
 
     async def serve(reader, writer):
@@ -158,15 +158,40 @@ async def test_a_request_on_a_connection_the_upstream_just_closed_is_sent_again(
 
     upstream = Upstream(serve)
     async with upstream as pool:
-        first = await pool.send(GET, None, BOUNDS)
+        first = await pool.send(GET, None, BOUNDS, idempotent=True)
         assert await first.read(100, 1.0) == b"hello"
         first.release()
-        second = await pool.send(GET, b"", BOUNDS)
+        second = await pool.send(GET, b"", BOUNDS, idempotent=True)
         assert await second.read(100, 1.0) == b"hello"
         second.release()
         assert served == 2
         assert upstream.connections == 2
         pool.close()
+
+
+async def test_a_post_the_upstream_may_have_acted_on_is_never_sent_twice():
+    served = 0
+
+    async def serve(reader, writer):
+        nonlocal served
+        await read_request(reader)
+        served += 1
+        if served == 1:
+            writer.write(OK)
+            await writer.drain()
+            await read_request(reader)  # the POST arrives, and the upstream dies
+            served += 1
+
+    upstream = Upstream(serve)
+    async with upstream as pool:
+        first = await pool.send(GET, None, BOUNDS)
+        assert await first.read(100, 1.0) == b"hello"
+        first.release()
+        post = b"POST /x HTTP/1.1\r\nHost: up\r\nContent-Length: 2\r\n\r\n"
+        with pytest.raises(UpstreamClosed):
+            await pool.send(post, b"{}", BOUNDS)
+        assert (served, upstream.connections) == (2, 1)
+        assert pool.in_flight == 0
 
 
 async def test_no_headers_in_time_is_a_first_byte_timeout_and_the_upstream_sees_it_go():
@@ -310,4 +335,44 @@ async def test_a_slow_reader_pauses_the_upstream_instead_of_buffering_it_all():
         assert done.is_set()
         response.release()
         assert pool.idle == 1
+        pool.close()
+
+
+async def test_past_its_limit_a_request_waits_for_a_slot_and_takes_the_freed_connection():
+    upstream = Upstream(answer_each)
+    async with upstream as pool:
+        pool.limit = 1
+        first = await pool.send(GET, None, BOUNDS)
+        second = asyncio.ensure_future(pool.send(GET, None, BOUNDS))
+        await asyncio.sleep(0)
+        assert not second.done() and pool.in_flight == 1
+        assert await first.read(100, 1.0) == b"hello"
+        first.release()
+        response = await asyncio.wait_for(second, 2.0)
+        assert await response.read(100, 1.0) == b"hello"
+        response.release()
+        assert (pool.in_flight, pool.opened, upstream.connections) == (0, 1, 1)
+        pool.close()
+
+
+async def test_a_request_that_finds_no_slot_in_time_times_out_and_takes_none():
+    async with Upstream(answer_each) as pool:
+        pool.limit = 1
+        first = await pool.send(GET, None, BOUNDS)
+        bounds = UpstreamTimeouts(connect=0.1, first_byte=2.0, idle=2.0)
+        with pytest.raises(UpstreamTimeout) as raised:
+            await pool.send(GET, None, bounds)
+        assert raised.value.stall is Stall.SLOT
+        assert pool.in_flight == 1
+        first.close()
+        assert pool.in_flight == 0
+        # A cancelled wait leaves nothing behind either.
+        held = await pool.send(GET, None, BOUNDS)
+        waiting = asyncio.ensure_future(pool.send(GET, None, BOUNDS))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        held.release()
+        assert pool.in_flight == 0
         pool.close()
