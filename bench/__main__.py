@@ -76,7 +76,7 @@ def wrk(url: str, connections: int) -> dict[str, float]:
 
 
 def streams(url: str) -> dict[str, float]:
-    out = subprocess.run(
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -93,8 +93,11 @@ def streams(url: str) -> dict[str, float]:
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
-    return json.loads(out)
+    )
+    result = json.loads(done.stdout)
+    if result["failed"]:
+        raise RuntimeError(f"{url}: streams failed\n{done.stderr}")
+    return result
 
 
 WS_FPS = 1000
