@@ -22,6 +22,9 @@ from pathlib import Path
 
 from bench.decisions import measure as measure_decisions
 from bench.decisions import table as decisions_table
+from bench.holds import Results as HoldResults
+from bench.holds import measure as measure_holds
+from bench.holds import tables as holds_tables
 from bench.targets import (
     CEILING,
     FLOOR,
@@ -153,7 +156,9 @@ def ws_table(results: dict[str, dict[str, object]]) -> list[str]:
     return lines
 
 
-def table(results: dict[str, dict[str, object]], decisions: dict[str, object]) -> str:
+def table(
+    results: dict[str, dict[str, object]], decisions: dict[str, object], holds: HoldResults
+) -> str:
     names = list(results)
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores): the "
@@ -196,6 +201,7 @@ def table(results: dict[str, dict[str, object]], decisions: dict[str, object]) -
             f"{row['ttfb_p99_ms']:.2f} |"
         )
     lines += ws_table(results)
+    lines += holds_tables(holds)
     lines += ["", "Decision core (in-process, after the proxies stopped):", ""]
     lines += decisions_table(decisions)
     return "\n".join(lines)
@@ -251,9 +257,11 @@ def main() -> int:
                 print(name, "ws", results[name]["ws"], results[name].get("ws_slow"), flush=True)
         finally:
             rig.stop()
+        # On processes of their own, started afresh: see bench/holds.py.
+        holds = measure_holds(Path(tmp), tuple(targets))
     decisions = measure_decisions()
     print("decisions", decisions, flush=True)
-    text = table(results, decisions)
+    text = table(results, decisions, holds)
     write_doc(text)
     print(text)
     return 0
