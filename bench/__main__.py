@@ -1,10 +1,11 @@
 """`make bench`: the gate against a direct connection, a bare aiohttp pass-through and nginx.
 
-Everything runs on this machine at once. The proxy under test gets a core of its own;
-the load generator and the upstream share the other (on a machine with one core, all
-share it). Targets are measured in interleaved rounds and the median kept, so a burst of
-noise does not land on one of them only. Only ratios measured in the same run mean
-anything. Results are printed and written into docs/benchmarks.md between its markers.
+Everything runs on this machine at once (bench/targets.py starts it). The proxy under
+test gets a core of its own; the load generator and the upstream share the other (on a
+machine with one core, all share it). Targets are measured in interleaved rounds and the
+median kept, so a burst of noise does not land on one of them only. Only ratios measured
+in the same run mean anything. Results are printed and written into docs/benchmarks.md
+between its markers.
 """
 
 from __future__ import annotations
@@ -12,149 +13,43 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.decisions import measure as measure_decisions
 from bench.decisions import table as decisions_table
-from gpugate.core.units import GiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
+from bench.holds import Results as HoldResults
+from bench.holds import measure as measure_holds
+from bench.holds import tables as holds_tables
+from bench.targets import (
+    CEILING,
+    FLOOR,
+    LOAD_CPU,
+    PROXY_CPU,
+    ROOT,
+    Rig,
+    nginx_binary,
+    raise_fd_limit,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
 WRK_LIB = ROOT / "build" / "wrk" / "usr" / "lib" / "x86_64-linux-gnu"
-NGINX = ROOT / "build" / "nginx" / "usr" / "sbin" / "nginx"
 DOC = ROOT / "docs" / "benchmarks.md"
 DURATION = int(os.environ.get("BENCH_SECONDS", "3"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-FLOOR = "bare pass-through (asyncio)"
-CEILING = "nginx"
 CONNECTIONS = (1, 16, 64)
-CPUS = sorted(os.sched_getaffinity(0))
-LOAD_CPU = CPUS[0]
-PROXY_CPU = CPUS[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def start(argv: list[str], cpu: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-    )
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def gate_config(port: int, control: int, upstream: int, path: Path) -> Path:
-    path.write_text(f"""\
-gate:
-  control: 127.0.0.1:{control}
-  shutdown_grace: 2s
-budget:
-  reserve: 1GiB
-  reserve_max: 1GiB
-consumers:
-  ollama:
-    runtime: ollama
-    listen: 127.0.0.1:{port}
-    upstream: http://127.0.0.1:{upstream}
-    processes: {{commands: ["bench.upstream"]}}
-    models:
-      bench: {{envelope: 1GiB}}
-""")
-    return path
-
-
-def nginx_binary() -> Path | None:
-    """Debian's nginx unpacked by `make bench`, else one installed on the machine."""
-    if NGINX.exists():
-        return NGINX
-    found = shutil.which("nginx")
-    return Path(found) if found else None
-
-
-def nginx_config(port: int, upstream: int, tmp: Path) -> Path:
-    """A plain reverse proxy: keepalive to the upstream, nothing buffered, upgrades passed."""
-    home = tmp / "nginx"
-    home.mkdir()
-    temp = "\n".join(
-        f"  {kind}_temp_path {home / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    path = home / "nginx.conf"
-    path.write_text(f"""\
-daemon off;
-master_process off;
-worker_processes 1;
-pid {home / "nginx.pid"};
-error_log {home / "error.log"} warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-{temp}
-  map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
-  upstream backend {{ server 127.0.0.1:{upstream}; keepalive 128; }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://backend;
-      proxy_http_version 1.1;
-      proxy_set_header Host $host;
-      proxy_set_header Upgrade $http_upgrade;
-      proxy_set_header Connection $connection_upgrade;
-      proxy_buffering off;
-      proxy_request_buffering off;
-      proxy_read_timeout 300s;
-    }}
-  }}
-}}
-""")
-    return path
-
-
 def ratio(value: float, reference: float) -> str:
     return f"{value / reference:.2f}x" if reference else "—"
-
-
-def wait_resident(control: int) -> None:
-    """The gate lists the upstream's model as resident, so requests lease 0 bytes."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"http://127.0.0.1:{control}/gate/v1/status") as resp:
-            if json.load(resp)["residents"]:
-                return
-        time.sleep(0.1)
-    raise RuntimeError("the gate never saw the benchmark model as resident")
 
 
 def wrk(url: str, connections: int) -> dict[str, float]:
@@ -184,7 +79,7 @@ def wrk(url: str, connections: int) -> dict[str, float]:
 
 
 def streams(url: str) -> dict[str, float]:
-    out = subprocess.run(
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -201,8 +96,11 @@ def streams(url: str) -> dict[str, float]:
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
-    return json.loads(out)
+    )
+    result = json.loads(done.stdout)
+    if result["failed"]:
+        raise RuntimeError(f"{url}: streams failed\n{done.stderr}")
+    return result
 
 
 WS_FPS = 1000
@@ -258,7 +156,9 @@ def ws_table(results: dict[str, dict[str, object]]) -> list[str]:
     return lines
 
 
-def table(results: dict[str, dict[str, object]], decisions: dict[str, object]) -> str:
+def table(
+    results: dict[str, dict[str, object]], decisions: dict[str, object], holds: HoldResults
+) -> str:
     names = list(results)
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores): the "
@@ -301,6 +201,7 @@ def table(results: dict[str, dict[str, object]], decisions: dict[str, object]) -
             f"{row['ttfb_p99_ms']:.2f} |"
         )
     lines += ws_table(results)
+    lines += holds_tables(holds)
     lines += ["", "Decision core (in-process, after the proxies stopped):", ""]
     lines += decisions_table(decisions)
     return "\n".join(lines)
@@ -321,70 +222,14 @@ def main() -> int:
     if not WRK.exists() or nginx is None:
         print("bench: wrk or nginx is missing; run `make bench`", file=sys.stderr)
         return 2
-    processes: list[subprocess.Popen[bytes]] = []
     os.sched_setaffinity(0, {LOAD_CPU})  # wrk and the stream client inherit this
+    raise_fd_limit()
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp:
+        rig = Rig(Path(tmp))
         try:
-            upstream = free_port()
-            processes.append(
-                start([sys.executable, "-m", "bench.upstream", "--port", str(upstream)], LOAD_CPU)
-            )
-            targets = {"direct": f"http://127.0.0.1:{upstream}"}
-            pids: dict[str, int] = {}
-            for name, extra in (
-                ("bare pass-through (asyncio)", []),
-                ("bare pass-through (uvloop)", ["--uvloop"]),
-            ):
-                port = free_port()
-                processes.append(
-                    start(
-                        [
-                            sys.executable,
-                            "-m",
-                            "bench.passthrough",
-                            "--port",
-                            str(port),
-                            "--upstream",
-                            f"http://127.0.0.1:{upstream}",
-                            *extra,
-                        ],
-                        PROXY_CPU,
-                    )
-                )
-                targets[name] = f"http://127.0.0.1:{port}"
-                pids[name] = processes[-1].pid
-            port = free_port()
-            config = nginx_config(port, upstream, Path(tmp))
-            processes.append(start([str(nginx), "-e", "stderr", "-c", str(config)], PROXY_CPU))
-            targets[CEILING] = f"http://127.0.0.1:{port}"
-            pids[CEILING] = processes[-1].pid
-            gpu = SimulatedGpuHost.create(
-                Path(tmp) / "gpu", [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
-            )
-            shim = library_path()
-            for name, loop in (("gpugate (asyncio)", "asyncio"), ("gpugate (uvloop)", "uvloop")):
-                port, control = free_port(), free_port()
-                config = gate_config(port, control, upstream, Path(tmp) / f"{loop}.yaml")
-                env = {
-                    **os.environ,
-                    STATE_ENV: str(gpu.state_path),
-                    "GPUGATE_NVML_LIBRARY": str(shim),
-                    "GPUGATE_LOOP": loop,
-                    "GPUGATE_LOG_LEVEL": "WARNING",
-                }
-                processes.append(
-                    start(
-                        [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
-                        PROXY_CPU,
-                        env,
-                    )
-                )
-                wait_http(f"http://127.0.0.1:{control}/gate/v1/health")
-                wait_resident(control)
-                targets[name] = f"http://127.0.0.1:{port}"
-                pids[name] = processes[-1].pid
-            for url in targets.values():
-                wait_http(url + "/api/ps")
+            rig.start()
+            targets = {name: target.url for name, target in rig.targets.items()}
+            pids = {name: target.pid for name, target in rig.targets.items() if target.proxy}
             results: dict[str, dict[str, object]] = {name: {} for name in targets}
             for conns in CONNECTIONS:
                 runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
@@ -411,13 +256,12 @@ def main() -> int:
                     results[name]["ws_slow"] = ws_bench(url, "--slow", "--pid", str(pids[name]))
                 print(name, "ws", results[name]["ws"], results[name].get("ws_slow"), flush=True)
         finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                process.wait(timeout=30)
+            rig.stop()
+        # On processes of their own, started afresh: see bench/holds.py.
+        holds = measure_holds(Path(tmp), tuple(targets))
     decisions = measure_decisions()
     print("decisions", decisions, flush=True)
-    text = table(results, decisions)
+    text = table(results, decisions, holds)
     write_doc(text)
     print(text)
     return 0

@@ -1,9 +1,13 @@
-"""Many concurrent NDJSON streams: chunks/s, per-chunk delivery latency, time to first byte.
+"""Many concurrent NDJSON streams: chunks/s, per-chunk delivery latency, time to first byte;
+with --pid, a proxy's memory while it holds them all.
 
 Each chunk carries the monotonic time the upstream sent it; the client measures when it
-arrives (one machine, one clock).
+arrives (one machine, one clock). Time to first byte runs from just before a stream's
+request is made to its first line.
 
     python -m bench.streams --url http://127.0.0.1:P --streams 64 --chunks 100 --interval 0.02
+    python -m bench.streams --url http://127.0.0.1:P --streams 1000 --chunks 10 --interval 0.5 \
+        --pid PID
 """
 
 from __future__ import annotations
@@ -11,54 +15,115 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
+import sys
 import time
 
 import aiohttp
+import attrs
+
+RSS_EVERY = 0.1
+"""Seconds between two readings of the proxy's RSS."""
 
 
 def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def one(session, url, chunks, interval, latencies, ttfb) -> int:
+@attrs.define
+class Held:
+    """Streams mid-response now: their first line arrived, their last has not."""
+
+    now: int = 0
+
+
+async def one(session, url, chunks, interval, latencies, ttfb, held=None) -> int:
     body = {
         "model": "bench",
         "prompt": "x",
         "stream": True,
         "options": {"bench_chunks": chunks, "bench_interval": interval},
     }
+    held = Held() if held is None else held
     sent = time.monotonic_ns()
     count = 0
     async with session.post(url + "/api/generate", json=body) as resp:
+        resp.raise_for_status()
         first = True
-        async for line in resp.content:
-            now = time.monotonic_ns()
-            if first:
-                ttfb.append((now - sent) / 1e6)
-                first = False
-            latencies.append((now - json.loads(line)["t"]) / 1e6)
-            count += 1
+        try:
+            async for line in resp.content:
+                now = time.monotonic_ns()
+                if first:
+                    ttfb.append((now - sent) / 1e6)
+                    held.now += 1
+                    first = False
+                latencies.append((now - json.loads(line)["t"]) / 1e6)
+                count += 1
+        finally:
+            if not first:
+                held.now -= 1
+    if count != chunks + 1:
+        raise RuntimeError(f"{count} lines of {chunks + 1}")
     return count
 
 
-async def run(url: str, streams: int, chunks: int, interval: float) -> dict[str, float]:
+async def watch(pid: int, held: Held, samples: list[tuple[int, int]]) -> None:
+    """(streams held, RSS) every RSS_EVERY seconds until cancelled."""
+    from bench.ws import vm_rss  # bench.ws imports this module
+
+    while True:
+        samples.append((held.now, vm_rss(pid)))
+        await asyncio.sleep(RSS_EVERY)
+
+
+async def run(
+    url: str, streams: int, chunks: int, interval: float, pid: int | None = None
+) -> dict[str, float]:
     latencies: list[float] = []
     ttfb: list[float] = []
+    held = Held()
+    samples: list[tuple[int, int]] = []
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await one(session, url, 2, interval, [], [])  # warm the path
+        watcher = None
+        if pid is not None:
+            from bench.ws import vm_rss
+
+            idle = vm_rss(pid)
+            watcher = asyncio.create_task(watch(pid, held, samples))
         start = time.monotonic()
-        counts = await asyncio.gather(
-            *(one(session, url, chunks, interval, latencies, ttfb) for _ in range(streams))
+        outcomes = await asyncio.gather(
+            *(one(session, url, chunks, interval, latencies, ttfb, held) for _ in range(streams)),
+            return_exceptions=True,
         )
         elapsed = time.monotonic() - start
-    return {
+        if watcher is not None:
+            watcher.cancel()
+            samples.append((held.now, vm_rss(pid)))
+    counts = [n for n in outcomes if isinstance(n, int)]
+    failures = [repr(e) for e in outcomes if isinstance(e, BaseException)]
+    for error in sorted(set(failures))[:5]:
+        print(f"bench.streams: {failures.count(error)} streams failed: {error}", file=sys.stderr)
+    result = {
         "chunks_per_s": sum(counts) / elapsed,
         "chunk_latency_p50_ms": percentile(latencies, 0.50),
         "chunk_latency_p99_ms": percentile(latencies, 0.99),
+        "ttfb_p50_ms": percentile(ttfb, 0.50),
         "ttfb_p99_ms": percentile(ttfb, 0.99),
+        "failed": float(len(failures)),
     }
+    if pid is not None:
+        # The plateau: the readings taken while the most streams were held at once.
+        most = max(n for n, _ in samples)
+        result["held"] = float(most)
+        result["rss_idle_mib"] = idle / 2**20
+        result["rss_held_mib"] = max(rss for n, rss in samples if n == most) / 2**20
+    return result
 
 
 def main() -> None:
@@ -67,10 +132,14 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--chunks", type=int, default=100)
     parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--pid", type=int, help="the proxy's process, whose RSS is read")
     args = parser.parse_args()
+    # One descriptor a stream, and the proxy's upstream side is not ours.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     import uvloop
 
-    result = uvloop.run(run(args.url, args.streams, args.chunks, args.interval))
+    result = uvloop.run(run(args.url, args.streams, args.chunks, args.interval, args.pid))
     print(json.dumps(result))
 
 
