@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.__main__ import free_port, gate_config, wait_http, wait_resident
+from bench.targets import free_port, gate_config, wait_http, wait_resident
 from gpugate.core.units import GiB
 from gpugate.sim.device import SimDevice, SimulatedGpuHost
 from gpugate.sim.shim import STATE_ENV, library_path
