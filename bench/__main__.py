@@ -52,7 +52,27 @@ def ratio(value: float, reference: float) -> str:
     return f"{value / reference:.2f}x" if reference else "—"
 
 
-def wrk(url: str, connections: int) -> dict[str, float]:
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its children alive now (nginx's worker)."""
+    total = 0.0
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICK
+        stack += [int(child) for child in children]
+    return total
+
+
+def wrk(url: str, connections: int, pid: int | None = None) -> dict[str, float]:
+    """wrk's rate and latency; with `pid`, the CPU that process spent per request (µs)."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(WRK_LIB)}
     argv = [
         str(WRK),
@@ -65,8 +85,11 @@ def wrk(url: str, connections: int) -> dict[str, float]:
         url + "/api/generate",
     ]
     subprocess.run([*argv[:3], "-d1s", *argv[4:]], env=env, capture_output=True, check=True)
+    before = cpu_seconds(pid) if pid is not None else 0.0
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    spent = cpu_seconds(pid) - before if pid is not None else 0.0
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise RuntimeError(f"{url}: {errors.group(1)} failed requests\n{out}")
@@ -75,7 +98,12 @@ def wrk(url: str, connections: int) -> dict[str, float]:
         value, unit = re.search(rf"{pct}%\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
         return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
-    return {"rps": rate, "p50_ms": latency("50"), "p99_ms": latency("99")}
+    return {
+        "rps": rate,
+        "p50_ms": latency("50"),
+        "p99_ms": latency("99"),
+        "cpu_us": spent / done * 1e6 if done else 0.0,
+    }
 
 
 def streams(url: str) -> dict[str, float]:
@@ -165,19 +193,27 @@ def table(
         f"proxy under test pinned to CPU {PROXY_CPU}, wrk and the upstream to CPU {LOAD_CPU}; "
         f"the median of {ROUNDS} interleaved rounds of {DURATION} s. Ratios are against the "
         "bare pass-through on asyncio's loop and against nginx (Debian's, one worker, "
-        "keepalive to the upstream, nothing buffered), measured in the same run.",
+        "keepalive to the upstream, nothing buffered), measured in the same run. CPU is the "
+        "proxy process's own (user + system, its workers included) per request served; the "
+        "tick is 10 ms, so read it to a few per cent.",
         "",
-        "| path | conns | req/s | vs bare | vs nginx | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| path | conns | req/s | vs bare | vs nginx | p50 ms | p99 ms | CPU µs/req "
+        "| CPU vs bare |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for conns in CONNECTIONS:
         floor = results[FLOOR][f"c{conns}"]["rps"]  # type: ignore[index]
+        floor_cpu = results[FLOOR][f"c{conns}"]["cpu_us"]  # type: ignore[index]
         ceiling = results.get(CEILING, {}).get(f"c{conns}", {"rps": 0.0})["rps"]  # type: ignore[index,union-attr]
         for name in names:
             row = results[name][f"c{conns}"]  # type: ignore[index]
+            cpu = f"{row['cpu_us']:.0f} | {ratio(row['cpu_us'], floor_cpu)}"
+            if not row["cpu_us"]:  # direct: the upstream's own CPU is not a proxy's
+                cpu = "— | —"
             lines.append(
                 f"| {name} | {conns} | {row['rps']:.0f} | {ratio(row['rps'], floor)} | "
-                f"{ratio(row['rps'], ceiling)} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |"
+                f"{ratio(row['rps'], ceiling)} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
+                f"{cpu} |"
             )
     lines += [
         "",
@@ -235,7 +271,7 @@ def main() -> int:
                 runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
                 for _ in range(ROUNDS):
                     for name, url in targets.items():
-                        runs[name].append(wrk(url, conns))
+                        runs[name].append(wrk(url, conns, pids.get(name)))
                 for name in targets:
                     results[name][f"c{conns}"] = median_of(runs[name])
                     print(name, conns, results[name][f"c{conns}"], flush=True)
