@@ -273,7 +273,7 @@ class Gate(LinkWork, AdmissionWork, JobWork):
     # -- views for the control API ---------------------------------------------------------
 
     def recent_events(self) -> list[Event]:
-        return list(self.events.recent)
+        return self.events.recent()
 
     # -- reload ----------------------------------------------------------------------------
 
