@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind
@@ -183,3 +184,62 @@ async def test_close_does_not_hang_on_a_locked_file(tmp_path):
         RecordKind.HISTORY: 0,
     }
     assert models_in(path) == []
+
+
+async def test_a_lease_row_is_built_when_written_from_what_was_recorded(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path)
+    await store.open()
+    lease = Lease(
+        9,
+        demand("m:latest", 100, options="num_ctx=4", priority=PriorityClass.PRODUCTION),
+        granted=5.0,
+        waited=0.5,
+        pending=0,
+        loads=False,
+    )
+    before = time.time()
+    store.record_lease(lease, 1.5, "failed")
+    after = time.time()
+    assert store.buffered == 1
+    await store.flush()
+    await store.close()
+
+    with sqlite3.connect(path) as db:
+        (row,) = db.execute(
+            "SELECT id, consumer, model, options, gpu, priority, bytes, loaded, waited, held,"
+            " outcome, started FROM leases"
+        ).fetchall()
+    assert row[:-1] == (9, "ollama", "m:latest", "num_ctx=4", 0, "production", 100, 0, 0.5, 1.5,
+                        "failed")  # fmt: skip
+    # Started: when it was recorded, less how long it was held.
+    assert before - 1.5 <= row[-1] <= after - 1.5
+
+
+async def test_leases_kept_while_the_file_is_locked_are_dropped_oldest_first(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path, limit=3, busy_timeout=0.1)
+    await store.open()
+    leases = [
+        Lease(n, demand(f"m{n}", 100), granted=0.0, waited=0.0, pending=0, loads=False)
+        for n in range(1, 4)
+    ]
+    with Locker(path):
+        store.record_lease(leases[0], 1.0, "done")
+        store.record_event(failure_event(1))
+        store.record_lease(leases[1], 1.0, "done")
+        assert await store.write_now() is False
+        store.record_lease(leases[2], 1.0, "done")
+        store.record_event(failure_event(2))
+        assert store.buffered == 3
+    await store.flush()
+
+    assert models_in(path) == ["m2"]
+    assert lease_models(path) == ["m2", "m3"]
+    assert store.dropped[RecordKind.LEASE] == 1 and store.dropped[RecordKind.EVENT] == 1
+    await store.close()
+
+
+def lease_models(path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return [row[0] for row in db.execute("SELECT model FROM leases ORDER BY id")]

@@ -1,7 +1,8 @@
 """Server-sent events for the dashboard and for `gpugate events --follow`.
 
-One `LiveFeed` per control app subscribes to the gate's events once and fans them out
-to the connected streams. Events go out as they happen. Snapshots of the whole state go
+One `LiveFeed` per control app subscribes to the gate's events while a stream is open
+and fans them out to the connected streams (with none open, the two events of each
+request are never built). Events go out as they happen. Snapshots of the whole state go
 out on connect and then whenever a new NVML sample arrived or an event changed the
 books, at most once per `min_interval`: a stream is never a snapshot per event, so a
 burst of requests costs each viewer a few documents a second, not one per request.
@@ -129,13 +130,12 @@ class LiveFeed:
         return len(self._viewers)
 
     def start(self) -> None:
-        # The hub has no way to unsubscribe: a stopped feed's callback does nothing.
         self._running = True
-        self.gate.events.subscribe(self._on_event)
         self._task = asyncio.create_task(self._watch(), name="gpugate-live")
 
     async def stop(self) -> None:
         self._running = False
+        self.gate.events.unsubscribe(self._on_event)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -190,6 +190,8 @@ class LiveFeed:
         viewer = _Viewer(wanted, snapshots)
         for event in backlog:
             viewer.push(event)
+        if not self._viewers and self._running:
+            self.gate.events.subscribe(self._on_event, routine=True)
         self._viewers.add(viewer)
         try:
             # Sent at once, so a client knows the stream is open before anything happens.
@@ -216,4 +218,6 @@ class LiveFeed:
             pass
         finally:
             self._viewers.discard(viewer)
+            if not self._viewers:
+                self.gate.events.unsubscribe(self._on_event)
         return response

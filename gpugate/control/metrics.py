@@ -1,8 +1,10 @@
 """Prometheus metrics: the budget rows as gauges on scrape, events as counters.
 
 Gauges are computed from the gate's books when scraped (never by calling NVML on the
-event loop); counters and the wait histogram are fed by events as they happen. Labels
-are bounded: GPU index, consumer, external service, class, failure class, reason.
+event loop). Leases granted and their waits come from the gate's `LeaseTally`, plain
+counts kept as leases are granted and read when scraped (two requests a second or ten
+thousand cost a scrape the same); the other counters are fed by events as they happen.
+Labels are bounded: GPU index, consumer, external service, class, failure class, reason.
 """
 
 from __future__ import annotations
@@ -10,22 +12,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from gpugate.core.effects import Event, EventKind
+from gpugate.gate.events import WAIT_BUCKETS, label_of
 from gpugate.store.db import RecordKind
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
-
-WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class BudgetCollector(Collector):
@@ -133,6 +136,32 @@ class BudgetCollector(Collector):
         yield residents
 
 
+class LeaseCollector(Collector):
+    """Leases granted and their waits, from the gate's tally at scrape time."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        tally = self.gate.events.tally
+        granted = CounterMetricFamily(
+            "gpugate_leases_granted", "Leases granted.", labels=["consumer", "class"]
+        )
+        for (consumer, klass), count in list(tally.granted.items()):
+            granted.add_metric([consumer, label_of(klass)], count)
+        yield granted
+        wait = HistogramMetricFamily(
+            "gpugate_lease_wait_seconds", "Time from arrival to lease.", labels=["class"]
+        )
+        bounds = [floatToGoString(b) for b in WAIT_BUCKETS] + ["+Inf"]
+        for klass, (cumulative, total) in tally.histogram().items():
+            wait.add_metric([klass], list(zip(bounds, cumulative, strict=True)), total)
+        yield wait
+
+
 class StoreCollector(Collector):
     """Reads the store's buffer and write outcomes at scrape time."""
 
@@ -174,10 +203,8 @@ class GateMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(BudgetCollector(gate))
         self.registry.register(StoreCollector(gate))
+        self.registry.register(LeaseCollector(gate))
         r = self.registry
-        self.granted = Counter(
-            "gpugate_leases_granted", "Leases granted.", ["consumer", "class"], registry=r
-        )
         self.failures = Counter(
             "gpugate_failures",
             "Requests failed at the gate, by class.",
@@ -202,28 +229,12 @@ class GateMetrics:
             ["consumer"],
             registry=r,
         )
-        self.wait = Histogram(
-            "gpugate_lease_wait_seconds",
-            "Time from arrival to lease.",
-            ["class"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
-        # One pair per (consumer, class), looked up once rather than on every request.
-        self._lease_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        # Not the routine lease events: those are counted in the gate's tally.
         gate.events.subscribe(self.on_event)
 
     def on_event(self, event: Event) -> None:
         consumer = event.consumer or ""
-        if event.kind is EventKind.LEASE_GRANTED:
-            klass = event.priority or ""
-            children = self._lease_children.get((consumer, klass))
-            if children is None:
-                children = (self.granted.labels(consumer, klass), self.wait.labels(klass))
-                self._lease_children[(consumer, klass)] = children
-            children[0].inc()
-            children[1].observe(event.wait or 0.0)
-        elif event.kind is EventKind.FAILURE and event.failure is not None:
+        if event.kind is EventKind.FAILURE and event.failure is not None:
             self.failures.labels(consumer, event.failure.failure_class.value).inc()
         elif event.kind is EventKind.EVICTION_STARTED:
             self.evictions.labels(consumer, event.reason or "").inc()

@@ -122,10 +122,23 @@ class Books:
         return self._usage_at == self.residents_version
 
     def _count(self, fresh: bool, gpu: int) -> GpuUsage | None:
-        return self._usage.setdefault(gpu, GpuUsage()) if fresh else None
+        if not fresh:
+            return None
+        sums = self._usage.get(gpu)
+        if sums is None:
+            sums = self._usage[gpu] = GpuUsage()
+        return sums
 
     def _touch_counted(self, fresh: bool) -> None:
         self.touch()
+        if fresh:
+            self._usage_at = self.residents_version
+
+    def _touch_kept(self) -> None:
+        """Record a change that moves no bytes: the sums stay right if they were."""
+        fresh = self._usage_at == self.residents_version
+        self.version += 1
+        self.residents_version += 1
         if fresh:
             self._usage_at = self.residents_version
 
@@ -155,6 +168,8 @@ class Books:
         """Record a granted lease; a lease for a model not resident starts its load."""
         if demand.scope is LeaseScope.JOB and self.jobs is not None:
             return self.jobs.open(lease_id, demand, now, arrived)
+        if resident is not None and not needed and not demand.explicit:
+            return self.lend(lease_id, demand, now, now - arrived, resident)
         sums = self._count(self._counted(), demand.gpu)
         appear_by = None
         if demand.scope is LeaseScope.PROCESS and demand.appear_within is not None and needed:
@@ -204,6 +219,28 @@ class Books:
                 sums.count_resident(self.residents[demand.key], 1)
         self._touch_counted(sums is not None)
         return lease
+
+    def lend(
+        self, lease_id: int, demand: Demand, now: float, waited: float, resident: Resident
+    ) -> Lease:
+        """Record a zero-byte lease on a resident that serves the demand as it is (not a
+        job's, not an explicit one): it moves no bytes, so the sums stay as they are."""
+        lease = Lease(lease_id, demand, now, waited, 0, False)
+        self.leases[lease_id] = lease
+        resident.in_flight += 1
+        resident.last_used = now
+        if demand.sets_ttl:
+            resident.idle_ttl = demand.idle_ttl
+        self._touch_kept()
+        return lease
+
+    def give_back(self, lease: Lease, resident: Resident, now: float) -> None:
+        """End a zero-byte lease on `resident` (the resident `close_lease` would find for
+        it) as `close_lease` does; it moves no bytes, so the sums stay as they are."""
+        del self.leases[lease.id]
+        resident.in_flight = max(0, resident.in_flight - 1)
+        resident.last_used = now
+        self._touch_kept()
 
     def materialise(self, lease: Lease, now: float) -> None:
         """The lease's load completed: its pending bytes become the resident's."""

@@ -27,6 +27,7 @@ from gpugate.core.planner import PlannerSettings
 from gpugate.core.pressure import ReserveSettings
 from gpugate.core.relief import relieve_pressure
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
+from gpugate.core.reuse import ResidentReuse
 from gpugate.core.scheduling import Admission, Scheduler, granted_event
 from gpugate.core.scopes import (
     JobBook,
@@ -91,6 +92,8 @@ class GateCore:
         # Read through the settings, so that a reload's new `preempt` applies at once.
         self.scheduler.jobs = self.jobs
         self.scheduler.preempt = lambda consumer: self.settings.preempt.get(consumer, frozenset())
+        self.reuse = ResidentReuse(self.books, self.scheduler)
+        """The resident-model case of `submit` and `release`, without effects."""
 
     # -- views ---------------------------------------------------------------------------
 
@@ -198,16 +201,7 @@ class GateCore:
         if closed is None:
             return []
         lease, resident = closed
-        effects: list[Effect] = [
-            Event(
-                EventKind.LEASE_RELEASED,
-                now,
-                key=lease.key,
-                gpu=lease.gpu,
-                wait=lease.waited,
-                reason="failed" if failed else "done",
-            )
-        ]
+        effects: list[Effect] = [released_event(lease, now, "failed" if failed else "done")]
         if resident is not None and resident.idle and resident.idle_ttl == 0:
             effects.extend(self._expire(resident, now))
         if loading:

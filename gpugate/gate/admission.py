@@ -14,6 +14,7 @@ from gpugate.core.residents import ResidentKey
 from gpugate.core.scheduling import Admission
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.gate.events import EventHub
 from gpugate.gate.links import GateFailure
 from gpugate.store.db import Store
 
@@ -24,11 +25,14 @@ class AdmissionWork:
     core: GateCore
     clock: Callable[[], float]
     store: Store | None
+    events: EventHub
     _waiters: dict[int, asyncio.Future[Lease]]
 
     if TYPE_CHECKING:  # Gate provides these
 
         def _apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
+
+        def _deadline(self, at: float | None) -> None: ...
 
         def watch_job(self, lease: Lease, kind: ResidentKey, scale: float) -> None: ...
 
@@ -40,9 +44,15 @@ class AdmissionWork:
         A REQUEST lease is the caller's to release; a JOB lease ends with its job
         (`job_finished`), a PROCESS lease when NVML shows its process's memory.
         """
-        admission = self.core.submit(demand, self.clock())
+        now = self.clock()
+        # The common case: a model already resident. No planner pass, no effects, no
+        # timer (its resident is busy now, so it has no expiry to wait for).
+        lease = self.core.reuse.grant(demand, now)
+        if lease is not None:
+            self.events.granted(lease)
+            return lease
+        admission = self.core.submit(demand, now)
         if admission.lease is not None:
-            # A lease on a resident model sets no timer and wakes nobody.
             self._apply(admission.effects, timers=admission.lease.pending > 0)
             return admission.lease
         return await self._wait(admission)
@@ -86,7 +96,13 @@ class AdmissionWork:
     def release(self, lease: Lease, *, failed: bool = False) -> None:
         """The lease's request is over."""
         now = self.clock()
-        self._apply(self.core.release(lease.id, now, failed=failed))
+        resident = self.core.reuse.release(lease, now)
+        if resident is None:
+            self._apply(self.core.release(lease.id, now, failed=failed))
+        else:
+            # Nothing to plan or unload: the one deadline it can bring is its resident's.
+            self.events.released(lease, now, failed)
+            self._deadline(resident.expires_at())
         if self.store is not None:
             self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 

@@ -213,6 +213,12 @@ class Gate(LinkWork, AdmissionWork, JobWork):
         if timers:
             self._arm_timer()
 
+    def _deadline(self, at: float | None) -> None:
+        """A deadline at `at` may be new: keep the timer at or before it, without asking the
+        core for all of them while it is."""
+        if at is not None and (self._timer is None or self._timer_at > at + 1e-6):
+            self._arm_timer()
+
     def _arm_timer(self, *, floor: float = 0.0) -> None:
         """Keep one timer for the core's next deadline.
 
@@ -273,7 +279,7 @@ class Gate(LinkWork, AdmissionWork, JobWork):
     # -- views for the control API ---------------------------------------------------------
 
     def recent_events(self) -> list[Event]:
-        return list(self.events.recent)
+        return self.events.recent()
 
     # -- reload ----------------------------------------------------------------------------
 

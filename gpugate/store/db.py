@@ -200,11 +200,29 @@ class HistoryPoint:
     """The least schedulable within the step (None: a single row)."""
 
 
-@attrs.frozen
-class _Record:
-    seq: int
-    kind: RecordKind
-    params: tuple[object, ...]
+_Record = tuple[int, RecordKind, tuple[object, ...]]
+"""A buffered record: its sequence number, its kind and its row — or for a lease (lease,
+held, outcome, wall time), which the writer turns into its row."""
+
+
+def lease_row(lease: Lease, held: float, outcome: str, wall: float) -> tuple[object, ...]:
+    """A finished lease's row in the `leases` table (`wall`: when it was recorded)."""
+    demand = lease.demand
+    key = demand.key
+    return (
+        lease.id,
+        wall - held,
+        key.consumer,
+        key.model,
+        key.options,
+        demand.gpu,
+        demand.priority.label,
+        demand.envelope,
+        int(lease.loads),
+        lease.waited,
+        held,
+        outcome,
+    )
 
 
 class Store:
@@ -272,8 +290,8 @@ class Store:
             self._writer = None
         left = [*self._inflight, *self._buffer]
         if left:
-            for record in left:
-                self.dropped[record.kind] += 1
+            for _, kind, _ in left:
+                self.dropped[kind] += 1
             log.warning(
                 "store: %d records were not written to %s before the gate stopped: %s",
                 len(left),
@@ -323,10 +341,12 @@ class Store:
 
     def _append(self, kind: RecordKind, params: tuple[object, ...]) -> None:
         if len(self._buffer) >= self.limit:
-            oldest = self._buffer.popleft()
-            self.dropped[oldest.kind] += 1
+            self._drop_oldest()
         self._seq += 1
-        self._buffer.append(_Record(self._seq, kind, params))
+        self._buffer.append((self._seq, kind, params))
+
+    def _drop_oldest(self) -> None:
+        self.dropped[self._buffer.popleft()[1]] += 1
 
     def record_event(self, event: Event) -> None:
         failure = event.failure.failure_class.value if event.failure else None
@@ -345,24 +365,12 @@ class Store:
         )
 
     def record_lease(self, lease: Lease, held: float, outcome: str) -> None:
-        """A finished lease, for the history table."""
-        self._append(
-            RecordKind.LEASE,
-            (
-                lease.id,
-                time.time() - held,
-                lease.key.consumer,
-                lease.key.model,
-                lease.key.options,
-                lease.gpu,
-                lease.demand.priority.label,
-                lease.demand.envelope,
-                int(lease.loads),
-                lease.waited,
-                held,
-                outcome,
-            ),
-        )
+        """A finished lease, for the history table. One a request: its row is built when
+        the batch is written, off the request path."""
+        if len(self._buffer) >= self.limit:
+            self._drop_oldest()
+        self._seq += 1
+        self._buffer.append((self._seq, RecordKind.LEASE, (lease, held, outcome, time.time())))
 
     def record_envelope(self, envelope: MeasuredEnvelope) -> None:
         self._append(
@@ -464,8 +472,9 @@ class Store:
         try:
             # One statement per kind of row for the whole batch, in one transaction.
             grouped: dict[RecordKind, list[tuple[object, ...]]] = {}
-            for record in batch:
-                grouped.setdefault(record.kind, []).append(record.params)
+            for _, kind, params in batch:
+                row = lease_row(*params) if kind is RecordKind.LEASE else params  # type: ignore[arg-type]
+                grouped.setdefault(kind, []).append(row)
             for kind, rows in grouped.items():
                 await self._db.executemany(_INSERT[kind], rows)
             await self._db.commit()
@@ -475,8 +484,7 @@ class Store:
             self._inflight = []
             self._buffer.extendleft(reversed(batch))
             while len(self._buffer) > self.limit:
-                oldest = self._buffer.popleft()
-                self.dropped[oldest.kind] += 1
+                self._drop_oldest()
             self._failed(exc)
             self._settle()
             return False
@@ -509,9 +517,9 @@ class Store:
 
     def _settle(self) -> None:
         """Wake the flushes whose records are all committed or dropped."""
-        pending = self._inflight[0].seq if self._inflight else None
+        pending = self._inflight[0][0] if self._inflight else None
         if pending is None and self._buffer:
-            pending = self._buffer[0].seq
+            pending = self._buffer[0][0]
         settled = self._seq if pending is None else pending - 1
         still = []
         for target, done in self._flushed:

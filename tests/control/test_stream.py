@@ -94,3 +94,33 @@ async def test_follow_streams_only_the_events_asked_for(tmp_path, sim_host, fake
             lines = (await resp.text()).splitlines()
         assert len(lines) == 1 and '"failure": "TIMEOUT"' in lines[0]
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
+
+
+async def test_a_resident_models_requests_are_followed_only_while_a_stream_is_open(
+    tmp_path, sim_host, fakenvml_path
+):
+    async with running_stack(tmp_path, sim_host, fakenvml_path) as stack:
+        client = ollama.AsyncClient(host=stack.gate_url)
+        await client.generate("llama3.2:3b", "hi")  # loads it: the next request finds it
+        hub = stack.gate.events
+        assert hub.followers == 0  # nobody follows: a request's events are not built
+        url = stack.control_url + "/gate/v1/events"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url, params={"follow": "1", "consumer": "ollama"}) as resp,
+        ):
+            await resp.content.readuntil(b"\n\n")  # the stream is open
+            assert hub.followers == 1
+            await client.generate("llama3.2:3b", "hi")
+            messages = sse_messages(resp)
+            async with asyncio.timeout(10):
+                granted = (await anext(messages))[1]
+                released = (await anext(messages))[1]
+        assert (granted["event"], granted["model"], granted["bytes"], granted["wait"]) == (
+            "lease_granted",
+            "llama3.2:3b",
+            0,
+            0.0,
+        )
+        assert (released["event"], released["reason"]) == ("lease_released", "done")
+    assert hub.followers == 0
