@@ -212,17 +212,26 @@ async def _relay_body(request: web.BaseRequest) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def downstream_headers(upstream: Response) -> CIMultiDict[str]:
-    """The upstream's response headers for the client: all but the hops."""
-    drop: frozenset[bytes] | set[bytes] = _HOP_BYTES
+def downstream_headers(
+    upstream: Response, *, keep_length: bool = True
+) -> tuple[list[tuple[str, str]], bool]:
+    """The upstream's response headers for the client (all but the hops; Content-Length
+    only if `keep_length`), and whether a Server header is among them."""
+    drop: frozenset[bytes] | set[bytes] = _HOP_BYTES if keep_length else _HOP_AND_LENGTH
     connection = upstream.header(b"connection")
     if connection is not None:
-        drop = _HOP_BYTES | {t.strip().lower() for t in connection.split(b",") if t.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
+        drop = drop | {t.strip().lower() for t in connection.split(b",") if t.strip()}
+    out = []
+    server = False
     for name, value in upstream.raw_headers:
-        if name.lower() not in drop:
-            out.add(name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-    return out
+        lowered = name.lower()
+        if lowered not in drop:
+            out.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+            server = server or lowered == b"server"
+    return out, server
+
+
+_HOP_AND_LENGTH = _HOP_BYTES | {b"content-length"}
 
 
 WHOLE_BODY_LIMIT = 256 * 1024
@@ -248,17 +257,19 @@ async def stream_down(
     HEAD answer keeps the upstream's Content-Length). Raises UpstreamTimeout when the
     upstream stalls before anything went down, UpstreamBroken when it stalls or fails after.
     """
-    headers = downstream_headers(upstream)
-    for name, value in extra_headers:
-        headers.add(name, value)
     length = upstream.content_length
-    server = hdrs.SERVER in headers
-    if not prefix and length is not None and length <= WHOLE_BODY_LIMIT:
+    whole = not prefix and length is not None and length <= WHOLE_BODY_LIMIT
+    # A whole body's length is the gate's to send (aiohttp sets it), except for HEAD.
+    headers, server = downstream_headers(
+        upstream, keep_length=not whole or request.method == hdrs.METH_HEAD
+    )
+    headers += extra_headers
+    response: web.StreamResponse
+    if whole:
+        assert length is not None
         body = await upstream.read(length + 1, idle) if length else b""
-        if request.method != hdrs.METH_HEAD:
-            headers.popall(hdrs.CONTENT_LENGTH, None)
-        response: web.StreamResponse = web.Response(
-            status=upstream.status, reason=upstream.reason, body=body, headers=headers
+        response = web.Response(
+            status=upstream.status, reason=upstream.reason, body=body, headers=CIMultiDict(headers)
         )
         if server:
             response[UPSTREAM_SERVER] = True
