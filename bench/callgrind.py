@@ -2,6 +2,7 @@
 
     python -m bench.callgrind --tool callgrind --out /tmp/gate.cg
     python -m bench.callgrind --tool cprofile --out /tmp/gate.prof
+    GPUGATE_LOOP=uvloop python -m bench.callgrind --target passthrough --out /tmp/bare.cg
 
 The gate fronts bench/upstream.py with its model resident, as in `make bench`. A client
 sends warm-up requests, then (counted) `--requests` sequential small POSTs on one
@@ -88,6 +89,8 @@ def main() -> None:
                 sys.executable, "-m", "bench.passthrough",
                 "--port", str(port), "--upstream", f"http://127.0.0.1:{upstream_port}",
             ]  # fmt: skip
+            if os.environ.get("GPUGATE_LOOP") == "uvloop":
+                serve.append("--uvloop")
         if args.tool == "callgrind":
             serve = [
                 "valgrind",

@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from gpugate.config.model import UpstreamTimeouts as Bounds
@@ -268,6 +269,12 @@ async def stream_down(
     if whole:
         assert length is not None
         body = await upstream.read(length + 1, idle) if length else b""
+        if (
+            request.version == HttpVersion11
+            and request.keep_alive
+            and (len(body) == length or request.method == hdrs.METH_HEAD)
+        ):
+            return WholeAnswer(upstream, body, extra_headers)
         response = web.Response(
             status=upstream.status, reason=upstream.reason, body=body, headers=CIMultiDict(headers)
         )
@@ -288,6 +295,41 @@ async def stream_down(
         raise UpstreamBroken(exc, response) from None
     await response.write_eof()
     return response
+
+
+class WholeAnswer(web.StreamResponse):
+    """A complete answer sent as the runtime wrote it: its status line and header lines
+    byte for byte (less the hops), the gate's own headers after them, then the body, in
+    one write. For a keep-alive HTTP/1.1 exchange whose body arrived whole and exactly as
+    long as its Content-Length says; aiohttp adds nothing (no Date, Server or framing of
+    its own: the runtime's are right as they are)."""
+
+    def __init__(
+        self, upstream: Response, body: bytes, extra_headers: Iterable[tuple[str, str]]
+    ) -> None:
+        super().__init__(status=upstream.status, reason=upstream.reason)
+        drop: frozenset[bytes] | set[bytes] = _HOP_BYTES
+        connection = upstream.header(b"connection")
+        if connection is not None:
+            drop = drop | {t.strip().lower() for t in connection.split(b",") if t.strip()}
+        parts = [b"HTTP/1.1 %d %b\r\n" % (upstream.status, upstream.reason.encode("latin-1"))]
+        for name, value in upstream.raw_headers:
+            if name.lower() not in drop:
+                parts += (name, b": ", value, b"\r\n")
+        for name, value in extra_headers:
+            parts += (name.encode(), b": ", value.encode("utf-8", "surrogateescape"), b"\r\n")
+        parts += (b"\r\n", body)
+        self._block = b"".join(parts)
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self._payload_writer is not None or self._eof_sent:
+            return self._payload_writer
+        # As StreamResponse._start does, less the headers aiohttp would compose.
+        writer = self._payload_writer = request._payload_writer
+        self._req = request
+        self._keep_alive = True
+        await writer.write(self._block)
+        return writer
 
 
 def cut_off(request: web.BaseRequest) -> None:

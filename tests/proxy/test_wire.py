@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 
 import aiohttp
 
+from tests.gate.harness import running_stack
 from tests.proxy.conftest import ask
 
 HOST = {"Host": "localhost:11434"}
@@ -54,3 +57,48 @@ async def test_a_gate_error_reply_has_ollamas_headers(stack, caplog):
             assert resp.headers["Content-Length"] == str(len(await resp.read()))
             assert "Date" in resp.headers and "Server" not in resp.headers
     assert [r for r in caplog.records if r.exc_info] == []
+
+
+async def test_a_whole_answer_keeps_the_runtimes_header_lines_byte_for_byte(
+    tmp_path, sim_host, fakenvml_path
+):
+    body = b'{"models":[]}'
+    answer = (
+        b"HTTP/1.1 200 OK\r\n"
+        b"content-type: application/json; charset=utf-8\r\n"
+        b"X-Mixed-Case: One\r\n"
+        b"Set-Cookie: a=1\r\n"
+        b"Connection: keep-alive, X-Hop\r\n"
+        b"X-Hop: nominated by Connection\r\n"
+        b"Keep-Alive: timeout=5\r\n"
+        b"Set-Cookie: b=2\r\n"
+        b"Server: runtime/1.0\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(answer)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    upstream = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with running_stack(tmp_path, sim_host, fakenvml_path, upstream=upstream) as stack:
+        host, port = stack.gate_url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /api/version HTTP/1.1\r\nHost: localhost:11434\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert await reader.readexactly(len(body)) == body
+        writer.close()
+    server.close()
+    assert head == (
+        b"HTTP/1.1 200 OK\r\n"
+        b"content-type: application/json; charset=utf-8\r\n"
+        b"X-Mixed-Case: One\r\n"
+        b"Set-Cookie: a=1\r\n"
+        b"Set-Cookie: b=2\r\n"
+        b"Server: runtime/1.0\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
