@@ -66,11 +66,15 @@ def fold_key(key: str) -> str:
 
     Exact for any key that can match an ASCII field name: ASCII letters fold to upper
     case, and U+212A KELVIN SIGN and U+017F LATIN SMALL LETTER LONG S fold to K and S
-    (the only non-ASCII runes in the simple-fold orbit of an ASCII letter).
+    (the only non-ASCII runes in the simple-fold orbit of an ASCII letter). Any other
+    non-ASCII rune folds to a non-ASCII rune in Go, so a key still holding one after
+    that is returned as it is: it matches no ASCII field. (Python's `upper` would fold
+    it too far: "ß" to "SS", "ı" to "I", the ligature "ﬆ" to "ST".)
     """
     if key.isascii():
         return key.upper()
-    return go_string(key).translate(_FOLDS).upper()
+    key = go_string(key).translate(_FOLDS)
+    return key.upper() if key.isascii() else key
 
 
 @attrs.frozen(slots=True)
