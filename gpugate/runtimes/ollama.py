@@ -28,17 +28,8 @@ from gpugate.runtimes.base import (
     RuntimeAdapter,
     Screening,
 )
-from gpugate.runtimes.gojson import (
-    Bound,
-    GoJsonError,
-    Kind,
-    Struct,
-    TopLevel,
-    bind,
-    go_string,
-    read_object,
-    splice,
-)
+from gpugate.runtimes.gojson import Bound, GoJsonError, Kind, Struct, go_string, splice
+from gpugate.runtimes.gojson_fast import read_struct
 from gpugate.runtimes.keepalive import (
     KeepAlive,
     KeepAliveError,
@@ -175,8 +166,7 @@ class OllamaAdapter(RuntimeAdapter):
         # Read as Ollama's Go decoder reads it: a body it refuses is answered 400 before
         # anything loads, so it goes up untouched for Ollama to word the error.
         try:
-            doc = read_object(body)
-            bound = bind(doc, _STRUCTS.get(path, _OPENAI))
+            bound = read_struct(body, _STRUCTS.get(path, _OPENAI))
         except GoJsonError:
             return Classified(RouteKind.PASS, api)
         model = bound.get("model")
@@ -187,9 +177,9 @@ class OllamaAdapter(RuntimeAdapter):
             return Classified(RouteKind.PASS, api)  # Ollama: 404 (or 400) without loading
         if api is ApiFamily.OPENAI:
             return self._classify_openai(path, bound, name)
-        return self._classify_native(path, doc, bound, name)
+        return self._classify_native(path, bound, name)
 
-    def _classify_native(self, path: str, doc: TopLevel, bound: Bound, model: str) -> Classified:
+    def _classify_native(self, path: str, bound: Bound, model: str) -> Classified:
         api = ApiFamily.OLLAMA
         try:
             requested = parse_keep_alive(bound.get("keep_alive"))
@@ -204,7 +194,7 @@ class OllamaAdapter(RuntimeAdapter):
             api,
             model,
             options_key(bound.get("options")),
-            body=_rewrite_keep_alive(doc, bound, requested, effective),
+            body=_rewrite_keep_alive(bound, requested, effective),
             idle_ttl=None if effective.forever else effective.seconds,
             sets_ttl=True,
         )
@@ -381,7 +371,7 @@ def _num_ctx(options: str) -> int:
 
 
 def _rewrite_keep_alive(
-    doc: TopLevel, bound: Bound, requested: KeepAlive | None, effective: KeepAlive
+    bound: Bound, requested: KeepAlive | None, effective: KeepAlive
 ) -> bytes | None:
     """The body with exactly one keep_alive, the effective one; None to send it as it came.
 
@@ -389,16 +379,16 @@ def _rewrite_keep_alive(
     place and key, the others go. A body that has none gets one appended. Every other
     byte stays as the client sent it.
     """
-    members = bound.members.get("keep_alive", ())
+    members = bound.members("keep_alive")
     value = json.dumps(effective.to_json())
     if not members:
-        return splice(doc, None, f'"keep_alive":{value}', ())
+        return splice(bound, None, f'"keep_alive":{value}', ())
     *others, last = members
     if requested is not None and effective.seconds == requested.seconds:
         if not others:
             return None
-        value = doc.text[last.value_start : last.end]
-    return splice(doc, last, value, others)
+        value = bound.text[last.value_start : last.end]
+    return splice(bound, last, value, others)
 
 
 def _is_unload(path: str, bound: Bound) -> bool:

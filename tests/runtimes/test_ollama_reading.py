@@ -72,6 +72,26 @@ def test_the_last_keep_alive_wins_even_when_it_is_shorter_or_null():
     assert result.body == b'{"model":"m","prompt":"x","Keep_Alive":900}'
 
 
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        ("/api/generate", "\ufb06ream"),
+        ("/api/generate", "\ufb05ream"),
+        ("/api/generate", "keep_al\u0131ve"),
+        ("/api/generate", "su\ufb03x"),
+        ("/api/generate", "\u0131mages"),
+        ("/api/chat", "me\u00dfages"),
+    ],
+)
+def test_keys_python_upper_cases_to_a_field_match_none_in_go(path, key):
+    # Go folds ß, ı and the ligatures to themselves (caseOrbit), not to SS, I, ST, FFI:
+    # such a key is an unknown field that Go skips, whatever its value.
+    raw = ('{"model":"m","prompt":"x","' + key + '":{}}').encode()
+    result = classify(path, raw)
+    assert result.kind is RouteKind.DEMAND and result.idle_ttl == 900.0
+    assert result.body == raw[:-1] + b',"keep_alive":900}'
+
+
 def test_an_unload_reads_the_folded_keys():
     result = classify("/api/chat", b'{"MODEL":"m","Keep_Alive":0}')
     assert result.kind is RouteKind.UNLOAD and result.model == "m:latest"

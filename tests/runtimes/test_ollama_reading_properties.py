@@ -67,6 +67,6 @@ def test_rewrite_changes_only_keep_alive_and_leaves_one_capped(raw):
     assert _strip_keep_alive(sent) == _strip_keep_alive(raw)
     doc = read_object(sent)
     # Read the Go way, exactly one keep_alive is left, and it is the capped value.
-    (only,) = bind(doc, Struct({"keep_alive": Kind.DURATION})).members["keep_alive"]
+    (only,) = bind(doc, Struct({"keep_alive": Kind.DURATION})).members("keep_alive")
     seconds = parse_keep_alive(only.value).seconds
     assert seconds == result.idle_ttl and seconds <= 900.0
