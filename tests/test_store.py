@@ -137,6 +137,7 @@ async def test_a_full_buffer_drops_the_oldest_records_and_counts_them(tmp_path):
     assert store.dropped == {
         RecordKind.EVENT: 2,
         RecordKind.LEASE: 0,
+        RecordKind.LEASE_MINUTE: 0,
         RecordKind.ENVELOPE: 0,
         RecordKind.HISTORY: 0,
     }
@@ -180,6 +181,7 @@ async def test_close_does_not_hang_on_a_locked_file(tmp_path):
     assert store.dropped == {
         RecordKind.EVENT: 1,
         RecordKind.LEASE: 1,
+        RecordKind.LEASE_MINUTE: 0,
         RecordKind.ENVELOPE: 0,
         RecordKind.HISTORY: 0,
     }
@@ -221,7 +223,7 @@ async def test_leases_kept_while_the_file_is_locked_are_dropped_oldest_first(tmp
     store = Store(path, limit=3, busy_timeout=0.1)
     await store.open()
     leases = [
-        Lease(n, demand(f"m{n}", 100), granted=0.0, waited=0.0, pending=0, loads=False)
+        Lease(n, demand(f"m{n}", 100), granted=0.0, waited=0.0, pending=0, loads=True)
         for n in range(1, 4)
     ]
     with Locker(path):
@@ -243,3 +245,77 @@ async def test_leases_kept_while_the_file_is_locked_are_dropped_oldest_first(tmp
 def lease_models(path) -> list[str]:
     with sqlite3.connect(path) as db:
         return [row[0] for row in db.execute("SELECT model FROM leases ORDER BY id")]
+
+
+def routine_lease(n: int, model: str = "m:latest") -> Lease:
+    """A request served at once from a resident model."""
+    return Lease(n, demand(model, 0), granted=0.0, waited=0.0, pending=0, loads=False)
+
+
+def minute_rows(path) -> list[tuple[object, ...]]:
+    with sqlite3.connect(path) as db:
+        return db.execute(
+            "SELECT minute, model, priority, outcome, leases, held_total, held_max"
+            " FROM lease_minutes ORDER BY minute, model, outcome"
+        ).fetchall()
+
+
+async def test_routine_leases_are_counted_by_the_minute_and_the_others_get_rows(tmp_path):
+    path = tmp_path / "gpugate.db"
+    wall = [6000.0]  # the start of a minute
+    store = Store(path, wall_clock=lambda: wall[0])
+    await store.open()
+    for n, held in enumerate((0.5, 2.0, 0.25), 1):
+        store.record_lease(routine_lease(n), held, "done")
+    store.record_lease(routine_lease(4), 1.0, "failed")
+    store.record_lease(routine_lease(5, "other:latest"), 3.0, "done")
+    loaded = Lease(6, demand("m:latest", 100), granted=0.0, waited=0.0, pending=0, loads=True)
+    waited = Lease(7, demand("m:latest", 0), granted=0.0, waited=0.5, pending=0, loads=False)
+    store.record_lease(loaded, 1.0, "done")
+    store.record_lease(waited, 1.0, "done")
+    # One record per minute row, however many leases it counts, and one per other lease.
+    assert store.buffered == 5
+    await store.flush()
+    # The same minute again, after the first write: added to the row already there.
+    wall[0] = 6059.5
+    store.record_lease(routine_lease(8), 4.0, "done")
+    wall[0] = 6060.0
+    store.record_lease(routine_lease(9), 1.0, "done")
+    await store.flush()
+    await store.close()
+
+    assert minute_rows(path) == [
+        (6000.0, "m:latest", "interactive", "done", 4, 6.75, 4.0),
+        (6000.0, "m:latest", "interactive", "failed", 1, 1.0, 1.0),
+        (6000.0, "other:latest", "interactive", "done", 1, 3.0, 3.0),
+        (6060.0, "m:latest", "interactive", "done", 1, 1.0, 1.0),
+    ]
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT id, loaded, waited FROM leases ORDER BY id").fetchall()
+    assert rows == [(6, 1, 0.0), (7, 0, 0.5)]
+
+
+async def test_a_minute_kept_while_the_file_is_locked_counts_on_and_drops_as_one(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path, limit=2, busy_timeout=0.1, wall_clock=lambda: 6000.0)
+    await store.open()
+    with Locker(path):
+        store.record_lease(routine_lease(1), 1.0, "done")
+        assert await store.write_now() is False
+        # Put back in the buffer: a lease after the failed write starts a tally of its own.
+        store.record_lease(routine_lease(2), 1.0, "done")
+        store.record_lease(routine_lease(3), 1.0, "done")
+        assert store.buffered == 2
+        # The buffer is full: the oldest tally goes, with the one lease it counted.
+        store.record_event(failure_event(1))
+        store.record_lease(routine_lease(4), 1.0, "done")
+        assert store.buffered == 2
+    await store.flush()
+    await store.close()
+
+    assert store.dropped[RecordKind.LEASE_MINUTE] == 1
+    assert store.dropped[RecordKind.EVENT] == 0
+    # What was left: the event, and the tally of leases 2 to 4 (4 joined it, as its
+    # minute's record was still in the buffer).
+    assert minute_rows(path) == [(6000.0, "m:latest", "interactive", "done", 3, 3.0, 1.0)]
+    assert models_in(path) == ["m1"]

@@ -3,7 +3,14 @@
 A record is appended to a bounded buffer in memory; one task commits what has gathered
 every FLUSH_INTERVAL in one transaction, so neither a request nor the event loop waits
 on the disk or on the database thread per row. Schema changes are numbered migrations
-applied in order at open.
+applied in order at open (`schema.py`).
+
+A lease that loaded a model, waited or holds a job or process gets a row of its own in
+`leases`. A request served from a resident model at once is routine, and a busy listener
+serves thousands a second: those are counted in `lease_minutes`, one row per minute per
+consumer, model, options, GPU, class and outcome, with how many, their total and longest
+hold. A row per routine request would make each batch thousands of rows long (the
+event loop waits while they are built and bound) and grow the file by gigabytes a day.
 
 The database may refuse writes for a while: another process holds a write transaction
 (`database is locked`) or the disk is full (`database or disk is full`). Admission never
@@ -23,24 +30,40 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import enum
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import aiosqlite
-import attrs
 
 from gpugate.core.effects import Event
 from gpugate.core.tickets import Lease
 from gpugate.logs import OncePerInterval
+from gpugate.store.schema import (
+    HISTORY_COLUMNS,
+    INSERT,
+    MIGRATIONS,
+    HistoryPoint,
+    MeasuredEnvelope,
+    MinuteKey,
+    MinuteTally,
+    Record,
+    RecordKind,
+    minute_key,
+    routine,
+    row_of,
+)
+
+__all__ = ["MIGRATIONS", "HistoryPoint", "MeasuredEnvelope", "RecordKind", "Store"]
 
 log = logging.getLogger("gpugate.store")
 
 FLUSH_INTERVAL = 0.5
 """Seconds between commits of what has been recorded."""
+ROWS_PER_TURN = 256
+"""Rows of a batch built between two turns of the event loop (about a millisecond)."""
 BUFFER_LIMIT = 10_000
 """Records kept while the database refuses writes; beyond it the oldest are dropped."""
 BUSY_TIMEOUT = 1.0
@@ -52,178 +75,6 @@ CLOSE_TIMEOUT = 5.0
 """At close, how long the last write may take before what is left is given up."""
 LOG_INTERVAL = 60.0
 
-MIGRATIONS: Sequence[str] = (
-    """
-    CREATE TABLE events (
-        id INTEGER PRIMARY KEY,
-        wall REAL NOT NULL,
-        kind TEXT NOT NULL,
-        consumer TEXT,
-        model TEXT,
-        gpu INTEGER,
-        bytes INTEGER,
-        failure_class TEXT,
-        detail TEXT
-    );
-    CREATE INDEX events_wall ON events (wall);
-    CREATE TABLE leases (
-        id INTEGER NOT NULL,
-        started REAL NOT NULL,
-        consumer TEXT NOT NULL,
-        model TEXT NOT NULL,
-        options TEXT NOT NULL,
-        gpu INTEGER NOT NULL,
-        priority TEXT NOT NULL,
-        bytes INTEGER NOT NULL,
-        loaded INTEGER NOT NULL,
-        waited REAL NOT NULL,
-        held REAL NOT NULL,
-        outcome TEXT NOT NULL
-    );
-    CREATE TABLE envelopes (
-        consumer TEXT NOT NULL,
-        model TEXT NOT NULL,
-        options TEXT NOT NULL,
-        bytes INTEGER NOT NULL,
-        measured REAL NOT NULL,
-        PRIMARY KEY (consumer, model, options)
-    );
-    """,
-    # A job's measured peak is kept with the scale it ran at (ComfyUI: megapixels).
-    "ALTER TABLE envelopes ADD COLUMN scale REAL;",
-    # 3: the minute history (one row per GPU a minute; `rows` is the budget's rows as
-    # compact JSON) and the runtime version an envelope was measured under.
-    """
-    CREATE TABLE history (
-        gpu INTEGER NOT NULL,
-        wall REAL NOT NULL,
-        total INTEGER NOT NULL,
-        driver_reserved INTEGER NOT NULL,
-        used INTEGER NOT NULL,
-        free INTEGER NOT NULL,
-        external INTEGER NOT NULL,
-        committed INTEGER NOT NULL,
-        pending INTEGER NOT NULL,
-        reserve INTEGER NOT NULL,
-        schedulable INTEGER NOT NULL,
-        residents INTEGER NOT NULL,
-        queue INTEGER NOT NULL,
-        sample_age REAL,
-        pressure INTEGER NOT NULL,
-        rows TEXT NOT NULL,
-        PRIMARY KEY (gpu, wall)
-    ) WITHOUT ROWID;
-    ALTER TABLE envelopes ADD COLUMN runtime_version TEXT;
-    """,
-)
-
-
-class RecordKind(enum.Enum):
-    """What a buffered record is (the label of the store's metrics)."""
-
-    EVENT = "event"
-    LEASE = "lease"
-    ENVELOPE = "envelope"
-    HISTORY = "history"
-
-
-_INSERT = {
-    RecordKind.EVENT: "INSERT INTO events (wall, kind, consumer, model, gpu, bytes,"
-    " failure_class, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-    RecordKind.LEASE: "INSERT INTO leases (id, started, consumer, model, options, gpu,"
-    " priority, bytes, loaded, waited, held, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    RecordKind.ENVELOPE: "INSERT INTO envelopes (consumer, model, options, bytes, measured,"
-    " scale, runtime_version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, model, options)"
-    " DO UPDATE SET bytes = excluded.bytes, measured = excluded.measured,"
-    " scale = excluded.scale, runtime_version = excluded.runtime_version",
-    RecordKind.HISTORY: "INSERT OR REPLACE INTO history (gpu, wall, total, driver_reserved,"
-    " used, free, external, committed, pending, reserve, schedulable, residents, queue,"
-    " sample_age, pressure, rows) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-}
-
-HISTORY_COLUMNS = (
-    "gpu",
-    "wall",
-    "total",
-    "driver_reserved",
-    "used",
-    "free",
-    "external",
-    "committed",
-    "pending",
-    "reserve",
-    "schedulable",
-    "residents",
-    "queue",
-    "sample_age",
-    "pressure",
-    "rows",
-)
-
-
-@attrs.frozen
-class MeasuredEnvelope:
-    consumer: str
-    model: str
-    options: str
-    bytes: int
-    scale: float | None = None
-    """For a job's peak: the scale it ran at (the runtime's unit, e.g. megapixels)."""
-    runtime_version: str | None = None
-    """The runtime's version when it was measured; None when it was not known."""
-    measured: float | None = attrs.field(default=None, eq=False)
-    """Wall-clock time of the measurement (set when read back; not part of equality)."""
-
-
-@attrs.frozen
-class HistoryPoint:
-    """One GPU's budget at one minute (or the last of a downsampled step)."""
-
-    gpu: int
-    wall: float
-    total: int
-    driver_reserved: int
-    used: int
-    free: int
-    external: int
-    committed: int
-    pending: int
-    reserve: int
-    schedulable: int
-    residents: int
-    queue: int
-    sample_age: float | None
-    pressure: bool
-    rows: str
-    """JSON: {"external": {service: bytes}, "consumers": {name: [committed, pending]}}."""
-    schedulable_min: int | None = None
-    """The least schedulable within the step (None: a single row)."""
-
-
-_Record = tuple[int, RecordKind, tuple[object, ...]]
-"""A buffered record: its sequence number, its kind and its row — or for a lease (lease,
-held, outcome, wall time), which the writer turns into its row."""
-
-
-def lease_row(lease: Lease, held: float, outcome: str, wall: float) -> tuple[object, ...]:
-    """A finished lease's row in the `leases` table (`wall`: when it was recorded)."""
-    demand = lease.demand
-    key = demand.key
-    return (
-        lease.id,
-        wall - held,
-        key.consumer,
-        key.model,
-        key.options,
-        demand.gpu,
-        demand.priority.label,
-        demand.envelope,
-        int(lease.loads),
-        lease.waited,
-        held,
-        outcome,
-    )
-
 
 class Store:
     """One SQLite file (or `:memory:`), one writer task, a bounded buffer in front of it."""
@@ -234,14 +85,18 @@ class Store:
         *,
         limit: int = BUFFER_LIMIT,
         busy_timeout: float = BUSY_TIMEOUT,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
+        self._wall = wall_clock
         self.limit = limit
         self.busy_timeout = busy_timeout
         self._db: aiosqlite.Connection | None = None
-        self._buffer: collections.deque[_Record] = collections.deque()
-        self._inflight: list[_Record] = []
+        self._buffer: collections.deque[Record] = collections.deque()
+        self._inflight: list[Record] = []
         self._seq = 0
+        self._minutes: dict[MinuteKey, MinuteTally] = {}
+        """The minute tallies whose records are still in the buffer."""
         self._flushed: list[tuple[int, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
@@ -339,21 +194,24 @@ class Store:
 
     # -- writes (buffered) -----------------------------------------------------------------
 
-    def _append(self, kind: RecordKind, params: tuple[object, ...]) -> None:
+    def _append(self, kind: RecordKind, params: tuple[object, ...] | MinuteTally) -> None:
         if len(self._buffer) >= self.limit:
             self._drop_oldest()
         self._seq += 1
         self._buffer.append((self._seq, kind, params))
 
     def _drop_oldest(self) -> None:
-        self.dropped[self._buffer.popleft()[1]] += 1
+        _, kind, record = self._buffer.popleft()
+        self.dropped[kind] += 1
+        if isinstance(record, MinuteTally) and self._minutes.get(record.key) is record:
+            del self._minutes[record.key]
 
     def record_event(self, event: Event) -> None:
         failure = event.failure.failure_class.value if event.failure else None
         self._append(
             RecordKind.EVENT,
             (
-                time.time(),
+                self._wall(),
                 event.kind.value,
                 event.consumer,
                 event.model,
@@ -365,12 +223,19 @@ class Store:
         )
 
     def record_lease(self, lease: Lease, held: float, outcome: str) -> None:
-        """A finished lease, for the history table. One a request: its row is built when
-        the batch is written, off the request path."""
-        if len(self._buffer) >= self.limit:
-            self._drop_oldest()
-        self._seq += 1
-        self._buffer.append((self._seq, RecordKind.LEASE, (lease, held, outcome, time.time())))
+        """A finished lease, for the history tables: a row of its own (built when the batch
+        is written, off the request path), or for a routine request a count in its
+        minute's row."""
+        wall = self._wall()
+        if routine(lease):
+            key = minute_key(lease, outcome, wall)
+            tally = self._minutes.get(key)
+            if tally is None:
+                tally = self._minutes[key] = MinuteTally(key)
+                self._append(RecordKind.LEASE_MINUTE, tally)
+            tally.add(held)
+            return
+        self._append(RecordKind.LEASE, (lease, held, outcome, wall))
 
     def record_envelope(self, envelope: MeasuredEnvelope) -> None:
         self._append(
@@ -380,7 +245,7 @@ class Store:
                 envelope.model,
                 envelope.options,
                 envelope.bytes,
-                envelope.measured if envelope.measured is not None else time.time(),
+                envelope.measured if envelope.measured is not None else self._wall(),
                 envelope.scale,
                 envelope.runtime_version,
             ),
@@ -468,15 +333,20 @@ class Store:
             return True
         batch = list(self._buffer)
         self._buffer.clear()
+        # Tallies taken now are not added to any more: later leases start new ones.
+        self._minutes.clear()
         self._inflight = batch
         try:
             # One statement per kind of row for the whole batch, in one transaction.
             grouped: dict[RecordKind, list[tuple[object, ...]]] = {}
-            for _, kind, params in batch:
-                row = lease_row(*params) if kind is RecordKind.LEASE else params  # type: ignore[arg-type]
-                grouped.setdefault(kind, []).append(row)
+            for i, (_, kind, params) in enumerate(batch, 1):
+                grouped.setdefault(kind, []).append(row_of(kind, params))
+                if i % ROWS_PER_TURN == 0:
+                    # A busy listener's batch is thousands of rows: built in turns, the
+                    # requests waiting on the loop meanwhile are served in between.
+                    await asyncio.sleep(0)
             for kind, rows in grouped.items():
-                await self._db.executemany(_INSERT[kind], rows)
+                await self._db.executemany(INSERT[kind], rows)
             await self._db.commit()
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
