@@ -151,25 +151,32 @@ def tables(results: Results, rounds: int = HOLD_ROUNDS) -> list[str]:
     lines: list[str] = []
     if "streams" in results:
         rows = results["streams"]
-        floor = rows.get(FLOOR, {}).get("ttfb_p99_ms")
+        floor = rows.get(FLOOR, {})
         lines += [
             "",
             f"{HOLD_STREAMS:,} NDJSON streams started at once, {HOLD_CHUNKS} chunks each, one "
             f"every {HOLD_INTERVAL * 1000:.0f} ms per stream ("
             + (f"median of {rounds} interleaved rounds" if rounds > 1 else "one round")
-            + "): time to first byte, from just before each request to its "
-            "first line, and the chunks' delivery p99; the process's RSS while it held the "
-            "most streams at once, and its growth over the same process idle (fresh, warmed "
-            "by 20 requests; for direct, the upstream's own):",
+            + "). Time to first byte, from just before a request to its first line: for the "
+            "streams themselves, started in one burst, and under load, for the probe's short "
+            "streams sent one after another while all of them are held (`probes`: how many); "
+            "what the proxy adds to the bare pass-through's p99; the chunks' delivery p99; "
+            "the process's RSS while it held the most streams at once, and its growth over "
+            "the same process idle (fresh, warmed by 20 requests; for direct, the upstream's "
+            "own):",
             "",
-            "| path | TTFB p50 ms | TTFB p99 ms | p99 minus bare | chunk p99 ms | held at once "
-            "| failed | RSS held MiB | RSS growth MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| path | burst TTFB p50 / p99 ms | under load TTFB p50 / p99 ms | probes "
+            "| p99 minus bare | chunk p99 ms | held at once | failed | RSS held MiB "
+            "| RSS growth MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, row in rows.items():
-            minus = f"{row['ttfb_p99_ms'] - floor:+.1f}" if floor is not None else "—"
+            base = floor.get("probe_ttfb_p99_ms")
+            minus = f"{row['probe_ttfb_p99_ms'] - base:+.2f}" if base is not None else "—"
             lines.append(
-                f"| {name} | {row['ttfb_p50_ms']:.1f} | {row['ttfb_p99_ms']:.1f} | {minus} | "
+                f"| {name} | {row['ttfb_p50_ms']:.0f} / {row['ttfb_p99_ms']:.0f} | "
+                f"{row['probe_ttfb_p50_ms']:.2f} / {row['probe_ttfb_p99_ms']:.2f} | "
+                f"{row['probes']:.0f} | {minus} | "
                 f"{row['chunk_latency_p99_ms']:.1f} | {row['held']:,.0f} | {row['failed']:.0f} | "
                 f"{row['rss_held_mib']:.1f} | {row['rss_held_mib'] - row['rss_idle_mib']:+.1f} |"
             )

@@ -2,7 +2,11 @@
 
 A websocket upgrade is relayed as a websocket pair, frames both ways, nothing else.
 
-python -m bench.passthrough --port P --upstream http://127.0.0.1:U [--uvloop]
+python -m bench.passthrough --port P --upstream http://127.0.0.1:U [--uvloop] [--llhttp]
+
+With --llhttp the requests go upstream through the gate's forwarding client
+(`gpugate/proxy/http1.py`, keep-alive connections parsed by llhttp) instead of aiohttp's
+client, and nothing else changes: the row that measures what that client buys.
 """
 
 from __future__ import annotations
@@ -16,7 +20,47 @@ from aiohttp import web
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
 
 
-def make_app(upstream: str) -> web.Application:
+def llhttp_forward(upstream: str):  # type: ignore[no-untyped-def]
+    """The same forward, its upstream side on the gate's forwarding client."""
+    from yarl import URL
+
+    from gpugate.config.model import UpstreamTimeouts
+    from gpugate.proxy.http1 import UpstreamPool
+
+    url = URL(upstream)
+    assert url.host is not None and url.port is not None
+    pool = UpstreamPool(url.host, url.port)
+    bounds = UpstreamTimeouts()
+    host = f"{url.host}:{url.port}".encode()
+    drop = {h.encode() for h in HOP} | {b"content-length"}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        head = [f"{request.method} {request.raw_path} HTTP/1.1\r\nHost: ".encode(), host]
+        for name, value in request.raw_headers:
+            if name.lower() not in drop:
+                head += (b"\r\n", name, b": ", value)
+        head.append(b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+        up = await pool.send(b"".join(head), body, bounds)
+        try:
+            response = web.StreamResponse(status=up.status)
+            for name, value in up.raw_headers:
+                if name.lower() not in drop:
+                    response.headers[name.decode()] = value.decode()
+            await response.prepare(request)
+            while chunk := await up.chunk(bounds.idle):
+                await response.write(chunk)
+            await response.write_eof()
+        except BaseException:
+            up.close()
+            raise
+        up.release()
+        return response
+
+    return forward
+
+
+def make_app(upstream: str, llhttp: bool = False) -> web.Application:
     session: aiohttp.ClientSession | None = None
 
     async def start(app: web.Application) -> None:
@@ -72,7 +116,7 @@ def make_app(upstream: str) -> web.Application:
     app = web.Application()
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
-    app.router.add_route("*", "/{tail:.*}", forward)
+    app.router.add_route("*", "/{tail:.*}", llhttp_forward(upstream) if llhttp else forward)
     return app
 
 
@@ -81,13 +125,18 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument("--llhttp", action="store_true", help="the gate's forwarding client")
     args = parser.parse_args()
     if args.uvloop:
         import uvloop
 
         uvloop.install()
     web.run_app(
-        make_app(args.upstream), host="127.0.0.1", port=args.port, access_log=None, print=None
+        make_app(args.upstream, args.llhttp),
+        host="127.0.0.1",
+        port=args.port,
+        access_log=None,
+        print=None,
     )
 
 

@@ -3,7 +3,13 @@ with --pid, a proxy's memory while it holds them all.
 
 Each chunk carries the monotonic time the upstream sent it; the client measures when it
 arrives (one machine, one clock). Time to first byte runs from just before a stream's
-request is made to its first line.
+request is made to its first line. It is measured twice:
+
+* for the streams themselves, all started at once (a burst: the client's own work to
+  start them all is most of it, and the p99 of 64 is their slowest);
+* under load: once every stream is running, a probe opens one short stream after another
+  on a keep-alive connection until the streams end, each a sample of the time a new
+  request waits for its first line while the proxy relays all the others.
 
     python -m bench.streams --url http://127.0.0.1:P --streams 64 --chunks 100 --interval 0.02
     python -m bench.streams --url http://127.0.0.1:P --streams 1000 --chunks 10 --interval 0.5 \
@@ -38,6 +44,10 @@ class Held:
     """Streams mid-response now: their first line arrived, their last has not."""
 
     now: int = 0
+    started: int = 0
+    """Streams whose first line arrived, ended or not."""
+    all_started: asyncio.Event = attrs.field(factory=asyncio.Event)
+    expected: int = 0
 
 
 async def one(session, url, chunks, interval, latencies, ttfb, held=None) -> int:
@@ -59,6 +69,9 @@ async def one(session, url, chunks, interval, latencies, ttfb, held=None) -> int
                 if first:
                     ttfb.append((now - sent) / 1e6)
                     held.now += 1
+                    held.started += 1
+                    if held.started == held.expected:
+                        held.all_started.set()
                     first = False
                 latencies.append((now - json.loads(line)["t"]) / 1e6)
                 count += 1
@@ -68,6 +81,13 @@ async def one(session, url, chunks, interval, latencies, ttfb, held=None) -> int
     if count != chunks + 1:
         raise RuntimeError(f"{count} lines of {chunks + 1}")
     return count
+
+
+async def probe(url: str, load: asyncio.Future[object], ttfb: list[float]) -> None:
+    """One short stream after another, on one connection, until `load` is done."""
+    async with aiohttp.ClientSession() as session:
+        while not load.done():
+            await one(session, url, 0, 0.0, [], ttfb)
 
 
 async def watch(pid: int, held: Held, samples: list[tuple[int, int]]) -> None:
@@ -84,7 +104,8 @@ async def run(
 ) -> dict[str, float]:
     latencies: list[float] = []
     ttfb: list[float] = []
-    held = Held()
+    held = Held(expected=streams)
+    probed: list[float] = []
     samples: list[tuple[int, int]] = []
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
@@ -97,10 +118,16 @@ async def run(
             idle = vm_rss(pid)
             watcher = asyncio.create_task(watch(pid, held, samples))
         start = time.monotonic()
-        outcomes = await asyncio.gather(
+        load = asyncio.gather(
             *(one(session, url, chunks, interval, latencies, ttfb, held) for _ in range(streams)),
             return_exceptions=True,
         )
+        started = asyncio.ensure_future(held.all_started.wait())
+        await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
+        if held.all_started.is_set():
+            await probe(url, load, probed)
+        outcomes = await load
         elapsed = time.monotonic() - start
         if watcher is not None:
             watcher.cancel()
@@ -115,6 +142,9 @@ async def run(
         "chunk_latency_p99_ms": percentile(latencies, 0.99),
         "ttfb_p50_ms": percentile(ttfb, 0.50),
         "ttfb_p99_ms": percentile(ttfb, 0.99),
+        "probe_ttfb_p50_ms": percentile(probed, 0.50),
+        "probe_ttfb_p99_ms": percentile(probed, 0.99),
+        "probes": float(len(probed)),
         "failed": float(len(failures)),
     }
     if pid is not None:

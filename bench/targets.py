@@ -40,6 +40,9 @@ PROXIES = (
     "gpugate (asyncio)",
     "gpugate (uvloop)",
 )
+LLHTTP_FLOOR = "bare pass-through, llhttp client (asyncio)"
+"""The bare pass-through forwarding through the gate's own client (bench/passthrough.py):
+measured for the request rate only, to show what that client is worth on its own."""
 IDLE_CONNECTIONS = int(os.environ.get("BENCH_IDLE_CONNS", "10000"))
 """Keep-alive client connections held open at once by the idle-connections measurement."""
 CONNECTION_ROOM = IDLE_CONNECTIONS + 1024
@@ -211,7 +214,8 @@ class Rig:
             if name.startswith("bare pass-through"):
                 argv = [sys.executable, "-m", "bench.passthrough", "--port", str(port)]
                 argv += ["--upstream", f"http://127.0.0.1:{upstream}"]
-                self.processes.append(start(argv + ["--uvloop"] * ("uvloop" in name), PROXY_CPU))
+                argv += ["--uvloop"] * ("uvloop" in name) + ["--llhttp"] * ("llhttp" in name)
+                self.processes.append(start(argv, PROXY_CPU))
             elif name == CEILING:
                 nginx = nginx_binary()
                 if nginx is None:
