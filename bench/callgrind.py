@@ -2,13 +2,16 @@
 
     python -m bench.callgrind --tool callgrind --out /tmp/gate.cg
     python -m bench.callgrind --tool cprofile --out /tmp/gate.prof
+    python -m bench.callgrind --out /tmp/gate.prof.requests --report 300   # by part
     GPUGATE_LOOP=uvloop python -m bench.callgrind --target passthrough --out /tmp/bare.cg
 
 The gate fronts bench/upstream.py with its model resident, as in `make bench`. A client
 sends warm-up requests, then (counted) `--requests` sequential small POSTs on one
 keep-alive connection, then (counted separately) `--streams` streams of `--chunks` chunks.
 Under callgrind, instrumentation is switched on only for those windows (one dump each);
-`callgrind_annotate --inclusive=yes` reads them.
+`callgrind_annotate --inclusive=yes` reads them. Under cProfile, likewise: the gate's
+profiler is enabled for each window only (SIGUSR1 on, SIGUSR2 off), and each window is
+written as OUT.requests and OUT.streams, which `pstats` reads.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +58,73 @@ def control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
+PARTS = (
+    ("forwarding", ("/gpugate/proxy/forward.py", "/gpugate/proxy/http1.py", "httptools")),
+    ("the listener", ("/gpugate/proxy/",)),
+    ("classification", ("/gpugate/runtimes/",)),
+    ("admission", ("/gpugate/gate/", "/gpugate/core/")),
+    ("metrics", ("/gpugate/control/", "prometheus_client")),
+    ("the store", ("/gpugate/store/", "aiosqlite", "sqlite3")),
+    ("the event loop", ("/asyncio/", "selectors.py", "uvloop")),
+    ("aiohttp's server side", ("/aiohttp/", "multidict", "yarl")),
+)
+"""How `report` groups a profile's functions, first match wins (by file)."""
+
+
+def report(path: str, per: int) -> None:
+    """A cProfile window's own time by part of the request path, per request (µs) and as
+    a share; C calls (`~`) are split into system calls and the rest."""
+    import pstats
+
+    parts: dict[str, float] = {}
+    stats = pstats.Stats(path).stats  # type: ignore[attr-defined]
+    for (filename, _, name), (_, _, own, _, _) in stats.items():
+        if filename == "~":
+            if "select" in name or "poll" in name:
+                part = "waiting (epoll)"  # idle: not the gate's CPU
+            elif any(word in name for word in ("send", "recv", "write", "read")):
+                part = "system calls"
+            else:
+                part = "builtins and C calls"
+        else:
+            part = next(
+                (label for label, marks in PARTS if any(m in filename for m in marks)), "other"
+            )
+        parts[part] = parts.get(part, 0.0) + own
+    waiting = parts.pop("waiting (epoll)", 0.0)
+    total = sum(parts.values())
+    for part, own in sorted(parts.items(), key=lambda item: -item[1]):
+        print(f"{part:24s} {own / per * 1e6:8.1f} µs {own / total:6.1%}")
+    print(f"{'all but waiting':24s} {total / per * 1e6:8.1f} µs")
+    print(f"{'waiting (epoll)':24s} {waiting / per * 1e6:8.1f} µs")
+
+
+def profiled_serve(out: str, argv: list[str]) -> None:
+    """Run `argv` (gpugate's or the pass-through's command line, less the interpreter)
+    with cProfile on between SIGUSR1 and SIGUSR2; each window is dumped to OUT.N."""
+    import cProfile
+    import runpy
+    import signal
+
+    windows = iter(("requests", "streams", "more"))
+    profiler: list[cProfile.Profile] = []
+
+    def on(signum: int, frame: object) -> None:
+        profiler[:] = [cProfile.Profile()]
+        profiler[0].enable()
+
+    def off(signum: int, frame: object) -> None:
+        profiler[0].disable()
+        name = f"{out}.{next(windows)}"
+        profiler[0].dump_stats(name + ".part")
+        os.rename(name + ".part", name)
+
+    signal.signal(signal.SIGUSR1, on)
+    signal.signal(signal.SIGUSR2, off)
+    sys.argv = argv[1:]
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tool", choices=("callgrind", "cprofile"), default="callgrind")
@@ -67,7 +138,17 @@ def main() -> None:
         default="gate",
         help="what is measured: the gate, or the bare pass-through it is compared with",
     )
+    parser.add_argument("--profiled-serve", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--report", type=int, metavar="N", help="print OUT's own time by part, per N requests"
+    )
     args = parser.parse_args()
+    if args.report:
+        report(args.out, args.report)
+        return
+    if args.profiled_serve:
+        profiled_serve(args.out, args.profiled_serve)
+        return
     with tempfile.TemporaryDirectory(prefix="gpugate-cg-") as tmp:
         upstream_port, port, control_port = free_port(), free_port(), free_port()
         upstream = subprocess.Popen(
@@ -100,7 +181,8 @@ def main() -> None:
                 *serve,
             ]
         else:
-            serve = [sys.executable, "-m", "cProfile", "-o", args.out, *serve[1:]]
+            serve = [sys.executable, "-m", "bench.callgrind", "--out", args.out,
+                     "--profiled-serve", *serve[1:]]  # fmt: skip
         gate = subprocess.Popen(serve, env=env)
         try:
             if args.target == "gate":
@@ -114,6 +196,8 @@ def main() -> None:
             for window in ("requests", "streams"):
                 if args.tool == "callgrind":
                     control(gate.pid, "-i", "on")
+                else:
+                    gate.send_signal(signal.SIGUSR1)
                 start = time.monotonic()
                 if window == "requests":
                     asyncio.run(requests(url, args.requests))
@@ -123,6 +207,12 @@ def main() -> None:
                 if args.tool == "callgrind":
                     control(gate.pid, "-d", window)
                     control(gate.pid, "-i", "off")
+                else:
+                    gate.send_signal(signal.SIGUSR2)
+                    # The next window's signal must not land while this one is written.
+                    dumped = Path(f"{args.out}.{window}")
+                    while not dumped.exists():
+                        time.sleep(0.05)
         finally:
             gate.terminate()
             gate.wait(timeout=120)
