@@ -260,21 +260,22 @@ async def stream_down(
     """
     length = upstream.content_length
     whole = not prefix and length is not None and length <= WHOLE_BODY_LIMIT
-    # A whole body's length is the gate's to send (aiohttp sets it), except for HEAD.
-    headers, server = downstream_headers(
-        upstream, keep_length=not whole or request.method == hdrs.METH_HEAD
-    )
-    headers += extra_headers
-    response: web.StreamResponse
+    head = request.method == hdrs.METH_HEAD
+    body = b""
     if whole:
         assert length is not None
         body = await upstream.read(length + 1, idle) if length else b""
         if (
             request.version == HttpVersion11
             and request.keep_alive
-            and (len(body) == length or request.method == hdrs.METH_HEAD)
+            and (len(body) == length or head)
         ):
             return WholeAnswer(upstream, body, extra_headers)
+    # A whole body's length is the gate's to send (aiohttp sets it), except for HEAD.
+    headers, server = downstream_headers(upstream, keep_length=not whole or head)
+    headers += extra_headers
+    response: web.StreamResponse
+    if whole:
         response = web.Response(
             status=upstream.status, reason=upstream.reason, body=body, headers=CIMultiDict(headers)
         )
