@@ -3,14 +3,16 @@
     python -m bench.stalls                   # the gate, 16 connections of wrk for 6 s
     python -m bench.stalls --connections 64 --threshold 0.5
     python -m bench.stalls --streams 64      # bench/streams.py's 64 streams instead of wrk
+    STALLS_GC_THRESHOLDS=700,10,10 python -m bench.stalls --streams 1000
 
 The gate fronts bench/upstream.py with its model resident, as in `make bench`, and runs
 with `asyncio.events.Handle._run` timed: a callback (a task's step, a protocol's
 `data_received`, a timer) that takes longer than `--threshold` ms is counted under its
-name, with the longest time and the sum. A worker thread that holds the GIL shows up
-here too, as the loop's callback that was running when it took the GIL. The report is
-printed when the gate stops. It names where the p99 of `make bench` comes from; it is not
-part of `make bench` (timing every callback costs the gate about 10 % of its rate).
+name, with the longest time and the sum; each generation's garbage collections likewise.
+A worker thread that holds the GIL shows up here too, as the loop's callback that was
+running when it took the GIL. The report is printed when the gate stops. It names where
+the p99 of `make bench` comes from; it is not part of `make bench` (timing every callback
+costs the gate about 10 % of its rate).
 """
 
 from __future__ import annotations
@@ -80,7 +82,36 @@ def traced_serve(config: str, threshold_ms: float) -> None:
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
 
+    # Garbage collections, by generation: count, total and longest time.
+    import gc
+
+    collections_by_gen: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    began_gc = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began_gc[0] = clock()
+            return
+        spent = clock() - began_gc[0]
+        row = collections_by_gen[info["generation"]]
+        row[0] += 1
+        row[1] += spent
+        row[2] = max(row[2], spent)
+
+    gc.callbacks.append(on_gc)
+    if os.environ.get("STALLS_GC_THRESHOLDS"):  # to try others than serve.py's
+        import gpugate.serve
+
+        wanted = tuple(map(int, os.environ["STALLS_GC_THRESHOLDS"].split(",")))
+        gpugate.serve.GC_THRESHOLDS = wanted  # type: ignore[assignment]
+
     def report() -> None:
+        for gen, (count, total, longest) in sorted(collections_by_gen.items()):
+            print(
+                f"gc generation {gen}: {int(count)} collections, {total * 1000:.1f} ms in all, "
+                f"longest {longest * 1000:.2f} ms",
+                file=sys.stderr,
+            )
         rows = sorted(slow.items(), key=lambda item: -item[1][1])
         print(
             f"callbacks over {threshold_ms:g} ms: count, total ms, longest ms, what",
@@ -128,6 +159,8 @@ def main() -> None:
             STATE_ENV: str(gpu.state_path),
             "GPUGATE_NVML_LIBRARY": str(library_path()),
             "GPUGATE_LOG_LEVEL": "WARNING",
+            # The timing hook is asyncio's Handle: uvloop's callbacks run in C.
+            "GPUGATE_LOOP": "asyncio",
         }
         argv = [sys.executable, "-m", "bench.stalls", "--threshold", str(args.threshold)]
         gate = start([*argv, "--serve", str(config)], PROXY_CPU, env, Path(tmp) / "gate.log")
@@ -139,6 +172,8 @@ def main() -> None:
             if args.streams:
                 argv = [sys.executable, "-m", "bench.streams", "--url", url]
                 argv += ["--streams", str(args.streams)]
+                if args.streams > 64:  # as bench/holds.py holds them
+                    argv += ["--chunks", "10", "--interval", "0.5"]
                 out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
             else:
                 out = subprocess.run(

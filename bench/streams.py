@@ -7,9 +7,9 @@ request is made to its first line. It is measured twice:
 
 * for the streams themselves, all started at once (a burst: the client's own work to
   start them all is most of it, and the p99 of 64 is their slowest);
-* under load: once every stream is running, a probe opens one short stream after another
-  on a keep-alive connection until the streams end, each a sample of the time a new
-  request waits for its first line while the proxy relays all the others.
+* under load: once every stream is running, a probe opens a short stream every 10 ms on
+  a keep-alive connection until the streams end, each a sample of the time a new request
+  waits for its first line while the proxy relays all the others.
 
     python -m bench.streams --url http://127.0.0.1:P --streams 64 --chunks 100 --interval 0.02
     python -m bench.streams --url http://127.0.0.1:P --streams 1000 --chunks 10 --interval 0.5 \
@@ -83,11 +83,23 @@ async def one(session, url, chunks, interval, latencies, ttfb, held=None) -> int
     return count
 
 
+PROBE_EVERY = 0.01
+"""Seconds between the starts of two probes: a fixed pace, so that a faster proxy is not
+sent more of them (and more load) than a slower one."""
+
+
 async def probe(url: str, load: asyncio.Future[object], ttfb: list[float]) -> None:
-    """One short stream after another, on one connection, until `load` is done."""
+    """A short stream every PROBE_EVERY seconds (or as soon as the last one ended, when it
+    took longer), on one connection, until `load` is done."""
     async with aiohttp.ClientSession() as session:
+        start = time.monotonic()
+        n = 0
         while not load.done():
             await one(session, url, 0, 0.0, [], ttfb)
+            n += 1
+            delay = start + n * PROBE_EVERY - time.monotonic()
+            if delay > 0:
+                await asyncio.wait({load}, timeout=delay)
 
 
 async def watch(pid: int, held: Held, samples: list[tuple[int, int]]) -> None:
