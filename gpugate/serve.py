@@ -41,6 +41,12 @@ from gpugate.store.db import Store
 
 log = logging.getLogger("gpugate.serve")
 
+GC_THRESHOLDS = (5000, 20, 10)
+"""The collector's thresholds once serving (Python's: 700, 10, 10). A request's objects die
+young and by their reference counts; collected every 700 allocations, those of requests
+in flight (1,000 held streams' protocols, tasks and buffers) are promoted and soon make
+the oldest generation due: full passes of 30-45 ms every few seconds, the chunk and
+first-byte p99 of a gate holding many streams (docs/benchmarks.md)."""
 CONTROL_LIMITS = ListenerLimits()
 CONTROL_GRACE = 1.0
 
@@ -288,6 +294,7 @@ def run_serve(config_path: Path) -> int:
             # p99 of a busy listener; docs/benchmarks.md).
             gc.collect()
             gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
             for line in lines:
                 print(line, flush=True)
             notifier.ready()
