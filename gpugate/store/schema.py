@@ -179,8 +179,6 @@ class HistoryPoint:
     """The least schedulable within the step (None: a single row)."""
 
 
-
-
 def lease_row(lease: Lease, held: float, outcome: str, wall: float) -> tuple[object, ...]:
     """A finished lease's row in the `leases` table (`wall`: when it was recorded)."""
     demand = lease.demand

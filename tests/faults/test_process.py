@@ -68,8 +68,7 @@ async def test_sigkill_mid_workload_then_restart(tmp_path):
 
 
 LEASES_WRITTEN = (
-    "SELECT (SELECT count(*) FROM leases)"
-    " + (SELECT coalesce(sum(leases), 0) FROM lease_minutes)"
+    "SELECT (SELECT count(*) FROM leases) + (SELECT coalesce(sum(leases), 0) FROM lease_minutes)"
 )
 """Leases in the history: a row each, or counted in their minute's row."""
 
