@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -132,10 +133,14 @@ async def _serve(server: WhisperServer, options: ServerOptions) -> int:
 
     def on_signal() -> None:
         if stop.is_set():
-            print("Received second interrupt, terminating immediately.", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                print("Received second interrupt, terminating immediately.", file=sys.stderr)
             os._exit(1)
-        print("\nCaught shutdown signal, shutting down gracefully...", flush=True)
+        # Stopping comes first: a starter that died (the death signal) took the read end
+        # of this process's stdout with it, and the message would raise BrokenPipeError.
         stop.set()
+        with contextlib.suppress(OSError):
+            print("\nCaught shutdown signal, shutting down gracefully...", flush=True)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
