@@ -159,7 +159,7 @@ def tables(results: Results, rounds: int = HOLD_ROUNDS) -> list[str]:
             + (f"median of {rounds} interleaved rounds" if rounds > 1 else "one round")
             + "). Time to first byte, from just before a request to its first line: for the "
             "streams themselves, started in one burst, and under load, for the probe's short "
-            "streams sent one after another while all of them are held (`probes`: how many); "
+            "streams, one every 10 ms while all of them are held (`probes`: how many); "
             "what the proxy adds to the bare pass-through's p99; the chunks' delivery p99; "
             "the process's RSS while it held the most streams at once, and its growth over "
             "the same process idle (fresh, warmed by 20 requests; for direct, the upstream's "
