@@ -235,8 +235,8 @@ def configure_logging() -> None:
 
 def run_loop(main: Coroutine[object, object, None]) -> None:
     """Run the gate on uvloop where it is installed, else (or with GPUGATE_LOOP=asyncio)
-    on asyncio's own loop. uvloop holds 1,000 streams with a third of the chunk p99 and
-    serves small requests for less CPU each (docs/benchmarks.md)."""
+    on asyncio's own loop. uvloop holds 1,000 streams with a far lower chunk p99 and serves
+    small requests for less CPU each (docs/benchmarks.md)."""
     if os.environ.get("GPUGATE_LOOP", "uvloop") != "asyncio":
         try:
             import uvloop
