@@ -28,10 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.targets import free_port, gate_config, wait_http, wait_resident
-from gpugate.core.units import GiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
+from bench.targets import bench_gpu, free_port, gate_config, gate_env, wait_http, wait_resident
 
 BODY = {"model": "bench", "prompt": "hi", "stream": False}
 
@@ -154,16 +151,9 @@ def main() -> None:
         upstream = subprocess.Popen(
             [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port)]
         )
-        gpu = SimulatedGpuHost.create(
-            Path(tmp) / "gpu", [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
-        )
+        gpu = bench_gpu(Path(tmp) / "gpu")
         config = gate_config(port, control_port, upstream_port, Path(tmp) / "gate.yaml")
-        env = {
-            **os.environ,
-            STATE_ENV: str(gpu.state_path),
-            "GPUGATE_NVML_LIBRARY": str(library_path()),
-            "GPUGATE_LOG_LEVEL": "WARNING",
-        }
+        env = gate_env(gpu)
         serve = [sys.executable, "-m", "gpugate", "serve", "--config", str(config)]
         if args.target == "passthrough":
             serve = [

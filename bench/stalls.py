@@ -30,15 +30,14 @@ from pathlib import Path
 from bench.targets import (
     LOAD_CPU,
     PROXY_CPU,
+    bench_gpu,
     free_port,
     gate_config,
+    gate_env,
     start,
     wait_http,
     wait_resident,
 )
-from gpugate.core.units import GiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
 
 ROOT = Path(__file__).resolve().parents[1]
 WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
@@ -150,18 +149,10 @@ def main() -> None:
         upstream = start(
             [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port)], LOAD_CPU
         )
-        gpu = SimulatedGpuHost.create(
-            Path(tmp) / "gpu", [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
-        )
+        gpu = bench_gpu(Path(tmp) / "gpu")
         config = gate_config(port, control_port, upstream_port, Path(tmp) / "gate.yaml")
-        env = {
-            **os.environ,
-            STATE_ENV: str(gpu.state_path),
-            "GPUGATE_NVML_LIBRARY": str(library_path()),
-            "GPUGATE_LOG_LEVEL": "WARNING",
-            # The timing hook is asyncio's Handle: uvloop's callbacks run in C.
-            "GPUGATE_LOOP": "asyncio",
-        }
+        # The timing hook is asyncio's Handle: uvloop's callbacks run in C.
+        env = gate_env(gpu, GPUGATE_LOOP="asyncio")
         argv = [sys.executable, "-m", "bench.stalls", "--threshold", str(args.threshold)]
         gate = start([*argv, "--serve", str(config)], PROXY_CPU, env, Path(tmp) / "gate.log")
         try:

@@ -116,6 +116,24 @@ consumers:
     return path
 
 
+def bench_gpu(directory: Path) -> SimulatedGpuHost:
+    """The simulated card a benchmarked gate samples: 16 GiB, nothing else on it."""
+    return SimulatedGpuHost.create(
+        directory, [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")]
+    )
+
+
+def gate_env(gpu: SimulatedGpuHost, **extra: str) -> dict[str, str]:
+    """A benchmarked gate's environment: `gpu` through the fake NVML, warnings only."""
+    return {
+        **os.environ,
+        STATE_ENV: str(gpu.state_path),
+        "GPUGATE_NVML_LIBRARY": str(library_path()),
+        "GPUGATE_LOG_LEVEL": "WARNING",
+        **extra,
+    }
+
+
 def nginx_binary() -> Path | None:
     """Debian's nginx unpacked by `make bench`, else one installed on the machine."""
     if NGINX.exists():
@@ -226,20 +244,11 @@ class Rig:
                 )
             elif name.startswith("gpugate"):
                 if gpu is None:
-                    gpu = SimulatedGpuHost.create(
-                        home / "gpu",
-                        [SimDevice(0, 16 * GiB, 434 * 2**20, "GPU-bench", "bench")],
-                    )
+                    gpu = bench_gpu(home / "gpu")
                 loop = "uvloop" if "uvloop" in name else "asyncio"
                 control = free_port()
                 config = gate_config(port, control, upstream, home / f"{loop}.yaml")
-                env = {
-                    **os.environ,
-                    STATE_ENV: str(gpu.state_path),
-                    "GPUGATE_NVML_LIBRARY": str(library_path()),
-                    "GPUGATE_LOOP": loop,
-                    "GPUGATE_LOG_LEVEL": "WARNING",
-                }
+                env = gate_env(gpu, GPUGATE_LOOP=loop)
                 argv = [sys.executable, "-m", "gpugate", "serve", "--config", str(config)]
                 self.logs[name] = home / f"{loop}.log"
                 self.processes.append(start(argv, PROXY_CPU, env, self.logs[name]))
