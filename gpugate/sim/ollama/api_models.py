@@ -171,10 +171,13 @@ async def pull(request: web.Request) -> web.StreamResponse:
         return json_response(steps[-1], content_type=JSON_PLAIN)
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
-    for step in steps:
-        await response.write(ndjson_line(step))
-        await asyncio.sleep(0)
-    if model is None:
-        await response.write(ndjson_line({"error": MISSING_MANIFEST}))
-    await response.write_eof()
+    try:
+        for step in steps:
+            await response.write(ndjson_line(step))
+            await asyncio.sleep(0)
+        if model is None:
+            await response.write(ndjson_line({"error": MISSING_MANIFEST}))
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client left mid-pull: Ollama stops with the request's context, quietly
     return response
