@@ -4,22 +4,10 @@ evict, drain, undrain, pause, resume, sim run, demo."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-DEFAULT_CONFIG_PATHS = (Path("consumers.yaml"), Path("/etc/gpugate/consumers.yaml"))
-
-
-def default_config_path() -> Path:
-    """$GPUGATE_CONFIG, else ./consumers.yaml, else /etc/gpugate/consumers.yaml."""
-    env = os.environ.get("GPUGATE_CONFIG")
-    if env:
-        return Path(env)
-    for candidate in DEFAULT_CONFIG_PATHS:
-        if candidate.exists():
-            return candidate
-    return DEFAULT_CONFIG_PATHS[0]
+from gpugate.config.paths import default_config_path
 
 
 def _parser() -> argparse.ArgumentParser:

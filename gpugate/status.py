@@ -15,6 +15,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from gpugate.config.model import Config
+from gpugate.config.paths import default_config_path
 from gpugate.core.budget import GpuBudget, compute_budget
 from gpugate.core.units import GiB
 
@@ -142,7 +143,6 @@ def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = 
     """Print the budget; 0 on success, 2 on a bad config, 1 when NVML cannot be read."""
     import asyncio
 
-    from gpugate.cli import default_config_path
     from gpugate.config.loader import ConfigError, load_config_with_warnings
 
     out = out or sys.stdout
