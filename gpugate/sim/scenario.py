@@ -36,8 +36,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import yaml
 
-from gpugate.core.units import GiB, MiB, parse_duration, parse_size
+from gpugate.core.units import GiB, MiB, parse_duration
 from gpugate.sim.faultspec import FaultSpec, parse_faults
+from gpugate.sim.specfields import duration as _duration
+from gpugate.sim.specfields import field_size as _field_size
+from gpugate.sim.specfields import number as _number
+from gpugate.sim.specfields import only as _only
 
 if TYPE_CHECKING:
     from gpugate.sim.whisper.spec import WhisperServerSpec
@@ -219,14 +223,6 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
     )
 
 
-def _only(data: Any, where: str, allowed: set[str]) -> None:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = set(data) - allowed
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
-
-
 def _gpu(data: dict[str, Any], index: int) -> GpuSpec:
     _only(data, f"gpus[{index}]", {"name", "total", "reserved", "base_used", "uuid"})
     where = f"gpus[{index}]"
@@ -289,8 +285,8 @@ def _check_gpus(holder: HolderSpec, where: str, count: int) -> None:
 
 def _ollama(data: dict[str, Any]) -> OllamaSpec:
     # Imported here: the simulated Ollama's package imports this module.
-    from gpugate.sim.ollama.catalog import ModelName
     from gpugate.sim.ollama.duration import DurationError, parse_keep_alive_setting
+    from gpugate.sim.ollama.names import ModelName
 
     simple = {"listen", "gpu", "keep_alive", "tokens_per_second", "version", "max_queue"}
     knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins"}
@@ -454,39 +450,3 @@ def _comfyui(data: Any, gpus: int) -> ComfyUISpec:
     if spec.gpu >= gpus:
         raise ValueError(f"comfyui.gpu: no GPU {spec.gpu} (the host has {gpus})")
     return spec
-
-
-def _duration(data: dict[str, Any], key: str, where: str, default: float) -> float:
-    try:
-        return parse_duration(data.get(key, default))
-    except ValueError as exc:
-        raise ValueError(f"{where}.{key}: {exc}") from None
-
-
-def _number(
-    data: dict[str, Any],
-    key: str,
-    where: str,
-    kind: type[int] | type[float],
-    default: float,
-    *,
-    minimum: float | None = None,
-    positive: bool = False,
-) -> Any:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{where}.{key}: expected a number, got {value!r}")
-    if kind is int and value != int(value):
-        raise ValueError(f"{where}.{key}: expected a whole number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{where}.{key}: must be at least {minimum}, got {value!r}")
-    if positive and not value > 0:
-        raise ValueError(f"{where}.{key}: must be positive, got {value!r}")
-    return kind(value)
-
-
-def _field_size(data: dict[str, Any], key: str, where: str, default: int) -> int:
-    try:
-        return parse_size(data.get(key, default))
-    except ValueError as exc:
-        raise ValueError(f"{where}.{key}: {exc}") from None

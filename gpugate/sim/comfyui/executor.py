@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from gpugate.sim.comfyui import work
+import gpugate.sim.comfyui.work as work
 from gpugate.sim.comfyui.hub import Hub, preview_frame, preview_with_metadata
 from gpugate.sim.comfyui.images import grey_jpeg
 from gpugate.sim.comfyui.memory import Part, TorchOutOfMemory, Vram

@@ -13,17 +13,34 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from gpugate.sim.comfyui.executor import Executor
+from gpugate.sim.comfyui.hub import Hub
 from gpugate.sim.comfyui.nodes import MODEL_FOLDERS
-from gpugate.sim.comfyui.promptqueue import SENSITIVE_EXTRA_DATA_KEYS, QueueItem
+from gpugate.sim.comfyui.promptqueue import SENSITIVE_EXTRA_DATA_KEYS, PromptQueue, QueueItem
 from gpugate.sim.comfyui.validation import validate_prompt
 from gpugate.sim.comfyui.webui import INDEX_HTML
 
-if TYPE_CHECKING:
-    from gpugate.sim.comfyui.server import SimComfyUI
+
+class SimComfyUI(Protocol):
+    """What the routes read of the simulated ComfyUI (`server.SimComfyUI`)."""
+
+    output_dir: Path
+    input_dir: Path
+    temp_dir: Path
+    client_max_size: int
+    server_features: dict[str, Any]
+    hub: Hub
+    queue: PromptQueue
+    executor: Executor
+
+    def queue_info(self) -> dict[str, Any]: ...
+
+    def files(self, folder: str) -> list[str]: ...
+
 
 FORCE_DOWNLOAD = {
     "text/html",

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 import gpugate
-from gpugate.sim.comfyui import origin
+import gpugate.sim.comfyui.origin as origin
 from gpugate.sim.comfyui.executor import Executor
 from gpugate.sim.comfyui.hub import Hub
 from gpugate.sim.comfyui.memory import Vram

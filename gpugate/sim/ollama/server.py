@@ -8,8 +8,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+import gpugate.sim.ollama.api_inference as api_inference
+import gpugate.sim.ollama.api_models as api_models
+import gpugate.sim.ollama.openai_api as openai_api
 from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.ollama import api_inference, api_models, openai_api
 from gpugate.sim.ollama.catalog import Catalog
 from gpugate.sim.ollama.duration import parse_keep_alive_setting
 from gpugate.sim.ollama.engine import Engine

@@ -29,7 +29,7 @@ from typing import TextIO
 import attrs
 from aiohttp import web
 
-from gpugate.sim.whisper import transcript
+import gpugate.sim.whisper.transcript as transcript
 from gpugate.sim.whisper.fields import CppException, Part, inference_params, read_parts
 from gpugate.sim.whisper.model import Context, ModelDoesNotFit, ModelMissing
 

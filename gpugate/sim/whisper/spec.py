@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from gpugate.core.units import parse_duration
-from gpugate.sim.scenario import _field_size, _number, _only
+from gpugate.sim.specfields import field_size, number, only
 
 
 @attrs.frozen
@@ -33,12 +33,12 @@ class WhisperServerSpec:
 def parse_whisper(data: Any) -> WhisperServerSpec:
     """Read the `whisper:` mapping; ValueError naming the field."""
     fields = {f.name for f in attrs.fields(WhisperServerSpec)}
-    _only(data, "whisper", fields)
+    only(data, "whisper", fields)
     default = {f.name: f.default for f in attrs.fields(WhisperServerSpec)}
     models = data.get("models") or {}
     if not isinstance(models, dict):
         raise ValueError("whisper.models: expected a mapping of model file to size")
-    sizes = {str(path): _field_size(models, path, "whisper.models", 0) for path in models}
+    sizes = {str(path): field_size(models, path, "whisper.models", 0) for path in models}
 
     def seconds(key: str) -> float:
         try:
@@ -61,16 +61,16 @@ def parse_whisper(data: Any) -> WhisperServerSpec:
     return WhisperServerSpec(
         listen=listen,
         model=str(data.get("model", default["model"])),
-        gpu=_number(data, "gpu", "whisper", int, 0, minimum=0),
+        gpu=number(data, "gpu", "whisper", int, 0, minimum=0),
         models=sizes,
         load_seconds=seconds("load_seconds"),
         decode_seconds=seconds("decode_seconds"),
-        decode_per_audio_second=_number(
+        decode_per_audio_second=number(
             data, "decode_per_audio_second", "whisper", float, 0.0, minimum=0
         ),
         inference_path=str(data.get("inference_path", default["inference_path"])),
         request_path=str(data.get("request_path", "")),
         keepalive_timeout=keepalive,
-        keepalive_max=_number(data, "keepalive_max", "whisper", int, 100, minimum=1),
+        keepalive_max=number(data, "keepalive_max", "whisper", int, 100, minimum=1),
         oom=oom,
     )
