@@ -34,13 +34,13 @@ from bench.targets import (
     PROXIES,
     PROXY_CPU,
     ROOT,
+    WRK,
+    WRK_LIB,
     Rig,
     nginx_binary,
     raise_fd_limit,
 )
 
-WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
-WRK_LIB = ROOT / "build" / "wrk" / "usr" / "lib" / "x86_64-linux-gnu"
 DOC = ROOT / "docs" / "benchmarks.md"
 DURATION = int(os.environ.get("BENCH_SECONDS", "3"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))

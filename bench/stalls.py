@@ -30,6 +30,9 @@ from pathlib import Path
 from bench.targets import (
     LOAD_CPU,
     PROXY_CPU,
+    ROOT,
+    WRK,
+    WRK_LIB,
     bench_gpu,
     free_port,
     gate_config,
@@ -39,9 +42,12 @@ from bench.targets import (
     wait_resident,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
-WRK_LIB = ROOT / "build" / "wrk" / "usr" / "lib" / "x86_64-linux-gnu"
+
+def add(row: list[float], spent: float) -> None:
+    """One more occurrence in a [count, total, longest] row."""
+    row[0] += 1
+    row[1] += spent
+    row[2] = max(row[2], spent)
 
 
 def traced_serve(config: str, threshold_ms: float) -> None:
@@ -74,10 +80,7 @@ def traced_serve(config: str, threshold_ms: float) -> None:
         plain(self)
         spent = clock() - began
         if spent > limit:
-            row = slow[name_of(self)]
-            row[0] += 1
-            row[1] += spent
-            row[2] = max(row[2], spent)
+            add(slow[name_of(self)], spent)
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
 
@@ -91,11 +94,7 @@ def traced_serve(config: str, threshold_ms: float) -> None:
         if phase == "start":
             began_gc[0] = clock()
             return
-        spent = clock() - began_gc[0]
-        row = collections_by_gen[info["generation"]]
-        row[0] += 1
-        row[1] += spent
-        row[2] = max(row[2], spent)
+        add(collections_by_gen[info["generation"]], clock() - began_gc[0])
 
     gc.callbacks.append(on_gc)
     if os.environ.get("STALLS_GC_THRESHOLDS"):  # to try others than serve.py's

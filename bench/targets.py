@@ -27,6 +27,8 @@ from gpugate.sim.shim import STATE_ENV, library_path
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX = ROOT / "build" / "nginx" / "usr" / "sbin" / "nginx"
+WRK = ROOT / "build" / "wrk" / "usr" / "bin" / "wrk"
+WRK_LIB = ROOT / "build" / "wrk" / "usr" / "lib" / "x86_64-linux-gnu"
 CPUS = sorted(os.sched_getaffinity(0))
 LOAD_CPU = CPUS[0]
 PROXY_CPU = CPUS[-1]

@@ -342,8 +342,8 @@ class Store:
             for i, (_, kind, params) in enumerate(batch, 1):
                 grouped.setdefault(kind, []).append(row_of(kind, params))
                 if i % ROWS_PER_TURN == 0:
-                    # A busy listener's batch is thousands of rows: built in turns, the
-                    # requests waiting on the loop meanwhile are served in between.
+                    # A batch kept while the database refused writes can be thousands of
+                    # rows: built in turns, the requests waiting meanwhile are served.
                     await asyncio.sleep(0)
             for kind, rows in grouped.items():
                 await self._db.executemany(INSERT[kind], rows)
