@@ -14,6 +14,7 @@ and the silence between two chunks of the body.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Iterable, Mapping
 
@@ -61,9 +62,14 @@ HOP_BY_HOP = frozenset(
     )
 )
 _HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
+FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+"""How a message's end is found. The gate frames what it sends itself, so the client's
+framing headers are never copied, and a `Connection` header naming them (a hop-by-hop
+list) changes nothing: a body the gate received always goes up framed by the gate."""
 # Expect: the listener already answered 100 Continue, and the body goes up with the head.
-_DROP_UP = _HOP_BYTES | {b"host", b"expect"}
-_DROP_UP_SIZED = _DROP_UP | {b"content-length"}
+_DROP_UP = _HOP_BYTES | FRAMING | {b"host", b"expect"}
+_KEPT_FROM_CONNECTION = FRAMING | {b"host"}
+"""Never taken as hop-by-hop because `Connection` names them: the gate sets them itself."""
 
 _DROP_WS = HOP_BY_HOP | {"host"}
 
@@ -71,6 +77,15 @@ _DROP_WS = HOP_BY_HOP | {"host"}
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
     value = headers.get(hdrs.CONNECTION, "")
     return {token.strip().lower() for token in value.split(",") if token.strip()}
+
+
+def _named_hops(raw_headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """The header names the client's `Connection` headers list, as bytes (any octets)."""
+    named: set[bytes] = set()
+    for name, value in raw_headers:
+        if name.lower() == b"connection":
+            named.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return named - _KEPT_FROM_CONNECTION
 
 
 def upstream_headers(
@@ -99,10 +114,9 @@ def _forwarded_for(request: web.BaseRequest, out: CIMultiDict[str]) -> None:
 
 
 @functools.cache
-def _dropped(sized: bool, drop: tuple[str, ...]) -> frozenset[bytes]:
+def _dropped(drop: tuple[str, ...]) -> frozenset[bytes]:
     """Request headers not copied upstream (a few combinations, each built once)."""
-    base = _DROP_UP_SIZED if sized else _DROP_UP
-    return base | {b"x-forwarded-for"} | {name.lower().encode() for name in drop}
+    return _DROP_UP | {b"x-forwarded-for"} | {name.lower().encode() for name in drop}
 
 
 def request_head(
@@ -118,14 +132,15 @@ def request_head(
 
     The client's header lines are copied byte for byte, less the hops (and what the
     `Connection` header names), Host (the upstream's own address instead), Expect, the
-    headers the adapter already judged (`drop`), and the framing when the gate sets it:
-    `length` for a body sent whole, `chunked` for a body relayed as it comes whose
-    client sent it chunked. A client's X-Forwarded-For is extended with its address.
+    headers the adapter already judged (`drop`) and the client's framing. The framing is
+    the gate's: `length` for a body of known length, `chunked` for a body relayed as it
+    comes whose length is not known, neither for no body. A client's X-Forwarded-For is
+    extended with its address.
     """
-    dropped = _dropped(length is not None, tuple(drop))
+    dropped = _dropped(tuple(drop))
     incoming = request.headers
     if hdrs.CONNECTION in incoming:
-        dropped = dropped | {t.encode("latin-1") for t in _connection_tokens(incoming)}
+        dropped = dropped | _named_hops(request.raw_headers)
     target = request.raw_path
     if not target.startswith("/"):
         target = str(request.rel_url)
@@ -181,8 +196,11 @@ async def open_upstream(
     length = None if body is None else len(body)
     chunked = False
     if body is None and request.body_exists:
-        upload = _relay_body(request)
-        chunked = request.content_length is None
+        # aiohttp's payload reader ends the body where the client's framing says; the
+        # upstream learns that end from the gate's own framing, never the client's.
+        length = request.content_length
+        upload = _relay_body(request, length)
+        chunked = length is None
     head = request_head(
         request,
         upstream_host,
@@ -207,10 +225,15 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 connection when a kept-alive one turns out closed."""
 
 
-async def _relay_body(request: web.BaseRequest) -> AsyncIterator[bytes]:
-    """The client's body as it arrives."""
+async def _relay_body(request: web.BaseRequest, length: int | None) -> AsyncIterator[bytes]:
+    """The client's body as it arrives; one that ends short of `length` raises
+    IncompleteReadError (the upstream must not take a short body as whole)."""
+    sent = 0
     async for chunk in request.content.iter_any():
+        sent += len(chunk)
         yield chunk
+    if length is not None and sent != length:
+        raise asyncio.IncompleteReadError(b"", length - sent)
 
 
 def downstream_headers(

@@ -332,6 +332,7 @@ class _Connection(asyncio.Protocol):
         self._head_only = False
         self.reusable = False
         self.answered = False
+        self.sent_whole = False
         self.lost = False
         self._paused = False
         self._write_waiter: asyncio.Future[None] | None = None
@@ -356,28 +357,46 @@ class _Connection(asyncio.Protocol):
         self.answered = False
         self._head_only = head_only
         waiter = self._headers_waiter = self._loop.create_future()
+        self.sent_whole = False
         if body is None or isinstance(body, bytes):
             transport.write(head + body if body else head)
+            self.sent_whole = True
         else:
             transport.write(head)
-            async for part in body:
-                self.arm(bounds.first_byte, Stall.FIRST_BYTE)
-                if not part:
-                    continue
-                if chunked:
-                    transport.write(b"%x\r\n%b\r\n" % (len(part), part))
-                else:
-                    transport.write(part)
-                if self._writing_paused:
-                    await self._drain()
-            if chunked:
-                transport.write(b"0\r\n\r\n")
+            await self._upload(body, bounds, chunked)
         self.arm(bounds.first_byte, Stall.FIRST_BYTE)
         try:
             await waiter
         finally:
             self._headers_waiter = None
         return response
+
+    async def _upload(self, body: AsyncIterable[bytes], bounds: Bounds, chunked: bool) -> None:
+        """Write a relayed body as it comes, until it ends or the upstream stops taking it.
+
+        An upstream may answer before the body is all sent (a 404 for an upload) and close:
+        then the rest is not written (the answer is what counts), and the connection is not
+        kept, since nobody can say where the upstream thinks the request ended.
+        """
+        async for part in body:
+            transport = self.transport
+            if self.lost or self.answered or transport is None or transport.is_closing():
+                return
+            self.arm(bounds.first_byte, Stall.FIRST_BYTE)
+            if not part:
+                continue
+            if chunked:
+                transport.write(b"%x\r\n%b\r\n" % (len(part), part))
+            else:
+                transport.write(part)
+            if self._writing_paused:
+                await self._drain()
+        if self.lost or self.answered:
+            return
+        if chunked:
+            assert self.transport is not None
+            self.transport.write(b"0\r\n\r\n")
+        self.sent_whole = True
 
     def arm(self, seconds: float, stall: Stall) -> None:
         """The current wait may last `seconds` from now (one lazily moved timer)."""
@@ -404,15 +423,26 @@ class _Connection(asyncio.Protocol):
         headers_waiter = self._headers_waiter
         if headers_waiter is not None and not headers_waiter.done():
             headers_waiter.set_exception(error)
+            self._wake_writer()  # an upload the upstream stopped taking ends too
         elif self._stall is Stall.IDLE and self.response._waiter is not None:
             self.response._fail(error)
 
     async def _drain(self) -> None:
+        """Wait until the upstream takes more of an upload; raises the exchange's error
+        (a timeout) when one came first."""
         self._write_waiter = self._loop.create_future()
         try:
             await self._write_waiter
         finally:
             self._write_waiter = None
+        headers_waiter = self._headers_waiter
+        if headers_waiter is not None and headers_waiter.done() and not self.answered:
+            headers_waiter.result()  # raises the timeout that ended the wait
+
+    def _wake_writer(self) -> None:
+        waiter = self._write_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def resume(self) -> None:
         if self._paused and self.transport is not None and not self.lost:
@@ -447,6 +477,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
         self.pool._lost(self)
+        self._wake_writer()
         response = self.response
         if response is None or response._ended:
             return
@@ -462,9 +493,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        waiter = self._write_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake_writer()
 
     # -- llhttp callbacks ------------------------------------------------------------------
 
@@ -515,7 +544,9 @@ class _Connection(asyncio.Protocol):
             return  # the end of an informational answer
         if not self._head_only:
             response._ended = True
-            self.reusable = self.parser.should_keep_alive()
+            # An answer that came before the whole request went up leaves the request's
+            # end in doubt: that connection is never used again.
+            self.reusable = self.sent_whole and self.parser.should_keep_alive()
         self._deadline = None
         response._wake()
 
