@@ -5,34 +5,36 @@ differs from Python's `json.loads` where it matters for admission:
 
 * object keys match struct fields case-insensitively (fold.go: ASCII letters, plus the
   Kelvin sign for K and the long s for S), duplicates are all decoded and the last wins;
-  a JSON `null` leaves a pointer field nil;
+  a JSON `null` leaves a field as it was;
 * strings may hold invalid UTF-8 and lone surrogate escapes (both become U+FFFD);
 * NaN and Infinity are not JSON, and a number that overflows float64 is an error where
   it is decoded into a number or an `interface{}` (and ignored in an unknown field);
+* nesting is allowed to 10000 levels;
 * bytes after the first JSON value are never read.
 
-`read_object` makes one pass over the top level and keeps, for every member, its key,
-its value and where it sits in the text, so a caller can classify from the same
-reading it rewrites from (`splice`). Values are decoded by the C scanner of `json`.
-`gojson_fast.read_struct` reads most bodies in one call of that scanner instead.
+Values are kept as the scanner gives them with `object_pairs_hook=tuple`: an object is a
+tuple of `(key, value)` pairs with every duplicate, an array a list. `read_object` walks
+the top level and keeps where each member sits, so a caller can rewrite (`splice`).
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import attrs
+
+from gpugate.runtimes.gojson_scan import ScanError, parse_int, scan
 
 _WS = re.compile(r"[ \t\n\r]*")
 _COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
 _AFTER_VALUE = re.compile(r"[ \t\n\r]*(?:,[ \t\n\r]*(?=\")|\})")
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_INT64 = 2**63
 _FOLDS = str.maketrans({"\u212a": "K", "\u017f": "S"})
+SHALLOW = 500
+"""A text with at most this many `[` and `{` cannot nest deeper: the C scanner reads it
+(it recurses once per level, and gives up near a thousand)."""
 
 
 class GoJsonError(ValueError):
@@ -47,15 +49,28 @@ def _reject_constant(name: str) -> object:
     raise GoJsonError(f"invalid character in literal {name}")
 
 
-def _parse_int(text: str) -> int | float:
-    # Long literals go through float (Python refuses very long ints; Go never
-    # holds an integer beyond float64 or int64 anyway).
-    return int(text) if len(text) <= 40 else float(text)
-
-
-DECODER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_reject_constant)
-"""The decoder every key and value is parsed with (NaN and Infinity refused)."""
+DECODER = json.JSONDecoder(
+    parse_int=parse_int, parse_constant=_reject_constant, object_pairs_hook=tuple
+)
+"""The C scanner's reading: NaN and Infinity refused, objects as tuples of pairs."""
 _SCAN = DECODER.scan_once
+
+
+def shallow(text: str) -> bool:
+    """Whether the text cannot nest deeper than the C scanner safely recurses."""
+    return len(text) <= SHALLOW or text.count("[") + text.count("{") <= SHALLOW
+
+
+def scan_value(text: str, pos: int, is_shallow: bool) -> tuple[object, int]:
+    """The JSON value at `pos` and the index after it; GoJsonError where Go refuses it."""
+    try:
+        if is_shallow:
+            return _SCAN(text, pos)
+        return scan(text, pos)
+    except StopIteration:
+        raise GoJsonError("invalid character looking for beginning of value") from None
+    except (ValueError, ScanError) as exc:
+        raise GoJsonError(str(exc)) from None
 
 
 def go_string(text: str) -> str:
@@ -105,212 +120,82 @@ class TopLevel:
     close: int
     """Index of the closing brace."""
 
-    def matching(self, field: str) -> list[Member]:
-        """Every member Go decodes into the struct field `field` (in order)."""
-        folded = field.upper()
-        return [m for m in self.members if m.key == field or fold_key(m.key) == folded]
 
-
-def read_object(body: bytes) -> TopLevel:
-    """The first JSON value of the body, which must be an object, read as Go reads it."""
+def decode_text(body: bytes) -> tuple[str, int]:
+    """The body as text and the index of its first value; GoJsonError if none."""
     text = body.decode("utf-8", "surrogateescape")
     pos = _WS.match(text).end()
     if pos == len(text):
         raise EmptyBody("EOF")
+    return text, pos
+
+
+def read_object(body: bytes) -> TopLevel:
+    """The first JSON value of the body, which must be an object, read as Go reads it."""
+    text, pos = decode_text(body)
     if text[pos] != "{":
         raise GoJsonError("the body is not a JSON object")
+    is_shallow = shallow(text)
     members: list[Member] = []
     pos = _WS.match(text, pos + 1).end()
     if text.startswith("}", pos):
         return TopLevel(text, (), pos)
-    try:
-        while True:
-            if not text.startswith('"', pos):
-                raise GoJsonError("invalid character looking for beginning of object key")
-            key, colon = _SCAN(text, pos)
-            after_colon = _COLON.match(text, colon)
-            if after_colon is None:
-                raise GoJsonError("invalid character after object key")
-            value_start = after_colon.end()
-            value, end = _SCAN(text, value_start)
-            after = _AFTER_VALUE.match(text, end)
-            if after is None:
-                raise GoJsonError("invalid character after object key:value pair")
-            start, pos = pos, after.end()
-            last = text[pos - 1] == "}"
-            members.append(
-                Member(go_string(key), value, start, value_start, end, pos - 1 if last else pos)
-            )
-            if last:
-                return TopLevel(text, tuple(members), pos - 1)
-    except StopIteration:
-        raise GoJsonError("invalid character looking for beginning of value") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise GoJsonError(str(exc)) from None
-
-
-# -- binding into a struct -------------------------------------------------------------------
-
-
-class Kind(enum.Enum):
-    """The Go type of a request struct field, as far as admission needs to know it."""
-
-    STRING = "string"
-    BOOL = "bool"
-    INT = "int"
-    ARRAY = "slice"
-    MAP = "map[string]interface {}"
-    """Duplicates merge: Go decodes a second object into the map the first one made."""
-    ANY = "interface {}"
-    DURATION = "api.Duration"
-    """A pointer: null leaves it nil; the value itself is checked by its parser."""
-
-
-def fits(value: object, kind: Kind) -> bool:
-    """Whether Go decodes a value into a field of this kind without an error."""
-    if value is None:
-        return True  # null into a non-pointer is a no-op in Go
-    if kind is Kind.STRING:
-        return isinstance(value, str)
-    if kind is Kind.BOOL:
-        return isinstance(value, bool)
-    if kind is Kind.INT:
-        return type(value) is int and -_INT64 <= value < _INT64
-    if kind is Kind.ARRAY:
-        return isinstance(value, list)
-    if kind is Kind.MAP:
-        return isinstance(value, dict) and _finite(value)
-    if kind is Kind.DURATION:
-        return not isinstance(value, float) or math.isfinite(value)
-    return _finite(value)
-
-
-_SIMPLE = {Kind.STRING: str, Kind.BOOL: bool, Kind.ARRAY: list}
-"""The kinds `fits` checks by type alone (the json scanner's types are exact)."""
-
-
-def _finite(value: object) -> bool:
-    """Whether every number in a value decoded into interface{} fits a float64.
-
-    The value is the json scanner's, so its types are exact (no subclasses to look for).
-    """
-    kind = type(value)
-    if kind is float:
-        return math.isfinite(value)
-    if kind is dict:
-        value = value.values()
-    elif kind is not list:
-        return True
-    for item in value:
-        kind = type(item)
-        if kind is float:
-            if not math.isfinite(item):
-                return False
-        elif (kind is dict or kind is list) and not _finite(item):
-            return False
-    return True
-
-
-_FIELD_NAME = re.compile(r"[A-Za-z0-9_]+")
-
-
-@attrs.frozen
-class Struct:
-    """A Go request struct: the declared fields admission reads, by name and folded name."""
-
-    fields: Mapping[str, Kind] = attrs.field()
-    folded: Mapping[str, str] = attrs.field(init=False)
-    types: Mapping[str, type | None] = attrs.field(init=False)
-    """The type a field's non-null value must have, for the kinds `fits` checks by type
-    alone (looked up by name: hashing an enum member runs Python code)."""
-    quoted: Mapping[str, str] = attrs.field(init=False)
-    """Each field's name as a JSON string, the spelling the fast reading counts."""
-
-    @fields.validator
-    def _names(self, _attribute: object, fields: Mapping[str, Kind]) -> None:
-        # The fast reading finds keys by their plain spelling (gojson_fast).
-        for name in fields:
-            if not _FIELD_NAME.fullmatch(name):
-                raise ValueError(f"field name {name!r} is not ASCII letters, digits, underscore")
-
-    @folded.default
-    def _fold(self) -> Mapping[str, str]:
-        return {name.upper(): name for name in self.fields}
-
-    @types.default
-    def _types(self) -> Mapping[str, type | None]:
-        return {name: _SIMPLE.get(kind) for name, kind in self.fields.items()}
-
-    @quoted.default
-    def _quoted(self) -> Mapping[str, str]:
-        return {name: f'"{name}"' for name in self.fields}
+    while True:
+        if not text.startswith('"', pos):
+            raise GoJsonError("invalid character looking for beginning of object key")
+        key, colon = scan_value(text, pos, True)
+        after_colon = _COLON.match(text, colon)
+        if after_colon is None:
+            raise GoJsonError("invalid character after object key")
+        value_start = after_colon.end()
+        value, end = scan_value(text, value_start, is_shallow)
+        after = _AFTER_VALUE.match(text, end)
+        if after is None:
+            raise GoJsonError("invalid character after object key:value pair")
+        start, pos = pos, after.end()
+        last = text[pos - 1] == "}"
+        members.append(
+            Member(go_string(key), value, start, value_start, end, pos - 1 if last else pos)
+        )
+        if last:
+            return TopLevel(text, tuple(members), pos - 1)
 
 
 @attrs.define
 class Bound:
-    """The declared fields of a struct after Go's decoding (absent: not in `values`).
+    """The declared top-level fields of a struct after Go's decoding (absent: not in
+    `values`). Objects in values are tuples of pairs, but a map field's duplicates are
+    merged into one dict, as Go decodes a second object into the map the first made."""
 
-    Not frozen: a frozen class's `__init__` sets each attribute through
-    `object.__setattr__`, which would add a fifth to the fast reading's cost.
-    """
-
-    values: Mapping[str, object]
+    values: dict[str, object]
     text: str
     """The body as text; invalid UTF-8 is kept as surrogate escapes, to give it back."""
     close: int
     """Index of the top-level object's closing brace."""
     empty: bool
     """Whether the object has no members at all (known or not)."""
-    _found: Mapping[str, tuple[Member, ...]] = attrs.field(factory=dict)
-    """Every member decoded into each field, as read_object found them."""
-    _keys: Mapping[str, str] = attrs.field(factory=dict)
-    """The fast reading's instead: each field's one member's key, which the text spells
-    `"key"` exactly once (gojson_fast)."""
+    names: dict[str, str]
+    """Each top-level key that was decoded into a field, and the field."""
+    pairs: tuple = ()
+    """The top-level object as the scanner read it: every `(key, value)` in order."""
+    _found: dict[str, tuple[Member, ...]] | None = None
 
     def get(self, field: str, default: object = None) -> object:
         return self.values.get(field, default)
 
     def members(self, field: str) -> tuple[Member, ...]:
         """Every member that was decoded into `field`, in order, with its place in the text."""
-        found = self._found.get(field)
-        if found is not None:
-            return found
-        key = self._keys.get(field)
-        if key is None:
-            return ()
-        text = self.text
-        start = text.index(f'"{key}"')
-        value_start = _COLON.match(text, start + len(key) + 2).end()
-        end = _SCAN(text, value_start)[1]
-        stop = _AFTER_VALUE.match(text, end).end()
-        if text[stop - 1] == "}":
-            stop -= 1
-        return (Member(go_string(key), self.values[field], start, value_start, end, stop),)
-
-
-def bind(doc: TopLevel, struct: Struct) -> Bound:
-    """Decode the top level into a struct's declared fields; GoJsonError where Go fails."""
-    fields, folded = struct.fields, struct.folded
-    values: dict[str, object] = {}
-    members: dict[str, list[Member]] = {}
-    for member in doc.members:
-        name = member.key if member.key in fields else folded.get(fold_key(member.key))
-        if name is None:
-            continue  # Go skips unknown fields without converting their values
-        kind = fields[name]
-        if not fits(member.value, kind):
-            raise GoJsonError(f"cannot unmarshal into Go struct field {name} of type {kind.value}")
-        members.setdefault(name, []).append(member)
-        value = member.value
-        if kind is Kind.MAP and isinstance(value, dict):
-            previous = values.get(name)
-            value = {**previous, **value} if isinstance(previous, dict) else value
-        values[name] = value
-    found = {k: tuple(v) for k, v in members.items()}
-    return Bound(values, doc.text, doc.close, not doc.members, found)
-
-
-# -- rewriting -------------------------------------------------------------------------------
+        if field not in self.names.values():
+            return ()  # no member was bound to it: nothing to walk the top level for
+        if self._found is None:
+            found: dict[str, list[Member]] = {}
+            doc = read_object(self.text.encode("utf-8", "surrogateescape"))
+            for member in doc.members:
+                name = self.names.get(member.key)
+                if name is not None:
+                    found.setdefault(name, []).append(member)
+            self._found = {name: tuple(members) for name, members in found.items()}
+        return self._found.get(field, ())
 
 
 def splice(bound: Bound, keep: Member | None, value: str, drop: Iterable[Member]) -> bytes:

@@ -1,32 +1,35 @@
 """Ollama's keep_alive: parsed exactly as Ollama parses it, and capped by residency policy.
 
-Ollama accepts a JSON number (seconds; negative means forever) or a Go duration string
-("5m", "1h30m", "300ms", "-1m"); a string without a unit, or any other JSON type, is a
-400. The gate reads it the same way so that what it forwards means what it accounts.
+api.Duration.UnmarshalJSON (api/types.go) takes a JSON number (seconds, times 1e9 in
+float64, converted to int64 nanoseconds; negative means forever) or a Go duration string
+(time.ParseDuration; negative means forever); any other JSON type is a 400, and so is a
+string ParseDuration refuses, including one beyond the largest int64 of nanoseconds.
+The gate reads it the same way so that what it forwards means what it accounts.
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 import attrs
 
 from gpugate.core.classes import ResidencyPolicy
 
 FOREVER = math.inf
+MAX_INT64 = 2**63 - 1
+MIN_INT64 = -(2**63)
+_NS = 1_000_000_000
 
-_GO_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
+_UNITS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # MICRO SIGN
+    "\u03bcs": 1_000,  # GREEK SMALL LETTER MU
+    "ms": 1_000_000,
+    "s": _NS,
+    "m": 60 * _NS,
+    "h": 3600 * _NS,
 }
-_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 class KeepAliveError(ValueError):
@@ -35,9 +38,11 @@ class KeepAliveError(ValueError):
 
 @attrs.frozen
 class KeepAlive:
-    """A parsed keep_alive: seconds, or FOREVER."""
+    """A keep_alive: seconds (FOREVER for Go's largest duration), and for one read from a
+    request the int64 nanoseconds Go holds, whose zero is the unload shortcut's test."""
 
     seconds: float
+    nanos: int | None = None
 
     @property
     def forever(self) -> bool:
@@ -45,7 +50,7 @@ class KeepAlive:
 
     @property
     def zero(self) -> bool:
-        return self.seconds == 0
+        return self.nanos == 0 if self.nanos is not None else self.seconds == 0
 
     def to_json(self) -> int | float:
         """The value to put in a request body."""
@@ -54,57 +59,132 @@ class KeepAlive:
         return int(self.seconds) if self.seconds == int(self.seconds) else self.seconds
 
 
-def parse_go_duration(text: str) -> float:
-    """Go's time.ParseDuration, in seconds; raises KeepAliveError with Go's message."""
-    original = text
-    quoted = '"' + original + '"'
-    if text in ("0", "+0", "-0"):
-        return 0.0
-    if not text:
-        raise KeepAliveError(f"time: invalid duration {quoted}")
-    sign = 1.0
-    if text[0] in "+-":
-        sign = -1.0 if text[0] == "-" else 1.0
-        text = text[1:]
-    if not text:
-        raise KeepAliveError(f"time: invalid duration {quoted}")
-    total = 0.0
-    pos = 0
-    while pos < len(text):
-        match = _GO_PART.match(text, pos)
-        if match is None:
-            number = re.match(r"\d+\.?\d*|\.\d+", text[pos:])
-            if number is not None and pos + number.end() == len(text):
-                raise KeepAliveError(f"time: missing unit in duration {quoted}")
-            if number is not None:
-                unit = re.match(r"[^\d.]+", text[pos + number.end() :])
-                raise KeepAliveError(
-                    f'time: unknown unit "{unit.group(0) if unit else ""}" in duration {quoted}'
-                )
-            raise KeepAliveError(f"time: invalid duration {quoted}")
-        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
-        pos = match.end()
-    return sign * total
+def _quote(text: str) -> str:
+    return '"' + text + '"'
+
+
+def _leading_int(s: str) -> tuple[int, str] | None:
+    """time.leadingInt; None on overflow."""
+    x = 0
+    i = 0
+    while i < len(s) and "0" <= s[i] <= "9":
+        if x > (1 << 63) // 10:
+            return None
+        x = x * 10 + ord(s[i]) - 48
+        if x > 1 << 63:
+            return None
+        i += 1
+    return x, s[i:]
+
+
+def _leading_fraction(s: str) -> tuple[int, float, str]:
+    """time.leadingFraction: digits past an overflow are consumed and ignored."""
+    x, scale, overflow, i = 0, 1.0, False, 0
+    while i < len(s) and "0" <= s[i] <= "9":
+        if not overflow:
+            if x > MAX_INT64 // 10:
+                overflow = True
+            else:
+                y = x * 10 + ord(s[i]) - 48
+                if y > 1 << 63:
+                    overflow = True
+                else:
+                    x, scale = y, scale * 10
+        i += 1
+    return x, scale, s[i:]
+
+
+def parse_go_duration(text: str) -> int:
+    """Go's time.ParseDuration, in nanoseconds; KeepAliveError with Go's message."""
+    invalid = KeepAliveError("time: invalid duration " + _quote(text))
+    s, neg = text, False
+    if s and s[0] in "+-":
+        neg, s = s[0] == "-", s[1:]
+    if s == "0":
+        return 0
+    if not s:
+        raise invalid
+    total = 0
+    while s:
+        if not (s[0] == "." or "0" <= s[0] <= "9"):
+            raise invalid
+        before = len(s)
+        leading = _leading_int(s)
+        if leading is None:
+            raise invalid
+        whole, s = leading
+        pre = before != len(s)
+        post, frac, scale = False, 0, 1.0
+        if s and s[0] == ".":
+            s = s[1:]
+            before = len(s)
+            frac, scale, s = _leading_fraction(s)
+            post = before != len(s)
+        if not pre and not post:
+            raise invalid
+        i = 0
+        while i < len(s) and not (s[i] == "." or "0" <= s[i] <= "9"):
+            i += 1
+        if i == 0:
+            raise KeepAliveError("time: missing unit in duration " + _quote(text))
+        name, s = s[:i], s[i:]
+        unit = _UNITS.get(name)
+        if unit is None:
+            raise KeepAliveError(f"time: unknown unit {_quote(name)} in duration {_quote(text)}")
+        if whole > (1 << 63) // unit:
+            raise invalid
+        whole *= unit
+        if frac > 0:
+            # float64, as Go computes it, so fractions round as Go's do
+            whole += int(float(frac) * (float(unit) / scale))
+            if whole > 1 << 63:
+                raise invalid
+        total += whole
+        if total > 1 << 63:
+            raise invalid
+    if neg:
+        return -total
+    if total > MAX_INT64:
+        raise invalid
+    return total
+
+
+def seconds_to_duration(seconds: float) -> int:
+    """time.Duration(t * float64(time.Second)) as Go on amd64 converts it: a product
+    beyond int64 (or infinite) becomes the smallest int64."""
+    ns = seconds * 1e9
+    if ns != ns or ns >= 2.0**63 or ns < -(2.0**63):
+        return MIN_INT64
+    return int(ns)
 
 
 def parse_keep_alive(value: object) -> KeepAlive | None:
     """The keep_alive field as Ollama reads it; None when absent (or JSON null)."""
     if value is None:
         return None
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise KeepAliveError(_unsupported(value))
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = parse_go_duration(value)
+    if isinstance(value, str):
+        nanos = parse_go_duration(value)
+    elif value < 0:
+        nanos = -1
     else:
-        raise KeepAliveError(_unsupported(value))
-    return KeepAlive(FOREVER if seconds < 0 else seconds)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise KeepAliveError("cannot unmarshal number into Go value of type float64")
+        nanos = seconds_to_duration(float(value))
+        if nanos < 0:
+            # Beyond int64 on the way in: Go's conversion is the CPU's (amd64 gives the
+            # smallest int64, arm64 the largest), so it is taken as the longest ask.
+            return KeepAlive(FOREVER, nanos)
+    if nanos < 0:
+        return KeepAlive(FOREVER, MAX_INT64)
+    return KeepAlive(nanos / _NS, nanos)
 
 
 def _unsupported(value: object) -> str:
     """Ollama's message, which names the Go type encoding/json decoded the value into."""
-    go_type = {bool: "bool", list: "[]interface {}", dict: "map[string]interface {}"}
+    go_type = {bool: "bool", list: "[]interface {}", tuple: "map[string]interface {}"}
+    go_type[dict] = go_type[tuple]
     return f"Unsupported type: '{go_type.get(type(value), type(value).__name__)}'"
 
 

@@ -2,7 +2,8 @@
 loaded (/api/ps), how to unload, and how big a model will be before it is loaded.
 
 Facts about Ollama's wire behaviour follow its source (server/routes.go, server/sched.go,
-api/types.go at v0.33); see docs/architecture.md for the route table.
+api/types.go; its request reading at v0.24.0, the scheduler at v0.33); see
+docs/architecture.md for the route table and docs/reliability.md for the reading's rules.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import aiohttp
+import attrs
 
 from gpugate.config.model import Consumer, Residency
 from gpugate.core.units import MiB
@@ -24,12 +26,16 @@ from gpugate.runtimes.base import (
     Classified,
     LoadedModel,
     ReclaimRule,
+    Refusal,
     RouteKind,
     RuntimeAdapter,
     Screening,
+    Vetted,
 )
-from gpugate.runtimes.gojson import Bound, GoJsonError, Kind, Struct, go_string, splice
+from gpugate.runtimes.dialect import BodyCoding
+from gpugate.runtimes.gojson import Bound, GoJsonError, go_string, splice
 from gpugate.runtimes.gojson_fast import read_struct
+from gpugate.runtimes.gojson_scan import ScanError
 from gpugate.runtimes.keepalive import (
     KeepAlive,
     KeepAliveError,
@@ -38,56 +44,32 @@ from gpugate.runtimes.keepalive import (
     policy_keep_alive,
 )
 from gpugate.runtimes.ollama_host import OllamaHostCheck
-from gpugate.runtimes.ollama_names import canonical_name
+from gpugate.runtimes.ollama_models import FRESH, ModelFactsCache
+from gpugate.runtimes.ollama_multipart import read_transcription
+from gpugate.runtimes.ollama_names import Source, canonical_name, model_ref, written_name
+from gpugate.runtimes.ollama_needs import TRANSCRIPTION_NEEDS, Needs
+from gpugate.runtimes.ollama_needs import refused as model_refuses
+from gpugate.runtimes.ollama_reading import (
+    READERS,
+    ZSTD_ROUTES,
+    cloud_passthrough,
+    is_unload,
+    zstd_syntax_error,
+)
+
+ZSTD_BODY = BodyCoding("zstd", window_log_max=23, inflated_limit=20 << 20)
+"""The cloud passthrough's decoder: `zstd.WithDecoderMaxMemory(8<<20)` (a frame asking a
+larger window is an error) and `maxDecompressedBodySize` (20 MiB, then a 400)."""
 
 NATIVE_LOADS = {"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"}
-OPENAI_LOADS = {
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/audio/transcriptions",
-}
+OPENAI_LOADS = {*ZSTD_ROUTES, "/v1/audio/transcriptions"}
+"""The /v1 routes that load: the JSON ones behind the cloud passthrough, and transcriptions."""
 RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
 """Load-time options: a change makes Ollama reload the model (sched.go needsReload)."""
 
 RUNTIME_OVERHEAD = 256 * MiB
 """CUDA context and compute buffers on top of weights and KV cache, for estimates."""
 DEFAULT_NUM_CTX = 4096
-_MULTIPART_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
-
-_COMMON = {"model": Kind.STRING, "keep_alive": Kind.DURATION, "options": Kind.MAP}
-_STRUCTS = {
-    path: Struct(fields)
-    for path, fields in {
-        # The fields of api.GenerateRequest, ChatRequest, EmbedRequest and EmbeddingRequest
-        # whose JSON type decides whether the body binds (unknown keys are skipped by Go).
-        "/api/generate": {
-            **_COMMON,
-            "prompt": Kind.STRING,
-            "suffix": Kind.STRING,
-            "system": Kind.STRING,
-            "template": Kind.STRING,
-            "context": Kind.ARRAY,
-            "stream": Kind.BOOL,
-            "raw": Kind.BOOL,
-            "images": Kind.ARRAY,
-            "top_logprobs": Kind.INT,
-        },
-        "/api/chat": {
-            **_COMMON,
-            "messages": Kind.ARRAY,
-            "stream": Kind.BOOL,
-            "tools": Kind.ARRAY,
-            "top_logprobs": Kind.INT,
-        },
-        "/api/embed": {**_COMMON, "input": Kind.ANY, "truncate": Kind.BOOL, "dimensions": Kind.INT},
-        "/api/embeddings": {**_COMMON, "prompt": Kind.STRING},
-    }.items()
-}
-_OPENAI = Struct({"model": Kind.STRING, "messages": Kind.ARRAY, "stream": Kind.BOOL})
-"""The /v1 middleware decodes into its own structs, with the same case-insensitive keys."""
 
 
 def normalize_model(name: str) -> str:
@@ -116,7 +98,14 @@ def options_key(options: object) -> str:
     for name in RUNNER_OPTIONS:
         value = options.get(name)
         if value is not None:
-            parts.append(f"{name}={json.dumps(value, sort_keys=True)}")
+            # ints and bools (most runner options) without json.dumps' call overhead
+            if type(value) is int:
+                text = str(value)
+            elif type(value) is bool:
+                text = "true" if value else "false"
+            else:
+                text = json.dumps(value, sort_keys=True)
+            parts.append(f"{name}={text}")
     return ",".join(parts)
 
 
@@ -156,36 +145,64 @@ class OllamaAdapter(RuntimeAdapter):
         """Must the body be read to classify this request?"""
         return method == "POST" and (path in NATIVE_LOADS or path in OPENAI_LOADS)
 
-    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
-        """Decide whether a request may load a model, and rewrite its keep_alive."""
+    def classify(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        content_type: str,
+        *,
+        query: str = "",
+    ) -> Classified:
+        """Decide whether a request may load a model, and rewrite its keep_alive.
+
+        `query` is the URL's query string: /v1/audio/transcriptions reads its model from
+        it before the form (Go's FormValue).
+        """
         api = api_family(path)
         if not self.wants_body(method, path) or body is None:
             return Classified(RouteKind.PASS, api)
         if path == "/v1/audio/transcriptions":
-            return self._classify_multipart(api, body, content_type)
+            return self._classify_multipart(api, body, content_type, query)
         # Read as Ollama's Go decoder reads it: a body it refuses is answered 400 before
         # anything loads, so it goes up untouched for Ollama to word the error.
+        reader = READERS[path]
         try:
-            bound = read_struct(body, _STRUCTS.get(path, _OPENAI))
-        except GoJsonError:
+            bound = read_struct(body, reader.kind)
+        except (GoJsonError, ScanError):
+            unread = zstd_syntax_error(path, body)
+            if unread is not None:
+                return Classified(RouteKind.REFUSE, api, refusal=Refusal(400, unread))
+            return Classified(RouteKind.PASS, api)
+        if api is ApiFamily.OPENAI and cloud_passthrough(bound):
+            return Classified(RouteKind.PASS, api)
+        if reader.refused(bound):
             return Classified(RouteKind.PASS, api)
         model = bound.get("model")
-        if not isinstance(model, str) or not model or is_cloud(model):
-            return Classified(RouteKind.PASS, api)
-        name = canonical_name(go_string(model))
-        if name is None:
-            return Classified(RouteKind.PASS, api)  # Ollama: 404 (or 400) without loading
+        ref = model_ref(go_string(model)) if isinstance(model, str) else None
+        if ref is None or ref.source is Source.CLOUD:
+            return Classified(RouteKind.PASS, api)  # Ollama: 400/404, or the cloud
+        # What the handler the route ends in will ask of the model, checked before a lease.
+        needs = reader.needs(bound)
+        if path == "/api/embeddings":
+            # EmbeddingsHandler looks its model up by the name as written (routes.go:893);
+            # the others fold its case to an installed name first (getExistingName).
+            needs = attrs.evolve(needs, exact_name=written_name(go_string(model)))
         if api is ApiFamily.OPENAI:
-            return self._classify_openai(path, bound, name)
-        return self._classify_native(path, bound, name)
+            residency = self.residency(ref.name)
+            # /v1 cannot carry keep_alive, so the gate owns these models' idle time.
+            return Classified(
+                RouteKind.DEMAND, api, ref.name, idle_ttl=residency.idle_ttl, reading=needs
+            )
+        return self._classify_native(path, bound, ref.name, needs)
 
-    def _classify_native(self, path: str, bound: Bound, model: str) -> Classified:
+    def _classify_native(self, path: str, bound: Bound, model: str, needs: Needs) -> Classified:
         api = ApiFamily.OLLAMA
         try:
             requested = parse_keep_alive(bound.get("keep_alive"))
         except KeepAliveError:
             return Classified(RouteKind.PASS, api)  # Ollama's bind error, before any load
-        if requested is not None and requested.zero and _is_unload(path, bound):
+        if requested is not None and requested.zero and is_unload(path, bound):
             return Classified(RouteKind.UNLOAD, api, model)
         allowed = self.allowed_keep_alive(model)
         effective = effective_keep_alive(requested, allowed)
@@ -197,28 +214,24 @@ class OllamaAdapter(RuntimeAdapter):
             body=_rewrite_keep_alive(bound, requested, effective),
             idle_ttl=None if effective.forever else effective.seconds,
             sets_ttl=True,
+            reading=needs,
         )
 
-    def _classify_openai(self, path: str, bound: Bound, model: str) -> Classified:
-        api = ApiFamily.OPENAI
-        if path == "/v1/chat/completions" and not bound.get("messages"):
-            return Classified(RouteKind.PASS, api)  # the middleware refuses before loading
-        residency = self.residency(model)
-        # /v1 cannot carry keep_alive, so the gate owns these models' idle time.
-        return Classified(RouteKind.DEMAND, api, model, idle_ttl=residency.idle_ttl)
-
-    def _classify_multipart(self, api: ApiFamily, body: bytes, content_type: str) -> Classified:
-        if "multipart/form-data" not in content_type:
+    def _classify_multipart(
+        self, api: ApiFamily, body: bytes, content_type: str, query: str
+    ) -> Classified:
+        form = read_transcription(body, content_type, query)
+        ref = model_ref(form.model) if form is not None else None
+        if ref is None or ref.source is Source.CLOUD:
             return Classified(RouteKind.PASS, api)
-        match = _MULTIPART_MODEL.search(body)
-        if match is None:
-            return Classified(RouteKind.PASS, api)
-        model = match.group(1).decode("utf-8", "replace").strip()
-        name = canonical_name(model) if model and not is_cloud(model) else None
-        if name is None:
-            return Classified(RouteKind.PASS, api)
-        residency = self.residency(name)
-        return Classified(RouteKind.DEMAND, api, name, idle_ttl=residency.idle_ttl)
+        residency = self.residency(ref.name)
+        return Classified(
+            RouteKind.DEMAND,
+            api,
+            ref.name,
+            idle_ttl=residency.idle_ttl,
+            reading=TRANSCRIPTION_NEEDS,
+        )
 
     # -- talking to Ollama -----------------------------------------------------------------
 
@@ -335,9 +348,46 @@ class OllamaAdapter(RuntimeAdapter):
     def host_check(self) -> OllamaHostCheck:
         return OllamaHostCheck(self.consumer.listen.host, self.consumer.origins)
 
-    def screen(self, method: str, headers: Mapping[str, str]) -> Screening:
+    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
         """Ollama's CORS and Host checks, as an Ollama on the consumer's `listen` runs them."""
-        return self.host_check.screen(method, headers)
+        return self.host_check.screen(method, headers, target=target)
+
+    # -- what Ollama does before a handler reads the body, and what its models refuse --------
+
+    def decoded_coding(self, path: str, content_encoding: str) -> BodyCoding | None:
+        """cloudPassthroughMiddleware inflates a zstd body on the /v1 routes behind it
+        (`c.GetHeader("Content-Encoding") == "zstd"`, exactly; server/cloud_proxy.go:80)."""
+        return ZSTD_BODY if content_encoding == "zstd" and path in ZSTD_ROUTES else None
+
+    vets = True
+
+    @functools.cached_property
+    def model_facts(self) -> ModelFactsCache:
+        return ModelFactsCache(self.consumer.upstream.url, self._headers())
+
+    async def vet(
+        self, classified: Classified, session: aiohttp.ClientSession, now: float
+    ) -> Vetted | None:
+        """A request the model itself makes Ollama refuse (a capability it lacks, a remote
+        stub) goes up unleased, for Ollama to word the refusal."""
+        needs = classified.reading
+        if not isinstance(needs, Needs) or classified.model is None:
+            return None
+        cache = self.model_facts
+        if needs.exact_name is not None:
+            installed = await cache.installed(session, now)
+            if needs.exact_name not in installed:
+                installed = await cache.installed(session, now, max_age=FRESH)
+            if needs.exact_name not in installed:
+                return Vetted()  # Ollama's 404: no model by that exact name
+        facts = await cache.facts(session, classified.model, now)
+        if facts is None or not model_refuses(needs, facts):
+            return None
+        # Forwarded unleased only on a fresh answer: a model pulled again may do more now.
+        facts = await cache.facts(session, classified.model, now, max_age=FRESH)
+        if facts is None or not model_refuses(needs, facts):
+            return None
+        return Vetted()
 
 
 def kv_cache_bytes(model_info: Mapping[str, Any], num_ctx: int) -> int:
@@ -389,15 +439,6 @@ def _rewrite_keep_alive(
             return None
         value = bound.text[last.value_start : last.end]
     return splice(bound, last, value, others)
-
-
-def _is_unload(path: str, bound: Bound) -> bool:
-    """Ollama's unload shortcut: keep_alive 0 with nothing to generate."""
-    if path == "/api/generate":
-        return not bound.get("prompt")
-    if path == "/api/chat":
-        return not bound.get("messages")
-    return False  # embed/embeddings with keep_alive 0 load, then expire
 
 
 def _parse_time(value: object) -> datetime | None:

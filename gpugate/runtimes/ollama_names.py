@@ -8,6 +8,7 @@ form /api/ps and clients show: `gemma3:12b`, `bge-m3:latest`, `team/m:tag`) in l
 
 from __future__ import annotations
 
+import enum
 import functools
 import re
 
@@ -101,8 +102,77 @@ def _valid(part: str, longest: int, *, host: bool = False, dots: bool = True) ->
     return pattern.fullmatch(part) is not None
 
 
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""unicode.IsSpace, which strings.TrimSpace trims (Python's strip also takes \\x1c-\\x1f)."""
+
+
+def go_trim_space(text: str) -> str:
+    """strings.TrimSpace."""
+    return text.strip(_GO_SPACE)
+
+
+class Source(enum.Enum):
+    """Where a model reference asks the model to run (internal/modelref ParseRef)."""
+
+    UNSPECIFIED = "unspecified"
+    LOCAL = "local"
+    CLOUD = "cloud"
+
+
+@attrs.frozen
+class ModelRef:
+    """A request's model as Ollama's handlers resolve it (server/model_resolver.go)."""
+
+    source: Source
+    name: str | None
+    """The canonical name of the base, None where Ollama finds no valid name."""
+
+
+def _source_suffix(raw: str) -> tuple[str, Source]:
+    """modelref.parseSourceSuffix."""
+    index = raw.rfind(":")
+    if index >= 0:
+        suffix_raw = go_trim_space(raw[index + 1 :])
+        suffix = suffix_raw.lower()
+        if suffix == "cloud":
+            return raw[:index], Source.CLOUD
+        if suffix == "local":
+            return raw[:index], Source.LOCAL
+        if "/" not in suffix_raw and suffix.endswith("-cloud"):
+            return raw[: index + 1] + suffix_raw[: -len("-cloud")], Source.CLOUD
+    return raw, Source.UNSPECIFIED
+
+
+@functools.lru_cache(maxsize=4096)
+def model_ref(raw: str) -> ModelRef | None:
+    """parseAndValidateModelRef: None where it fails (an empty name after trimming, both
+    :local and :cloud, an invalid name); a cloud source is never loaded here."""
+    raw = go_trim_space(raw)
+    if not raw:
+        return None
+    base, source = _source_suffix(raw)
+    if source is not Source.UNSPECIFIED and _source_suffix(base)[1] is not Source.UNSPECIFIED:
+        return None  # "use either :local or :cloud, not both"
+    name = canonical_name(base)
+    return None if name is None else ModelRef(source, name)
+
+
 @functools.lru_cache(maxsize=4096)
 def canonical_name(text: str) -> str | None:
     """The gate's key for a model name; None where Ollama finds no valid name."""
     name = parse_name(text)
     return None if name is None else name.display().lower()
+
+
+def written_name(raw: str) -> str | None:
+    """A name as a handler that does not fold case looks it up: parsed and trimmed as
+    `model_ref` does, its case kept (None where Ollama finds no valid local name)."""
+    raw = go_trim_space(raw)
+    base, source = _source_suffix(raw)
+    if source is Source.CLOUD:
+        return None
+    name = parse_name(base)
+    return None if name is None else name.display()

@@ -96,7 +96,7 @@ async def test_a_drained_consumer_fails_new_demands_and_finishes_in_flight_ones(
         status, _, state = await post(stack, "/gate/v1/consumers/ollama/drain")
         assert status == 200 and state["draining"] is True and state["drained"] is False
         async with session.post(
-            stack.gate_url + "/api/generate", json={"model": "bge-m3", "prompt": "x"}
+            stack.gate_url + "/api/embed", json={"model": "bge-m3", "input": "x"}
         ) as refused:
             assert refused.status == 503
             assert refused.headers["X-GPUGate-Failure"] == "RESIDENCY_CONFLICT"

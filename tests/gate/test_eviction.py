@@ -109,9 +109,8 @@ async def test_lower_class_waits_then_times_out_with_retry_after(prod_stack):
         )
         await queued
         # The consumer's queue holds one ticket: the next one is refused at once.
-        async with session.post(
-            stack.gate_url + "/api/generate", json={**body, "model": "bge-m3"}, headers=headers
-        ) as full:
+        embed = {"model": "bge-m3", "input": "x"}  # an embedding model: /api/embed
+        async with session.post(stack.gate_url + "/api/embed", json=embed, headers=headers) as full:
             assert full.status == 503
             assert full.headers["X-GPUGate-Failure"] == "QUEUE_FULL"
             assert int(full.headers["Retry-After"]) >= 1

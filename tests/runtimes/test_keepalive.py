@@ -99,5 +99,5 @@ def test_the_client_may_ask_for_shorter_never_longer(requested, ttl):
 
 
 def test_go_duration_sign_and_fractions():
-    assert parse_go_duration("-1.5s") == -1.5
-    assert parse_go_duration(".5s") == 0.5
+    assert parse_go_duration("-1.5s") == -1_500_000_000
+    assert parse_go_duration(".5s") == 500_000_000

@@ -82,7 +82,15 @@ def test_routes_that_cannot_load_pass_untouched(method, path):
     ],
 )
 def test_load_routes_demand_a_lease(path):
-    body = {"model": "gemma3:12b", "prompt": "x", "messages": [{"role": "user"}], "input": "x"}
+    # Every route's own minimum: /v1/chat/completions refuses a message without content
+    # (openai.go FromChatRequest), /v1/messages a missing max_tokens (middleware/anthropic.go).
+    body = {
+        "model": "gemma3:12b",
+        "prompt": "x",
+        "messages": [{"role": "user", "content": "x"}],
+        "input": "x",
+        "max_tokens": 16,
+    }
     result = classify(path, body)
     assert result.kind is RouteKind.DEMAND
     assert result.model == "gemma3:12b"
