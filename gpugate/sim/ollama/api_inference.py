@@ -9,6 +9,7 @@ from aiohttp import web
 from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
 from gpugate.sim.ollama.catalog import Capability, CatalogModel
 from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate.sim.ollama.names import go_trim_space
 from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
 from gpugate.sim.ollama.runnerref import Lease, ScheduleError
 from gpugate.sim.ollama.services import (
@@ -43,6 +44,7 @@ GENERATE = Struct(
         "images": GoType.STRINGS,
         "options": GoType.OPTIONS,
         "think": GoType.ANY,
+        "top_logprobs": GoType.INT,
     },
 )
 CHAT = Struct(
@@ -54,6 +56,7 @@ CHAT = Struct(
         "keep_alive": GoType.DURATION,
         "options": GoType.OPTIONS,
         "think": GoType.ANY,
+        "top_logprobs": GoType.INT,
     },
 )
 EMBED = Struct(
@@ -173,8 +176,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         keep_alive = keep_alive_of(body)
     except BindError as exc:
         return api_error(400, bind_message(exc))
+    if not _top_logprobs_ok(body):
+        return api_error(400, "top_logprobs must be between 0 and 20")
     name = text_field(body, "model")
-    model = svc.catalog.find(name)
+    model = svc.catalog.lookup(name)
     if model is None:
         return api_error(404, f"model '{name}' not found")
     prompt = text_field(body, "prompt")
@@ -201,6 +206,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await completion.run(request, lease, prompt, options)
     finally:
         svc.scheduler.release(lease)
+
+
+def _top_logprobs_ok(body: dict[str, object]) -> bool:
+    """routes.go:206 and :2190, before the model is even looked up."""
+    value = body.get("top_logprobs", 0)
+    return not isinstance(value, int) or 0 <= value <= 20
 
 
 def chat_prompt(messages: list[object]) -> str:
@@ -231,10 +242,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
         prompt = chat_prompt(messages)
     except BindError as exc:
         return api_error(400, bind_message(exc))
+    if not _top_logprobs_ok(body):
+        return api_error(400, "top_logprobs must be between 0 and 20")
     name = text_field(body, "model")
-    if not name.strip():
+    if not go_trim_space(name):
         return api_error(400, "model is required")
-    model = svc.catalog.find(name)
+    model = svc.catalog.lookup(name)
     if model is None:
         return api_error(404, f"model '{name}' not found")
     if not messages and keep_alive == 0:
@@ -283,13 +296,13 @@ async def embed(request: web.Request) -> web.StreamResponse:
     except BindError as exc:
         return api_error(400, bind_message(exc))
     name = text_field(body, "model")
-    if not name.strip():
+    if not go_trim_space(name):
         return api_error(404, f"model '{name}' not found")
     try:
         inputs = _embed_inputs(body.get("input"))
     except BindError as exc:
         return api_error(400, str(exc))
-    model = svc.catalog.find(name)
+    model = svc.catalog.lookup(name)
     if model is None:
         return api_error(404, f"model {go_quote(name)} not found, try pulling it first")
     try:
@@ -332,9 +345,9 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     except BindError as exc:
         return api_error(400, bind_message(exc))
     name = text_field(body, "model")
-    if not name.strip():
+    if not go_trim_space(name):
         return api_error(400, "model is required")
-    model = svc.catalog.find(name)
+    model = svc.catalog.lookup(name, fold=False)
     if model is None:
         return api_error(404, f"model {go_quote(name)} not found, try pulling it first")
     try:

@@ -21,6 +21,9 @@ import re
 
 import attrs
 
+from gpugate.sim.ollama.jsonscan import TooDeep, scan
+from gpugate.sim.ollama.messages import API_MESSAGE, OPENAI_MESSAGE, Found, check_messages
+
 
 class BindError(ValueError):
     """The body could not be decoded; the message is Go's."""
@@ -90,26 +93,38 @@ def _go_text(text: str) -> str:
 
 
 def _plain(value: object) -> object:
-    """Decoded members as Go holds them in a map or interface{}: last duplicate wins."""
-    if isinstance(value, _Pairs):
-        return {_go_text(k): _plain(v) for k, v in value}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, str):
-        return _go_text(value)
-    return value
+    """Decoded members as Go holds them in a map or interface{}: last duplicate wins.
+    Without recursion: a value may nest 10000 deep."""
+    root: list[object] = [value]
+    stack: list[tuple[list | dict, int | str]] = [(root, 0)]
+    while stack:
+        holder, slot = stack.pop()
+        item = holder[slot]
+        if isinstance(item, _Pairs):
+            made: dict[str, object] = {}
+            for k, v in item:
+                made[_go_text(k)] = v
+            holder[slot] = made
+            stack.extend((made, k) for k in made)
+        elif isinstance(item, list):
+            copied = list(item)
+            holder[slot] = copied
+            stack.extend((copied, i) for i in range(len(copied)))
+        elif isinstance(item, str):
+            holder[slot] = _go_text(item)
+    return root[0]
 
 
 def _big_number(value: object) -> _BigNumber | None:
-    if isinstance(value, _BigNumber):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list):
-        for item in value:
-            found = _big_number(item)
-            if found is not None:
-                return found
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _BigNumber):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return None
 
 
@@ -157,7 +172,7 @@ def _fits(value: object, kind: GoType) -> bool:
     if kind in (GoType.OPTIONS, GoType.STREAM_OPTIONS):
         return isinstance(value, dict)
     if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES):
-        return isinstance(value, list) and all(isinstance(m, dict | None) for m in value)
+        return isinstance(value, list)  # the elements are messages.py's
     if kind is GoType.STRINGS:
         return isinstance(value, list) and all(isinstance(v, str | None) for v in value)
     if kind is GoType.INTS:
@@ -210,6 +225,12 @@ def _syntax_message(text: str, err: json.JSONDecodeError) -> str:
             "object key:value pair" if _open_container(text, err.pos) == "{" else "array element"
         )
         return f"invalid character {char} after {where}"
+    if msg.startswith("Expecting digit"):
+        return f"invalid character {char} in numeric literal"
+    if msg.startswith("Expecting decimal digit"):
+        return f"invalid character {char} after decimal point in numeric literal"
+    if msg.startswith("Expecting exponent digit"):
+        return f"invalid character {char} in exponent of numeric literal"
     if msg.startswith(("Invalid control character", "Unterminated string")):
         return f"invalid character {char} in string literal"
     literal = _LITERALS.get(text[err.pos])
@@ -227,19 +248,6 @@ def _syntax_message(text: str, err: json.JSONDecodeError) -> str:
 _LITERALS = {"t": "true", "f": "false", "n": "null"}
 
 
-def _reject_constant(name: str) -> object:
-    # Go's decoder has no NaN or Infinity literals.
-    raise json.JSONDecodeError("Expecting value", name, 0)
-
-
-_DECODER = json.JSONDecoder(
-    parse_constant=_reject_constant,
-    parse_float=_number,
-    parse_int=_integer,
-    object_pairs_hook=_Pairs,
-)
-
-
 def decode(body: bytes) -> object:
     """The first JSON value in the body (the rest is ignored, as json.Decoder does)."""
     # One U+FFFD per invalid byte, as Go's decoder replaces them.
@@ -248,13 +256,10 @@ def decode(body: bytes) -> object:
     if start == len(text):
         raise EmptyBody()
     try:
-        value, _ = _DECODER.raw_decode(text, start)
+        value, _ = scan(text, start, pairs=_Pairs, number=_number, integer=_integer)
+    except TooDeep as exc:
+        raise BindError(str(exc)) from None
     except json.JSONDecodeError as err:
-        if err.doc in ("NaN", "Infinity", "-Infinity"):
-            index = text.find(err.doc, start)
-            raise BindError(
-                f"invalid character {_quote_char(text[index])} looking for beginning of value"
-            ) from None
         raise BindError(_syntax_message(text, err)) from None
     return value
 
@@ -271,32 +276,52 @@ def bind(body: bytes, struct: Struct) -> dict[str, object]:
     short = struct.name.rsplit(".", 1)[-1]
     folded = {name.upper(): name for name in struct.fields}
     bound: dict[str, object] = {}
+    saved: str | None = None  # Go keeps the first type error and decodes on
     for key, raw in value:
         key = _go_text(key)
         name = key if key in struct.fields else folded.get(_fold(key))
         item = _plain(raw)
         if name is None:
-            bound[key] = item  # Go skips it; kept for nothing but debugging
+            # Go skips it unconverted; kept for the simulation's own `options` extension
+            bound[key] = item
             continue
         kind = struct.fields[name]
         if not _fits(item, kind):
-            raise BindError(
+            saved = saved or (
                 f"json: cannot unmarshal {_json_kind(raw)} into Go struct field "
                 f"{short}.{name} of type {kind.value}"
             )
+            continue
         big = _big_number(item) if kind in _NUMERIC else None
         if big is not None:
-            where = "value" if kind is GoType.DURATION else f"struct field {short}.{name}"
             target = "int" if kind is GoType.INT else "float64"
-            raise BindError(
-                f"json: cannot unmarshal number {big.text} into Go {where} of type {target}"
+            message = (
+                f"json: cannot unmarshal number {big.text} into Go struct field "
+                f"{short}.{name} of type {target}"
             )
+            if kind is GoType.DURATION:
+                # api.Duration's own json.Unmarshal failed with a type error: the outer
+                # decoder returns it at once, with the field's context added.
+                raise BindError(message)
+            saved = saved or message
+            continue
+        if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES) and isinstance(raw, list):
+            shape = API_MESSAGE if kind is GoType.MESSAGES else OPENAI_MESSAGE
+            try:
+                found = check_messages(raw, shape, short, _Pairs)
+            except Found as exc:
+                raise BindError(str(exc)) from None
+            if found is not None:
+                saved = saved or found
+                continue
         if kind is GoType.OPTIONS and isinstance(item, dict):
             previous = bound.get(name)
             item = {**previous, **item} if isinstance(previous, dict) else item
         if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES) and isinstance(item, list):
             item = [_fold_message(m) for m in item]
         bound[name] = item
+    if saved is not None:
+        raise BindError(saved)
     return bound
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.sim.ollama.names import ModelName
+from gpugate.sim.ollama.names import ModelName, ModelRef
 from gpugate.sim.scenario import OllamaModelSpec
 
 __all__ = ["Capability", "Catalog", "CatalogModel", "ModelName"]
@@ -96,6 +96,22 @@ class Catalog:
         """The model a request names, or None (unknown, empty or malformed)."""
         name = ModelName.parse(text)
         return None if name is None else self._models.get(name.key)
+
+    def lookup(self, raw: str, *, fold: bool = True) -> CatalogModel | None:
+        """The local model a request's `model` names (parseAndValidateModelRef: Go's
+        TrimSpace and a :local suffix dropped); None also for a :cloud one, which Ollama
+        sends to the cloud and never loads here. `fold` False: the name must be written as
+        the model was installed (EmbeddingsHandler opens the manifest by the name as given,
+        on a file system that tells case apart; the other handlers fold it first)."""
+        ref = ModelRef.parse(raw)
+        if ref is None or ref.source == "cloud":
+            return None
+        model = self.find(ref.base)
+        if model is None or fold:
+            return model
+        name = ModelName.parse(ref.base)
+        written = None if name is None else attrs.astuple(name)
+        return model if written == attrs.astuple(model.name) else None
 
     def __iter__(self) -> Iterator[CatalogModel]:
         return iter(self._models.values())

@@ -95,8 +95,8 @@ class SimFaults:
 def _is_unload(raw: bytes) -> bool:
     try:
         body = json.loads(raw)
-    except ValueError:
-        return False
+    except (ValueError, RecursionError):
+        return False  # not an unload Ollama would read either
     if not isinstance(body, dict):
         return False
     nothing = not body.get("prompt") and not body.get("messages")

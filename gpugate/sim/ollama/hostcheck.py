@@ -51,6 +51,8 @@ ALLOW_HEADERS = ",".join(
 MAX_AGE = str(12 * 3600)
 PREFLIGHT_VARY = ("Origin", "Access-Control-Request-Method", "Access-Control-Request-Headers")
 LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+GIN_METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
+"""The order of gin's method trees in Ollama's GenerateRoutes (first registration wins)."""
 
 
 def allowed_origins(extra: tuple[str, ...]) -> tuple[str, ...]:
@@ -63,26 +65,28 @@ def allowed_origins(extra: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _origin_allowed(origin: str, origins: tuple[str, ...]) -> bool:
-    """gin-contrib/cors validateOrigin: exact (lower-cased, trimmed) entries, then wildcards.
+    """gin-contrib/cors v1.7.2 validateOrigin: exact entries (lower-cased and trimmed, the
+    request's origin as sent), then wildcard rules built from the entries as written.
 
+    A rule splits its entry at the star: "http://localhost:*" is the prefix
+    "http://localhost:" (its colon kept), so "http://localhost.evil.example" does not pass.
     Browser-extension schemes only pass cors.Config.Validate; they are not let in by scheme.
     """
     normalized = [o.strip().lower() for o in origins]
     if "*" in normalized or origin in normalized:
         return True
-    for allowed in normalized:
-        star = allowed.find("*")
+    for entry in origins:
+        star = entry.find("*")
         if star < 0:
             continue
-        if star == 0:
-            if origin.endswith(allowed[1:]):
-                return True
-        elif star == len(allowed) - 1:
-            # parseWildcardRules keeps allowed[:star-1]: "http://localhost:*" is a prefix
-            # rule for "http://localhost".
-            if origin.startswith(allowed[: star - 1]):
-                return True
-        elif origin.startswith(allowed[:star]) and origin.endswith(allowed[star + 1 :]):
+        prefix, suffix = ("*", entry[1:]) if star == 0 else (entry[:star], entry[star + 1 :])
+        if star == len(entry) - 1:
+            suffix = "*"
+        if prefix == "*" and origin.endswith(suffix):
+            return True
+        if suffix == "*" and origin.startswith(prefix):
+            return True
+        if origin.startswith(prefix) and origin.endswith(suffix):
             return True
     return False
 
@@ -170,6 +174,20 @@ class HostGuard:
 
     @web.middleware
     async def check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        answer = self._judge(request)
+        if answer is None:
+            return await handler(request)
+        # gin sets Allow before the middleware runs on a path other methods serve, so the
+        # checks' own answers there carry it.
+        exc = request.match_info.http_exception
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            answer.headers["Allow"] = ", ".join(
+                m for m in GIN_METHOD_ORDER if m in exc.allowed_methods
+            )
+        return answer
+
+    def _judge(self, request: web.Request) -> web.Response | None:
+        """The checks' own answer to a request, or None to route it."""
         host = request.headers.get("Host", "")
         origin = self._cross_origin(request)
         if origin:
@@ -181,7 +199,7 @@ class HostGuard:
             return web.Response(status=403)
         if self.check_host and request.method == "OPTIONS" and self.name_allowed(_split_host(host)):
             return web.Response(status=204)
-        return await handler(request)
+        return None
 
     def _preflight(self, origin: str) -> web.Response:
         """cors handlePreflight, then the origin (or `*`) and 204."""

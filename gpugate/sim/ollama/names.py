@@ -95,3 +95,46 @@ class ModelName:
         if self.namespace.lower() != DEFAULT_NAMESPACE:
             return f"{self.namespace}/{self._kind}{self.model}:{self.tag}"
         return f"{self._kind}{self.model}:{self.tag}"
+
+
+GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""unicode.IsSpace, what strings.TrimSpace trims (Python's strip takes more: \\x1c-\\x1f)."""
+
+
+def go_trim_space(text: str) -> str:
+    return text.strip(GO_SPACE)
+
+
+def _source_suffix(raw: str) -> tuple[str, str]:
+    """parseSourceSuffix (internal/modelref): the base and "cloud", "local" or ""."""
+    index = raw.rfind(":")
+    if index >= 0:
+        suffix_raw = go_trim_space(raw[index + 1 :])
+        suffix = suffix_raw.lower()
+        if suffix in ("cloud", "local"):
+            return raw[:index], suffix
+        if "/" not in suffix_raw and suffix.endswith("-cloud"):
+            return raw[: index + 1] + suffix_raw[: -len("-cloud")], "cloud"
+    return raw, ""
+
+
+@attrs.frozen
+class ModelRef:
+    """modelref.ParseRef: the name without surrounding space or a :local/:cloud suffix."""
+
+    base: str
+    source: str
+
+    @classmethod
+    def parse(cls, raw: str) -> ModelRef | None:
+        """None where Ollama refuses the reference (empty, or both suffixes)."""
+        raw = go_trim_space(raw)
+        if not raw:
+            return None
+        base, source = _source_suffix(raw)
+        if source and _source_suffix(base)[1]:
+            return None
+        return cls(base, source)

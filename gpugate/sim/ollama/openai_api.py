@@ -19,6 +19,8 @@ from aiohttp import web
 from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
 from gpugate.sim.ollama.catalog import Capability, CatalogModel
 from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate.sim.ollama.names import go_trim_space
+from gpugate.sim.ollama.openai_convert import chat_prompt
 from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
 from gpugate.sim.ollama.runnerref import Lease, ScheduleError
 from gpugate.sim.ollama.services import Services, go_quote, services
@@ -42,6 +44,9 @@ CHAT_COMPLETION = Struct(
         "temperature": GoType.FLOAT,
         "top_p": GoType.FLOAT,
         "seed": GoType.INT,
+        "reasoning": GoType.ANY,
+        "reasoning_effort": GoType.STRING,
+        "top_logprobs": GoType.INT,
     },
 )
 COMPLETION = Struct(
@@ -65,25 +70,6 @@ EMBEDDING = Struct(
     },
 )
 FINGERPRINT = "fp_ollama"
-
-
-def _message_text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict):
-                raise BindError("invalid message format")
-            if part.get("type") == "text":
-                if not isinstance(part.get("text"), str):
-                    raise BindError("invalid message format")
-                parts.append(part["text"])
-            elif part.get("type") != "image_url":
-                raise BindError("invalid message format")
-        return "".join(parts)
-    kind = "<nil>" if content is None else type(content).__name__
-    raise BindError(f"invalid message content type: {kind}")
 
 
 def _sim_options(model: CatalogModel, body: dict[str, object]) -> RequestOptions:
@@ -237,17 +223,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         assert isinstance(messages, list)
         if not messages:
             return openai_error(400, "[] is too short - 'messages'")
-        prompt = "\n".join(
-            f"{m.get('role', '')}: {_message_text(m.get('content'))}"
-            for m in messages
-            if isinstance(m, dict)
-        )
+        prompt = chat_prompt(body)
     except BindError as exc:
         return openai_error(400, str(exc))
+    top_logprobs = body.get("top_logprobs", 0)
+    if isinstance(top_logprobs, int) and not 0 <= top_logprobs <= 20:
+        return openai_error(400, "top_logprobs must be between 0 and 20")
     name = text_field(body, "model")
-    if not name.strip():
+    if not go_trim_space(name):
         return openai_error(400, "model is required")
-    model = svc.catalog.find(name)
+    model = svc.catalog.lookup(name)
     if model is None:
         return openai_error(404, f"model '{name}' not found")
     if Capability.COMPLETION not in model.capabilities:
@@ -274,7 +259,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except BindError as exc:
         return openai_error(400, str(exc))
     name = text_field(body, "model")
-    model = svc.catalog.find(name)
+    model = svc.catalog.lookup(name)
     if model is None:
         return openai_error(404, f"model '{name}' not found")
     if Capability.COMPLETION not in model.capabilities:
@@ -331,9 +316,9 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         return openai_error(400, "invalid input type")
     name = text_field(body, "model")
-    model = svc.catalog.find(name) if name.strip() else None
+    model = svc.catalog.lookup(name) if go_trim_space(name) else None
     if model is None:
-        if not name.strip():
+        if not go_trim_space(name):
             return openai_error(404, f"model '{name}' not found")
         return openai_error(404, f"model {go_quote(name)} not found, try pulling it first")
     try:

@@ -11,11 +11,12 @@ from aiohttp import web
 import gpugate.sim.ollama.api_inference as api_inference
 import gpugate.sim.ollama.api_models as api_models
 import gpugate.sim.ollama.openai_api as openai_api
+import gpugate.sim.ollama.openai_audio as openai_audio
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.ollama.catalog import Catalog
 from gpugate.sim.ollama.duration import parse_keep_alive_setting
 from gpugate.sim.ollama.engine import Engine
-from gpugate.sim.ollama.hostcheck import HostGuard, listens_on_loopback
+from gpugate.sim.ollama.hostcheck import GIN_METHOD_ORDER, HostGuard, listens_on_loopback
 from gpugate.sim.ollama.options import parse_options
 from gpugate.sim.ollama.runnerref import ScheduleError
 from gpugate.sim.ollama.scheduler import Scheduler
@@ -86,6 +87,7 @@ class SimOllama:
         post("/v1/chat/completions", openai_api.chat_completions)
         post("/v1/completions", openai_api.completions)
         post("/v1/embeddings", openai_api.embeddings)
+        post("/v1/audio/transcriptions", openai_audio.transcriptions)
         get("/v1/models", openai_api.list_models, allow_head=False)
         get("/v1/models/{model}", openai_api.retrieve_model, allow_head=False)
         get("/sim/state", self._sim_state, allow_head=False)
@@ -208,10 +210,6 @@ async def _gin_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPNotFound:
         headers = {"Content-Type": "text/plain"}
         return web.Response(status=404, body=b"404 page not found", headers=headers)
-
-
-GIN_METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
-"""The order of gin's method trees in Ollama's GenerateRoutes (first registration wins)."""
 
 
 async def _go_headers(request: web.Request, response: web.StreamResponse) -> None:
