@@ -179,6 +179,23 @@ def _token_file(path: str) -> str:
     return token
 
 
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:(?![/?#@])[!-~])+")
+
+
+def _cors_origin(text: str) -> str:
+    """`*` or one origin (`scheme://host[:port]`): the only values of
+    Access-Control-Allow-Origin a browser accepts, sent as written."""
+    nonblank(text)
+    if text == "*" or _ORIGIN.fullmatch(text):
+        return text
+    raise ValueError(
+        f"expected '*' or an origin like 'https://app.example:8443' (no path), got {text!r}"
+    )
+
+
+_CORS_ORIGIN = Scalar("'*' or an origin like 'https://app.example'", (str,), _cors_origin)
+
+
 def _optional(tp: object) -> object:
     """`X | None` -> `X`; anything else unchanged."""
     rest = [arg for arg in typing.get_args(tp) if arg is not type(None)]
@@ -207,7 +224,11 @@ class _Walker:
         self.issues: list[ConfigIssue] = []
         self.lines: dict[str, int] = {}
         """Line of every key and list item seen, by dotted path, for checks across fields."""
-        self.scalars = {**SCALARS, "token": Scalar("a token", (str,), self._token)}
+        self.scalars = {
+            **SCALARS,
+            "token": Scalar("a token", (str,), self._token),
+            "cors_origin": _CORS_ORIGIN,
+        }
         self._constructor = SafeConstructor()
 
     def report(self, path: str, message: str, line: int | None = None) -> None:

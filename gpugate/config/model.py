@@ -4,7 +4,8 @@ Every field's meaning is documented in docs/configuration.md. Field metadata tel
 loader (gpugate.config.loader) how the YAML is spelled:
 
 * `kind`: how to read a scalar: "size" ("7.5GiB", "1216348160"), "duration" ("15m", "901s"),
-  "token" (a literal, "env:NAME" or "file:PATH").
+  "token" (a literal, "env:NAME" or "file:PATH"), "cors_origin" (a header value: "*" or an
+  origin).
 * `yaml`: the key's name in the file when it differs from the field's (`class:` for `priority`).
 * `keyed_by`: a tuple written as a YAML mapping whose keys fill this field of each entry
   (`consumers: {ollama: {...}}` fills `Consumer.name`).
@@ -32,6 +33,7 @@ SIZE = {"kind": "size"}
 DURATION = {"kind": "duration"}
 TOKEN = {"kind": "token"}
 STRING_MAP = {"kind": "string_map"}
+CORS_ORIGIN = {"kind": "cors_origin"}
 CLASS_KEY = {"yaml": "class"}
 MAX_CLASS_KEY = {"yaml": "max_class"}
 BY_NAME = {"keyed_by": "name"}
@@ -257,8 +259,16 @@ class ListenerLimits:
     """From a request's headers to the last byte of its body."""
     idle_timeout: float = attrs.field(default=75.0, metadata=DURATION)
     """How long a keep-alive connection may sit between requests."""
+    send_timeout: float = attrs.field(default=60.0, metadata=DURATION)
+    """How long a client may take none of what the gate writes to it (the answer waits on
+    it); then its connection is closed and its request's lease released."""
     max_connections: int = 1024
-    """Open client connections at once; one more is refused with 503 and closed."""
+    """Open client connections at once; when full, the connection idle longest between
+    requests is closed to make room, and only when none is idle is one more refused (503)."""
+    max_connections_per_client: int | None = None
+    """Open connections from one client address at once (None: all but an eighth of
+    `max_connections`); past it the client's own idle connection is closed, or the new one
+    refused."""
     upstream_connections: int = 1024
     """Connections to the runtime at once (requests in flight); a request past them waits
     for one to come free, within the connect timeout. Idle client connections hold none."""
@@ -322,6 +332,13 @@ class Consumer:
     """Job runtimes: more working set per megapixel (1024x1024) of a job's largest latent."""
     preempt: tuple[PriorityClass, ...] = ()
     """Job runtimes: classes whose requests may interrupt a running job (none by default)."""
+    validate_prompts: bool = True
+    """Job runtimes: apply the runtime's own validation (ComfyUI's, from its /object_info)
+    before a lease, so a prompt it will refuse evicts nothing. Off where custom nodes
+    rewrite prompts as they arrive (prompt handlers), which the gate cannot see."""
+    cors_header: str | None = attrs.field(default=None, metadata=CORS_ORIGIN)
+    """ComfyUI: the origin its `--enable-cors-header` names ("*" when the flag is given
+    bare); None: the flag is not given, so ComfyUI's Host/Origin check is on."""
 
     control: ProcessControlSettings | None = None
     """Start/stop of a runtime that frees its VRAM only by exiting (whisper-server)."""

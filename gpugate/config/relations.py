@@ -118,6 +118,7 @@ def _check_consumers(config: Config, findings: Findings) -> None:
             findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {listed})")
         _check_residencies(consumer, path, findings)
         _check_job_sizing(consumer, path, findings)
+        _check_cors_header(consumer, path, findings)
         _check_control(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
@@ -143,7 +144,7 @@ def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> Non
         )
 
 
-JOB_FIELDS = ("files", "working_set", "working_set_per_megapixel", "preempt")
+JOB_FIELDS = ("files", "working_set", "working_set_per_megapixel", "preempt", "validate_prompts")
 """Consumer fields that only a job runtime (ComfyUI) reads."""
 
 
@@ -172,6 +173,17 @@ def _check_job_sizing(consumer: Consumer, path: str, findings: Findings) -> None
         if priority in seen:
             findings.warn(f"{path}.preempt[{index}]", f"{priority.label} is listed twice")
         seen.add(priority)
+
+
+def _check_cors_header(consumer: Consumer, path: str, findings: Findings) -> None:
+    # Only ComfyUI has the flag; another runtime's CORS rules are its own (Ollama: origins).
+    where = f"{path}.cors_header"
+    if consumer.runtime is not RuntimeKind.COMFYUI and findings.line_of(where) is not None:
+        findings.warn(
+            where,
+            "only a comfyui consumer reads cors_header (ComfyUI's --enable-cors-header); "
+            f"runtime {consumer.runtime.value} ignores it",
+        )
 
 
 def _check_control(consumer: Consumer, path: str, findings: Findings) -> None:

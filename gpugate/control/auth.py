@@ -5,12 +5,19 @@ any address. A control token (`gate.control_tokens`) may do everything; an ident
 token (`identities[].tokens`) may hold explicit leases as that identity and nothing else.
 Read-only routes and /metrics are public when `gate.control_public` says so (by default:
 when the control listener is on loopback). Tokens are compared in constant time.
+
+A control listener on loopback also refuses a request whose Host is not a local name or
+address (403, empty): a page that rebinds its own DNS name to 127.0.0.1 reaches the listener
+from the browser, but names itself in Host, so it cannot read status or events.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -19,6 +26,8 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config
+
+log = logging.getLogger(__name__)
 
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
 LEASE_ROUTES = "/gate/v1/leases"
@@ -47,6 +56,116 @@ def presented(request: web.Request) -> str | None:
     return token.strip()
 
 
+def readable(token: str) -> bool:
+    """Whether a presented token is text at all.
+
+    Header bytes that are not UTF-8 reach the app as lone surrogates; such a token can
+    match no configured one (those are text), and it cannot even be encoded to compare.
+    """
+    try:
+        token.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class Throttle:
+    """Lets one log line through per `interval` seconds; the others are counted."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._next = 0.0
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = self.clock()
+        if now < self._next:
+            self.suppressed += 1
+            return False
+        self._next = now + self.interval
+        return True
+
+
+UNREADABLE_LOG_INTERVAL = 60.0
+"""At most one warning about unreadable tokens per this many seconds."""
+
+
+# -- Host on a loopback listener -----------------------------------------------------------
+
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+)
+"""Go's netip IsPrivate (RFC 1918, RFC 4193): narrower than Python's `is_private`."""
+
+
+def _split_host(host: str) -> str:
+    """net.SplitHostPort's host, or the whole value when it has no port."""
+    if host.startswith("["):
+        end = host.find("]")
+        if end > 0 and host[end + 1 :].startswith(":"):
+            return host[1:end]
+        return host
+    return host.split(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _ip_allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if ip.is_unspecified:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ip.packed[0] == 127 or any(ip in net for net in PRIVATE_NETWORKS[:3])
+    return ip == ipaddress.IPv6Address("::1") or ip in PRIVATE_NETWORKS[3]
+
+
+class HostRule:
+    """The DNS-rebinding rule the local runtimes apply on a loopback listener.
+
+    Host (its port aside) must be a loopback, private (RFC 1918/4193), unspecified or
+    local-interface address, or `localhost`, this machine's hostname, or a name under
+    .localhost, .local or .internal; an absent Host passes.
+    """
+
+    def __init__(self) -> None:
+        self._hostname = socket.gethostname().lower()
+        self._local: frozenset[str] | None = None
+
+    def _local_addresses(self) -> frozenset[str]:
+        if self._local is None:
+            found: set[str] = set()
+            try:
+                for info in socket.getaddrinfo(socket.gethostname(), None):
+                    found.add(str(info[4][0]).split("%")[0])
+            except OSError:
+                pass
+            self._local = frozenset(found)
+        return self._local
+
+    def allows(self, header: str) -> bool:
+        host = _split_host(header)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if ip is not None and (_ip_allowed(ip) or str(ip) in self._local_addresses()):
+            return True
+        name = host.lower()
+        return name in ("", "localhost", self._hostname) or name.endswith(LOCAL_SUFFIXES)
+
+
+def on_loopback(config: Config) -> bool:
+    """Whether the control listener is on a loopback address."""
+    host = config.gate.control.host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _matches(token: str, candidates: tuple[str, ...]) -> bool:
     # Every candidate is compared, so the time taken does not tell which one came close.
     encoded = token.encode()
@@ -72,13 +191,7 @@ def reads_are_public(config: Config) -> bool:
     """Whether GET routes and /metrics answer without a token."""
     if config.gate.control_public is not None:
         return config.gate.control_public
-    host = config.gate.control.host
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return on_loopback(config)
 
 
 def refused(message: str) -> web.Response:
@@ -96,11 +209,30 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def token_middleware(config: Callable[[], Config]) -> Callable[..., Awaitable[web.StreamResponse]]:
     """The middleware guarding the control app; `config` gives the running configuration."""
 
+    hosts = HostRule()
+    throttle = Throttle(UNREADABLE_LOG_INTERVAL)
+
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         current = config()
+        if on_loopback(current):
+            # request.host is the absolute-form target's host when the client sent one.
+            named = {request.headers.get("Host", ""), request.host}
+            if not all(hosts.allows(host) for host in named):
+                return web.Response(status=403)
         token = presented(request)
-        caller = caller_of(token, current)
+        if token is not None and not readable(token):
+            if throttle.allow():
+                log.warning(
+                    "control request from %s with a bearer token that is not UTF-8 text "
+                    "(%d more since the last such warning)",
+                    request.remote,
+                    throttle.suppressed,
+                )
+                throttle.suppressed = 0
+            caller = None
+        else:
+            caller = caller_of(token, current)
         writes = request.method not in READ_ONLY
         if writes or not reads_are_public(current):
             if token is None:

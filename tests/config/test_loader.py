@@ -206,7 +206,8 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 "consumers.ollama.colour",
                 "unknown key 'colour'; expected one of runtime, listen, upstream, gpu, class, "
                 "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
-                "origins, files, working_set, working_set_per_megapixel, preempt, control",
+                "origins, files, working_set, working_set_per_megapixel, preempt, "
+                "validate_prompts, cors_header, control",
             ),
         ),
         (
@@ -216,7 +217,8 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 "consumers.ollama.name",
                 "unknown key 'name'; expected one of runtime, listen, upstream, gpu, class, "
                 "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
-                "origins, files, working_set, working_set_per_megapixel, preempt, control",
+                "origins, files, working_set, working_set_per_megapixel, preempt, "
+                "validate_prompts, cors_header, control",
             ),
         ),
     ],

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import socket
+from pathlib import Path
+
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from gpugate.config.loader import load_config_text
 from gpugate.control.app import control_app
-from gpugate.control.auth import READ_ONLY, reads_are_public
+from gpugate.control.auth import READ_ONLY, Throttle, readable, reads_are_public, token_middleware
 from gpugate.control.metrics import GateMetrics
-from tests.control.conftest import admin, trainer
+from tests.control.conftest import CONTROL_TOKEN, admin, trainer
 
 
 class _AnyPart(dict):
@@ -165,3 +173,142 @@ def test_control_tokens_come_from_the_environment_or_a_file(tmp_path):
     line = unset_secrets(loaded.warnings)
     assert line is not None and "absent.token cannot be read" in line
     assert "GPUGATE_CONTROL_TOKEN (" in line
+
+
+# -- Host on a loopback listener, and tokens that are not text --------------------------------
+
+
+async def raw(port: int, head: bytes) -> tuple[int, bytes, bytes]:
+    """Send `head` (a request without a body) as written; status, head and body of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+    finally:
+        writer.close()
+    head_out, _, body = answer.partition(b"\r\n\r\n")
+    return int(head_out.split(b" ", 2)[1]), head_out, body
+
+
+def request(target: str, host: str, *more: bytes, method: bytes = b"GET") -> bytes:
+    lines = [method + b" " + target.encode() + b" HTTP/1.1", b"Host: " + host.encode()]
+    lines += [*more, b"Connection: close", b"Content-Length: 0"]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def guarded_app(control: str) -> web.Application:
+    config = load_config_text(
+        f"gate:\n  control: '{control}'\n  control_tokens: [{CONTROL_TOKEN}]\n",
+        Path("consumers.yaml"),
+    )
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(middlewares=[token_middleware(lambda: config)])
+    app.router.add_get("/gate/v1/status", ok)
+    app.router.add_post("/gate/v1/leases", ok)
+    return app
+
+
+@pytest.fixture
+async def loopback_control():
+    server = TestServer(guarded_app("127.0.0.1:9411"), host="127.0.0.1")
+    await server.start_server()
+    yield server.port
+    await server.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "host", "status"),
+    [
+        ("/gate/v1/status", "127.0.0.1:9411", 200),
+        ("/gate/v1/status", "localhost:9411", 200),
+        ("/gate/v1/status", "[::1]:9411", 200),
+        ("/gate/v1/status", "192.168.1.5:9411", 200),
+        ("/gate/v1/status", "10.0.0.1", 200),
+        ("/gate/v1/status", "gpu-box.local:9411", 200),
+        ("/gate/v1/status", "app.localhost", 200),
+        ("/gate/v1/status", "gpu.internal:9411", 200),
+        ("/gate/v1/status", socket.gethostname(), 200),
+        # A page whose own name was rebound to 127.0.0.1 still names itself in Host.
+        ("/gate/v1/status", "evil.example:9411", 403),
+        ("/gate/v1/status", "evil.example", 403),
+        ("/gate/v1/status", "localhost.evil.example", 403),
+        ("/gate/v1/status", "8.8.8.8:9411", 403),
+        # Python's is_private is wider than the rule's RFC 1918/4193 ranges.
+        ("/gate/v1/status", "192.0.2.1", 403),
+        # The absolute-form target's host counts too.
+        ("http://evil.example/gate/v1/status", "127.0.0.1:9411", 403),
+        ("http://127.0.0.1:9411/gate/v1/status", "127.0.0.1:9411", 200),
+    ],
+)
+async def test_a_loopback_control_listener_answers_only_local_host_names(
+    loopback_control, target, host, status
+):
+    got, _, body = await raw(loopback_control, request(target, host))
+    assert got == status, (target, host)
+    if status == 403:
+        assert body == b""
+
+
+async def test_a_foreign_host_is_refused_before_the_token_is_looked_at(loopback_control):
+    bearer = f"Authorization: Bearer {CONTROL_TOKEN}".encode()
+    got, _, _ = await raw(
+        loopback_control, request("/gate/v1/leases", "evil.example", bearer, method=b"POST")
+    )
+    assert got == 403
+
+
+async def test_a_control_listener_on_another_address_has_no_host_rule():
+    server = TestServer(guarded_app("0.0.0.0:9411"), host="127.0.0.1")
+    await server.start_server()
+    try:
+        bearer = f"Authorization: Bearer {CONTROL_TOKEN}".encode()
+        got, _, _ = await raw(server.port, request("/gate/v1/status", "gpu.example", bearer))
+        assert got == 200
+        got, _, _ = await raw(server.port, request("/gate/v1/status", "gpu.example"))
+        assert got == 401  # reads are not public there
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("token", [b"\xff", b"ok\xe9", b"\xc3\x28", b"\x80abc"])
+async def test_a_token_that_is_not_text_is_refused_cleanly(loopback_control, token, caplog):
+    bearer = b"Authorization: Bearer " + token
+    # A public read ignores it; a write refuses it as any unknown token: never a 500.
+    got, _, body = await raw(loopback_control, request("/gate/v1/status", "127.0.0.1", bearer))
+    assert (got, body) == (200, b"ok")
+    got, head, body = await raw(
+        loopback_control, request("/gate/v1/leases", "127.0.0.1", bearer, method=b"POST")
+    )
+    assert got == 401
+    assert b"WWW-Authenticate: Bearer" in head
+    assert json.loads(body)["error"]["message"] == "the bearer token is not valid here"
+    assert "Traceback" not in caplog.text
+
+
+async def test_unreadable_tokens_are_logged_once_per_interval(loopback_control, caplog):
+    caplog.set_level(logging.WARNING, logger="gpugate.control.auth")
+    bearer = b"Authorization: Bearer \xff"
+    for _ in range(5):
+        got, _, _ = await raw(loopback_control, request("/gate/v1/status", "127.0.0.1", bearer))
+        assert got == 200
+    warnings = [r for r in caplog.records if "not UTF-8 text" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_the_throttle_lets_one_line_through_per_interval():
+    now = [100.0]
+    throttle = Throttle(60.0, clock=lambda: now[0])
+    assert throttle.allow() is True
+    assert [throttle.allow() for _ in range(3)] == [False, False, False]
+    assert throttle.suppressed == 3
+    now[0] += 60.0
+    assert throttle.allow() is True
+
+
+def test_readable():
+    assert readable("plain-token") and readable("caf\u00e9")
+    assert not readable("\udcff")
