@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import aiohttp
+from aiohttp.helpers import parse_content_type
 
 from gpugate.config.model import Consumer
 from gpugate.core.tickets import LeaseScope
@@ -30,17 +31,29 @@ from gpugate.runtimes.base import (
     Measured,
     NotSupported,
     ReclaimRule,
+    Refusal,
     RouteKind,
     RuntimeAdapter,
     Screening,
+    Vetted,
 )
 from gpugate.runtimes.comfyui_envelope import (
     PROMPT_OPTIONS,
     PromptSizing,
     prompt_envelope,
 )
-from gpugate.runtimes.comfyui_graph import PromptDemand, Unreadable, read_prompt
-from gpugate.runtimes.comfyui_origin import host_origin_mismatch
+from gpugate.runtimes.comfyui_graph import PromptDemand, TooDeep, Unreadable, read_prompt
+from gpugate.runtimes.comfyui_origin import (
+    Verdict,
+    cache_headers,
+    cors_headers,
+    origin_verdict,
+    request_path,
+    server_error,
+)
+from gpugate.runtimes.comfyui_vetting import PromptVetting
+from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.replies import ErrorReply
 
 PROMPT_ROUTES = frozenset({"/prompt", "/api/prompt"})
 FREE_BODY = {"unload_models": True, "free_memory": True}
@@ -55,39 +68,69 @@ class ComfyUIAdapter(RuntimeAdapter):
     tracks_jobs: ClassVar[bool] = True
     sizes_requests: ClassVar[bool] = True
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(to_idle=True)
+    dialect: ClassVar[ServerDialect] = ServerDialect.AIOHTTP
 
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)
         self.sizing = PromptSizing.of(consumer)
+        self.vetting = PromptVetting(consumer.upstream.url)
+        self.vets = consumer.validate_prompts
 
     # -- reading requests ------------------------------------------------------------------
 
-    def screen(self, method: str, headers: Mapping[str, str]) -> Screening:
-        """ComfyUI's origin check as a ComfyUI listening where the gate listens runs it.
+    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
+        """ComfyUI's origin check, or with `cors_header` its CORS middleware, as a ComfyUI
+        listening where the gate listens runs it: before anything is admitted or evicted.
 
-        The gate sends `Host` as the upstream's own (loopback) address, so a browser's
-        Origin would never match it there. An Origin that passes here is already judged and
-        is not sent up. One that fails here goes up as it came, and the upstream decides as
-        ComfyUI would have at this address: refused (403, empty) by its origin check, or
-        let through when it runs with `--enable-cors-header`.
+        The gate sends `Host` as the upstream's own (loopback) address, so the upstream's
+        own check would judge the wrong pair (an Origin naming the upstream's hidden address
+        would even pass there): the decision is made here and Origin is not sent up. Both
+        middleware read the headers, never the request-target's authority; `target` gives
+        only the path, for what ComfyUI's cache middleware adds to these answers.
         """
+        allowed = self.consumer.cors_header
+        if allowed is not None:
+            cors = cors_headers(allowed)
+            if method == "OPTIONS":
+                # The CORS middleware answers every preflight itself, on any path.
+                extra = cache_headers(request_path(target), 200)
+                reply = ErrorReply(200, b"", "", headers=cors + extra)
+                return Screening(reply=reply, drop_up=("Origin",))
+            return Screening(reply_headers=cors, drop_up=("Origin",))
         host, origin = headers.get("Host"), headers.get("Origin")
-        if host is not None and origin is not None and host_origin_mismatch(host, origin):
-            return Screening()
+        if host is None or origin is None:
+            return Screening(drop_up=("Origin",))
+        verdict = origin_verdict(host, origin)
+        if verdict is Verdict.MISMATCH:
+            extra = cache_headers(request_path(target), 403)
+            return Screening(reply=ErrorReply(403, b"", "", headers=extra), drop_up=("Origin",))
+        if verdict is Verdict.ERROR:
+            body, content_type = server_error(headers.get("Accept", ""))
+            reply = ErrorReply(500, body, content_type, headers=(("Connection", "close"),))
+            return Screening(reply=reply, drop_up=("Origin",))
         return Screening(drop_up=("Origin",))
 
     def wants_body(self, method: str, path: str) -> bool:
         return method == "POST" and path in PROMPT_ROUTES
 
-    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
         if not self.wants_body(method, path):
             return Classified(RouteKind.PASS, ApiFamily.PLAIN)
         if body is None:
             return Classified(RouteKind.PASS, ApiFamily.JOB_QUEUE)
-        demand = read_prompt(body)
+        demand = read_prompt(body, parse_content_type(content_type)[1].get("charset"))
         if isinstance(demand, Unreadable):
             # ComfyUI answers its own error, without loading anything.
             return Classified(RouteKind.PASS, ApiFamily.JOB_QUEUE)
+        if isinstance(demand, TooDeep):
+            # Whether ComfyUI's json.loads reads it depends on ComfyUI's own stack: refused
+            # as ComfyUI refuses a body it cannot read, and never forwarded unread.
+            text, kind = server_error("")
+            exact = ErrorReply(500, text, kind, headers=(("Connection", "close"),))
+            refusal = Refusal(500, text.decode(), exact=exact)
+            return Classified(RouteKind.REFUSE, ApiFamily.JOB_QUEUE, refusal=refusal)
         return Classified(
             RouteKind.DEMAND,
             ApiFamily.JOB_QUEUE,
@@ -98,6 +141,16 @@ class ComfyUIAdapter(RuntimeAdapter):
             reading=demand,
             scale=demand.megapixels,
         )
+
+    async def vet(
+        self, classified: Classified, session: aiohttp.ClientSession, now: float
+    ) -> Vetted | None:
+        """ComfyUI's own 400 for a prompt it will refuse, from its node catalog."""
+        demand = classified.reading
+        if not isinstance(demand, PromptDemand) or not self.consumer.validate_prompts:
+            return None
+        reply = await self.vetting.refusal(demand, session, now)
+        return None if reply is None else Vetted(reply)
 
     def size(
         self, classified: Classified, measured: Measured | None, ceiling: int | None
@@ -150,7 +203,10 @@ class ComfyUIAdapter(RuntimeAdapter):
         queued = await self._queued(session)
         ended = []
         for prompt_id in sorted(live - queued):
-            entry = await self._history(session, prompt_id)
+            if _routable(prompt_id):
+                entry = await self._history(session, prompt_id)
+            else:
+                entry = await self._recent_history(session, prompt_id)
             if entry is None:
                 ended.append(JobEnd(prompt_id, failed=True, detail="deleted from the queue"))
                 continue
@@ -186,6 +242,18 @@ class ComfyUIAdapter(RuntimeAdapter):
             ids.update(str(item[1]) for item in items if isinstance(item, list) and len(item) > 1)
         return frozenset(ids)
 
+    async def _recent_history(self, session: aiohttp.ClientSession, prompt_id: str) -> Any:
+        """A job's history entry looked up in the recent history, for an id no URL path
+        can name (ComfyUI takes any string as a prompt id: a lone surrogate, a slash)."""
+        path = f"/history?max_items={RECENT_HISTORY}"
+        async with session.get(self.url(path)) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"{path} answered {resp.status}")
+            data = await resp.json(content_type=None)
+        if not isinstance(data, dict):
+            raise AdapterError(f"{path} answered something that is not an object")
+        return data.get(prompt_id)
+
     async def _history(self, session: aiohttp.ClientSession, prompt_id: str) -> Any:
         path = "/history/" + urllib.parse.quote(prompt_id, safe="")
         async with session.get(self.url(path)) as resp:
@@ -195,3 +263,19 @@ class ComfyUIAdapter(RuntimeAdapter):
         if not isinstance(data, dict):
             raise AdapterError(f"{path} answered something that is not an object")
         return data.get(prompt_id) if data else None
+
+
+RECENT_HISTORY = 256
+"""History entries read to find a job whose id cannot be put in a path: jobs are polled every
+half second, so a finished one is among the newest."""
+
+
+def _routable(prompt_id: str) -> bool:
+    """Whether `/history/{id}` can name this id: one path segment, encodable as UTF-8."""
+    if "/" in prompt_id or prompt_id in ("", ".", ".."):
+        return False
+    try:
+        prompt_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

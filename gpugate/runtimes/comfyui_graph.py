@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -103,6 +104,36 @@ class ModelFile:
         return (self.folder, self.name is None, self.name or "")
 
 
+DEEPEST = 900
+"""The deepest nesting read: CPython's json.loads recurses once per level and fails at the
+interpreter's recursion limit (1,000 frames) less the frames already on the stack, which
+differ between ComfyUI's handler and the gate. Below this both read a body the same way;
+above it the gate cannot say whether ComfyUI will."""
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def nesting(text: str) -> int:
+    """How deep arrays and objects nest in a JSON text (strings skipped), without recursion."""
+    if text.count("[") + text.count("{") <= DEEPEST:
+        return 0  # too few brackets to nest deeper than the bound
+    depth = deepest = 0
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth -= 1
+    return deepest
+
+
+@attrs.frozen
+class TooDeep:
+    """A body nested past `DEEPEST`: whether ComfyUI reads it depends on its own stack, so
+    the gate refuses it as ComfyUI refuses one it cannot read (a 500)."""
+
+
 @attrs.frozen
 class Unreadable:
     """A body ComfyUI refuses on its own; forward it unleased and let ComfyUI answer."""
@@ -130,6 +161,10 @@ class PromptDemand:
     """The body's queue `number`, when it gives one."""
     front: bool = False
     """Whether the body asks to run next (`front`, when no `number` is given)."""
+    prompt: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    """The graph as ComfyUI will read it, for its validation."""
+    targets: Any = attrs.field(default=None, eq=False, repr=False)
+    """The body's `partial_execution_targets`, as it gave them."""
 
     @property
     def unnamed(self) -> tuple[ModelFile, ...]:
@@ -189,13 +224,19 @@ def _loaded_files(class_type: str, inputs: Mapping[str, Any]) -> list[ModelFile]
     return files
 
 
-def _parse_body(body: bytes) -> dict[str, Any] | Unreadable:
+def _parse_body(body: bytes, charset: str | None) -> dict[str, Any] | Unreadable | TooDeep:
+    # aiohttp's request.json(): the text in the Content-Type's charset (UTF-8 by default),
+    # strictly, then json.loads.
     try:
-        data = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        return Unreadable("the body is not UTF-8 text")
+        text = body.decode(charset or "utf-8")
+    except (LookupError, UnicodeDecodeError):
+        return Unreadable(f"the body is not {charset or 'UTF-8'} text")
+    if nesting(text) > DEEPEST:
+        return TooDeep()
+    try:
+        data = json.loads(text)
     except RecursionError:
-        return Unreadable("the body nests too deeply to read")
+        return TooDeep()
     except ValueError:
         return Unreadable("the body is not JSON")
     if not isinstance(data, dict):
@@ -203,10 +244,11 @@ def _parse_body(body: bytes) -> dict[str, Any] | Unreadable:
     return data
 
 
-def read_prompt(body: bytes) -> PromptDemand | Unreadable:
-    """The demand of a `POST /prompt` body, or why ComfyUI will refuse it itself."""
-    data = _parse_body(body)
-    if isinstance(data, Unreadable):
+def read_prompt(body: bytes, charset: str | None = None) -> PromptDemand | Unreadable | TooDeep:
+    """The demand of a `POST /prompt` body (in the Content-Type's `charset`), or why ComfyUI
+    will refuse it itself, or that the gate cannot tell whether ComfyUI can read it."""
+    data = _parse_body(body, charset)
+    if isinstance(data, (Unreadable, TooDeep)):
         return data
     number: float | None = None
     if "number" in data:
@@ -242,6 +284,8 @@ def read_prompt(body: bytes) -> PromptDemand | Unreadable:
         client_id=client_id if isinstance(client_id, str) else None,
         number=number,
         front=number is None and bool(data.get("front")),
+        prompt=prompt,
+        targets=targets,
     )
 
 

@@ -7,6 +7,7 @@ The simulated ComfyUI runs the prompts; the gate learns their ends from `/histor
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -153,3 +154,14 @@ async def test_comfyuis_cached_models_are_evicted_with_free_for_a_demand(stack, 
     observed = gate.core.observation(0).managed.get("comfyui", 0)
     assert observed <= 210 * MiB
     await ws.ws.close()
+
+
+@pytest.mark.parametrize("prompt_id", ["\ud800", "a/b", "..", "x" * 300, "caf\u00e9 %2F"])
+async def test_a_job_whose_id_no_path_can_name_still_ends(stack, session, prompt_id):
+    ended = stack.next_event(EventKind.LEASE_RELEASED, reason="jobs done")
+    body = json.dumps({"prompt": txt2img(), "prompt_id": prompt_id}).encode()
+    async with session.post(f"{stack.gate_comfy}/prompt", data=body) as resp:
+        assert resp.status == 200, await resp.text()
+        assert LEASE_HEADER in resp.headers
+    await asyncio.wait_for(ended, 10)
+    assert job_leases(stack.gate) == []

@@ -1,0 +1,228 @@
+"""ComfyUI's node definitions as its `GET /object_info` describes them, parsed into typed classes.
+
+Pure: a decoded JSON answer in, a `Catalog` out, never an exception. A class whose entry has
+a shape this module does not read is kept (it exists, for the "does not exist" check) but
+marked `by_code`, so that validation never decides about it.
+
+Which classes `validate` cannot decide from the catalog alone (`NodeSpec.by_code`):
+
+- classes of custom node packs (`python_module` not ComfyUI's own): they may define
+  `VALIDATE_INPUTS`, which skips checks and adds its own, and type strings whose `__ne__`
+  matches more than the text says;
+- ComfyUI 0.3.64's own classes with a validation function (`CODE_VALIDATED`);
+- entries whose inputs are not `[type]` or `[type, {options}]`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+CORE_MODULES = ("nodes", "comfy_extras.", "comfy_api_nodes.")
+"""`python_module` of classes ComfyUI ships (`nodes.load_custom_node`'s `module_parent`)."""
+
+CODE_VALIDATED = frozenset(
+    {
+        "LoadLatent", "LoadImage", "LoadImageMask", "LoadImageOutput",  # nodes.py:537,1700,1749
+        "LoadAudio",  # comfy_extras/nodes_audio.py:346
+        "LoadVideo",  # comfy_extras/nodes_video.py:199
+        "FluxProUltraImageNode",  # comfy_api_nodes/nodes_bfl.py:205
+        "KlingCameraControls",  # comfy_api_nodes/nodes_kling.py:711
+        "TripoConversionNode",  # comfy_api_nodes/nodes_tripo.py:524
+    }
+)  # fmt: skip
+"""ComfyUI 0.3.64's own classes with `VALIDATE_INPUTS` / `validate_inputs`: code decides."""
+
+CONVERTED = ("INT", "FLOAT", "STRING", "BOOLEAN")
+"""Types whose literal values ComfyUI converts with int(), float(), str(), bool()."""
+
+
+class Category(enum.Enum):
+    """Where INPUT_TYPES declares an input."""
+
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+    HIDDEN = "hidden"
+
+
+class InputKind(enum.Enum):
+    """How ComfyUI's `validate_inputs` treats a literal value of the input."""
+
+    INT = "INT"
+    FLOAT = "FLOAT"
+    STRING = "STRING"
+    BOOLEAN = "BOOLEAN"
+    LIST = "list"
+    """Declared as a list of values: a literal must be `in` it (value_not_in_list)."""
+    OTHER = "other"
+    """Any other type name: a link type, `*`, or `COMBO` with options (values unchecked)."""
+
+
+@attrs.frozen(eq=False)
+class InputSpec:
+    """One input of a node class, as INPUT_TYPES declares it."""
+
+    name: str
+    category: Category
+    kind: InputKind
+    type_name: str = ""
+    """The declared type; empty for a LIST input."""
+    choices: tuple[Any, ...] = ()
+    """The values of a LIST input, or the `options` of a `COMBO` input (which go unchecked)."""
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    """The declaration's second element, verbatim: errors echo it as `input_config`."""
+
+    @property
+    def input_type(self) -> Any:
+        """The first element of the declaration, as ComfyUI compares and echoes it."""
+        return list(self.choices) if self.kind is InputKind.LIST else self.type_name
+
+    @property
+    def config(self) -> list[Any]:
+        """`input_config`: `(input_type, extra_info)`, extra_info `{}` when not declared."""
+        return [self.input_type, dict(self.options)]
+
+    @property
+    def minimum(self) -> Any | None:
+        return self.options.get("min")
+
+    @property
+    def maximum(self) -> Any | None:
+        return self.options.get("max")
+
+
+@attrs.frozen(eq=False)
+class NodeSpec:
+    """One node class: its inputs, its outputs (RETURN_TYPES) and whether it is an output."""
+
+    name: str
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[Any, ...]
+    """RETURN_TYPES: type names, or value tuples for outputs that are lists of values."""
+    output_node: bool
+    python_module: str = ""
+    by_code: bool = False
+    """Validation of this class runs code the catalog cannot describe."""
+
+    @property
+    def validated_inputs(self) -> tuple[InputSpec, ...]:
+        """Required then optional inputs: those `validate_inputs` looks at (hidden never)."""
+        return tuple(i for i in self.inputs if i.category is not Category.HIDDEN)
+
+    def input(self, name: str) -> InputSpec | None:
+        return next((i for i in self.validated_inputs if i.name == name), None)
+
+
+@attrs.frozen(eq=False)
+class Catalog:
+    """Every node class a ComfyUI knows, by class name."""
+
+    nodes: Mapping[str, NodeSpec] = attrs.field(factory=dict)
+
+    def get(self, class_type: Any) -> NodeSpec | None:
+        """The class named so; None when ComfyUI does not know it. Raises if unhashable."""
+        return self.nodes.get(class_type)
+
+    @property
+    def custom_modules(self) -> frozenset[str]:
+        """Custom node packs' modules: code that may also rewrite prompts before validation.
+
+        A pack can register a prompt handler (`PromptServer.add_on_prompt_handler`) or replace
+        ComfyUI's validation; the catalog cannot show either. An operator who knows a pack
+        does so can turn the gate's validation off for that runtime.
+        """
+        modules = (n.python_module for n in self.nodes.values())
+        return frozenset(m for m in modules if m and not _core(m))
+
+    def refreshed(self, asked: Iterable[str], answer: Catalog) -> Catalog:
+        """This catalog with `asked` classes replaced by a fresh `/object_info/{class}` answer.
+
+        A class asked for but absent from the answer is gone (ComfyUI answers `{}` for it).
+        """
+        gone = set(asked)
+        nodes = {k: v for k, v in self.nodes.items() if k not in gone}
+        nodes.update(answer.nodes)
+        return Catalog(nodes)
+
+
+def _core(module: str) -> bool:
+    return module == CORE_MODULES[0] or module.startswith(CORE_MODULES[1:])
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _input(name: str, category: Category, declared: Any) -> InputSpec | None:
+    """An input from `[type]` / `[type, {options}]`; None for shapes validation cannot read."""
+    if not isinstance(declared, list) or not declared:
+        return None
+    head = declared[0]
+    options: Any = declared[1] if len(declared) > 1 else {}
+    if not isinstance(options, dict):
+        # ComfyUI asserts extra_info is not None; other shapes fail in ways not worth copying.
+        return None
+    if isinstance(head, list):
+        return InputSpec(name, category, InputKind.LIST, choices=tuple(head), options=options)
+    if not isinstance(head, str):
+        return None
+    kind = InputKind(head) if head in CONVERTED else InputKind.OTHER
+    choices = options.get("options") if head == "COMBO" else None
+    return InputSpec(
+        name,
+        category,
+        kind,
+        type_name=head,
+        choices=tuple(choices) if isinstance(choices, list) else (),
+        options=options,
+    )
+
+
+def _node(name: str, info: Any) -> NodeSpec:
+    if not isinstance(info, dict):
+        return NodeSpec(name, (), (), False, by_code=True)
+    module = info.get("python_module")
+    module = module if isinstance(module, str) else ""
+    by_code = name in CODE_VALIDATED or not _core(module)
+    # ComfyUI's validate_prompt asks `OUTPUT_NODE is True`; node_info writes True only then
+    # for every class ComfyUI ships.
+    output_node = info.get("output_node") is True
+    outputs_raw = info.get("output")
+    outputs = tuple(_frozen(o) for o in outputs_raw) if isinstance(outputs_raw, list) else ()
+    if not isinstance(outputs_raw, list):
+        by_code = True
+    inputs: list[InputSpec] = []
+    declared = info.get("input")
+    if not isinstance(declared, dict):
+        return NodeSpec(name, (), outputs, output_node, module, by_code=True)
+    seen: set[str] = set()
+    for category in Category:
+        group = declared.get(category.value, {})
+        if not isinstance(group, dict):
+            by_code = True
+            continue
+        for input_name, spec in group.items():
+            if category is Category.HIDDEN:
+                # Hidden inputs are never validated; they may be bare strings ("PROMPT").
+                inputs.append(InputSpec(input_name, category, InputKind.OTHER))
+                continue
+            if input_name in seen:
+                # get_input_info looks in "required" first: a name in both is required.
+                continue
+            seen.add(input_name)
+            parsed = _input(input_name, category, spec)
+            if parsed is None:
+                by_code = True
+                continue
+            inputs.append(parsed)
+    return NodeSpec(name, tuple(inputs), outputs, output_node, module, by_code)
+
+
+def parse_object_info(answer: Any) -> Catalog:
+    """A catalog from a decoded `GET /object_info` (or `/object_info/{class}`) answer."""
+    if not isinstance(answer, dict):
+        return Catalog()
+    return Catalog({str(name): _node(str(name), info) for name, info in answer.items()})

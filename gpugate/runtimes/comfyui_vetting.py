@@ -1,0 +1,84 @@
+"""ComfyUI's own refusal of a prompt, decided before any lease from ComfyUI's node catalog.
+
+ComfyUI validates a prompt before it queues it (execution.py `validate_prompt`) and answers
+400 with its `node_errors` when no output is valid: nothing loads. The gate applies the same
+validation (comfyui_validation.py) to the catalog ComfyUI serves at `GET /object_info`, so a
+prompt ComfyUI will refuse gets ComfyUI's own answer and nobody's model is evicted for it.
+
+The catalog is fetched once and kept; it is fetched whole again after `CATALOG_TTL`
+(custom nodes change only when ComfyUI restarts, and its process then gets a new catalog),
+and class by class before a refusal that may come from a stale file list is trusted
+(ComfyUI lists its model folders again when it validates). Whatever the gate cannot decide
+from the catalog goes on to admission as before; a catalog that cannot be fetched only
+means the prompt is admitted unvetted.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import aiohttp
+
+from gpugate.runtimes.base import AdapterError
+from gpugate.runtimes.comfyui_catalog import Catalog, parse_object_info
+from gpugate.runtimes.comfyui_graph import PromptDemand
+from gpugate.runtimes.comfyui_validation import Outcome, classes_to_refetch, validate
+from gpugate.runtimes.replies import ErrorReply
+
+CATALOG_TTL = 300.0
+"""Seconds a whole catalog is trusted before the next prompt fetches it again."""
+CONTENT_TYPE = "application/json; charset=utf-8"
+
+
+class CatalogError(AdapterError):
+    """ComfyUI did not answer `/object_info` with a catalog."""
+
+
+class PromptVetting:
+    """One ComfyUI's catalog, and the verdict of its validation on a prompt."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.catalog: Catalog | None = None
+        self.fetched_at = float("-inf")
+
+    async def refusal(
+        self, demand: PromptDemand, session: aiohttp.ClientSession, now: float
+    ) -> ErrorReply | None:
+        """ComfyUI's 400 for a prompt it will refuse; None when it will queue it, or when
+        the gate cannot tell. Raises CatalogError or aiohttp's errors when ComfyUI does not
+        answer as it should (the caller admits the prompt then)."""
+        if self.catalog is None or now - self.fetched_at > CATALOG_TTL:
+            self.catalog = await self._fetch(session, "/object_info")
+            self.fetched_at = now
+        catalog = self.catalog
+        verdict = validate(demand.prompt, catalog, demand.targets)
+        fresh: set[str] = set()
+        while verdict.outcome is Outcome.REFUSE:
+            stale = classes_to_refetch(verdict, fresh)
+            if not stale:
+                break
+            for name in sorted(stale):
+                path = "/object_info/" + urllib.parse.quote(name, safe="")
+                catalog = catalog.refreshed([name], await self._fetch(session, path))
+            fresh |= stale
+            self.catalog = catalog
+            verdict = validate(demand.prompt, catalog, demand.targets)
+        if verdict.outcome is Outcome.REFUSE:
+            return ErrorReply(400, verdict.body, CONTENT_TYPE)
+        return None
+
+    async def _fetch(self, session: aiohttp.ClientSession, path: str) -> Catalog:
+        async with session.get(self.base_url + path) as resp:
+            if resp.status != 200:
+                raise CatalogError(f"{path} answered {resp.status}")
+            raw = await resp.read()
+        try:
+            # json.loads as ComfyUI wrote it: its values are echoed back in refusals.
+            answer = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CatalogError(f"{path} answered something that is not JSON: {exc}") from None
+        if not isinstance(answer, dict):
+            raise CatalogError(f"{path} answered something that is not an object")
+        return parse_object_info(answer)
