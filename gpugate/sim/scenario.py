@@ -21,8 +21,10 @@ whisper:                      # a simulated whisper.cpp whisper-server (gpugate.
   model: models/ggml-large-v3-turbo.bin
   models: {models/ggml-large-v3-turbo.bin: 2050MiB}   # model file -> VRAM once loaded
   load_seconds: 1s
+  record: whisper.jsonl       # optional: a JSON line per /load and /inference answered
 comfyui:                      # a simulated ComfyUI (see gpugate.sim.comfyui)
   listen: 127.0.0.1:8188
+  record: prompts.jsonl       # optional: a JSON line per POST /prompt answered
   models:                     # model files by folder, with the VRAM their weights take
     checkpoints: {v1-5-pruned-emaonly-fp16.safetensors: 2034MiB}
   ...
@@ -42,6 +44,7 @@ from gpugate.sim.specfields import duration as _duration
 from gpugate.sim.specfields import field_size as _field_size
 from gpugate.sim.specfields import number as _number
 from gpugate.sim.specfields import only as _only
+from gpugate.sim.specfields import record_path
 
 if TYPE_CHECKING:
     from gpugate.sim.whisper.spec import WhisperServerSpec
@@ -166,6 +169,9 @@ class ComfyUISpec:
     disable_smart_memory: bool = False
     """--disable-smart-memory: weights leave the GPU after every prompt."""
     version: str = "0.3.64"
+    record: Path | None = None
+    """A file to which every `POST /prompt` answer is appended as a JSON line (a fuzzer's
+    oracle: gpugate.sim.comfyui.record)."""
 
 
 @attrs.frozen
@@ -208,7 +214,7 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
     if data.get("whisper") is not None:
         from gpugate.sim.whisper.spec import parse_whisper
 
-        whisper = parse_whisper(data["whisper"])
+        whisper = parse_whisper(data["whisper"], path.parent)
     if whisper is not None and whisper.gpu >= len(gpus):
         raise ValueError(f"whisper.gpu: no GPU {whisper.gpu} (the host has {len(gpus)})")
     return HostSpec(
@@ -219,7 +225,9 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
         holders=holders,
         ollama=ollama,
         whisper=whisper,
-        comfyui=_comfyui(data["comfyui"], len(gpus)) if data.get("comfyui") is not None else None,
+        comfyui=_comfyui(data["comfyui"], len(gpus), path.parent)
+        if data.get("comfyui") is not None
+        else None,
     )
 
 
@@ -405,13 +413,13 @@ def _ollama_model(data: Any, where: str) -> OllamaModelSpec:
     return spec
 
 
-def _comfyui(data: Any, gpus: int) -> ComfyUISpec:
+def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
     from gpugate.sim.comfyui.nodes import MODEL_FOLDERS
 
     default = {f.name: f.default for f in attrs.fields(ComfyUISpec)}
     simple = {"listen", "gpu", "context", "steps_per_second", "node_seconds", "version"}
     knobs = {"load_seconds_per_gib", "sampler_bytes_per_megapixel", "enable_cors_header"}
-    knobs |= {"max_upload_size", "preview_method", "disable_smart_memory"}
+    knobs |= {"max_upload_size", "preview_method", "disable_smart_memory", "record"}
     _only(data, "comfyui", simple | knobs | {"models"})
     files = []
     models = data.get("models") or {}
@@ -446,6 +454,7 @@ def _comfyui(data: Any, gpus: int) -> ComfyUISpec:
         preview_method=str(data.get("preview_method", default["preview_method"])),
         disable_smart_memory=smart,
         version=str(data.get("version", default["version"])),
+        record=record_path(data, "comfyui", base),
     )
     if spec.gpu >= gpus:
         raise ValueError(f"comfyui.gpu: no GPU {spec.gpu} (the host has {gpus})")

@@ -3,6 +3,7 @@ error naming the field's path."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gpugate.core.units import parse_duration, parse_size
@@ -54,3 +55,17 @@ def field_size(data: dict[str, Any], key: str, where: str, default: int) -> int:
         return parse_size(data.get(key, default))
     except ValueError as exc:
         raise ValueError(f"{where}.{key}: {exc}") from None
+
+
+def record_path(data: dict[str, Any], where: str, base: Path) -> Path | None:
+    """`data["record"]`: a file a runtime appends its records to, None when absent.
+
+    A relative path is taken from the host file's directory, so that the processes of a
+    host, whatever their working directory, write where the file says.
+    """
+    value = data.get("record")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}.record: expected a file path, got {value!r}")
+    return base / Path(value).expanduser()

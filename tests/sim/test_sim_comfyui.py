@@ -22,6 +22,9 @@ from tests.sim.comfyui_helpers import (
 
 __all__ = ["comfy", "make_comfy", "session"]
 
+CKPT_TOOLTIP = "The name of the checkpoint (model) to load."
+"""nodes.py CheckpointLoaderSimple.INPUT_TYPES: echoed in the input_config of its errors."""
+
 
 async def _post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[int, dict]:
     async with session.post(f"{url}/prompt", json=body) as resp:
@@ -85,7 +88,8 @@ async def test_unknown_model_file_is_value_not_in_list(
             "errors": [{
                 "type": "value_not_in_list", "message": "Value not in list",
                 "details": f"ckpt_name: 'sdxl.safetensors' not in ['{SD15}']",
-                "extra_info": {"input_name": "ckpt_name", "input_config": [[SD15], {}],
+                "extra_info": {"input_name": "ckpt_name",
+                               "input_config": [[SD15], {"tooltip": CKPT_TOOLTIP}],
                                "received_value": "sdxl.safetensors"},
             }],
             "dependent_outputs": ["9"],

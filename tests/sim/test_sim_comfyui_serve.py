@@ -10,6 +10,7 @@ import aiohttp
 from gpugate.core.units import MiB
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.hostprocess import SimulatedHostProcess
+from tests.faults.records import read_prompt_records
 from tests.sim.comfyui_helpers import connect, flux, queue
 
 INCIDENT = Path(__file__).resolve().parents[2] / "sim" / "incident-2026-07-10.yaml"
@@ -18,6 +19,8 @@ INCIDENT = Path(__file__).resolve().parents[2] / "sim" / "incident-2026-07-10.ya
 async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):
     # The card as in the incident, on ports nobody else uses.
     text = INCIDENT.read_text().replace("127.0.0.1:8189", "127.0.0.1:0")
+    # With a record of the prompts it answers, next to the host file.
+    text = text.replace("\ncomfyui:\n", "\ncomfyui:\n  record: prompts.jsonl\n", 1)
     host_file = tmp_path / "host.yaml"
     host_file.write_text(text.replace("127.0.0.1:11435", "127.0.0.1:0"))
     with SimulatedHostProcess(host_file, tmp_path / "state") as host:
@@ -39,7 +42,9 @@ async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):
             assert gpu.free(0) == 3590 * MiB
             # FLUX does not fit next to the Ollama runners: a CUDA OOM, recorded on the host.
             socket = await connect(session, url, "me")
-            prompt_id = await queue(session, url, flux(), client_id="me")
+            prompt_id = await queue(session, url + "/api", flux(), client_id="me")
+            [record] = read_prompt_records(tmp_path / "prompts.jsonl")
+            assert (record.status, record.queued, record.prompt_id) == (200, True, prompt_id)
             events = await socket.until_done(prompt_id)
             error = next(e["data"] for e in events if e["type"] == "execution_error")
             assert error["exception_type"] == "torch.OutOfMemoryError"

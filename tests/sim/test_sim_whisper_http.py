@@ -230,3 +230,22 @@ def test_a_client_that_leaves_during_decoding_frees_the_mutex(gpu: SimulatedGpuH
         status, _, _ = conn.response()
         assert status == 200 and time.monotonic() - started < 6.0
         wait_for(lambda: "client disconnected, aborted processing" in sim.stderr_lines, "the log")
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd", "gzip, br"])
+def test_an_encoded_body_is_refused_as_httplib_without_compression_refuses_it(
+    server: SimWhisper, gpu: SimulatedGpuHost, coding: str
+) -> None:
+    # 415 from cpp-httplib, which whisper-server's error handler turns into its 404; the
+    # handler never runs, so no model is loaded.
+    conn = Connection(server.url or "")
+    body = multipart({"model": "m/ggml-base.en.bin"})
+    head = (
+        f"POST /load HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+        f"Content-Encoding: {coding}\r\n\r\n"
+    )
+    conn.sock.sendall(head.encode() + body)
+    status, _, answer = conn.response()
+    assert (status, answer) == (404, b"File Not Found (/load)")
+    assert gpu.read().held_by(server.pid, 0) == TURBO_BYTES, "its model untouched"

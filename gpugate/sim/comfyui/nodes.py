@@ -1,195 +1,192 @@
-"""The node classes the simulated ComfyUI knows: their inputs, outputs and kind of work.
+"""The node classes the simulated ComfyUI knows, declared as ComfyUI 0.3.64 declares them.
 
-Inputs are declared as ComfyUI's `INPUT_TYPES` declare them (type, then options), so that
-validation answers with the same `input_config`. Combo inputs over model files list the
-files the host has in that folder, as `folder_paths.get_filename_list` does.
+Inputs, options, tooltips, categories and descriptions are nodes.py's `INPUT_TYPES` and
+class attributes, or a comfy_extras `io.Schema`, word for word: `/object_info` serves them
+and validation echoes them in `input_config`, so a difference here is one a client sees.
+Combo inputs over model files list the files the host has in that folder, as
+`folder_paths.get_filename_list` does.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
 from typing import Any
 
-import attrs
+from gpugate.sim.comfyui.nodetypes import (
+    CLIP_TYPES,
+    DUAL_CLIP_TYPES,
+    MAX_RESOLUTION,
+    MODEL_FOLDERS,
+    PIXEL_SPACE,
+    PRIMITIVES,
+    SAMPLERS,
+    SCHEDULERS,
+    TAESD,
+    WEIGHT_DTYPES,
+    Api,
+    InputDef,
+    NodeDef,
+    Work,
+    vae_list,
+)
 
-MAX_RESOLUTION = 16384
-MODEL_FOLDERS = (
-    "checkpoints", "configs", "loras", "vae", "text_encoders", "diffusion_models",
-    "clip_vision", "style_models", "embeddings", "diffusers", "vae_approx", "controlnet",
-    "gligen", "upscale_models", "latent_upscale_models", "custom_nodes", "hypernetworks",
-    "photomaker", "classifiers", "model_patches", "audio_encoders",
+__all__ = [
+    "CLIP_TYPES", "DUAL_CLIP_TYPES", "MAX_RESOLUTION", "MODEL_FOLDERS", "NODES", "PIXEL_SPACE",
+    "PRIMITIVES", "SAMPLERS", "SCHEDULERS", "TAESD", "WEIGHT_DTYPES", "Api", "InputDef",
+    "NodeDef", "Work", "vae_list",
+]  # fmt: skip
+
+
+def _in(name: str, kind: str, **options: Any) -> InputDef:
+    return InputDef(name, kind, options)
+
+
+def _file(name: str, folder: str, **options: Any) -> InputDef:
+    return InputDef(name, "COMBO", options, folder=folder)
+
+
+def _pick(name: str, choices: tuple[str, ...], required: bool = True, **options: Any) -> InputDef:
+    return InputDef(name, "COMBO", options, choices=choices, required=required)
+
+
+def _v3(name: str, kind: str, folder: str | None = None, **options: Any) -> InputDef:
+    return InputDef(name, kind, options, folder=folder, api=Api.V3)
+
+
+_DEVICE = _pick("device", ("default", "cpu"), required=False, advanced=True)
+_SAVE_HIDDEN = (("prompt", "PROMPT"), ("extra_pnginfo", "EXTRA_PNGINFO"))
+_SAVE_DESCRIPTION = "Saves the input images to your ComfyUI output directory."
+
+# In NODE_CLASS_MAPPINGS order: nodes.py's classes, then comfy_extras' as they load.
+_TABLE = (
+    NodeDef("KSampler", Work.SAMPLE, (
+        _in("model", "MODEL", tooltip="The model used for denoising the input latent."),
+        _in("seed", "INT", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+            tooltip="The random seed used for creating the noise."),
+        _in("steps", "INT", default=20, min=1, max=10000,
+            tooltip="The number of steps used in the denoising process."),
+        _in("cfg", "FLOAT", default=8.0, min=0.0, max=100.0, step=0.1, round=0.01,
+            tooltip="The Classifier-Free Guidance scale balances creativity and adherence to "
+            "the prompt. Higher values result in images more closely matching the prompt "
+            "however too high values will negatively impact quality."),
+        _pick("sampler_name", SAMPLERS,
+              tooltip="The algorithm used when sampling, this can affect the quality, speed, "
+              "and style of the generated output."),
+        _pick("scheduler", SCHEDULERS,
+              tooltip="The scheduler controls how noise is gradually removed to form the image."),
+        _in("positive", "CONDITIONING",
+            tooltip="The conditioning describing the attributes you want to include in the "
+            "image."),
+        _in("negative", "CONDITIONING",
+            tooltip="The conditioning describing the attributes you want to exclude from the "
+            "image."),
+        _in("latent_image", "LATENT", tooltip="The latent image to denoise."),
+        _in("denoise", "FLOAT", default=1.0, min=0.0, max=1.0, step=0.01,
+            tooltip="The amount of denoising applied, lower values will maintain the structure "
+            "of the initial image allowing for image to image sampling."),
+    ), ("LATENT",), "sampling", "KSampler",
+        "Uses the provided model, positive and negative conditioning to denoise the latent image.",
+        ("The denoised latent.",)),
+    NodeDef("CheckpointLoaderSimple", Work.LOAD_CHECKPOINT, (
+        _file("ckpt_name", "checkpoints", tooltip="The name of the checkpoint (model) to load."),
+    ), ("MODEL", "CLIP", "VAE"), "loaders", "Load Checkpoint",
+        "Loads a diffusion model checkpoint, diffusion models are used to denoise latents.",
+        ("The model used for denoising latents.",
+         "The CLIP model used for encoding text prompts.",
+         "The VAE model used for encoding and decoding images to and from latent space.")),
+    NodeDef("CLIPTextEncode", Work.ENCODE_TEXT, (
+        _in("text", "STRING", multiline=True, dynamicPrompts=True,
+            tooltip="The text to be encoded."),
+        _in("clip", "CLIP", tooltip="The CLIP model used for encoding the text."),
+    ), ("CONDITIONING",), "conditioning", "CLIP Text Encode (Prompt)",
+        "Encodes a text prompt using a CLIP model into an embedding that can be used to guide "
+        "the diffusion model towards generating specific images.",
+        ("A conditioning containing the embedded text used to guide the diffusion model.",)),
+    NodeDef("VAEDecode", Work.DECODE, (
+        _in("samples", "LATENT", tooltip="The latent to be decoded."),
+        _in("vae", "VAE", tooltip="The VAE model used for decoding the latent."),
+    ), ("IMAGE",), "latent", "VAE Decode",
+        "Decodes latent images back into pixel space images.", ("The decoded image.",)),
+    NodeDef("VAELoader", Work.LOAD_VAE, (InputDef("vae_name", "COMBO", vaes=True),),
+            ("VAE",), "loaders", "Load VAE"),
+    NodeDef("EmptyLatentImage", Work.EMPTY_LATENT, (
+        _in("width", "INT", default=512, min=16, max=MAX_RESOLUTION, step=8,
+            tooltip="The width of the latent images in pixels."),
+        _in("height", "INT", default=512, min=16, max=MAX_RESOLUTION, step=8,
+            tooltip="The height of the latent images in pixels."),
+        _in("batch_size", "INT", default=1, min=1, max=4096,
+            tooltip="The number of latent images in the batch."),
+    ), ("LATENT",), "latent", "Empty Latent Image",
+        "Create a new batch of empty latent images to be denoised via sampling.",
+        ("The empty latent image batch.",)),
+    NodeDef("SaveImage", Work.SAVE_IMAGE, (
+        _in("images", "IMAGE", tooltip="The images to save."),
+        _in("filename_prefix", "STRING", default="ComfyUI",
+            tooltip="The prefix for the file to save. This may include formatting information "
+            "such as %date:yyyy-MM-dd% or %Empty Latent Image.width% to include values from "
+            "nodes."),
+    ), (), "image", "Save Image", _SAVE_DESCRIPTION, output_node=True, hidden=_SAVE_HIDDEN),
+    # A subclass of SaveImage: its description and category are SaveImage's.
+    NodeDef("PreviewImage", Work.PREVIEW_IMAGE, (_in("images", "IMAGE"),), (), "image",
+            "Preview Image", _SAVE_DESCRIPTION, output_node=True, hidden=_SAVE_HIDDEN),
+    NodeDef("EmptyImage", Work.EMPTY_IMAGE, (
+        _in("width", "INT", default=512, min=1, max=MAX_RESOLUTION, step=1),
+        _in("height", "INT", default=512, min=1, max=MAX_RESOLUTION, step=1),
+        _in("batch_size", "INT", default=1, min=1, max=4096),
+        _in("color", "INT", default=0, min=0, max=0xFFFFFF, step=1, display="color"),
+    ), ("IMAGE",), "image"),
+    NodeDef("LoraLoader", Work.LOAD_LORA, (
+        _in("model", "MODEL", tooltip="The diffusion model the LoRA will be applied to."),
+        _in("clip", "CLIP", tooltip="The CLIP model the LoRA will be applied to."),
+        _file("lora_name", "loras", tooltip="The name of the LoRA."),
+        _in("strength_model", "FLOAT", default=1.0, min=-100.0, max=100.0, step=0.01,
+            tooltip="How strongly to modify the diffusion model. This value can be negative."),
+        _in("strength_clip", "FLOAT", default=1.0, min=-100.0, max=100.0, step=0.01,
+            tooltip="How strongly to modify the CLIP model. This value can be negative."),
+    ), ("MODEL", "CLIP"), "loaders", "Load LoRA",
+        "LoRAs are used to modify diffusion and CLIP models, altering the way in which latents "
+        "are denoised such as applying styles. Multiple LoRA nodes can be linked together.",
+        ("The modified diffusion model.", "The modified CLIP model.")),
+    NodeDef("CLIPLoader", Work.LOAD_FILE, (
+        _file("clip_name", "text_encoders"), _pick("type", CLIP_TYPES), _DEVICE,
+    ), ("CLIP",), "advanced/loaders", "Load CLIP",
+        "[Recipes]\n\nstable_diffusion: clip-l\nstable_cascade: clip-g\nsd3: t5 xxl/ clip-g / "
+        "clip-l\nstable_audio: t5 base\nmochi: t5 xxl\ncosmos: old t5 xxl\nlumina2: gemma 2 "
+        "2B\nwan: umt5 xxl\n hidream: llama-3.1 (Recommend) or t5\nomnigen2: qwen vl 2.5 3B",
+        folder="text_encoders", role="clip"),
+    NodeDef("UNETLoader", Work.LOAD_FILE, (
+        _file("unet_name", "diffusion_models"), _pick("weight_dtype", WEIGHT_DTYPES),
+    ), ("MODEL",), "advanced/loaders", "Load Diffusion Model",
+        folder="diffusion_models", role="model"),
+    NodeDef("DualCLIPLoader", Work.LOAD_DUAL_CLIP, (
+        _file("clip_name1", "text_encoders"), _file("clip_name2", "text_encoders"),
+        _pick("type", DUAL_CLIP_TYPES), _DEVICE,
+    ), ("CLIP",), "advanced/loaders", None,
+        "[Recipes]\n\nsdxl: clip-l, clip-g\nsd3: clip-l, clip-g / clip-l, t5 / clip-g, t5\n"
+        "flux: clip-l, t5\nhidream: at least one of t5 or llama, recommended t5 and llama\n"
+        "hunyuan_image: qwen2.5vl 7b and byt5 small"),
+    NodeDef("ControlNetApply", Work.APPLY_CONTROLNET, (
+        _in("conditioning", "CONDITIONING"), _in("control_net", "CONTROL_NET"),
+        _in("image", "IMAGE"),
+        _in("strength", "FLOAT", default=1.0, min=0.0, max=10.0, step=0.01),
+    ), ("CONDITIONING",), "conditioning/controlnet", "Apply ControlNet (OLD)",
+        deprecated=True),
+    NodeDef("ControlNetLoader", Work.LOAD_FILE, (_file("control_net_name", "controlnet"),),
+            ("CONTROL_NET",), "loaders", "Load ControlNet Model",
+            folder="controlnet", role="controlnet"),
+    NodeDef("UpscaleModelLoader", Work.LOAD_FILE, (_v3("model_name", "COMBO", "upscale_models"),),
+            ("UPSCALE_MODEL",), "loaders", "Load Upscale Model", output_tooltips=(None,),
+            api=Api.V3, python_module="comfy_extras.nodes_upscale_model",
+            folder="upscale_models", role="upscale"),
+    NodeDef("ImageUpscaleWithModel", Work.UPSCALE, (
+        _v3("upscale_model", "UPSCALE_MODEL"), _v3("image", "IMAGE"),
+    ), ("IMAGE",), "image/upscaling", "Upscale Image (using Model)", output_tooltips=(None,),
+        api=Api.V3, python_module="comfy_extras.nodes_upscale_model"),
+    NodeDef("FluxGuidance", Work.GUIDANCE, (
+        _v3("conditioning", "CONDITIONING"),
+        _v3("guidance", "FLOAT", default=3.5, min=0.0, max=100.0, step=0.1),
+    ), ("CONDITIONING",), "advanced/conditioning/flux", output_tooltips=(None,),
+        api=Api.V3, python_module="comfy_extras.nodes_flux"),
 )  # fmt: skip
-"""`folder_paths.folder_names_and_paths` keys, in their order (GET /models)."""
-SAMPLERS = (
-    "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2",
-    "dpm_2", "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral",
-    "dpmpp_sde", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_3m_sde", "ddpm", "lcm", "ipndm", "deis",
-    "res_multistep", "gradient_estimation", "er_sde", "seeds_2", "seeds_3", "ddim", "uni_pc",
-    "uni_pc_bh2",
-)  # fmt: skip
-SCHEDULERS = (
-    "simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal",
-    "linear_quadratic", "kl_optimal",
-)  # fmt: skip
-CLIP_TYPES = (
-    "stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart",
-    "cosmos", "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image",
-    "hunyuan_image",
-)  # fmt: skip
-DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image")
-WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
-PRIMITIVES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 
-
-class Work(enum.Enum):
-    """What a node does when it runs (gpugate.sim.comfyui.work carries it out)."""
-
-    LOAD_CHECKPOINT = "load_checkpoint"
-    LOAD_FILE = "load_file"
-    LOAD_DUAL_CLIP = "load_dual_clip"
-    LOAD_LORA = "load_lora"
-    ENCODE_TEXT = "encode_text"
-    GUIDANCE = "guidance"
-    APPLY_CONTROLNET = "apply_controlnet"
-    EMPTY_LATENT = "empty_latent"
-    SAMPLE = "sample"
-    DECODE = "decode"
-    UPSCALE = "upscale"
-    EMPTY_IMAGE = "empty_image"
-    SAVE_IMAGE = "save_image"
-    PREVIEW_IMAGE = "preview_image"
-
-
-@attrs.frozen
-class InputDef:
-    """One declared input: a primitive with options, a combo, or a link of a type."""
-
-    name: str
-    type: str
-    """INT, FLOAT, STRING, BOOLEAN, COMBO, or a link type such as MODEL."""
-    options: Mapping[str, Any] = attrs.field(factory=dict)
-    folder: str | None = None
-    """A combo over the model files of this folder."""
-    choices: tuple[str, ...] = ()
-    """A combo over fixed values."""
-    required: bool = True
-
-    @property
-    def is_link(self) -> bool:
-        return self.type not in (*PRIMITIVES, "COMBO")
-
-    def combo(self, files: Mapping[str, list[str]]) -> list[str]:
-        """The values a combo accepts."""
-        return list(files.get(self.folder, [])) if self.folder else list(self.choices)
-
-    def config(self, files: Mapping[str, list[str]]) -> list[Any]:
-        """The input as INPUT_TYPES declares it: `[type or values, options]`."""
-        head: Any = self.combo(files) if self.type == "COMBO" else self.type
-        return [head, dict(self.options)] if self.options else [head]
-
-
-@attrs.frozen
-class NodeDef:
-    class_type: str
-    work: Work
-    inputs: tuple[InputDef, ...]
-    outputs: tuple[str, ...]
-    output_node: bool = False
-    folder: str | None = None
-    """Where LOAD_FILE finds its file."""
-    role: str = ""
-    """What LOAD_FILE produces: the role of its weights (model, clip, vae, ...)."""
-
-    def input(self, name: str) -> InputDef | None:
-        return next((i for i in self.inputs if i.name == name), None)
-
-
-def _int(name: str, default: int, lo: int, hi: int, step: int = 1, **more: Any) -> InputDef:
-    return InputDef(name, "INT", {"default": default, "min": lo, "max": hi, "step": step, **more})
-
-
-def _float(name: str, default: float, lo: float, hi: float, step: float, **more: Any) -> InputDef:
-    options = {"default": default, "min": lo, "max": hi, "step": step, **more}
-    return InputDef(name, "FLOAT", options)
-
-
-def _file(name: str, folder: str) -> InputDef:
-    return InputDef(name, "COMBO", folder=folder)
-
-
-def _link(name: str, kind: str) -> InputDef:
-    return InputDef(name, kind)
-
-
-def _loader(class_type: str, name: str, folder: str, output: str, role: str) -> NodeDef:
-    return NodeDef(class_type, Work.LOAD_FILE, (_file(name, folder),), (output,),
-                   folder=folder, role=role)  # fmt: skip
-
-
-_SIZE = dict(lo=16, hi=MAX_RESOLUTION, step=8)
-NODES: dict[str, NodeDef] = {
-    node.class_type: node
-    for node in (
-        NodeDef("CheckpointLoaderSimple", Work.LOAD_CHECKPOINT,
-                (_file("ckpt_name", "checkpoints"),), ("MODEL", "CLIP", "VAE")),
-        _loader("UNETLoader", "unet_name", "diffusion_models", "MODEL", "model"),
-        _loader("VAELoader", "vae_name", "vae", "VAE", "vae"),
-        _loader("ControlNetLoader", "control_net_name", "controlnet", "CONTROL_NET", "controlnet"),
-        _loader("UpscaleModelLoader", "model_name", "upscale_models", "UPSCALE_MODEL", "upscale"),
-        NodeDef("CLIPLoader", Work.LOAD_FILE,
-                (_file("clip_name", "text_encoders"),
-                 InputDef("type", "COMBO", choices=CLIP_TYPES),
-                 InputDef("device", "COMBO", choices=("default", "cpu"), required=False)),
-                ("CLIP",), folder="text_encoders", role="clip"),
-        NodeDef("DualCLIPLoader", Work.LOAD_DUAL_CLIP,
-                (_file("clip_name1", "text_encoders"), _file("clip_name2", "text_encoders"),
-                 InputDef("type", "COMBO", choices=DUAL_CLIP_TYPES),
-                 InputDef("device", "COMBO", choices=("default", "cpu"), required=False)),
-                ("CLIP",)),
-        NodeDef("LoraLoader", Work.LOAD_LORA,
-                (_link("model", "MODEL"), _link("clip", "CLIP"), _file("lora_name", "loras"),
-                 _float("strength_model", 1.0, -100.0, 100.0, 0.01),
-                 _float("strength_clip", 1.0, -100.0, 100.0, 0.01)),
-                ("MODEL", "CLIP")),
-        NodeDef("CLIPTextEncode", Work.ENCODE_TEXT,
-                (InputDef("text", "STRING", {"multiline": True, "dynamicPrompts": True}),
-                 _link("clip", "CLIP")),
-                ("CONDITIONING",)),
-        NodeDef("FluxGuidance", Work.GUIDANCE,
-                (_link("conditioning", "CONDITIONING"), _float("guidance", 3.5, 0.0, 100.0, 0.1)),
-                ("CONDITIONING",)),
-        NodeDef("ControlNetApply", Work.APPLY_CONTROLNET,
-                (_link("conditioning", "CONDITIONING"), _link("control_net", "CONTROL_NET"),
-                 _link("image", "IMAGE"), _float("strength", 1.0, 0.0, 10.0, 0.01)),
-                ("CONDITIONING",)),
-        NodeDef("EmptyLatentImage", Work.EMPTY_LATENT,
-                (_int("width", 512, **_SIZE), _int("height", 512, **_SIZE),
-                 _int("batch_size", 1, 1, 4096)),
-                ("LATENT",)),
-        NodeDef("KSampler", Work.SAMPLE,
-                (_link("model", "MODEL"),
-                 _int("seed", 0, 0, 0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-                 _int("steps", 20, 1, 10000), _float("cfg", 8.0, 0.0, 100.0, 0.1, round=0.01),
-                 InputDef("sampler_name", "COMBO", choices=SAMPLERS),
-                 InputDef("scheduler", "COMBO", choices=SCHEDULERS),
-                 _link("positive", "CONDITIONING"), _link("negative", "CONDITIONING"),
-                 _link("latent_image", "LATENT"), _float("denoise", 1.0, 0.0, 1.0, 0.01)),
-                ("LATENT",)),
-        NodeDef("VAEDecode", Work.DECODE,
-                (_link("samples", "LATENT"), _link("vae", "VAE")), ("IMAGE",)),
-        NodeDef("ImageUpscaleWithModel", Work.UPSCALE,
-                (_link("upscale_model", "UPSCALE_MODEL"), _link("image", "IMAGE")), ("IMAGE",)),
-        NodeDef("EmptyImage", Work.EMPTY_IMAGE,
-                (_int("width", 512, 1, MAX_RESOLUTION), _int("height", 512, 1, MAX_RESOLUTION),
-                 _int("batch_size", 1, 1, 4096),
-                 _int("color", 0, 0, 0xFFFFFF, display="color")),
-                ("IMAGE",)),
-        NodeDef("SaveImage", Work.SAVE_IMAGE,
-                (_link("images", "IMAGE"),
-                 InputDef("filename_prefix", "STRING", {"default": "ComfyUI"})),
-                (), output_node=True),
-        NodeDef("PreviewImage", Work.PREVIEW_IMAGE, (_link("images", "IMAGE"),), (),
-                output_node=True),
-    )
-}  # fmt: skip
+NODES: dict[str, NodeDef] = {node.class_type: node for node in _TABLE}
+"""By class name, in the order ComfyUI 0.3.64 registers them (NODE_CLASS_MAPPINGS)."""

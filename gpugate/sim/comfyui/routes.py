@@ -17,10 +17,12 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+import gpugate.sim.comfyui.catalog as catalog
 from gpugate.sim.comfyui.executor import Executor
 from gpugate.sim.comfyui.hub import Hub
 from gpugate.sim.comfyui.nodes import MODEL_FOLDERS
 from gpugate.sim.comfyui.promptqueue import SENSITIVE_EXTRA_DATA_KEYS, PromptQueue, QueueItem
+from gpugate.sim.comfyui.record import PromptRecords, answer_recorded
 from gpugate.sim.comfyui.validation import validate_prompt
 from gpugate.sim.comfyui.webui import INDEX_HTML
 
@@ -36,10 +38,13 @@ class SimComfyUI(Protocol):
     hub: Hub
     queue: PromptQueue
     executor: Executor
+    prompt_records: PromptRecords | None
 
     def queue_info(self) -> dict[str, Any]: ...
 
     def files(self, folder: str) -> list[str]: ...
+
+    def file_lists(self) -> dict[str, list[str]]: ...
 
 
 FORCE_DOWNLOAD = {
@@ -68,6 +73,8 @@ class Routes:
             web.get("/models/{folder}", self.models),
             web.get("/extensions", self.extensions),
             web.get("/features", self.features),
+            web.get("/object_info", self.object_info),
+            web.get("/object_info/{node_class}", self.object_info_node),
             web.post("/upload/image", self.upload_image),
             web.get("/view", self.view),
             web.get("/system_stats", self.system_stats),
@@ -113,6 +120,14 @@ class Routes:
     async def features(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(self.sim.server_features)
 
+    async def object_info(self, request: web.Request) -> web.StreamResponse:
+        # The folders are listed anew for every answer, as get_filename_list re-lists them.
+        return web.json_response(catalog.object_info(self.sim.file_lists()))
+
+    async def object_info_node(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["node_class"]
+        return web.json_response(catalog.object_info_node(name, self.sim.file_lists()))
+
     async def system_stats(self, request: web.Request) -> web.StreamResponse:
         sim = self.sim
         state = sim.gpu.read()
@@ -152,6 +167,10 @@ class Routes:
         return web.json_response(self.sim.queue_info())
 
     async def post_prompt(self, request: web.Request) -> web.StreamResponse:
+        """POST /prompt, recorded (with `comfyui.record`) before the answer is sent."""
+        return await answer_recorded(self.sim.prompt_records, request, self._post_prompt)
+
+    async def _post_prompt(self, request: web.Request, queued: list[str]) -> web.StreamResponse:
         sim = self.sim
         json_data = await request.json()
         if "number" in json_data:
@@ -183,6 +202,7 @@ class Routes:
             )
         sensitive = {k: extra_data.pop(k) for k in SENSITIVE_EXTRA_DATA_KEYS if k in extra_data}
         sim.queue.put(QueueItem(number, prompt_id, prompt, extra_data, valid.outputs, sensitive))
+        queued.append(prompt_id)
         return web.json_response(
             {"prompt_id": prompt_id, "number": number, "node_errors": valid.node_errors}
         )

@@ -17,6 +17,7 @@ from gpugate.sim.comfyui.executor import Executor
 from gpugate.sim.comfyui.hub import Hub
 from gpugate.sim.comfyui.memory import Vram
 from gpugate.sim.comfyui.promptqueue import PromptQueue
+from gpugate.sim.comfyui.record import PromptRecords
 from gpugate.sim.comfyui.routes import Routes
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import holder_argv, set_cmdline, set_comm
@@ -80,6 +81,8 @@ class SimComfyUI:
             spec, self.queue, self.hub, self.vram, self.output_dir, self.temp_dir
         )
         self._worker: asyncio.Task[None] | None = None
+        self.prompt_records: PromptRecords | None = None
+        """Where `POST /prompt` answers are recorded (`comfyui.record`), once started."""
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
 
@@ -131,6 +134,8 @@ class SimComfyUI:
             ) from None
         for directory in (self.output_dir, self.input_dir, self.temp_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        if self.spec.record is not None and self.prompt_records is None:
+            self.prompt_records = PromptRecords(self.spec.record)
         self.hub.start()
         self._runner = web.AppRunner(
             self.app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE, access_log=None
@@ -194,6 +199,9 @@ class SimComfyUI:
             self._holder = None
         elif self.vram.pid:
             self.vram.release_all()
+        if self.prompt_records is not None:
+            self.prompt_records.close()
+            self.prompt_records = None
 
     async def __aenter__(self) -> SimComfyUI:
         return self

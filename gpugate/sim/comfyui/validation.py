@@ -39,6 +39,17 @@ def full_type_name(kind: type) -> str:
     return kind.__qualname__ if module in (None, "builtins") else f"{module}.{kind.__qualname__}"
 
 
+def validate_node_input(received_type: Any, input_type: Any) -> bool:
+    """comfy_execution/validation.py: equal, or "T1,T2" unions that share a type."""
+    if received_type == input_type:
+        return True
+    if not isinstance(received_type, str) or not isinstance(input_type, str):
+        return False
+    received = {t.strip() for t in received_type.split(",")}
+    wanted = {t.strip() for t in input_type.split(",")}
+    return len(received & wanted) > 0
+
+
 class _Validator:
     def __init__(self, prompt: Any, files: Mapping[str, list[str]]) -> None:
         self.prompt = prompt
@@ -46,8 +57,7 @@ class _Validator:
         self.validated: dict[Any, tuple[bool, list[Reason], Any]] = {}
 
     def info(self, spec: InputDef) -> list[Any]:
-        head: Any = spec.combo(self.files) if spec.type == "COMBO" else spec.type
-        return [head, dict(spec.options)]
+        return spec.info(self.files)
 
     def inputs(self, unique_id: Any) -> tuple[bool, list[Reason], Any]:
         if unique_id in self.validated:
@@ -84,7 +94,7 @@ class _Validator:
                     continue
                 o_id = val[0]
                 received = NODES[self.prompt[o_id]["class_type"]].outputs[val[1]]
-                if received != spec.type:
+                if not validate_node_input(received, info[0]):
                     details = f"{x}, received_type({received}) mismatch input_type({info[0]})"
                     errors.append(
                         _error(
@@ -175,8 +185,9 @@ class _Validator:
                     )
                 )
                 continue
-            if spec.type == "COMBO":
-                combo = spec.combo(self.files)
+            # Only a V1 combo is a list of values; a V3 combo's values go unchecked upstream.
+            if spec.is_list:
+                combo = info[0]
                 if val not in combo:
                     config: Any = info
                     listed = str(combo)

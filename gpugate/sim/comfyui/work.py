@@ -14,7 +14,7 @@ import attrs
 
 from gpugate.sim.comfyui.images import solid_png
 from gpugate.sim.comfyui.memory import Part, Vram
-from gpugate.sim.comfyui.nodes import NodeDef, Work
+from gpugate.sim.comfyui.nodes import PIXEL_SPACE, TAESD, NodeDef, Work
 from gpugate.sim.scenario import ComfyUISpec
 
 CHECKPOINT_SHARES = (("model", 0.80), ("clip", 0.12))
@@ -78,8 +78,24 @@ class NodeRun:
         if self.spec.node_seconds > 0:
             await asyncio.sleep(self.spec.node_seconds)
 
-    def part(self, folder: str, name: str, role: str, share: float = 1.0) -> Part:
-        return Part(folder, name, role, int(self.files[(folder, name)] * share))
+    def size(self, folder: str, name: Any) -> int:
+        """folder_paths `get_full_path_or_raise`: the size of the file `name` is, or raise."""
+        size = self.files.get((folder, file_name(name)))
+        if size is None:
+            raise FileNotFoundError(f"Model in folder '{folder}' with filename '{name}' not found.")
+        return size
+
+    def part(self, folder: str, name: Any, role: str, share: float = 1.0) -> Part:
+        return Part(folder, file_name(name), role, int(self.size(folder, name) * share))
+
+
+def file_name(name: Any) -> str:
+    """folder_paths `get_full_path`'s normalization of a name (TypeError if not a string).
+
+    It matters for a V3 combo (UpscaleModelLoader), whose value validation does not check:
+    `x/../4x.pth` loads `4x.pth`.
+    """
+    return os.path.relpath(os.path.join("/", name), "/")
 
 
 async def run(node: NodeRun) -> tuple[tuple[Any, ...], Ui | None]:
@@ -90,7 +106,7 @@ async def run(node: NodeRun) -> tuple[tuple[Any, ...], Ui | None]:
 
 async def _load_checkpoint(n: NodeRun) -> tuple[tuple[Any, ...], None]:
     name = n.inputs["ckpt_name"]
-    size = n.files[("checkpoints", name)]
+    size = n.size("checkpoints", name)
     parts = [
         Part("checkpoints", name, role, int(size * share)) for role, share in CHECKPOINT_SHARES
     ]
@@ -105,15 +121,33 @@ async def _load_file(n: NodeRun) -> tuple[tuple[Any, ...], None]:
     return (Weights((n.part(folder, name, n.node.role),)),), None
 
 
+async def _load_vae(n: NodeRun) -> tuple[tuple[Any, ...], None]:
+    """VAELoader.load_vae: pixel_space has no weights; a tiny autoencoder is its encoder and
+    decoder files from vae_approx, one model; anything else a file of the vae folder."""
+    name = n.inputs["vae_name"]
+    if name == PIXEL_SPACE:
+        return (Weights(()),), None
+    for taesd, encoder, decoder in TAESD:
+        if name == taesd:
+            approx = sorted(f for folder, f in n.files if folder == "vae_approx")
+            pair = [next(f for f in approx if f.startswith(p)) for p in (encoder, decoder)]
+            size = sum(n.size("vae_approx", f) for f in pair)
+            return (Weights((Part("vae_approx", "+".join(pair), "vae", size),)),), None
+    return (Weights((n.part("vae", name, "vae"),)),), None
+
+
 async def _load_dual_clip(n: NodeRun) -> tuple[tuple[Any, ...], None]:
     # One CLIP object holding both encoders: it is loaded and unloaded as one model.
     names = (n.inputs["clip_name1"], n.inputs["clip_name2"])
-    size = sum(n.files[("text_encoders", name)] for name in names)
+    size = sum(n.size("text_encoders", name) for name in names)
     return (Weights((Part("text_encoders", "+".join(names), "clip", size),)),), None
 
 
 async def _load_lora(n: NodeRun) -> tuple[tuple[Any, ...], None]:
     model, clip = n.inputs["model"], n.inputs["clip"]
+    if n.inputs["strength_model"] == 0 and n.inputs["strength_clip"] == 0:
+        # LoraLoader.load_lora returns its inputs before it opens the file.
+        return (model, clip), None
     lora = n.part("loras", n.inputs["lora_name"], "lora")
     return (Weights((*model.parts, lora)), clip), None
 
@@ -225,6 +259,7 @@ def _next_counter(folder: Path, filename: str) -> int:
 _WORK: dict[Work, Callable[[NodeRun], Awaitable[tuple[tuple[Any, ...], Any]]]] = {
     Work.LOAD_CHECKPOINT: _load_checkpoint,
     Work.LOAD_FILE: _load_file,
+    Work.LOAD_VAE: _load_vae,
     Work.LOAD_DUAL_CLIP: _load_dual_clip,
     Work.LOAD_LORA: _load_lora,
     Work.ENCODE_TEXT: _encode_text,

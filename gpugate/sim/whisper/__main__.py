@@ -39,6 +39,7 @@ from gpugate.sim.whisper.model import (
     ModelDoesNotFit,
     ModelMissing,
 )
+from gpugate.sim.whisper.record import WhisperRecords
 from gpugate.sim.whisper.server import LISTENING, ServerOptions, WhisperServer
 
 EXIT_INIT_FAILED = 3
@@ -76,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-keepalive-timeout", type=parse_duration, default=5.0)
     sim.add_argument("--sim-keepalive-max", type=int, default=100)
     sim.add_argument("--sim-oom", choices=("abort", "exit"), default="abort")
+    sim.add_argument("--sim-record", type=Path, metavar="PATH",
+                     help="append a JSON line for every /load and /inference answer")  # fmt: skip
     return parser
 
 
@@ -126,7 +129,14 @@ def _oom(lines: list[str], mode: str) -> int:
 
 
 async def _serve(server: WhisperServer, options: ServerOptions) -> int:
-    runner = web.AppRunner(server.app, keepalive_timeout=options.keepalive_timeout, access_log=None)
+    # cpp-httplib decodes no body itself (built without compression): the framing middleware
+    # answers an encoded one, so aiohttp must not inflate or refuse it first.
+    runner = web.AppRunner(
+        server.app,
+        keepalive_timeout=options.keepalive_timeout,
+        access_log=None,
+        auto_decompress=False,
+    )
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -200,10 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INIT_FAILED
     except ModelDoesNotFit as exc:
         return _oom(exc.lines, args.sim_oom)
+    records = WhisperRecords(args.sim_record) if args.sim_record is not None else None
     try:
-        return asyncio.run(_serve(WhisperServer(context, options), options))
+        server = WhisperServer(context, options, records=records)
+        return asyncio.run(_serve(server, options))
     finally:
         context.free()
+        if records is not None:
+            records.close()
 
 
 if __name__ == "__main__":

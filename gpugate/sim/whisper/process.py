@@ -42,6 +42,9 @@ def whisper_argv(
         argv += ["--sim-state-dir", str(state_dir)]
     for path, size in spec.models.items():
         argv += ["--sim-model-size", f"{path}={size}"]
+    if spec.record is not None:
+        # Absolute: the process may start elsewhere than the one that read the host file.
+        argv += ["--sim-record", os.path.abspath(spec.record)]
     return [
         *argv,
         "--sim-load-seconds", repr(spec.load_seconds),

@@ -22,6 +22,7 @@ import contextlib
 import enum
 import os
 import sys
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TextIO
@@ -32,6 +33,7 @@ from aiohttp import web
 import gpugate.sim.whisper.transcript as transcript
 from gpugate.sim.whisper.fields import CppException, Part, inference_params, read_parts
 from gpugate.sim.whisper.model import Context, ModelDoesNotFit, ModelMissing
+from gpugate.sim.whisper.record import ACTING, Acting, Route, WhisperRecords
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EXIT_LOAD_FAILED = 1
@@ -138,9 +140,11 @@ class WhisperServer:
         *,
         out: TextIO = sys.stdout,
         exit_process: Callable[[int], None] | None = None,
+        records: WhisperRecords | None = None,
     ) -> None:
         self.context = context
         self.options = options
+        self.records = records
         self.out = out
         self.exit_process = exit_process or hard_exit
         self.state = ServerState.READY
@@ -164,7 +168,12 @@ class WhisperServer:
     @web.middleware
     async def _httplib(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            response = await handler(request)
+            if request.body_exists and _encoded(request.headers.get("Content-Encoding", "")):
+                # httplib.h prepare_content_receiver: built without its zlib, Brotli and
+                # zstd support, it answers 415 before any handler reads the body.
+                response = _content(415, "", "text/plain")
+            else:
+                response = await handler(request)
         except web.HTTPException as exc:
             # No route (404) or no method (405): httplib answers 404 for both.
             response = _content(exc.status if exc.status == 400 else 404, "", "text/plain")
@@ -172,6 +181,7 @@ class WhisperServer:
             response = _content(500, f"500 Internal Server Error\n{exc}", "text/plain")
         if response.status >= 400 and isinstance(response, web.Response):
             response = self._error_handler(request, response)
+        self._record(request, response.status)
         for name, value in (
             ("Server", "whisper.cpp"),
             ("Access-Control-Allow-Origin", "*"),
@@ -180,6 +190,17 @@ class WhisperServer:
             response.headers.setdefault(name, value)
         self._count(request, response)
         return response
+
+    def _acting(self, request: web.Request, route: Route) -> Acting:
+        """Start the record of a /load or /inference request, as its handler starts."""
+        acting = Acting(route, time.time(), request.rel_url.query.get("case", ""))
+        request[ACTING] = acting
+        return acting
+
+    def _record(self, request: web.Request, status: int | None) -> None:
+        acting: Acting | None = request.get(ACTING)
+        if acting is not None and self.records is not None:
+            self.records.write(acting.record(status))
 
     def _error_handler(self, request: web.Request, response: web.Response) -> web.Response:
         if response.status == 400:
@@ -215,6 +236,7 @@ class WhisperServer:
         return _content(503, '{"status":"loading model"}', "application/json")
 
     async def inference(self, request: web.Request) -> web.StreamResponse:
+        self._acting(request, Route.INFERENCE)
         try:
             parts = await read_parts(request)
         except ValueError:
@@ -274,6 +296,7 @@ class WhisperServer:
             await asyncio.sleep(min(DISCONNECT_POLL, remaining))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
+        acting = self._acting(request, Route.LOAD)
         try:
             parts = await read_parts(request)
         except ValueError:
@@ -286,6 +309,7 @@ class WhisperServer:
                 self._err("error: no 'model' field in the request")
                 return _json_error(400, "no 'model' field in the request")
             model = parts["model"].text
+            acting.model = model
             if not self.context.catalog.exists(model):
                 self._err(f"error: 'model': {model} not found!")
                 return _json_error(400, "model not found!")
@@ -297,9 +321,13 @@ class WhisperServer:
                     for line in exc.lines:
                         self._err(line)
                 self._err("error: model init  failed, no model loaded must exit")
+                # The process ends without an answer: the record says so before it does.
+                self._record(request, None)
+                request.pop(ACTING)
                 self.exit_process(EXIT_LOAD_FAILED)
                 raise
             self.state = ServerState.READY
+            acting.loaded = True
             return _content(200, "Load was successful!", "application/text")
 
     def _say(self, line: str) -> None:
@@ -309,3 +337,8 @@ class WhisperServer:
     def _err(self, line: str) -> None:
         self.context.err.write(line + "\n")
         self.context.err.flush()
+
+
+def _encoded(coding: str) -> bool:
+    """A Content-Encoding cpp-httplib would have to decode (it matches these spellings)."""
+    return coding in ("gzip", "deflate", "zstd") or "br" in coding

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from gpugate.core.units import parse_duration
-from gpugate.sim.specfields import field_size, number, only
+from gpugate.sim.specfields import field_size, number, only, record_path
 
 
 @attrs.frozen
@@ -28,10 +29,14 @@ class WhisperServerSpec:
     keepalive_max: int = 100
     oom: str = "abort"
     """A model that does not fit at start: `abort` (SIGABRT) or `exit` (status 3)."""
+    record: Path | None = None
+    """A file to which every /load and /inference answer is appended as a JSON line (a
+    fuzzer's oracle: gpugate.sim.whisper.record)."""
 
 
-def parse_whisper(data: Any) -> WhisperServerSpec:
-    """Read the `whisper:` mapping; ValueError naming the field."""
+def parse_whisper(data: Any, base: Path = Path()) -> WhisperServerSpec:
+    """Read the `whisper:` mapping; ValueError naming the field. `base`: the host file's
+    directory, which a relative `record` path starts from."""
     fields = {f.name for f in attrs.fields(WhisperServerSpec)}
     only(data, "whisper", fields)
     default = {f.name: f.default for f in attrs.fields(WhisperServerSpec)}
@@ -73,4 +78,5 @@ def parse_whisper(data: Any) -> WhisperServerSpec:
         keepalive_timeout=keepalive,
         keepalive_max=number(data, "keepalive_max", "whisper", int, 100, minimum=1),
         oom=oom,
+        record=record_path(data, "whisper", base),
     )
