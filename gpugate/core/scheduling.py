@@ -114,6 +114,7 @@ def granted_event(lease: Lease) -> Event:
         bytes=lease.pending,
         wait=lease.waited,
         priority=lease.demand.priority.label,
+        lease=lease.id,
     )
 
 
@@ -496,7 +497,7 @@ class Scheduler:
             for pool in stopping:
                 pool.preempted_for = ticket.id
                 consumer = pool.lease.key.consumer
-                names = sorted(pool.names, key=lambda name: pool.names[name], reverse=True)
+                names = sorted(pool.names, key=lambda name: max(pool.names[name]), reverse=True)
                 effects.append(Preempt(consumer, demand.gpu, tuple(names), pool.bytes, ticket.id))
                 effects.append(
                     Event(

@@ -51,8 +51,9 @@ class JobLease:
     """The latest job's demand: the class and policy of what stays after the jobs."""
     jobs: dict[int, int] = attrs.field(factory=dict)
     """Live jobs: their lease's id → their size."""
-    names: dict[str, int] = attrs.field(factory=dict)
-    """The runtime's names of jobs → their lease's id."""
+    names: dict[str, list[int]] = attrs.field(factory=dict)
+    """The runtime's names of jobs → their leases' ids, oldest first (a runtime may take a
+    name twice: ComfyUI queues two prompts sent with the same `prompt_id`)."""
     preempted_for: int | None = None
     """The ticket its jobs are being stopped for (`Preempt`), until they end."""
 
@@ -114,7 +115,7 @@ class JobBook:
         lease = self.books.leases.get(job_id)
         if lease is None or lease.job_of is None:
             return False
-        self.carriers[lease.job_of].names[job] = job_id
+        self.carriers[lease.job_of].names.setdefault(job, []).append(job_id)
         return True
 
     def find(self, consumer: str, job: int | str) -> int | None:
@@ -125,7 +126,7 @@ class JobBook:
             return job if ok else None
         for (owner, _), pool in self.by_consumer.items():
             if owner == consumer and job in pool.names:
-                return pool.names[job]
+                return pool.names[job][0]
         return None
 
     def close(self, job_id: int) -> tuple[Lease, JobLease, bool] | None:
@@ -136,7 +137,11 @@ class JobBook:
         del self.books.leases[job_id]
         pool = self.carriers[lease.job_of]
         pool.jobs.pop(job_id, None)
-        pool.names = {k: v for k, v in pool.names.items() if v != job_id}
+        for name, ids in list(pool.names.items()):
+            if job_id in ids:
+                ids.remove(job_id)
+                if not ids:
+                    del pool.names[name]
         ended = not pool.jobs
         if ended:
             del self.books.leases[pool.lease.id]
@@ -181,6 +186,7 @@ def released_event(lease: Lease, now: float, reason: str) -> Event:
         gpu=lease.gpu,
         wait=lease.waited,
         reason=reason,
+        lease=lease.id,
     )
 
 

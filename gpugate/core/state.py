@@ -402,13 +402,13 @@ class GateCore:
             effects.extend(self.scheduler.schedule(gpu, now))
             return effects
         # The job lease stays marked until its last job ends with it: no second `Preempt`.
-        names = {job_id: name for name, job_id in pool.names.items()}
+        names = {job_id: name for name, ids in pool.names.items() for job_id in ids}
         by = (
             "a demand that is gone"
             if ticket is None
             else (f"{ticket.demand.key} ({ticket.demand.priority.label})")
         )
-        for job_id in sorted(pool.names[name] for name in jobs if name in pool.names):
+        for job_id in sorted(i for name in jobs if name in pool.names for i in pool.names[name]):
             job = self.books.leases.get(job_id)
             if job is None:
                 continue

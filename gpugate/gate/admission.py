@@ -125,7 +125,13 @@ class AdmissionWork:
             self.watch_job(lease, kind, scale)
 
     def job_finished(self, consumer: str, job: int | str, *, failed: bool = False) -> None:
-        """A job finished, failed, was interrupted or deleted (by lease id or its name)."""
+        """A job finished, failed, was interrupted or deleted (by lease id or its name: a
+        name the runtime no longer has ends every job it named)."""
+        self._job_finished(consumer, job, failed=failed)
+        while isinstance(job, str) and self.core.jobs.find(consumer, job) is not None:
+            self._job_finished(consumer, job, failed=failed)
+
+    def _job_finished(self, consumer: str, job: int | str, *, failed: bool) -> None:
         now = self.clock()
         job_id = self.core.jobs.find(consumer, job)
         lease = None if job_id is None else self.core.lease(job_id)
