@@ -120,6 +120,8 @@ class Event:
     """EVICTION_STARTED: the GPU's schedulable bytes when the unload was decided."""
     schedulable_after: int | None = None
     """EVICTION_DONE: the GPU's schedulable bytes once the unload finished."""
+    lease: int | None = None
+    """LEASE_GRANTED and LEASE_RELEASED: the lease's id, as `X-GPUGate-Lease` names it."""
 
 
 Effect = Grant | Reject | Unload | Preempt | Event

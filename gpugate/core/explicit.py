@@ -104,5 +104,6 @@ def lapse_events(lease: Lease, now: float) -> list[Event]:
             gpu=lease.gpu,
             wait=lease.waited,
             reason="expired",
+            lease=lease.id,
         ),
     ]

@@ -57,6 +57,7 @@ def event_json(event: Event) -> str:
         "reason",
         "schedulable_before",
         "schedulable_after",
+        "lease",
     ):
         value = getattr(event, name)
         if value is not None and name not in record:
