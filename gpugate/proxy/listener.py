@@ -15,11 +15,13 @@ released here all the same.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from typing import Any
 
 import aiohttp
-from aiohttp import HttpVersion11, hdrs, web
+import attrs
+from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -29,6 +31,7 @@ from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.gate import Gate, GateFailure, Link
 from gpugate.identity import PRIORITY_HEADER, IdentityResolver, resolve_priority
+from gpugate.logs import OncePerInterval
 from gpugate.proxy.forward import (
     UPSTREAM_SERVER,
     UpstreamBroken,
@@ -38,47 +41,35 @@ from gpugate.proxy.forward import (
     stream_down,
 )
 from gpugate.proxy.http1 import UpstreamPool
+from gpugate.proxy.reading import (
+    BodyTooLarge,
+    Refused,
+    answer_expect,
+    decode_body,
+    decoded_coding,
+    framing_refusal,
+    plain,
+    read_body,
+)
 from gpugate.proxy.websocket import WebSocketRelay, is_upgrade
 from gpugate.runtimes.base import (
+    AdapterError,
     Classified,
     ErrorReply,
     RouteKind,
     Screening,
+    Vetted,
     error_reply,
     failure_reply,
 )
+
+unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
 
 LEASE_HEADER = "X-GPUGate-Lease"
 WAIT_HEADER = "X-GPUGate-Wait"
 FAILURE_HEADER = "X-GPUGate-Failure"
 ERROR_BODY_LIMIT = 1024 * 1024
 OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The whole request body, refusing more than `limit` bytes."""
-    if request.content_length == 0:
-        return b""
-    if request.content_length is not None:
-        if request.content_length > limit:
-            raise BodyTooLarge
-        content = request.content
-        if content.is_eof():
-            # All of it came with the headers (a small request): no wait, no copy per part.
-            return content.read_nowait()
-        return await content.readexactly(request.content_length)
-    chunks = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class _ListenerRequest(web.BaseRequest):
@@ -96,22 +87,9 @@ def _request(
     return _ListenerRequest(message, payload, protocol, writer, task, task.get_loop())
 
 
-async def expect_continue(request: web.BaseRequest) -> web.StreamResponse | None:
-    """`Expect: 100-continue` is answered before the body is read, as aiohttp's router
-    does; any other expectation is refused with 417 (None: go on)."""
-    expect = request.headers.get(hdrs.EXPECT, "")
-    if request.version != HttpVersion11:
-        return None
-    if expect.lower() != "100-continue":
-        return web.Response(status=417, text=f"Unknown Expect: {expect}")
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0
-    await request.writer.drain()
-    return None
-
-
-def reply(error: ErrorReply) -> web.Response:
-    """A response the gate writes itself (Date and Content-Length added as the runtime's)."""
+def reply(error: ErrorReply, screening: Screening | None = None) -> web.Response:
+    """A response the gate writes itself (Date and Content-Length added as the runtime's),
+    with the headers the runtime's own middleware would have put on it (CORS)."""
     headers: CIMultiDict[str] = CIMultiDict()
     if error.content_type:
         headers[hdrs.CONTENT_TYPE] = error.content_type
@@ -120,6 +98,8 @@ def reply(error: ErrorReply) -> web.Response:
     if error.retry_after is not None:
         headers[hdrs.RETRY_AFTER] = str(max(1, math.ceil(error.retry_after)))
     headers.extend(error.headers)
+    if screening is not None:
+        headers.extend(screening.reply_headers)
     return web.Response(status=error.status, body=error.body, headers=headers)
 
 
@@ -166,30 +146,61 @@ class ConsumerListener:
         adapter = self.link.adapter
         consumer = self.link.consumer
         method, path = request.method, request.path
+        dialect = adapter.dialect
+        refused = framing_refusal(dialect, request)
+        if refused is not None:
+            return refused
         if hdrs.EXPECT in request.headers:
-            refused = await expect_continue(request)
+            refused = await answer_expect(dialect, request)
             if refused is not None:
                 return refused
-        screening = adapter.screen(method, request.headers)
+        screening = adapter.screen(method, request.headers, target=request.raw_path)
         if screening.reply is not None:
             return reply(screening.reply)
         body = None
+        drop_up = screening.drop_up
         if adapter.wants_body(method, path):
+            coding = decoded_coding(dialect, request) or adapter.decoded_coding(
+                path, request.headers.get(hdrs.CONTENT_ENCODING, "")
+            )
             try:
                 body = await read_body(request, consumer.max_body)
+                if coding is not None:
+                    # The runtime's server inflates it before its handler reads it: the
+                    # adapter reads, and the gate sends, what that handler would read.
+                    body = decode_body(dialect, coding, body, consumer.max_body)
+                    drop_up = (*drop_up, hdrs.CONTENT_ENCODING)
             except BodyTooLarge:
                 api = adapter.classify(method, path, None, "").api
-                return reply(error_reply(api, 413, "http: request body too large"))
+                return reply(error_reply(api, 413, "http: request body too large"), screening)
             except asyncio.IncompleteReadError:
                 api = adapter.classify(method, path, None, "").api
-                return reply(error_reply(api, 400, "unexpected EOF"))
+                return reply(error_reply(api, 400, "unexpected EOF"), screening)
+            except Refused as exc:
+                exc.response.headers.extend(screening.reply_headers)
+                return exc.response
         classified = adapter.classify(
-            method, path, body, request.headers.get(hdrs.CONTENT_TYPE, "")
+            method,
+            path,
+            body,
+            request.headers.get(hdrs.CONTENT_TYPE, ""),
+            query=request.rel_url.raw_query_string,
         )
+        if drop_up is not screening.drop_up:
+            screening = attrs.evolve(screening, drop_up=drop_up)
         if classified.kind is RouteKind.REFUSE:
             assert classified.refusal is not None
             refusal = classified.refusal
-            return reply(error_reply(classified.api, refusal.status, refusal.message))
+            if refusal.exact is not None:
+                return reply(refusal.exact, screening)
+            return reply(error_reply(classified.api, refusal.status, refusal.message), screening)
+        if classified.kind is RouteKind.DEMAND and adapter.vets:
+            vetted = await self._vet(classified)
+            if vetted is not None:
+                if vetted.reply is not None:
+                    return reply(vetted.reply, screening)
+                # The runtime refuses it before loading: it goes up unleased.
+                classified = attrs.evolve(classified, kind=RouteKind.PASS)
         if classified.kind is RouteKind.PASS and is_upgrade(request):
             return await self._websocket(request, classified, screening)
         busy = None
@@ -199,14 +210,14 @@ class ConsumerListener:
             try:
                 busy = await self.gate.processes.serve_lease(self.link, self._priority(request))
             except GateFailure as exc:
-                return reply(failure_reply(classified.api, exc.failure))
+                return reply(failure_reply(classified.api, exc.failure), screening)
         try:
             lease = None
             if classified.kind is RouteKind.DEMAND:
                 try:
                     lease = await self._admit(request, classified)
                 except GateFailure as exc:
-                    return reply(failure_reply(classified.api, exc.failure))
+                    return reply(failure_reply(classified.api, exc.failure), screening)
             forward_body = classified.body if classified.body is not None else body
             return await self._forward(request, forward_body, lease, classified, screening)
         finally:
@@ -214,6 +225,25 @@ class ConsumerListener:
                 self.gate.release(busy)
             if classified.kind is RouteKind.UNLOAD:
                 self.gate.want_reconcile(consumer.name)
+
+    async def _vet(self, classified: Classified) -> Vetted | None:
+        """The runtime's own refusal of a demand, before any lease (None: admit it). A
+        runtime that cannot be asked in time only means the demand is admitted unvetted."""
+        link = self.link
+        assert link.session is not None
+        try:
+            async with asyncio.timeout(link.consumer.timeouts.control):
+                return await link.adapter.vet(classified, link.session, self.gate.clock())
+        except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
+            unvetted.warning(
+                f"{link.consumer.name}:{type(exc).__name__}",
+                "%s: admitted a request unvetted; the runtime could not say whether it "
+                "would refuse it (%s: %s)",
+                link.consumer.name,
+                type(exc).__name__,
+                exc,
+            )
+            return None
 
     def _priority(self, request: web.BaseRequest, model: str | None = None) -> PriorityClass:
         """The request's class: its identity's, else the model's (or the consumer's)."""
@@ -275,10 +305,18 @@ class ConsumerListener:
                     self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
                 )
             except UpstreamTimeout as exc:
-                return reply(failure_reply(classified.api, self._timeout(classified, exc)))
+                return reply(
+                    failure_reply(classified.api, self._timeout(classified, exc)), screening
+                )
             except OSError as exc:
                 failed = True
-                return reply(failure_reply(classified.api, self._crash(classified, exc)))
+                return reply(failure_reply(classified.api, self._crash(classified, exc)), screening)
+            except asyncio.IncompleteReadError:
+                # The client's body ended short of its framing: the upstream connection was
+                # closed with the request unfinished; nothing of it counts.
+                refused = plain(400, b"400 Bad Request")
+                refused.headers.extend(screening.reply_headers)
+                return refused
             complete = False
             self.link.adapter.answered(classified, upstream.status)
             try:
@@ -311,9 +349,11 @@ class ConsumerListener:
                 complete = True
                 return response
             except UpstreamTimeout as exc:
-                return reply(failure_reply(classified.api, self._timeout(classified, exc)))
+                return reply(
+                    failure_reply(classified.api, self._timeout(classified, exc)), screening
+                )
             except OSError as exc:
-                return reply(failure_reply(classified.api, self._crash(classified, exc)))
+                return reply(failure_reply(classified.api, self._crash(classified, exc)), screening)
             except UpstreamBroken as exc:
                 if isinstance(exc.cause, UpstreamTimeout):
                     self._timeout(classified, exc.cause)
@@ -342,9 +382,9 @@ class ConsumerListener:
                 on_drop=lambda exc: self._crash(classified, exc),
             )
         except UpstreamTimeout as exc:
-            return reply(failure_reply(classified.api, self._timeout(classified, exc)))
+            return reply(failure_reply(classified.api, self._timeout(classified, exc)), screening)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            return reply(failure_reply(classified.api, self._crash(classified, exc)))
+            return reply(failure_reply(classified.api, self._crash(classified, exc)), screening)
 
     def _timeout(self, classified: Classified, exc: UpstreamTimeout) -> Failure:
         consumer = self.link.consumer

@@ -22,6 +22,7 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
+from gpugate.runtimes.dialect import BodyCoding, ServerDialect
 from gpugate.runtimes.process import ProcessControl
 from gpugate.runtimes.replies import ErrorReply
 
@@ -55,6 +56,8 @@ class RouteKind(enum.Enum):
 class Refusal:
     status: int
     message: str
+    exact: ErrorReply | None = None
+    """The whole answer, when the runtime's is not its API family's error shape."""
 
 
 @attrs.frozen
@@ -85,6 +88,15 @@ class Classified:
 
 
 @attrs.frozen
+class Vetted:
+    """The runtime's own refusal of a demand, known before any lease."""
+
+    reply: ErrorReply | None = None
+    """The runtime's answer, written by the gate; None: forward the request unleased, for
+    the runtime to word its own refusal (nothing loads for it)."""
+
+
+@attrs.frozen
 class Screening:
     """What a runtime's own checks (Host, Origin) say before a request is routed.
 
@@ -98,6 +110,11 @@ class Screening:
     """Headers to add to the upstream's answer (CORS headers naming the client's origin)."""
     drop_up: tuple[str, ...] = ()
     """Request headers not to send upstream (already judged here)."""
+    reply_headers: tuple[tuple[str, str], ...] = ()
+    """Headers for every other answer the gate writes itself for this request (a refused
+    body, a capacity failure, a 502 or 504): the CORS headers the runtime would have put on
+    its own answer, so a page on another origin can read the gate's message. `reply` is
+    complete as it is and does not take them."""
 
 
 def go_json(value: object) -> bytes:
@@ -208,6 +225,10 @@ class RuntimeAdapter(abc.ABC):
     """Upstream connections may be kept and reused; False opens one per request (a
     runtime whose idle connections close sooner than the gate would notice)."""
 
+    dialect: ClassVar[ServerDialect] = ServerDialect.GO
+    """The HTTP server the runtime is built on: how it frames, expects and decodes a
+    request (dialect.py). The default is the strictest reading."""
+
     process: ProcessControl | None = None
     """The runtime's process when the gate starts and stops it (its memory is the
     process's, from start to exit); None for a runtime the gate only talks to."""
@@ -262,17 +283,41 @@ class RuntimeAdapter(abc.ABC):
 
     # -- reading requests ------------------------------------------------------------------
 
-    def screen(self, method: str, headers: Mapping[str, str]) -> Screening:
-        """The runtime's own checks (Host, Origin) as it would run them where the gate listens."""
+    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
+        """The runtime's own checks (Host, Origin) as it would run them where the gate listens.
+
+        `target` is the request-target as the client wrote it (origin-form `/api/tags?x=1`,
+        or absolute-form `http://host/api/tags`): some runtimes take the Host from it.
+        """
         return Screening()
+
+    def decoded_coding(self, path: str, content_encoding: str) -> BodyCoding | None:
+        """A content coding the runtime undoes on this route before reading the body (beyond
+        what its HTTP server undoes on every route: `dialect`); None: read it as sent."""
+        return None
 
     @abc.abstractmethod
     def wants_body(self, method: str, path: str) -> bool:
         """Must the body be read to classify this request?"""
 
     @abc.abstractmethod
-    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
-        """Whether a request may put a model in VRAM, under which lease scope, and its body."""
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
+        """Whether a request may put a model in VRAM, under which lease scope, and its body
+        (`query`: the URL's raw query string, for runtimes that read fields from it)."""
+
+    vets: bool = False
+    """Whether `vet` asks the runtime anything (the listener calls it for demands only then)."""
+
+    async def vet(
+        self, classified: Classified, session: aiohttp.ClientSession, now: float
+    ) -> Vetted | None:
+        """The runtime's own refusal of a demand, decided from what the runtime says of
+        itself (ComfyUI's node catalog, an Ollama model's capabilities) before any lease;
+        None: admit it. May raise the session's errors or AdapterError: the demand is then
+        admitted unvetted."""
+        return None
 
     def job_key(self, classified: Classified, body: bytes) -> str | None:
         """The runtime's name for the job a JOB request started, read from its answer."""

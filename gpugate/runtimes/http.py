@@ -21,7 +21,9 @@ class HttpAdapter(ProcessAdapter):
     def wants_body(self, method: str, path: str) -> bool:
         return False
 
-    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
         return Classified(RouteKind.PASS, ApiFamily.PLAIN)
 
     async def health(self, session: aiohttp.ClientSession) -> bool:

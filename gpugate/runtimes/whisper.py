@@ -32,6 +32,7 @@ from gpugate.config.model import Consumer
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
 from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter, command_option
+from gpugate.runtimes.dialect import ServerDialect
 
 LOAD_BODY_LIMIT = 64 * 1024
 """A /load body is a path; anything longer is not read (whisper-server answers it)."""
@@ -57,6 +58,7 @@ class WhisperAdapter(ProcessAdapter):
     """One whisper-server behind the gate."""
 
     pool_connections: ClassVar[bool] = False
+    dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
 
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)
@@ -74,12 +76,17 @@ class WhisperAdapter(ProcessAdapter):
     def wants_body(self, method: str, path: str) -> bool:
         return method == "POST" and path == "/load"
 
-    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
         if not self.wants_body(method, path) or body is None or len(body) > LOAD_BODY_LIMIT:
             return Classified(RouteKind.PASS, ApiFamily.PLAIN)
         model = multipart_field(body, content_type, "model")
-        if not model or model == self.current:
+        if not model:
             return Classified(RouteKind.PASS, ApiFamily.PLAIN)
+        # Even the model it runs now: whisper-server frees it and loads it again, and a
+        # /load ahead of this one in its queue may have switched it by the time this one
+        # runs (the model named at arrival says nothing about the model then).
         control = self.consumer.control
         return Classified(
             RouteKind.DEMAND,

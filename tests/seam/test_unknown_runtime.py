@@ -44,7 +44,9 @@ class QueueAdapter(RuntimeAdapter):
     def wants_body(self, method: str, path: str) -> bool:
         return method == "POST" and path == "/prompt"
 
-    def classify(self, method: str, path: str, body: bytes | None, content_type: str) -> Classified:
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
         if not self.wants_body(method, path) or body is None:
             return Classified(RouteKind.PASS, ApiFamily.PLAIN)
         return Classified(RouteKind.DEMAND, ApiFamily.PLAIN, "workflow", scope=LeaseScope.JOB)
