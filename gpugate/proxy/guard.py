@@ -6,11 +6,17 @@ to a request's complete headers and to the last byte of its body; the `Guard` (t
 protocol factory) refuses a connection over the listener's cap with a 503 and closes it.
 The handler wrapper that marks "headers complete" also keeps the in-flight requests, so a
 shutdown can give them exactly the grace period and then cancel them.
+
+No client can starve the others: connections are capped per client address too, a full
+listener makes room by closing the connection idle longest between requests before it
+refuses one, and a client that takes none of an answer for `send_timeout` loses its
+connection (its request's lease goes with the cancelled handler).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import logging
 import resource
@@ -65,15 +71,21 @@ class GuardedConnection(asyncio.Protocol):
         self.handler = handler
         self.phase = Phase.HEADERS
         self.refused = False
+        self.client = ""
+        """The peer's address: connections are capped per address."""
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._deadline: float | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's are not subclasses of asyncio.Transport).
         self._transport = transport  # type: ignore[assignment]
-        if self.guard.full():
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.guard.admit(self):
             self.refused = True
             self._refuse(transport)
             return
@@ -86,8 +98,17 @@ class GuardedConnection(asyncio.Protocol):
         if self.refused:
             return
         if self.phase is Phase.IDLE:
+            self.guard.busy(self)
             self._arm(self.guard.limits.header_timeout, Phase.HEADERS)
         self.handler.data_received(data)
+
+    def reclaim(self) -> None:
+        """Close this idle keep-alive connection to make room for a new one (as nginx
+        reuses its idle connections when it runs out): no request is lost, and a client
+        sends its next request on a new connection."""
+        self.guard.disconnected(self)
+        self._cancel_timer()
+        self.handler.force_close()
 
     def eof_received(self) -> bool | None:
         if self.refused:
@@ -96,14 +117,17 @@ class GuardedConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if not self.refused:
+            self._watch_sending()
             self.handler.pause_writing()
 
     def resume_writing(self) -> None:
         if not self.refused:
+            self._stop_watching_sending()
             self.handler.resume_writing()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_timer()
+        self._stop_watching_sending()
         if self.refused:
             self.guard.refusing = max(0, self.guard.refusing - 1)
             return
@@ -114,6 +138,7 @@ class GuardedConnection(asyncio.Protocol):
 
     def headers_done(self, request: web.BaseRequest) -> None:
         """A request's headers arrived: its body now has body_timeout to arrive."""
+        self.guard.busy(self)
         content = request.content
         if content.is_eof():
             self._disarm(Phase.HANDLING)
@@ -128,6 +153,45 @@ class GuardedConnection(asyncio.Protocol):
     def request_done(self) -> None:
         """The handler returned; aiohttp's keep-alive timer bounds the wait for the next one."""
         self._disarm(Phase.IDLE)
+        self.guard.idle(self)
+
+    # -- sending ---------------------------------------------------------------------------
+    # The transport pauses the writer when the client has not taken the last 64 KiB; while
+    # paused, the bytes it still holds are looked at every send_timeout: a client that took
+    # none of them since the last look loses its connection (and its request its lease).
+
+    def _watch_sending(self) -> None:
+        transport = self._transport
+        if self._send_timer is not None or transport is None:
+            return
+        self._unsent = transport.get_write_buffer_size()
+        self._send_timer = asyncio.get_running_loop().call_later(
+            self.guard.limits.send_timeout, self._sending_check
+        )
+
+    def _stop_watching_sending(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _sending_check(self) -> None:
+        self._send_timer = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        unsent = transport.get_write_buffer_size()
+        if unsent < self._unsent:
+            self._watch_sending()  # it took some: look again later
+            return
+        limited.warning(
+            f"{self.guard.name}:send",
+            "%s: dropped a connection whose client took nothing for %gs",
+            self.guard.name,
+            self.guard.limits.send_timeout,
+        )
+        # close() would wait for the unsent bytes to go; abort() ends it now, and the
+        # connection's loss cancels its handler (which releases the request's lease).
+        transport.abort()
 
     # -- timers ----------------------------------------------------------------------------
     # One timer per connection, moved lazily: a phase sets its deadline, and the timer,
@@ -213,8 +277,19 @@ class Guard:
         self.limits = limits
         self.name = name
         self.max_connections = max_connections
+        per_client = limits.max_connections_per_client
+        if per_client is None:
+            # Loopback clients all share one address, so the default only keeps an eighth
+            # of the listener for the others.
+            per_client = max(1, max_connections - max(1, max_connections // 8))
+        self.max_per_client = min(per_client, max_connections)
         self.refusing = 0
+        self.reclaimed = 0
+        """Idle connections closed to make room for new ones, since start."""
         self._open: dict[RequestHandler, GuardedConnection] = {}
+        self._idle: dict[GuardedConnection, None] = {}
+        """Connections between requests, the longest idle first."""
+        self._per_client: collections.Counter[str] = collections.Counter()
         self._inflight: set[asyncio.Task[object]] = set()
         self._inner: Handler = server.request_handler
         # Each RequestHandler copies this at creation, so it is replaced before any connects.
@@ -229,11 +304,43 @@ class Guard:
     def full(self) -> bool:
         return len(self._open) >= self.max_connections
 
+    def admit(self, connection: GuardedConnection) -> bool:
+        """Whether a new connection may open: room is made by closing an idle connection
+        (the client's own when it is at its cap, else the longest idle); False: refuse."""
+        client = connection.client
+        if self._per_client[client] >= self.max_per_client:
+            return self._reclaim(client)
+        if self.full():
+            return self._reclaim(None)
+        return True
+
+    def _reclaim(self, client: str | None) -> bool:
+        for idle in self._idle:
+            if client is None or idle.client == client:
+                idle.reclaim()
+                self.reclaimed += 1
+                return True
+        return False
+
     def connected(self, connection: GuardedConnection) -> None:
         self._open[connection.handler] = connection
+        self._per_client[connection.client] += 1
 
     def disconnected(self, connection: GuardedConnection) -> None:
-        self._open.pop(connection.handler, None)
+        if self._open.pop(connection.handler, None) is not None:
+            self._per_client[connection.client] -= 1
+            if self._per_client[connection.client] <= 0:
+                del self._per_client[connection.client]
+        self._idle.pop(connection, None)
+
+    def idle(self, connection: GuardedConnection) -> None:
+        """The connection waits for its next request (reclaimable)."""
+        if connection.handler in self._open:
+            self._idle[connection] = None
+
+    def busy(self, connection: GuardedConnection) -> None:
+        """A new request began on the connection."""
+        self._idle.pop(connection, None)
 
     @property
     def open_connections(self) -> int:
