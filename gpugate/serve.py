@@ -28,14 +28,14 @@ from gpugate.gate.gate import Gate, Link
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
 from gpugate.notify import Notifier, stop_task
-from gpugate.proxy.guard import (
+from gpugate.proxy.listener import ConsumerListener
+from gpugate.proxy.runners import (
     GuardedRunner,
     GuardedServerRunner,
     fit_caps,
     quiet_loop_errors,
     raise_fd_limit,
 )
-from gpugate.proxy.listener import ConsumerListener
 from gpugate.reload import apply_reload, reload_file, unset_secrets
 from gpugate.store.db import Store
 

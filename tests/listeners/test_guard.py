@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from gpugate.proxy import guard
-from gpugate.proxy.guard import FD_PER_LISTENER, FD_RESERVE, fit_caps, quiet_loop_errors
+from gpugate.proxy import runners
+from gpugate.proxy.runners import FD_PER_LISTENER, FD_RESERVE, fit_caps, quiet_loop_errors
 
 
 def test_caps_that_fit_the_fd_limit_are_kept():
@@ -24,8 +24,8 @@ def test_caps_past_the_fd_limit_are_scaled_down_to_fit():
 
 def test_a_repeated_accept_error_is_logged_once_with_a_count(caplog, monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(guard.loop_errors, "clock", lambda: now[0])
-    monkeypatch.setattr(guard.loop_errors, "_seen", {})
+    monkeypatch.setattr(runners.loop_errors, "clock", lambda: now[0])
+    monkeypatch.setattr(runners.loop_errors, "_seen", {})
     loop = asyncio.new_event_loop()
     context = {
         "message": "socket.accept() out of system resource",
@@ -50,7 +50,7 @@ def test_a_repeated_accept_error_is_logged_once_with_a_count(caplog, monkeypatch
 
 @pytest.mark.parametrize("exc", [ValueError("boom")])
 def test_another_loop_error_is_logged_with_its_traceback_once(caplog, monkeypatch, exc):
-    monkeypatch.setattr(guard.loop_errors, "_seen", {})
+    monkeypatch.setattr(runners.loop_errors, "_seen", {})
     loop = asyncio.new_event_loop()
     try:
         with caplog.at_level(logging.ERROR, logger="gpugate.loop"):
