@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import pytest
 
+from gpugate.runtimes.gotarget import BadTarget, parse_target
 from gpugate.runtimes.ollama_host import (
     BAD_REQUEST,
-    BadTarget,
     OllamaHostCheck,
     OriginRules,
     allow_header,
     ollama_origins,
     origin_problem,
-    parse_target,
 )
 
 HOST = "localhost:11434"
