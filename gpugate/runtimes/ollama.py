@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Mapping
-from datetime import datetime
-from typing import Any
 
 import aiohttp
 import attrs
 
 from gpugate.config.model import Consumer, Residency
-from gpugate.core.units import MiB
 from gpugate.runtimes.base import (
-    AdapterError,
     ApiFamily,
     Classified,
     LoadedModel,
@@ -44,7 +39,14 @@ from gpugate.runtimes.keepalive import (
     policy_keep_alive,
 )
 from gpugate.runtimes.ollama_host import OllamaHostCheck
-from gpugate.runtimes.ollama_models import FRESH, ModelFactsCache
+from gpugate.runtimes.ollama_listing import OllamaError, parse_ps
+from gpugate.runtimes.ollama_models import (
+    FRESH,
+    RUNTIME_OVERHEAD,
+    ModelFactsCache,
+    kv_cache_bytes,
+    num_ctx_of,
+)
 from gpugate.runtimes.ollama_multipart import read_transcription
 from gpugate.runtimes.ollama_names import Source, canonical_name, model_ref, written_name
 from gpugate.runtimes.ollama_needs import TRANSCRIPTION_NEEDS, Needs
@@ -66,10 +68,6 @@ OPENAI_LOADS = {*ZSTD_ROUTES, "/v1/audio/transcriptions"}
 """The /v1 routes that load: the JSON ones behind the cloud passthrough, and transcriptions."""
 RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
 """Load-time options: a change makes Ollama reload the model (sched.go needsReload)."""
-
-RUNTIME_OVERHEAD = 256 * MiB
-"""CUDA context and compute buffers on top of weights and KV cache, for estimates."""
-DEFAULT_NUM_CTX = 4096
 
 
 def normalize_model(name: str) -> str:
@@ -107,10 +105,6 @@ def options_key(options: object) -> str:
                 text = json.dumps(value, sort_keys=True)
             parts.append(f"{name}={text}")
     return ",".join(parts)
-
-
-class OllamaError(AdapterError):
-    """Ollama answered something the adapter cannot use."""
 
 
 class OllamaAdapter(RuntimeAdapter):
@@ -248,35 +242,7 @@ class OllamaAdapter(RuntimeAdapter):
                 data = await resp.json(content_type=None)
             except ValueError as exc:
                 raise OllamaError(f"/api/ps answered something that is not JSON: {exc}") from exc
-        entries = data.get("models", []) if isinstance(data, dict) else None
-        if entries is None and isinstance(data, dict):
-            entries = []  # Ollama encodes an empty slice as null
-        if not isinstance(entries, list):
-            raise OllamaError(f"/api/ps answered no list of models: {str(data)[:200]}")
-        models = []
-        for entry in entries:
-            if not isinstance(entry, dict):
-                raise OllamaError(f"/api/ps listed something not a model: {str(entry)[:200]}")
-            name = entry.get("name") or entry.get("model")
-            sizes = [entry.get("size") or 0, entry.get("size_vram") or 0]
-            if (
-                not isinstance(name, str)
-                or not all(type(n) is int and n >= 0 for n in sizes)  # bool is not a size
-            ):
-                raise OllamaError(
-                    f"/api/ps listed a model the gate cannot read: {str(entry)[:200]}"
-                )
-            context_length = entry.get("context_length")
-            models.append(
-                LoadedModel(
-                    name=normalize_model(name),
-                    size=sizes[0],
-                    size_vram=sizes[1],
-                    expires_at=_parse_time(entry.get("expires_at")),
-                    context_length=context_length if isinstance(context_length, int) else None,
-                )
-            )
-        return models
+        return parse_ps(data)
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
         """Ask Ollama to unload a model (keep_alive 0, empty prompt); it answers at once."""
@@ -326,7 +292,7 @@ class OllamaAdapter(RuntimeAdapter):
                     show = None
                 info = show.get("model_info") if isinstance(show, dict) else None
                 if isinstance(info, dict):
-                    kv = kv_cache_bytes(info, _num_ctx(options))
+                    kv = kv_cache_bytes(info, num_ctx_of(options))
         return size + kv + RUNTIME_OVERHEAD
 
     async def health(self, session: aiohttp.ClientSession) -> bool:
@@ -390,36 +356,6 @@ class OllamaAdapter(RuntimeAdapter):
         return Vetted()
 
 
-def kv_cache_bytes(model_info: Mapping[str, Any], num_ctx: int) -> int:
-    """f16 K and V for every layer: 2 × layers × ctx × kv_heads × head_dim × 2 bytes."""
-    arch = model_info.get("general.architecture")
-    if not isinstance(arch, str):
-        return 0
-    layers = model_info.get(f"{arch}.block_count")
-    heads = model_info.get(f"{arch}.attention.head_count")
-    kv_heads = model_info.get(f"{arch}.attention.head_count_kv", heads)
-    width = model_info.get(f"{arch}.embedding_length")
-    key_length = model_info.get(f"{arch}.attention.key_length")
-    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, kv_heads, width)):
-        return 0
-    head_dim = key_length if isinstance(key_length, int) and key_length > 0 else width // heads
-    trained = model_info.get(f"{arch}.context_length")
-    if isinstance(trained, int) and trained > 0:
-        num_ctx = min(num_ctx, trained)
-    return 2 * layers * num_ctx * kv_heads * head_dim * 2
-
-
-def _num_ctx(options: str) -> int:
-    for part in options.split(","):
-        name, _, value = part.partition("=")
-        if name == "num_ctx":
-            try:
-                return max(4, int(json.loads(value)))
-            except (ValueError, TypeError):
-                return DEFAULT_NUM_CTX
-    return DEFAULT_NUM_CTX
-
-
 def _rewrite_keep_alive(
     bound: Bound, requested: KeepAlive | None, effective: KeepAlive
 ) -> bytes | None:
@@ -439,13 +375,3 @@ def _rewrite_keep_alive(
             return None
         value = bound.text[last.value_start : last.end]
     return splice(bound, last, value, others)
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    text = re.sub(r"(\.\d{6})\d+", r"\1", value).replace("Z", "+00:00")
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None

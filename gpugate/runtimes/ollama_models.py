@@ -8,10 +8,13 @@ have gets no facts: the sizing step answers for it (no lease, Ollama's own 404).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
+from gpugate.core.units import MiB
 from gpugate.runtimes.base import AdapterError
 from gpugate.runtimes.ollama_needs import ModelFacts
 
@@ -97,3 +100,40 @@ class ModelFactsCache:
                 return await resp.json(content_type=None)
             except ValueError as exc:
                 raise AdapterError(f"{resp.url.path} answered something not JSON: {exc}") from None
+
+
+# -- sizes before a first measurement --------------------------------------------------
+
+RUNTIME_OVERHEAD = 256 * MiB
+"""CUDA context and compute buffers on top of weights and KV cache, for estimates."""
+DEFAULT_NUM_CTX = 4096
+
+
+def kv_cache_bytes(model_info: Mapping[str, Any], num_ctx: int) -> int:
+    """f16 K and V for every layer: 2 × layers × ctx × kv_heads × head_dim × 2 bytes."""
+    arch = model_info.get("general.architecture")
+    if not isinstance(arch, str):
+        return 0
+    layers = model_info.get(f"{arch}.block_count")
+    heads = model_info.get(f"{arch}.attention.head_count")
+    kv_heads = model_info.get(f"{arch}.attention.head_count_kv", heads)
+    width = model_info.get(f"{arch}.embedding_length")
+    key_length = model_info.get(f"{arch}.attention.key_length")
+    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, kv_heads, width)):
+        return 0
+    head_dim = key_length if isinstance(key_length, int) and key_length > 0 else width // heads
+    trained = model_info.get(f"{arch}.context_length")
+    if isinstance(trained, int) and trained > 0:
+        num_ctx = min(num_ctx, trained)
+    return 2 * layers * num_ctx * kv_heads * head_dim * 2
+
+
+def num_ctx_of(options: str) -> int:
+    for part in options.split(","):
+        name, _, value = part.partition("=")
+        if name == "num_ctx":
+            try:
+                return max(4, int(json.loads(value)))
+            except (ValueError, TypeError):
+                return DEFAULT_NUM_CTX
+    return DEFAULT_NUM_CTX
