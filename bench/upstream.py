@@ -97,6 +97,11 @@ async def tags(request: web.Request) -> web.Response:
     return web.json_response({"models": [{"name": MODEL, "model": MODEL, "size": SIZE}]})
 
 
+async def show(request: web.Request) -> web.Response:
+    """What the gate asks of a model before it leases a request for it."""
+    return web.json_response({"capabilities": ["completion"], "model_info": {}})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -105,6 +110,7 @@ def main() -> None:
     app.router.add_post("/api/generate", generate)
     app.router.add_get("/api/ps", ps)
     app.router.add_get("/api/tags", tags)
+    app.router.add_post("/api/show", show)
     app.router.add_get("/ws", previews)
     import uvloop
 
