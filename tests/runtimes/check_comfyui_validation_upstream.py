@@ -1,7 +1,11 @@
 """The gate's verdict against ComfyUI's own `validate_prompt`, run from ComfyUI's source.
 
-Set `COMFYUI_SOURCE` to a ComfyUI checkout, or to a git directory of one (read at `HEAD`),
-to run these; they are skipped otherwise. Only the functions validation runs are taken from
+Not part of the suite (its name is not test_*: ComfyUI's source cannot be installed from a
+registry). Run it against a checkout, or a git directory of one (read at `HEAD`):
+
+    COMFYUI_SOURCE=/path/to/ComfyUI .venv/bin/python -m pytest -q \
+        tests/runtimes/check_comfyui_validation_upstream.py
+ Only the functions validation runs are taken from
 the source (`execution.validate_prompt`, `validate_inputs`, `full_type_name`,
 `comfy_execution.graph.get_input_info`, `comfy_execution.validation.validate_node_input`);
 node classes are built from the test's `/object_info` fixture, as INPUT_TYPES / RETURN_TYPES /
