@@ -73,7 +73,7 @@ class ComfyUIAdapter(RuntimeAdapter):
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)
         self.sizing = PromptSizing.of(consumer)
-        self.vetting = PromptVetting(consumer.upstream.url)
+        self.vetting = PromptVetting(consumer.upstream.url, consumer.timeouts.control)
         self.vets = consumer.validate_prompts
 
     # -- reading requests ------------------------------------------------------------------

@@ -38,8 +38,10 @@ class CatalogError(AdapterError):
 class PromptVetting:
     """One ComfyUI's catalog, and the verdict of its validation on a prompt."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, bound: float) -> None:
         self.base_url = base_url
+        self.timeout = aiohttp.ClientTimeout(total=bound)
+        """Each call to ComfyUI is bounded (the consumer's `timeouts.control`)."""
         self.catalog: Catalog | None = None
         self.fetched_at = float("-inf")
 
@@ -70,7 +72,7 @@ class PromptVetting:
         return None
 
     async def _fetch(self, session: aiohttp.ClientSession, path: str) -> Catalog:
-        async with session.get(self.base_url + path) as resp:
+        async with session.get(self.base_url + path, timeout=self.timeout) as resp:
             if resp.status != 200:
                 raise CatalogError(f"{path} answered {resp.status}")
             raw = await resp.read()

@@ -8,6 +8,7 @@ so the gate must read the target as Go does, not as aiohttp does.
 
 from __future__ import annotations
 
+import re
 import string
 import urllib.parse
 
@@ -79,10 +80,17 @@ def _parse_host(host: str) -> str:
     return _unescape(host, host=True)
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def parse_target(target: str) -> GoTarget:
     """url.ParseRequestURI as net/http's readRequest calls it (url.go `parse`, viaRequest)."""
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in target):
+    if _CONTROL.search(target):
         raise BadTarget("invalid control character in URL")
+    if target.startswith("/") and "%" not in target:
+        # Origin-form with nothing escaped, nearly every request: no scheme, no host, and
+        # the path is its own unescaping.
+        return GoTarget("", target.partition("?")[0])
     if target == "*":
         return GoTarget("", "*")
     scheme, rest = "", target

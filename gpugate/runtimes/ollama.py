@@ -329,7 +329,9 @@ class OllamaAdapter(RuntimeAdapter):
 
     @functools.cached_property
     def model_facts(self) -> ModelFactsCache:
-        return ModelFactsCache(self.consumer.upstream.url, self._headers())
+        return ModelFactsCache(
+            self.consumer.upstream.url, self._headers(), self.consumer.timeouts.control
+        )
 
     async def vet(
         self, classified: Classified, session: aiohttp.ClientSession, now: float

@@ -30,9 +30,11 @@ FACTS_LIMIT = 4096
 class ModelFactsCache:
     """One Ollama's answers to `/api/show`, by model."""
 
-    def __init__(self, url: str, headers: dict[str, str]) -> None:
+    def __init__(self, url: str, headers: dict[str, str], bound: float) -> None:
         self.url = url
         self.headers = headers
+        self.timeout = aiohttp.ClientTimeout(total=bound)
+        """Each call to Ollama is bounded (the consumer's `timeouts.control`)."""
         self._facts: dict[str, tuple[ModelFacts | None, float]] = {}
         self._installed: tuple[frozenset[str], float] | None = None
 
@@ -57,7 +59,9 @@ class ModelFactsCache:
         `max_age` seconds old."""
         if self._installed is not None and now - self._installed[1] <= max_age:
             return self._installed[0]
-        tags = await self._json(session.get(self.url + "/api/tags", headers=self.headers))
+        tags = await self._json(
+            session.get(self.url + "/api/tags", headers=self.headers, timeout=self.timeout)
+        )
         entries = tags.get("models") if isinstance(tags, dict) else None
         names = frozenset(
             str(entry.get("name") or entry.get("model"))
@@ -68,7 +72,12 @@ class ModelFactsCache:
         return names
 
     async def _show(self, session: aiohttp.ClientSession, model: str) -> ModelFacts | None:
-        request = session.post(self.url + "/api/show", json={"model": model}, headers=self.headers)
+        request = session.post(
+            self.url + "/api/show",
+            json={"model": model},
+            headers=self.headers,
+            timeout=self.timeout,
+        )
         show = await self._json(request, missing=True)
         if show is None:
             return None
