@@ -37,7 +37,7 @@ from gpugate.proxy.runners import (
     raise_fd_limit,
 )
 from gpugate.reload import apply_reload, reload_file, unset_secrets
-from gpugate.store.db import Store
+from gpugate.store.db import CLOSE_TIMEOUT, Store
 
 log = logging.getLogger("gpugate.serve")
 
@@ -49,6 +49,8 @@ the oldest generation due: full passes of 30-45 ms every few seconds, the chunk 
 first-byte p99 of a gate holding many streams (docs/benchmarks.md)."""
 CONTROL_LIMITS = ListenerLimits()
 CONTROL_GRACE = 1.0
+STORE_LAST_WRITE = 0.5
+"""Seconds the store's last write may take at shutdown when the drain used all the grace."""
 
 
 def _url(host: str, port: int) -> str:
@@ -172,7 +174,15 @@ async def serve(
             on_ready(lines)
         await _run_until(stop, reloads, gate, resolver, on_reloaded)
     finally:
-        await _shut_down(runners, gate.config.gate.shutdown_grace)
+        grace = gate.config.gate.shutdown_grace
+        deadline = loop.time() + grace
+        await _shut_down(runners, grace)
+        if gate.store is not None:
+            # The store's last write gets what the drain left of the grace (and at least
+            # STORE_LAST_WRITE): a database that hangs cannot hold the exit past the grace
+            # plus about a second.
+            left = deadline - loop.time()
+            gate.store.close_timeout = min(CLOSE_TIMEOUT, max(STORE_LAST_WRITE, left))
         await gate.close()
         loop.set_exception_handler(previous_handler)
 

@@ -6,6 +6,8 @@ import asyncio
 import sqlite3
 import time
 
+import attrs
+
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.failures import Failure, FailureClass
@@ -319,3 +321,105 @@ async def test_a_minute_kept_while_the_file_is_locked_counts_on_and_drops_as_one
     # minute's record was still in the buffer).
     assert minute_rows(path) == [(6000.0, "m:latest", "interactive", "done", 3, 3.0, 1.0)]
     assert models_in(path) == ["m1"]
+
+
+async def test_a_lone_surrogate_is_written_escaped_and_the_writer_goes_on(tmp_path):
+    path = tmp_path / "gpugate.db"
+    store = Store(path)
+    await store.open()
+    store.record_event(failure_event(1, detail="sent \udfff"))
+    store.record_envelope(MeasuredEnvelope("ollama", "m\ud800:latest", "", 1))
+    store.record_event(failure_event(2))
+    await asyncio.wait_for(store.flush(), 5)
+    store.record_event(failure_event(3))
+    await asyncio.wait_for(store.flush(), 5)
+
+    with sqlite3.connect(path) as db:
+        details = db.execute("SELECT model, detail FROM events ORDER BY id").fetchall()
+    assert details == [("m1", "sent \\udfff"), ("m2", ""), ("m3", "")]
+    assert [e.model for e in await store.envelopes()] == ["m\\ud800:latest"]
+    assert store.healthy and store.write_failures == 0
+    assert set(store.dropped.values()) == {0}
+    await store.close()
+
+
+async def test_a_record_sqlite_cannot_bind_is_dropped_and_the_rest_written(tmp_path, caplog):
+    path = tmp_path / "gpugate.db"
+    store = Store(path)
+    await store.open()
+    store.record_event(failure_event(1))
+    store.record_event(attrs.evolve(failure_event(2), bytes=2**70))  # past SQLite's int64
+    store.record_event(failure_event(3))
+    await asyncio.wait_for(store.flush(), 5)
+
+    assert models_in(path) == ["m1", "m3"]
+    assert store.dropped[RecordKind.EVENT] == 1 and store.healthy
+    warnings = [r.getMessage() for r in caplog.records if r.name == "gpugate.store"]
+    assert any("event record cannot be written" in m and "OverflowError" in m for m in warnings)
+    await store.close()
+
+
+async def test_an_error_in_the_writer_is_counted_logged_and_survived(tmp_path, caplog, monkeypatch):
+    path = tmp_path / "gpugate.db"
+    store = Store(path)
+    await store.open()
+    failed = asyncio.Event()
+    rows = Store._rows
+
+    async def broken_once(self: Store, batch):
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a bug")
+        return await rows(self, batch)
+
+    monkeypatch.setattr(Store, "_rows", broken_once)
+    store.record_event(failure_event(1))
+    await asyncio.wait_for(failed.wait(), 5)
+    await asyncio.sleep(0)  # the writer's handler runs in the same turn as the raise
+    assert not store.healthy and store.write_failures == 1
+    assert store.last_error == "RuntimeError: a bug" and store.buffered == 1
+    errors = [r for r in caplog.records if r.name == "gpugate.store" and r.levelname == "ERROR"]
+    assert len(errors) == 1 and "a bug" in errors[0].getMessage()
+
+    await asyncio.wait_for(store.flush(), 5)
+    assert models_in(path) == ["m1"] and store.healthy
+    await store.close()
+
+
+async def test_close_is_bounded_and_never_raises_when_the_writer_keeps_failing(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "gpugate.db"
+    store = Store(path)
+    await store.open()
+
+    async def broken(self: Store, batch):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Store, "_rows", broken)
+    store.record_event(failure_event(1))
+    store.close_timeout = 0.3
+    await asyncio.wait_for(store.close(), 0.3 + 1.0)
+    assert store.dropped[RecordKind.EVENT] == 1 and store.buffered == 0
+
+
+async def test_a_file_that_cannot_be_opened_leaves_the_store_down_until_it_can(tmp_path, caplog):
+    # A directory where the file should be: SQLite cannot open it, even as root (which a
+    # read-only mount would not stop here, where the tests run as root).
+    path = tmp_path / "gpugate.db"
+    path.mkdir()
+    repair = path.rmdir
+    store = Store(path)
+    await store.open()  # does not raise: the gate starts without its database
+    assert not store.opened and not store.healthy and store.write_failures == 1
+    assert store.last_error is not None and store.last_error.startswith("cannot open")
+    assert await store.envelopes() == [] and await store.history(None, 0.0) == []
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "gpugate.store"]
+    assert f"cannot open {path} (" in line and "serving without the database" in line
+    store.record_event(failure_event(1))
+
+    repair()
+    await asyncio.wait_for(store.flush(), 10)  # the writer's retries open it
+    assert store.opened and store.healthy
+    assert models_in(path) == ["m1"]
+    await store.close()

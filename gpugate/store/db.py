@@ -23,6 +23,16 @@ every drop is counted by kind (`gpugate_store_dropped_total`). A write failure i
 failure event: the failure classes describe what happened to a GPU request, and an event
 about the store would go into the store that cannot take it. It is a warning logged once
 per LOG_INTERVAL with a count, and the counters and gauges in `metrics.py`.
+
+A file that cannot be opened at start (a read-only mount, a missing directory that cannot
+be made) does not stop the gate either: `open` logs it and returns, and the writer tries
+to open it again with the same backoff while records gather in the buffer.
+
+A record the database cannot take (a value SQLite cannot bind, a constraint) must not stop
+the others: the batch is written again record by record and the ones that fail are
+dropped and counted. Anything else that goes wrong in the writer (a bug) is logged and
+counted like a refused write, and the writer backs off and goes on: a writer that died
+would stop every write for good while the gate went on as if nothing happened.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import collections
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,7 +84,15 @@ RETRY_MAX = 30.0
 """Backoff between write attempts while the database refuses them."""
 CLOSE_TIMEOUT = 5.0
 """At close, how long the last write may take before what is left is given up."""
+CLOSE_DB_TIMEOUT = 0.5
+"""At close, how long closing the connection may take after the last write."""
 LOG_INTERVAL = 60.0
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether an error is the database refusing writes (locked, full, read-only, I/O),
+    worth retrying, rather than one record it cannot take (a constraint, a bad value)."""
+    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
 
 
 class Store:
@@ -110,6 +129,10 @@ class Store:
         """Write attempts the database refused."""
         self.last_error: str | None = None
         """Why the last attempt failed; None once a write succeeds."""
+        self.close_timeout = CLOSE_TIMEOUT
+        """At close, how long the last write may take (`serve` lowers it to what is left of
+        the shutdown grace)."""
+        self._opened_once = False
 
     @property
     def buffered(self) -> int:
@@ -117,32 +140,80 @@ class Store:
         return len(self._buffer) + len(self._inflight)
 
     @property
+    def opened(self) -> bool:
+        """Whether the file is open."""
+        return self._db is not None
+
+    @property
     def healthy(self) -> bool:
-        """Whether the last write attempt succeeded."""
-        return self.last_error is None
+        """Whether the file is open, the writer runs and its last attempt succeeded."""
+        writer_ok = self._writer is not None and not self._writer.done()
+        return self._db is not None and writer_ok and self.last_error is None
 
     async def open(self) -> None:
-        target = ":memory:" if self.path is None else str(self.path)
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = await aiosqlite.connect(target, timeout=self.busy_timeout)
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._migrate()
+        """Open the file and start the writer. A file that cannot be opened is logged and
+        left to the writer to retry: admission does not depend on the store."""
+        await self._connect()
         self._writer = asyncio.create_task(self._write_loop(), name="gpugate-store")
 
+    async def _connect(self) -> bool:
+        """Open and migrate the file; False (logged, counted, backoff set) when it cannot."""
+        target = ":memory:" if self.path is None else str(self.path)
+        db: aiosqlite.Connection | None = None
+        try:
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = aiosqlite.connect(target, timeout=self.busy_timeout)
+            thread = getattr(db, "_thread", None)
+            if isinstance(thread, threading.Thread):
+                # The interpreter waits for every non-daemon thread at exit: a SQLite call
+                # stuck on a hung filesystem would keep a stopped gate alive for good. A
+                # transaction cut short is rolled back from the journal at the next open.
+                thread.daemon = True
+            await db
+            await db.execute("PRAGMA journal_mode=WAL")
+            await self._migrate(db)
+        except Exception as exc:
+            if db is not None:
+                await self._close_connection(db)
+            self.write_failures += 1
+            self.last_error = f"cannot open: {exc}"
+            self._back_off()
+            self._warn.warning(
+                f"open:{exc}",
+                "store: cannot open %s (%s); serving without the database, %d records kept,"
+                " retry in %.1fs",
+                target,
+                exc,
+                self.buffered,
+                self._retry,
+            )
+            return False
+        self._db = db
+        if self._opened_once or self.last_error is not None:
+            log.info("store: opened %s after %d failed attempts", target, self.write_failures)
+        self._opened_once = True
+        self.last_error = None
+        self._retry = 0.0
+        return True
+
     async def close(self) -> None:
-        """Write what is buffered, within CLOSE_TIMEOUT; a locked database cannot hold it up."""
+        """Write what is buffered within `close_timeout`, then close the file. Never raises,
+        and takes at most `close_timeout` + CLOSE_DB_TIMEOUT whatever the database does."""
         if self._writer is not None:
             self._closing = True
             self._wake.set()
             writer = self._writer
-            try:
-                await asyncio.wait_for(asyncio.shield(writer), CLOSE_TIMEOUT)
-            except TimeoutError:
-                writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await writer
             self._writer = None
+            await asyncio.wait({writer}, timeout=self.close_timeout)
+            if not writer.done():
+                # A cancelled writer stops at once: it only waits on the database thread,
+                # which finishes its call on its own.
+                writer.cancel()
+                await asyncio.wait({writer})
+            elif not writer.cancelled() and writer.exception() is not None:
+                log.error("store: the writer for %s stopped: %r", self.path, writer.exception())
+            self._requeue()
         left = [*self._inflight, *self._buffer]
         if left:
             for _, kind, _ in left:
@@ -157,8 +228,19 @@ class Store:
             self._inflight = []
         self._settle()
         if self._db is not None:
-            await self._db.close()
-            self._db = None
+            db, self._db = self._db, None
+            await self._close_connection(db)
+
+    async def _close_connection(self, db: aiosqlite.Connection) -> None:
+        """Close a connection within CLOSE_DB_TIMEOUT; past it, the (daemon) thread is told
+        to stop once its current call returns, and the gate does not wait for it."""
+        closing = asyncio.ensure_future(db.close())
+        await asyncio.wait({closing}, timeout=CLOSE_DB_TIMEOUT)
+        if not closing.done():
+            closing.cancel()
+            db.stop()
+        elif not closing.cancelled() and closing.exception() is not None:
+            log.warning("store: closing %s: %s", self.path, closing.exception())
 
     async def schema_version(self) -> int:
         assert self._db is not None
@@ -184,13 +266,14 @@ class Store:
             row = await cursor.fetchone()
         return int(row[0]) if row else 0
 
-    async def _migrate(self) -> None:
-        assert self._db is not None
-        version = await self.schema_version()
+    async def _migrate(self, db: aiosqlite.Connection) -> None:
+        async with db.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        version = int(row[0]) if row else 0
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await self._db.executescript(script)
-            await self._db.execute(f"PRAGMA user_version = {number}")
-            await self._db.commit()
+            await db.executescript(script)
+            await db.execute(f"PRAGMA user_version = {number}")
+            await db.commit()
 
     # -- writes (buffered) -----------------------------------------------------------------
 
@@ -278,7 +361,9 @@ class Store:
     # -- reads -----------------------------------------------------------------------------
 
     async def envelopes(self) -> list[MeasuredEnvelope]:
-        assert self._db is not None
+        """The measured envelopes; none while the file is not open."""
+        if self._db is None:
+            return []
         async with self._db.execute(
             "SELECT consumer, model, options, bytes, scale, runtime_version, measured"
             " FROM envelopes ORDER BY consumer, model, options"
@@ -288,8 +373,10 @@ class Store:
     async def history(
         self, gpu: int | None, since: float, step: float = 60.0
     ) -> list[HistoryPoint]:
-        """Snapshots since `since` (wall clock), the last one of each `step` seconds."""
-        assert self._db is not None
+        """Snapshots since `since` (wall clock), the last one of each `step` seconds; none
+        while the file is not open."""
+        if self._db is None:
+            return []
         # SQLite takes the bare columns of a group from the row that has its max(wall).
         columns = ", ".join("max(wall)" if c == "wall" else c for c in HISTORY_COLUMNS)
         where = "wall >= ?" + ("" if gpu is None else " AND gpu = ?")
@@ -309,8 +396,9 @@ class Store:
 
     async def prune_history(self, before: float) -> int:
         """Delete snapshots older than `before` (wall clock); how many went."""
-        assert self._db is not None
         async with self._write_lock:
+            if self._db is None:
+                return 0
             cursor = await self._db.execute("DELETE FROM history WHERE wall < ?", (before,))
             await self._db.commit()
             return cursor.rowcount
@@ -323,38 +411,53 @@ class Store:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._retry or FLUSH_INTERVAL)
             self._wake.clear()
-            await self.write_now()
+            try:
+                if self._db is None:
+                    if self._closing:
+                        return  # nothing can be written; close counts what is left
+                    if not await self._connect():
+                        continue
+                await self.write_now()
+            except Exception as exc:
+                self._broken(exc)
             if self._closing:
                 return
 
     async def _write_pending(self) -> bool:
-        assert self._db is not None
+        if self._db is None:
+            return False
         if not self._buffer:
             return True
+        db = self._db
         batch = list(self._buffer)
         self._buffer.clear()
         # Tallies taken now are not added to any more: later leases start new ones.
         self._minutes.clear()
         self._inflight = batch
         try:
-            # One statement per kind of row for the whole batch, in one transaction.
-            grouped: dict[RecordKind, list[tuple[object, ...]]] = {}
-            for i, (_, kind, params) in enumerate(batch, 1):
-                grouped.setdefault(kind, []).append(row_of(kind, params))
-                if i % ROWS_PER_TURN == 0:
-                    # A batch kept while the database refused writes can be thousands of
-                    # rows: built in turns, the requests waiting meanwhile are served.
-                    await asyncio.sleep(0)
-            for kind, rows in grouped.items():
-                await self._db.executemany(INSERT[kind], rows)
-            await self._db.commit()
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                await self._db.rollback()
-            self._inflight = []
-            self._buffer.extendleft(reversed(batch))
-            while len(self._buffer) > self.limit:
-                self._drop_oldest()
+            rows = await self._rows(batch)
+            self._inflight = [record for record, _ in rows]
+            try:
+                # One statement per kind of row for the whole batch, in one transaction.
+                grouped: dict[RecordKind, list[tuple[object, ...]]] = {}
+                for (_, kind, _), row in rows:
+                    grouped.setdefault(kind, []).append(row)
+                for kind, kind_rows in grouped.items():
+                    await db.executemany(INSERT[kind], kind_rows)
+            except Exception as exc:
+                if refused(exc):
+                    raise
+                # One record the database cannot take: the others must not wait on it.
+                await db.rollback()
+                gone = await self._insert_each(db, rows)
+                self._inflight = [r for r in self._inflight if r[0] not in gone]
+            await db.commit()
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            with contextlib.suppress(Exception):
+                await db.rollback()
+            self._requeue()
             self._failed(exc)
             self._settle()
             return False
@@ -371,10 +474,64 @@ class Store:
         self._settle()
         return True
 
-    def _failed(self, exc: sqlite3.Error) -> None:
+    async def _rows(self, batch: list[Record]) -> list[tuple[Record, tuple[object, ...]]]:
+        """Each record with its row; a record that cannot be made a row is dropped."""
+        rows = []
+        for i, record in enumerate(batch, 1):
+            _, kind, params = record
+            try:
+                rows.append((record, row_of(kind, params)))
+            except Exception as exc:
+                self._unwritable(kind, exc)
+            if i % ROWS_PER_TURN == 0:
+                # A batch kept while the database refused writes can be thousands of rows:
+                # built in turns, the requests waiting meanwhile are served.
+                await asyncio.sleep(0)
+        return rows
+
+    async def _insert_each(
+        self, db: aiosqlite.Connection, rows: list[tuple[Record, tuple[object, ...]]]
+    ) -> set[int]:
+        """Insert row by row (slow, only after a batch failed), dropping the rows the
+        database cannot take (their sequence numbers are returned); a refusal of the
+        database itself propagates."""
+        gone = set()
+        for (seq, kind, _), row in rows:
+            try:
+                await db.execute(INSERT[kind], row)
+            except Exception as exc:
+                if refused(exc):
+                    raise
+                self._unwritable(kind, exc)
+                gone.add(seq)
+        return gone
+
+    def _unwritable(self, kind: RecordKind, exc: Exception) -> None:
+        self.dropped[kind] += 1
+        self._warn.warning(
+            f"record:{kind.value}:{type(exc).__name__}",
+            "store: a %s record cannot be written to %s (%s: %s); dropped",
+            kind.value,
+            self.path,
+            type(exc).__name__,
+            exc,
+        )
+
+    def _requeue(self) -> None:
+        """Put the batch being written back at the front of the buffer."""
+        if self._inflight:
+            self._buffer.extendleft(reversed(self._inflight))
+            self._inflight = []
+            while len(self._buffer) > self.limit:
+                self._drop_oldest()
+
+    def _back_off(self) -> None:
+        self._retry = min(RETRY_MAX, self._retry * 2) if self._retry else RETRY_INITIAL
+
+    def _failed(self, exc: Exception) -> None:
         self.write_failures += 1
         self.last_error = str(exc)
-        self._retry = min(RETRY_MAX, self._retry * 2) if self._retry else RETRY_INITIAL
+        self._back_off()
         self._warn.warning(
             f"write:{exc}",
             "store: cannot write to %s (%s); %d records kept, %s dropped so far, retry in %.1fs",
@@ -384,6 +541,25 @@ class Store:
             sum(self.dropped.values()),
             self._retry,
         )
+
+    def _broken(self, exc: Exception) -> None:
+        """The writer met an error it has no rule for: counted and logged like a refused
+        write (the store shows as down), the batch kept, and the writer goes on."""
+        self._requeue()
+        self.write_failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self._back_off()
+        self._warn.log(
+            logging.ERROR,
+            f"broken:{type(exc).__name__}",
+            "store: writing to %s failed (%s: %s); %d records kept, retry in %.1fs",
+            self.path,
+            type(exc).__name__,
+            exc,
+            self.buffered,
+            self._retry,
+        )
+        self._settle()
 
     def _settle(self) -> None:
         """Wake the flushes whose records are all committed or dropped."""

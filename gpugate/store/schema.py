@@ -253,9 +253,35 @@ which is added to until the writer takes it."""
 
 
 def row_of(kind: RecordKind, record: tuple[object, ...] | MinuteTally) -> tuple[object, ...]:
-    """The row a buffered record is written as."""
+    """The row a buffered record is written as, its text storable."""
     if isinstance(record, MinuteTally):
-        return record.row()
-    if kind is RecordKind.LEASE:
-        return lease_row(*record)  # type: ignore[arg-type]
-    return record
+        row = record.row()
+    elif kind is RecordKind.LEASE:
+        row = lease_row(*record)  # type: ignore[arg-type]
+    else:
+        row = record
+    return storable(row)
+
+
+def storable(row: tuple[object, ...]) -> tuple[object, ...]:
+    """The row with every text value encodable as UTF-8 (the row itself when it already is).
+
+    Clients can send lone surrogates (a JSON "\\ud800" decodes to one, and Ollama and
+    ComfyUI keep them in model names and messages); SQLite cannot bind such a string. Each
+    is written as its escape, the six characters `\\ud800` (backslashreplace): a reader
+    gets valid text and can still tell which code point was sent. surrogateescape would
+    store bytes that are not UTF-8, which readers of the file then fail to decode.
+    """
+    # isascii is O(1) on CPython: the common row costs a type check per value.
+    for value in row:
+        if type(value) is str and not value.isascii():
+            return tuple(_text(v) if isinstance(v, str) else v for v in row)
+    return row
+
+
+def _text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value

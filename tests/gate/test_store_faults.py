@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 
 import aiohttp
 import ollama
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpugate.core.effects import Event, EventKind
 from gpugate.store.db import CLOSE_TIMEOUT, RecordKind
 from tests.gate.harness import running_stack
 
@@ -94,3 +96,54 @@ async def test_the_gate_stops_promptly_while_the_database_is_locked(
     assert stopped < CLOSE_TIMEOUT + 2
     assert store.buffered == 0 and store.dropped[RecordKind.LEASE] == 1
     assert lease_rows(stack.config.gate.database) == []
+
+
+async def health(url: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/gate/v1/health") as resp:
+        return resp.status, await resp.json()
+
+
+async def test_a_database_that_cannot_be_opened_leaves_the_gate_serving_with_the_store_down(
+    tmp_path, sim_host, fakenvml_path
+):
+    # A directory where the file should be: SQLite cannot open it, even as root.
+    blocker = tmp_path / "gpugate.db"
+    blocker.mkdir()
+    async with running_stack(tmp_path, sim_host, fakenvml_path, database=True) as stack:
+        client = ollama.AsyncClient(host=stack.gate_url)
+        await client.generate(model="llama3.2:3b", prompt="x", options={"num_predict": 1})
+        down = await metrics(stack.control_url)
+        assert down[("gpugate_store_up", ())] == 0
+        assert down[("gpugate_store_write_failures_total", ())] >= 1
+        status, document = await health(stack.control_url)
+        (check,) = [c for c in document["checks"] if c["check"] == "store"]
+        assert status == 503 and "store" in document["failed"]
+        assert not check["ok"] and check["error"].startswith("cannot open")
+
+        blocker.rmdir()
+        await asyncio.wait_for(stack.gate.store.flush(), 10)
+        assert lease_rows(blocker) == [("llama3.2:3b", "done")]
+        assert (await metrics(stack.control_url))[("gpugate_store_up", ())] == 1
+        status, document = await health(stack.control_url)
+        assert status == 200, document
+
+
+async def test_a_lone_surrogate_in_an_event_neither_stops_the_writer_nor_the_gate(
+    tmp_path, sim_host, fakenvml_path
+):
+    async with running_stack(tmp_path, sim_host, fakenvml_path, database=True) as stack:
+        path = stack.config.gate.database
+        # A model name as a client can send it: JSON's "\ud800" is a lone surrogate.
+        model = json.loads('"llama3.2:3b\\ud800"')
+        stack.gate.store.record_event(Event(EventKind.FAILURE, 0.0, model=model, detail=model))
+        await ollama.AsyncClient(host=stack.gate_url).generate(
+            model="llama3.2:3b", prompt="x", options={"num_predict": 1}
+        )
+        await asyncio.wait_for(stack.gate.store.flush(), 5)
+        assert stack.gate.store.healthy
+        with sqlite3.connect(path) as db:
+            models = [row[0] for row in db.execute("SELECT model FROM events")]
+        assert "llama3.2:3b\\ud800" in models
+        assert ("llama3.2:3b", "done") in lease_rows(path)
+        store = stack.gate.store
+    assert store.buffered == 0 and set(store.dropped.values()) == {0}
