@@ -136,18 +136,23 @@ class Control:
 # -- the views --------------------------------------------------------------------------
 
 
-def leases_rows(status: dict[str, Any], explicit: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every lease in flight, with an explicit lease's ttl and expiry where it has one."""
-    extra = {x["id"]: x for x in explicit.get("leases", [])}
+def leases_rows(status: dict[str, Any], listed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every lease in flight with its scope, and an explicit lease's bytes and expiry."""
+    extra = {x["id"]: x for x in listed.get("leases", [])}
     rows = []
     for lease in status.get("leases", []):
         more = extra.get(lease["id"], {})
+        # A gate that lists only explicit leases names no scope: what it lists is explicit.
+        # A lease missing from the listing ended between the two reads.
+        scope = more.get("scope", "explicit") if more else "-"
+        explicit = scope == "explicit"
         rows.append(
             {
                 **lease,
-                "explicit": bool(more),
+                "scope": scope,
+                "explicit": explicit,
                 "bytes": more.get("bytes"),
-                "expires_in": more.get("expires_in"),
+                "expires_in": more.get("expires_in") if explicit else None,
             }
         )
     return rows
@@ -157,7 +162,7 @@ def render_leases(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no lease in flight"
     return table(
-        ("ID", "CONSUMER", "MODEL", "GPU", "CLASS", "LOADING", "WAITED", "EXPIRES"),
+        ("ID", "CONSUMER", "MODEL", "GPU", "CLASS", "SCOPE", "LOADING", "WAITED", "EXPIRES"),
         [
             (
                 r["id"],
@@ -165,6 +170,7 @@ def render_leases(rows: list[dict[str, Any]]) -> str:
                 "(explicit)" if r["explicit"] else r["model"],
                 r["gpu"],
                 r["class"],
+                r["scope"],
                 _size(r["pending"]) if r["pending"] else "-",
                 _seconds(r["waited_seconds"]),
                 _seconds(r["expires_in"]),
@@ -250,8 +256,8 @@ def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = N
 
     async def leases(control: Control, session: aiohttp.ClientSession) -> None:
         status = await control.get(session, "/gate/v1/status")
-        explicit = await control.get(session, "/gate/v1/leases")
-        rows = leases_rows(status, explicit)
+        listed = await control.get(session, "/gate/v1/leases")
+        rows = leases_rows(status, listed)
         emit(json.dumps(rows, indent=2) if args.json else render_leases(rows))
 
     async def events(control: Control, session: aiohttp.ClientSession) -> None:

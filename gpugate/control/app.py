@@ -13,6 +13,8 @@ from gpugate.control.leases import add_lease_routes
 from gpugate.control.metrics import GateMetrics
 from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
 from gpugate.control.operator import add_operator_routes
+from gpugate.gate.links import ConsumerHealth
+from gpugate.runtimes.base import HealthSignal
 from gpugate.status import SCHEMA, budget_document
 
 if TYPE_CHECKING:
@@ -86,13 +88,30 @@ def gate_document(gate: Gate) -> dict[str, Any]:
     }
 
 
+def consumer_check(health: ConsumerHealth) -> dict[str, Any]:
+    """One consumer's health check, named by its signal (`listing` for a listed runtime)."""
+    check: dict[str, Any] = {
+        "check": health.signal.value,
+        "consumer": health.consumer,
+        "signal": health.signal.value,
+        "ok": health.ok,
+        "fresh": health.fresh,
+        "age_seconds": None if health.age is None else round(health.age, 3),
+        "limit_seconds": None if health.limit is None else round(health.limit, 3),
+    }
+    if health.signal is HealthSignal.PROCESS:
+        check["stopped"] = health.stopped
+    return check
+
+
 def health_document(gate: Gate) -> dict[str, Any]:
     """Is the gate running on fresh data? One entry per check, with ages and limits.
 
     NVML: each GPU's last good sample must be younger than `budget.stale_after`, and the
-    driver must not be failing. Listings: each consumer's runtime must have answered a
-    listing within 3 × the listing interval + its control timeout. Health recovers by
-    itself as soon as the data is fresh again.
+    driver must not be failing. Consumers: each one's own signal (its listing, its health
+    route, its process) must have answered well within its bound; a consumer with no signal
+    is shown and never fails. The store must be open and writing. Health recovers by itself
+    as soon as the data is fresh again.
     """
     core = gate.core
     now = gate.clock()
@@ -116,16 +135,17 @@ def health_document(gate: Gate) -> dict[str, Any]:
             }
         )
     for link in gate.links.values():
-        consumer = link.consumer
-        age = gate.listing_age(consumer.name, now)
-        bound = gate.listing_stale_after(consumer)
+        checks.append(consumer_check(gate.consumer_health(link, now)))
+    store = gate.store
+    if store is not None:
+        # Admission does not wait on the store, but history, events and envelopes are not
+        # being kept while it is down: an operator must see that here, not only in /metrics.
         checks.append(
             {
-                "check": "listing",
-                "consumer": consumer.name,
-                "ok": age is not None and age <= bound,
-                "age_seconds": None if age is None else round(age, 3),
-                "limit_seconds": round(bound, 3),
+                "check": "store",
+                "ok": store.healthy,
+                "error": store.last_error,
+                "buffered_records": store.buffered,
             }
         )
     ok = all(check["ok"] for check in checks)

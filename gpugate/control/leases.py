@@ -4,7 +4,7 @@
                                          "purpose": "hold"|"start"}
     POST   /gate/v1/leases/{id}/renew
     DELETE /gate/v1/leases/{id}
-    GET    /gate/v1/leases
+    GET    /gate/v1/leases              ?scope=request,job,process,explicit
 
 A lease is asked for by a configured consumer (its bytes are that consumer's, on its GPU)
 or by a configured identity (its own budget row, `identity:NAME`, on `gpu`). The POST
@@ -15,6 +15,12 @@ default to the consumer's envelope and `ttl` to its `control.start_admission_tim
 lease is never renewed, and ends as soon as NVML shows the consumer holding those bytes
 (gpugate.gate.starts) or at its ttl. While one is held for a consumer, another start
 request for it answers 200 with that same lease rather than counting the start twice.
+
+The GET lists every lease the gate holds, each with its `scope`: `request`, `job` and
+`process` leases the gate took for the runtimes' own requests, and `explicit` ones asked
+for here. An explicit lease reads as it always did; the others have no `ttl` and no
+`expires_in` (null: their request, job or process ends them) and say their `model` and
+the bytes still `pending`. `?scope=explicit` lists only what this route listed before.
 """
 
 from __future__ import annotations
@@ -50,6 +56,22 @@ class Purpose(enum.Enum):
     """Work that is not a request holds it, renewing it, until it releases it."""
     START = "start"
     """A process start: released once the process holds its bytes (gpugate.gate.starts)."""
+
+
+class ShownScope(enum.Enum):
+    """A lease's scope as the API shows it: the core's scopes, and explicit leases."""
+
+    REQUEST = "request"
+    JOB = "job"
+    PROCESS = "process"
+    EXPLICIT = "explicit"
+
+    @classmethod
+    def of(cls, lease: Lease) -> ShownScope:
+        # An explicit lease is the only one with an expiry; its demand's scope is REQUEST.
+        if lease.expires_at is not None:
+            return cls.EXPLICIT
+        return cls(lease.scope.value)
 
 
 START_LEASES = web.AppKey("start_leases", StartLeases)
@@ -221,7 +243,38 @@ def lease_document(lease: Lease, now: float) -> dict[str, Any]:
         "expires_in": round(max(0.0, expires_at - now), 3),
         "waited": round(lease.waited, 3),
         "held_for": round(now - lease.granted, 3),
+        "scope": ShownScope.EXPLICIT.value,
     }
+
+
+def gate_lease_document(lease: Lease, now: float) -> dict[str, Any]:
+    """A lease the gate took for a runtime's request, job or process: an explicit lease's
+    fields (no ttl, no expiry) with its model and the bytes still loading."""
+    return {
+        "id": lease.id,
+        **holder(lease),
+        "gpu": lease.gpu,
+        "bytes": lease.demand.envelope,
+        "class": lease.demand.priority.label,
+        "ttl": None,
+        "expires_in": None,
+        "waited": round(lease.waited, 3),
+        "held_for": round(now - lease.granted, 3),
+        "scope": ShownScope.of(lease).value,
+        "model": lease.key.model,
+        "pending": lease.pending,
+    }
+
+
+def read_scopes(query: str | None) -> frozenset[ShownScope]:
+    """`?scope=` as a set (comma-separated; none: every scope)."""
+    if not query:
+        return frozenset(ShownScope)
+    try:
+        return frozenset(ShownScope(word.strip()) for word in query.split(",") if word.strip())
+    except ValueError:
+        known = ", ".join(x.value for x in ShownScope)
+        raise BadRequest(f"scope: expected some of {known}, got {query!r}") from None
 
 
 def start_document(lease: Lease, now: float) -> dict[str, Any]:
@@ -291,11 +344,23 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         gate.release(found)
         return web.json_response({**document, "released": True})
 
+    def shown(lease: Lease, now: float) -> dict[str, Any]:
+        if ShownScope.of(lease) is not ShownScope.EXPLICIT:
+            return gate_lease_document(lease, now)
+        return (
+            start_document(lease, now) if starts.is_start(lease.id) else lease_document(lease, now)
+        )
+
     async def listing(request: web.Request) -> web.Response:
+        try:
+            scopes = read_scopes(request.query.get("scope"))
+        except BadRequest as exc:
+            return bad_request(str(exc))
         now = gate.clock()
         documents = [
-            start_document(x, now) if starts.is_start(x.id) else lease_document(x, now)
-            for x in gate.explicit_leases()
+            shown(x, now)
+            for x in sorted(gate.core.leases(), key=lambda x: x.id)
+            if ShownScope.of(x) in scopes
         ]
         return web.json_response({"leases": documents})
 

@@ -4,12 +4,14 @@ Gauges are computed from the gate's books when scraped (never by calling NVML on
 event loop). Leases granted and their waits come from the gate's `LeaseTally`, plain
 counts kept as leases are granted and read when scraped (two requests a second or ten
 thousand cost a scrape the same); the other counters are fed by events as they happen.
-Labels are bounded: GPU index, consumer, external service, class, failure class, reason.
+Every label takes its values from a closed set (`label_sets`): configured GPUs, consumers,
+identities and external services, and the values of the enums below or in the core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import enum
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
@@ -23,12 +25,59 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpugate.core.effects import Event, EventKind
+from gpugate.core.classes import PriorityClass
+from gpugate.core.effects import Event, EventKind, UnloadReason
+from gpugate.core.explicit import identity_owner
+from gpugate.core.failures import FailureClass
+from gpugate.core.observation import OTHER, UNATTRIBUTED
+from gpugate.core.residents import ResidentState
 from gpugate.gate.events import WAIT_BUCKETS, label_of
 from gpugate.store.db import RecordKind
 
 if TYPE_CHECKING:
+    from gpugate.config.model import Config
     from gpugate.gate.gate import Gate
+
+GATE_WIDE = ""
+"""The `consumer` label of what belongs to no consumer (a failing NVML driver)."""
+
+
+class UnloadOutcome(enum.Enum):
+    """How an unload ended, as `gpugate_unloads_finished_total` counts it."""
+
+    RECLAIMED = "reclaimed"
+    NOT_RECLAIMED = "not_reclaimed"
+    """The runtime unloaded, NVML did not show the bytes back (GPU_MEMORY_NOT_RECLAIMED)."""
+    FAILED = "failed"
+    """The runtime could not be asked (refused, timed out, answered nonsense)."""
+
+    @classmethod
+    def of(cls, event: Event) -> UnloadOutcome:
+        # The core words its EVICTION_DONE detail from these three cases, in this order.
+        detail = event.detail
+        if detail.startswith("unload failed"):
+            return cls.FAILED
+        if detail.startswith("not reclaimed"):
+            return cls.NOT_RECLAIMED
+        return cls.RECLAIMED
+
+
+def label_sets(config: Config, gpus: Iterable[int]) -> dict[str, frozenset[str]]:
+    """Every label the gate's metrics carry, with the closed set its values come from:
+    `gpus` are the indices the gate samples (`uuid` and `name` are those cards' own)."""
+    consumers = frozenset(c.name for c in config.consumers)
+    identities = frozenset(identity_owner(i.name) for i in config.identities)
+    return {
+        "gpu": frozenset(str(g) for g in gpus),
+        "consumer": consumers | identities | {GATE_WIDE},
+        "service": frozenset(e.name for e in config.external) | {OTHER, UNATTRIBUTED},
+        "class": frozenset(p.label for p in PriorityClass),
+        "failure_class": frozenset(f.value for f in FailureClass),
+        "reason": frozenset(r.value for r in UnloadReason),
+        "outcome": frozenset(o.value for o in UnloadOutcome),
+        "state": frozenset(s.value for s in ResidentState),
+        "kind": frozenset(k.value for k in RecordKind),
+    }
 
 
 class BudgetCollector(Collector):
@@ -173,16 +222,21 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         store = self.gate.store
-        up = GaugeMetricFamily("gpugate_store_up", "1 when the last database write succeeded.")
+        up = GaugeMetricFamily(
+            "gpugate_store_up",
+            "1 when the database is open, its writer runs and the last write succeeded.",
+        )
         buffered = GaugeMetricFamily(
             "gpugate_store_buffered_records", "Records waiting to be written to the database."
         )
         failures = CounterMetricFamily(
-            "gpugate_store_write_failures", "Database write attempts that failed."
+            "gpugate_store_write_failures",
+            "Database writes, opens and writer errors that failed (each retried with backoff).",
         )
         dropped = CounterMetricFamily(
             "gpugate_store_dropped",
-            "Records given up because the buffer was full or the gate stopped first.",
+            "Records given up: the buffer was full, the gate stopped first, or the database"
+            " cannot take the record.",
             labels=["kind"],
         )
         if store is not None:
@@ -233,13 +287,13 @@ class GateMetrics:
         gate.events.subscribe(self.on_event)
 
     def on_event(self, event: Event) -> None:
-        consumer = event.consumer or ""
+        consumer = event.consumer or GATE_WIDE
         if event.kind is EventKind.FAILURE and event.failure is not None:
             self.failures.labels(consumer, event.failure.failure_class.value).inc()
         elif event.kind is EventKind.EVICTION_STARTED:
-            self.evictions.labels(consumer, event.reason or "").inc()
+            self.evictions.labels(consumer, UnloadReason(event.reason).value).inc()
         elif event.kind is EventKind.EVICTION_DONE:
-            self.reclaims.labels(consumer, event.detail or "").inc()
+            self.reclaims.labels(consumer, UnloadOutcome.of(event).value).inc()
         elif event.kind is EventKind.PARTIAL_OFFLOAD:
             self.offloads.labels(consumer).inc()
         elif event.kind is EventKind.OUT_OF_BAND_RESIDENT:

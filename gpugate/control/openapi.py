@@ -53,7 +53,50 @@ LEASE = {
         "expires_in": SECONDS,
         "waited": SECONDS,
         "held_for": SECONDS,
+        "scope": {"type": "string", "enum": ["request", "job", "process", "explicit"]},
+        "purpose": {"type": "string", "enum": ["hold", "start"]},
     },
+}
+LISTED_LEASE = {
+    "type": "object",
+    "description": "an explicit lease as above; a request, job or process lease has null "
+    "`ttl` and `expires_in`, and its `model` and `pending` bytes",
+    "properties": {
+        **LEASE["properties"],  # type: ignore[dict-item]
+        "ttl": {**SECONDS, "type": ["number", "null"]},
+        "expires_in": {**SECONDS, "type": ["number", "null"]},
+        "model": {"type": "string"},
+        "pending": BYTES,
+    },
+}
+HEALTH_CHECK = {
+    "type": "object",
+    "properties": {
+        "check": {"type": "string", "description": "`started`, `nvml`, or a consumer's signal"},
+        "ok": {"type": "boolean"},
+        "gpu": {"type": "integer"},
+        "consumer": {"type": "string"},
+        "signal": {
+            "type": "string",
+            "enum": ["listing", "health_route", "process", "unobserved"],
+        },
+        "fresh": {"type": ["boolean", "null"], "description": "null: no signal"},
+        "stopped": {"type": "boolean", "description": "process: not running (starts on demand)"},
+        "age_seconds": {**SECONDS, "type": ["number", "null"]},
+        "limit_seconds": {**SECONDS, "type": ["number", "null"]},
+        "error": {"type": "string"},
+        "message": {"type": "string"},
+    },
+    "required": ["check", "ok"],
+}
+HEALTH = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "failed": {"type": "array", "items": {"type": "string"}},
+        "checks": {"type": "array", "items": HEALTH_CHECK},
+    },
+    "required": ["ok", "failed", "checks"],
 }
 LEASE_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}
 EVENT_FILTERS = [
@@ -164,10 +207,10 @@ def openapi_document() -> dict[str, Any]:
         },
         "/gate/v1/health": {
             "get": {
-                "summary": "whether samples and listings are fresh",
+                "summary": "whether samples and each consumer's health signal are fresh",
                 "responses": {
-                    "200": _json("every check passed"),
-                    "503": _json("a check failed (`failed` names it)"),
+                    "200": _json("every check passed", HEALTH),
+                    "503": _json("a check failed (`failed` names it)", HEALTH),
                 },
             }
         },
@@ -228,15 +271,19 @@ def openapi_document() -> dict[str, Any]:
         },
         "/gate/v1/leases": {
             "get": {
-                "summary": "the explicit leases held now",
+                "summary": "every lease held now, with its scope",
+                "parameters": [
+                    _query("scope", "only these scopes, comma-separated (`explicit`: as before)")
+                ],
                 "responses": {
                     "200": _json(
-                        "`leases`",
+                        "`leases`, by id",
                         {
                             "type": "object",
-                            "properties": {"leases": {"type": "array", "items": LEASE}},
+                            "properties": {"leases": {"type": "array", "items": LISTED_LEASE}},
                         },
-                    )
+                    ),
+                    "400": _json("an unknown scope", ERROR),
                 },
             },
             "post": {

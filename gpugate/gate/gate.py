@@ -31,6 +31,7 @@ from gpugate.gate.links import (
     GateFailure,
     Link,
     LinkWork,
+    SignalSeen,
     core_settings,
     make_links,
 )
@@ -39,6 +40,7 @@ from gpugate.gate.unloads import UnloadRunner
 from gpugate.gate.upstream import Backoff
 from gpugate.gpu.sampler import Sampler
 from gpugate.logs import OncePerInterval
+from gpugate.runtimes.base import HealthSignal
 from gpugate.runtimes.registry import adapter_for
 from gpugate.store.db import Store
 
@@ -94,6 +96,7 @@ class Gate(LinkWork, AdmissionWork, JobWork):
         self._unloads = UnloadRunner(self)
         self._limiter = OncePerInterval(log, LOG_INTERVAL, clock=clock)
         self._listed_at: dict[str, float] = {}
+        self._signal_seen: dict[str, SignalSeen] = {}
         self._timer_backoff = Backoff(TIMER_FLOOR, 5.0)
         self.starts = StartLeases(self)
         self.processes = ProcessStarts(self)
@@ -111,7 +114,9 @@ class Gate(LinkWork, AdmissionWork, JobWork):
                 if envelope.scale is not None:
                     self._measured_scale[key] = envelope.scale
         for link in self.links.values():
+            # Every signal gets its first bound from the start, not from a first answer.
             self._listed_at[link.consumer.name] = self.clock()
+            self._signal_seen[link.consumer.name] = SignalSeen(self.clock())
             link.open()
         self.observe(await self.sampler.sample())
         budget = self.config.budget
@@ -125,6 +130,8 @@ class Gate(LinkWork, AdmissionWork, JobWork):
         for link in self.links.values():
             if link.adapter.reconcilable:
                 self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
+            if link.adapter.health_signal in (HealthSignal.HEALTH_ROUTE, HealthSignal.PROCESS):
+                self._spawn(self._health_loop(link), f"health-{link.consumer.name}")
         self.start_job_loops(self._spawn)
         self.processes.on_gate_start()
         self.started = True
@@ -261,6 +268,11 @@ class Gate(LinkWork, AdmissionWork, JobWork):
         key = f"{loop}:{failure.failure_class.value}"
         if self._limiter.warning(key, "%s", failure.message):
             self.report(failure)
+
+    def probe_failed(self, consumer: str, message: str) -> None:
+        """A health probe failed: logged once per interval with a count. Not a failure
+        event: no request failed, and health's age already says it."""
+        self._limiter.warning(f"health-{consumer}", "%s", message)
 
     def _sampling_failed(self, exc: BaseException) -> None:
         message = f"DRIVER_ERROR: the GPUs could not be sampled: {exc!r}"

@@ -19,7 +19,7 @@ from gpugate.core.pressure import ReserveSettings
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import CoreSettings, GateCore, ListedModel
 from gpugate.gate.upstream import Backoff, upstream_failure
-from gpugate.runtimes.base import RuntimeAdapter
+from gpugate.runtimes.base import HealthSignal, RuntimeAdapter
 from gpugate.runtimes.registry import adapter_for
 from gpugate.store.db import MeasuredEnvelope, Store
 
@@ -29,7 +29,7 @@ UPSTREAM_SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Conten
 up instead. Set on the session, which resolves them once rather than per request."""
 ESTIMATE_TTL = 60.0
 LISTING_BACKOFF_MAX = 10.0
-"""The longest a failing listing loop waits before it asks again."""
+"""The longest a failing listing or health loop waits before it asks again."""
 
 AdapterFactory = Callable[[Consumer], RuntimeAdapter | None]
 
@@ -65,6 +65,44 @@ class Link:
             skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
             connector=aiohttp.TCPConnector(limit=0, force_close=not self.adapter.pool_connections),
         )
+
+
+class UnhealthyAnswer(Exception):
+    """The runtime answered its health route, but not as a healthy one does."""
+
+
+@attrs.frozen
+class SignalSeen:
+    """When a consumer's health signal last answered well, and what it said."""
+
+    at: float
+    stopped: bool = False
+    """PROCESS: its process was not running (stopped or evicted; it starts on demand)."""
+
+
+@attrs.frozen
+class ConsumerHealth:
+    """One consumer's health as `/gate/v1/health` shows it."""
+
+    consumer: str
+    signal: HealthSignal
+    age: float | None
+    """Seconds since the signal last answered well; None: it never did, or there is none."""
+    limit: float | None
+    """How old it may be and still count as fresh; None for an unobserved consumer."""
+    stopped: bool = False
+
+    @property
+    def fresh(self) -> bool | None:
+        """Whether the signal is young enough; None when the consumer has no signal."""
+        if self.signal is HealthSignal.UNOBSERVED:
+            return None
+        return self.age is not None and self.limit is not None and self.age <= self.limit
+
+    @property
+    def ok(self) -> bool:
+        # A consumer that cannot be observed says nothing against the gate.
+        return self.fresh is not False
 
 
 def make_links(config: Config, adapters: AdapterFactory) -> dict[str, Link]:
@@ -112,12 +150,15 @@ class LinkWork:
     _measured: dict[ResidentKey, int]
     _estimates: dict[tuple[str, str, str], tuple[float, int | None]]
     _listed_at: dict[str, float]
+    _signal_seen: dict[str, SignalSeen]
 
     if TYPE_CHECKING:  # Gate provides these
 
         def _apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
 
         def loop_failed(self, loop: str, failure: Failure) -> None: ...
+
+        def probe_failed(self, consumer: str, message: str) -> None: ...
 
     def want_reconcile(self, consumer: str) -> None:
         """Something changed behind the books (an unload request): list residents soon."""
@@ -195,6 +236,57 @@ class LinkWork:
     def listing_stale_after(self, consumer: Consumer) -> float:
         """How old a consumer's last good listing may be before health turns bad."""
         return 3 * self.listing_interval + consumer.timeouts.control
+
+    def signal_stale_after(self, link: Link) -> float:
+        """How old a consumer's health signal may be before health turns bad: a listing's
+        bound, and for a process also its start timeout (its health route is silent while
+        it starts)."""
+        bound = self.listing_stale_after(link.consumer)
+        control = link.consumer.control
+        if link.adapter.health_signal is HealthSignal.PROCESS and control is not None:
+            bound += control.start_timeout
+        return bound
+
+    def consumer_health(self, link: Link, now: float) -> ConsumerHealth:
+        """The consumer's health from the signal its runtime has."""
+        name = link.consumer.name
+        signal = link.adapter.health_signal
+        if signal is HealthSignal.UNOBSERVED:
+            return ConsumerHealth(name, signal, None, None)
+        if signal is HealthSignal.LISTING:
+            age = self.listing_age(name, now)
+            return ConsumerHealth(name, signal, age, self.listing_stale_after(link.consumer))
+        seen = self._signal_seen.get(name)
+        age = None if seen is None else max(0.0, now - seen.at)
+        stopped = seen is not None and seen.stopped
+        return ConsumerHealth(name, signal, age, self.signal_stale_after(link), stopped)
+
+    async def probe(self, link: Link) -> None:
+        """Ask a consumer's health signal once (not its listing: that is `reconcile`)."""
+        assert link.session is not None
+        adapter = link.adapter
+        stopped = False
+        async with asyncio.timeout(link.consumer.timeouts.control):
+            if adapter.health_signal is HealthSignal.PROCESS and adapter.process is not None:
+                stopped = not await adapter.process.is_running()
+            # A stopped process has no route to ask; it is started on the next request.
+            if not stopped and not await adapter.health(link.session):
+                raise UnhealthyAnswer(f"{link.consumer.name} answered its health route unwell")
+        self._signal_seen[link.consumer.name] = SignalSeen(self.clock(), stopped)
+
+    async def _health_loop(self, link: Link) -> None:
+        name = link.consumer.name
+        backoff = Backoff(self.listing_interval, max(self.listing_interval, LISTING_BACKOFF_MAX))
+        while True:
+            try:
+                await self.probe(link)
+            except Exception as exc:
+                # Health reads the signal's age; the log says why it is getting old.
+                self.probe_failed(name, f"{name}'s health signal did not answer: {exc!r}")
+                await asyncio.sleep(backoff.failed())
+                continue
+            backoff.succeeded()
+            await asyncio.sleep(self.listing_interval)
 
     def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
         sizes = {m.model: m.size for m in listed}

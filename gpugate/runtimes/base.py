@@ -202,6 +202,20 @@ class Measured:
     scale: float | None = None
 
 
+class HealthSignal(enum.Enum):
+    """What tells the gate that a consumer's runtime is there and answering."""
+
+    LISTING = "listing"
+    """Its listing, asked every listing interval to keep the books in step."""
+    HEALTH_ROUTE = "health_route"
+    """Its health route (`health()`), asked every listing interval."""
+    PROCESS = "process"
+    """Its process: a stopped one is fine (it starts on demand), a running one must answer
+    its health route."""
+    UNOBSERVED = "unobserved"
+    """Nothing: the runtime cannot say, and its absence does not make the gate unhealthy."""
+
+
 @attrs.frozen
 class JobEnd:
     """A job the runtime no longer has: finished, failed, interrupted or deleted."""
@@ -220,6 +234,13 @@ class RuntimeAdapter(abc.ABC):
 
     reconcilable: ClassVar[bool] = False
     """The runtime's listing names its memory (its unknown memory gets a name soon)."""
+
+    @property
+    def health_signal(self) -> HealthSignal:
+        """What the gate's health reads for this consumer: a reconcilable runtime is listed
+        anyway, so its listing says it answers; others name their own signal."""
+        return HealthSignal.LISTING if self.reconcilable else HealthSignal.UNOBSERVED
+
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule()
     pool_connections: ClassVar[bool] = True
     """Upstream connections may be kept and reused; False opens one per request (a

@@ -26,6 +26,7 @@ from gpugate.runtimes.base import (
     AdapterError,
     ApiFamily,
     Classified,
+    HealthSignal,
     JobEnd,
     LoadedModel,
     Measured,
@@ -69,6 +70,11 @@ class ComfyUIAdapter(RuntimeAdapter):
     sizes_requests: ClassVar[bool] = True
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(to_idle=True)
     dialect: ClassVar[ServerDialect] = ServerDialect.AIOHTTP
+
+    @property
+    def health_signal(self) -> HealthSignal:
+        # ComfyUI has no listing; `/system_stats` answers whenever its server runs.
+        return HealthSignal.HEALTH_ROUTE
 
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)

@@ -14,7 +14,13 @@ from typing import ClassVar
 import aiohttp
 
 from gpugate.config.model import Consumer
-from gpugate.runtimes.base import LoadedModel, NotSupported, ReclaimRule, RuntimeAdapter
+from gpugate.runtimes.base import (
+    HealthSignal,
+    LoadedModel,
+    NotSupported,
+    ReclaimRule,
+    RuntimeAdapter,
+)
 from gpugate.runtimes.process import ProcessControl, SupervisedCommand, SystemdUnit
 
 PROCESS_MODEL = "<process>"
@@ -45,6 +51,12 @@ class ProcessAdapter(RuntimeAdapter):
 
     reconcilable: ClassVar[bool] = False
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(recovered_fraction=1.0, consumer_clear=True)
+
+    @property
+    def health_signal(self) -> HealthSignal:
+        # Without a control the gate cannot tell a stopped process from a dead one: only
+        # its health route says it is there.
+        return HealthSignal.PROCESS if self.process is not None else HealthSignal.HEALTH_ROUTE
 
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)

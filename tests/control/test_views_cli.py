@@ -56,13 +56,16 @@ async def test_leases_lists_requests_and_explicit_leases(stack, tmp_path):
     assert code == 0, err
     (row,) = json.loads(out)
     assert (row["id"], row["explicit"], row["bytes"]) == (lease["id"], True, 2 * GiB)
+    assert row["scope"] == "explicit"
     assert 0 < row["expires_in"] <= 60
     code, out, _ = await gpugate(stack, tmp_path, "leases")
     assert code == 0
     header, line = out.splitlines()
-    assert header.split() == ["ID", "CONSUMER", "MODEL", "GPU", "CLASS", "LOADING", "WAITED",
-                              "EXPIRES"]  # fmt: skip
-    assert line.split()[:5] == [str(lease["id"]), "ollama", "(explicit)", "0", "interactive"]
+    assert header.split() == ["ID", "CONSUMER", "MODEL", "GPU", "CLASS", "SCOPE", "LOADING",
+                              "WAITED", "EXPIRES"]  # fmt: skip
+    assert line.split()[:6] == [
+        str(lease["id"]), "ollama", "(explicit)", "0", "interactive", "explicit"
+    ]  # fmt: skip
     stack.gate.release(stack.gate.explicit_leases()[0])
     code, out, _ = await gpugate(stack, tmp_path, "leases")
     assert (code, out) == (0, "no lease in flight\n")
