@@ -40,7 +40,7 @@ from gpugate.proxy.forward import (
     open_upstream,
     stream_down,
 )
-from gpugate.proxy.http1 import UpstreamPool
+from gpugate.proxy.http1 import Response, UpstreamPool
 from gpugate.proxy.reading import (
     BodyTooLarge,
     Refused,
@@ -62,6 +62,7 @@ from gpugate.runtimes.base import (
     error_reply,
     failure_reply,
 )
+from gpugate.runtimes.process import NotReady, ProcessExited, wait_ready
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
 
@@ -302,9 +303,7 @@ class ConsumerListener:
         timeouts = self.link.consumer.timeouts
         try:
             try:
-                upstream = await open_upstream(
-                    self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
-                )
+                upstream = await self._open(request, body, screening)
             except UpstreamTimeout as exc:
                 return reply(
                     failure_reply(classified.api, self._timeout(classified, exc)), screening
@@ -370,6 +369,31 @@ class ConsumerListener:
         finally:
             if lease is not None and not kept:
                 self.gate.release(lease, failed=failed)
+
+    async def _open(
+        self, request: web.BaseRequest, body: bytes | None, screening: Screening
+    ) -> Response:
+        """The upstream's answer's head. A process runtime whose process is there but not
+        yet listening (its unit started it a moment ago: it loads before it binds) refuses
+        the connection; nothing of the request went up then, so once its port and health
+        route answer (within its start timeout) the request is sent once more."""
+        timeouts = self.link.consumer.timeouts
+        try:
+            return await open_upstream(
+                self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
+            )
+        except ConnectionRefusedError as exc:
+            control = self.link.consumer.control
+            if control is None or not self.gate.processes.fronts(self.link):
+                raise
+            refused = exc
+        try:
+            await wait_ready(self.link.consumer.upstream.url, control.health, control.start_timeout)
+        except (NotReady, ProcessExited):
+            raise refused from None
+        return await open_upstream(
+            self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
+        )
 
     async def _websocket(
         self, request: web.BaseRequest, classified: Classified, screening: Screening

@@ -491,7 +491,7 @@ class Corpus:
             )
         raw = _request(method, f"{path}?case={case}", headers,
                        body if method == "POST" else None)  # fmt: skip
-        return Case(case, Listener.COMFYUI, f"comfyui {method} {path.lstrip('/api')}", raw)
+        return Case(case, Listener.COMFYUI, f"comfyui {method} {path.removeprefix('/api')}", raw)
 
     # -- whisper.cpp -----------------------------------------------------------------------
 
