@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import aiohttp
 
-from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
+from gpugate.runtimes.base import ApiFamily, Classified, HealthSignal, RouteKind
 from gpugate.runtimes.controlled import ProcessAdapter
 
 
 class HttpAdapter(ProcessAdapter):
     """A runtime known only by its envelope and, optionally, its control."""
+
+    @property
+    def health_signal(self) -> HealthSignal:
+        # Without a control nothing says where such a runtime answers whether it is well
+        # (or whether it serves HTTP at all): it is shown, and never fails the gate's health.
+        return HealthSignal.PROCESS if self.process is not None else HealthSignal.UNOBSERVED
 
     def wants_body(self, method: str, path: str) -> bool:
         return False

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import attrs
 import pytest
 from aiohttp import web
 
+from gpugate.config.loader import load_config
 from gpugate.config.model import RuntimeKind, Upstream
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.base import ReclaimRule, RouteKind, RuntimeAdapter
+from gpugate.runtimes.base import HealthSignal, ReclaimRule, RouteKind, RuntimeAdapter
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.ollama import OllamaAdapter
 from gpugate.runtimes.registry import ADAPTERS, adapter_class, adapter_for
@@ -75,3 +78,16 @@ async def test_ollama_health_is_api_version(aiohttp_server, status, healthy):
     async with aiohttp.ClientSession() as session:
         assert await OllamaAdapter(consumer).health(session) is healthy
     assert seen == [f"127.0.0.1:{server.port}"]
+
+
+def test_a_runtime_the_gate_only_fronts_never_fails_health_by_a_guessed_route():
+    # The demo's mVoice: `runtime: http`, no control, no known health route.
+    config = load_config(Path(__file__).parents[2] / "sim" / "demo-consumers.yaml")
+    signals = {
+        c.name: adapter.health_signal
+        for c in config.consumers
+        if (adapter := adapter_for(c)) is not None
+    }
+    assert signals["mvoice"] is HealthSignal.UNOBSERVED
+    assert signals["whisper"] is HealthSignal.PROCESS
+    assert signals["ollama"] is HealthSignal.LISTING
