@@ -201,23 +201,6 @@ def validate(prompt: Any, catalog: Catalog, partial_targets: Any = None) -> Verd
         return Verdict(Outcome.UNKNOWN, reason=f"ComfyUI fails with {full_type_name(type(ex))}")
 
 
-def validate_request(body: bytes, catalog: Catalog) -> Verdict:
-    """`validate` of a raw `POST /prompt` body, read as `request.json()` reads it."""
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return Verdict(Outcome.UNKNOWN, reason="the body is not JSON")
-    if not isinstance(data, dict) or "prompt" not in data:
-        return Verdict(Outcome.UNKNOWN, reason="no prompt object")
-    if "number" in data:
-        # post_prompt reads `float(json_data["number"])` before validating: a 500 if not.
-        try:
-            float(data["number"])
-        except (TypeError, ValueError, OverflowError):
-            return Verdict(Outcome.UNKNOWN, reason="number is not a number")
-    return validate(data["prompt"], catalog, data.get("partial_execution_targets"))
-
-
 def classes_to_refetch(verdict: Verdict, fresh: Set[str] = frozenset()) -> frozenset[str]:
     """Node classes to fetch anew before trusting a refusal; empty when it can be trusted.
 

@@ -75,11 +75,6 @@ def normalize_model(name: str) -> str:
     return canonical_name(name) or name
 
 
-def is_cloud(name: str) -> bool:
-    """Cloud models run at ollama.com and never touch the local GPU."""
-    return name.endswith(":cloud") or name.endswith("-cloud")
-
-
 def api_family(path: str) -> ApiFamily:
     if path.startswith("/api/"):
         return ApiFamily.OLLAMA

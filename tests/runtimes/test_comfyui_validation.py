@@ -26,7 +26,6 @@ from gpugate.runtimes.comfyui_validation import (
     Verdict,
     classes_to_refetch,
     validate,
-    validate_request,
 )
 
 MAX_RESOLUTION = 16384
@@ -760,17 +759,6 @@ def test_shapes_comfyui_answers_with_500_are_unknown(catalog: Catalog) -> None:
 
 
 # -- the request body and freshness -----------------------------------------------------------
-
-
-def test_validate_request_reads_the_body(catalog: Catalog) -> None:
-    prompt = txt2img()
-    prompt["4"]["inputs"]["ckpt_name"] = "missing.safetensors"
-    raw = json.dumps({"prompt": prompt, "client_id": "c"}).encode()
-    assert validate_request(raw, catalog) == validate(prompt, catalog)
-    targets = json.dumps({"prompt": txt2img(), "partial_execution_targets": ["3"]}).encode()
-    assert validate_request(targets, catalog).error_type == "prompt_no_outputs"
-    assert validate_request(b"{", catalog).outcome is Outcome.UNKNOWN
-    assert validate_request(b'{"number": "x", "prompt": {}}', catalog).outcome is Outcome.UNKNOWN
 
 
 def test_refusal_for_a_file_is_trusted_after_refetch(catalog: Catalog) -> None:
