@@ -28,9 +28,11 @@ import attrs
 from gpugate.core.effects import Effect, Preempt
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
-from gpugate.core.residents import ResidentKey
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import GateCore
-from gpugate.core.tickets import Lease
+from gpugate.core.tickets import Demand, Lease
+from gpugate.core.views import class_allows
 from gpugate.gate.links import Link
 from gpugate.gate.upstream import upstream_failure
 from gpugate.runtimes.base import Measured
@@ -77,15 +79,25 @@ class JobWork:
         nbytes = self._measured.get(kind)
         return None if nbytes is None else Measured(nbytes, self._measured_scale.get(kind))
 
-    def ceiling(self, consumer: str, gpu: int) -> int | None:
-        """The most the card could give one consumer's demand: total − reserved − reserve −
-        external − memory held that no resident or lease explains (others' and its own)."""
+    def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None:
+        """The most the card could ever give one consumer's demand of class `priority`:
+        total − reserved − reserve − external − memory held that no resident or lease
+        explains (others' and its own) − residents it may never evict (an `always_warm`
+        process, a higher class)."""
         budget = self.core.budget(gpu)
         if budget is None:
             return None
         held = sum(max(0, u.committed - u.resident - u.pending) for u in budget.consumers)
-        room = budget.total - budget.reserved - budget.reserve - budget.external_total - held
-        return max(0, room)
+        probe = Demand(
+            ResidentKey(consumer, ""), gpu, 0, priority, priority, ResidencyPolicy.KEEP_WARM, None
+        )
+        kept = sum(
+            r.bytes
+            for r in self.core.residents(gpu)
+            if r.state is not ResidentState.UNLOADING and not class_allows(r, probe)
+        )
+        room = budget.total - budget.reserved - budget.reserve - budget.external_total
+        return max(0, room - held - kept)
 
     def watch_job(self, lease: Lease, kind: ResidentKey, scale: float) -> None:
         """Measure a job of `kind` from now to its end."""

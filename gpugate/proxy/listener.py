@@ -263,8 +263,11 @@ class ConsumerListener:
         model = classified.model
         key = ResidentKey(consumer.name, model, classified.options_key)
         envelope = None
+        identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
+        model_class = adapter.model_priority(model)
+        priority = resolve_priority(identity, model_class, request.headers.get(PRIORITY_HEADER))
         if adapter.sizes_requests:
-            ceiling = self.gate.ceiling(consumer.name, consumer.gpu)
+            ceiling = self.gate.ceiling(consumer.name, consumer.gpu, priority)
             envelope = adapter.size(classified, self.gate.measured_job(key), ceiling)
         if envelope is None:
             envelope = self.gate.known_envelope(self.link, model, classified.options_key)
@@ -272,14 +275,12 @@ class ConsumerListener:
             envelope = await self.gate.envelope(self.link, model, classified.options_key)
         if envelope is None:
             return None
-        identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
-        model_class = adapter.model_priority(model)
         residency = adapter.residency(model)
         demand = Demand(
             key=key,
             gpu=consumer.gpu,
             envelope=envelope,
-            priority=resolve_priority(identity, model_class, request.headers.get(PRIORITY_HEADER)),
+            priority=priority,
             resident_priority=model_class,
             policy=residency.policy,
             idle_ttl=classified.idle_ttl,

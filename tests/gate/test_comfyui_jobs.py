@@ -14,8 +14,10 @@ import pytest
 
 from gpugate.core.effects import EventKind
 from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
-from gpugate.core.units import MiB
+from gpugate.core.units import GiB, MiB
 from gpugate.proxy.listener import FAILURE_HEADER, LEASE_HEADER
+from gpugate.sim.device import SimDevice, SimulatedGpuHost
+from gpugate.sim.shim import STATE_ENV
 from tests.gate.comfyui_stack import comfy_stack
 from tests.sim.comfyui_helpers import blank, connect, flux, txt2img
 
@@ -165,3 +167,37 @@ async def test_a_job_whose_id_no_path_can_name_still_ends(stack, session, prompt
         assert LEASE_HEADER in resp.headers
     await asyncio.wait_for(ended, 10)
     assert job_leases(stack.gate) == []
+
+
+async def test_a_prompts_lease_is_capped_by_what_its_class_could_ever_get(
+    tmp_path, fakenvml_path, monkeypatch
+):
+    # A 24 GiB card holding gemma3:12b (production, 7.6 GiB), which an interactive prompt
+    # may never evict: FLUX wants 17.6 GiB, the card could give it 15.0 GiB at most, and
+    # its largest stage (11.1 GiB + its working set) fits in that.
+    host = SimulatedGpuHost.create(
+        tmp_path / "gpu", [SimDevice(0, 24 * GiB, 434 * MiB, "GPU-24", "NVIDIA GeForce RTX 4090")]
+    )
+    monkeypatch.setenv(STATE_ENV, str(host.state_path))
+    async with comfy_stack(tmp_path, host, fakenvml_path) as stack, aiohttp.ClientSession() as s:
+        async with s.post(
+            f"{stack.gate_ollama}/api/generate",
+            json={"model": "gemma3:12b", "prompt": "hi", "stream": False},
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+        gate = stack.gate
+        budget = gate.core.budget(0)
+        assert budget is not None
+        kept = sum(r.bytes for r in gate.core.residents(0) if r.key.model == "gemma3:12b")
+        assert kept >= 7796 * MiB
+        ended = stack.next_event(EventKind.LEASE_RELEASED, reason="jobs done")
+        status, headers, answer = await post_prompt(s, stack.gate_comfy, flux())
+        assert status == 200, answer
+        [carrier] = [x for x in job_leases(gate) if x.key.model == JOBS_MODEL]
+        assert 12 * GiB < carrier.pending < 17 * GiB
+        assert carrier.pending <= budget.total - budget.reserved - budget.reserve - kept
+        await asyncio.wait_for(ended, 10)
+        assert [r.key.model for r in gate.core.residents(0) if r.key.consumer == "ollama"] == [
+            "gemma3:12b"
+        ]
+        assert job_leases(gate) == []
