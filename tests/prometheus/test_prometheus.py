@@ -33,6 +33,16 @@ async def query(session: aiohttp.ClientSession, url: str, expr: str) -> list[dic
     return body["data"]["result"]
 
 
+async def ready(session: aiohttp.ClientSession, url: str) -> bool:
+    """Whether Prometheus answers its readiness endpoint with 200."""
+    try:
+        async with session.get(url + "/-/ready") as resp:
+            await resp.read()
+            return resp.status == 200
+    except aiohttp.ClientConnectionError:
+        return False
+
+
 async def schedulable(session: aiohttp.ClientSession, control: str) -> int:
     async with session.get(control + "/gate/v1/status") as resp:
         return (await resp.json())["gpus"][0]["schedulable"]
@@ -66,6 +76,9 @@ async def test_prometheus_scrapes_the_schedulable_bytes_the_status_reports(
                 # Prometheus has no "scraped" notification: poll its API, as any client would.
                 result: list[dict] = []
                 async with asyncio.timeout(60):
+                    # Its API answers 503 until it is ready (its TSDB opened).
+                    while not await ready(session, url):
+                        await asyncio.sleep(0.2)
                     while not result:
                         with contextlib.suppress(aiohttp.ClientConnectionError):
                             result = await query(
