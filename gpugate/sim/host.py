@@ -330,13 +330,21 @@ class SimulatedHost:
         self.ollama_url = urls[0] if urls else f"http://{self.spec.ollama.listen}"
 
     def _start_whisper(self) -> None:
-        from gpugate.sim.whisper.process import whisper_argv
+        from gpugate.sim.whisper.process import (
+            WhisperStartError,
+            wait_serving,
+            whisper_argv,
+            with_port,
+        )
         from gpugate.sim.whisper.server import LISTENING
 
         assert self.state_dir is not None and self.spec.whisper is not None
+        # Its "listening" line reaches a pipe only at its exit (C's stdout buffering): the
+        # port is what says it is up.
+        spec = with_port(self.spec.whisper)
         child = ReadyProcess(
             "whisper-server",
-            whisper_argv(self.spec.whisper, self.state_dir),
+            whisper_argv(spec, self.state_dir),
             self.events,
             prefix=LISTENING,
             env=self._child_env(),
@@ -344,11 +352,13 @@ class SimulatedHost:
             output=self.output,
         )
         self._launch(child)
+        assert child.popen is not None
         try:
-            line = child.wait_ready(self.ready_timeout)
-        except ChildFailed as exc:
+            self.whisper_url = wait_serving(
+                spec, child.popen.pid, child.popen.poll, self.ready_timeout
+            )
+        except WhisperStartError as exc:
             raise HostStartError(f"the simulated whisper-server did not start: {exc}") from None
-        self.whisper_url = line.split()[-1]
 
     def _start_comfyui(self) -> None:
         # One process, as a real ComfyUI: it takes ComfyUI's command line and holds its VRAM.

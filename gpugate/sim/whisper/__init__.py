@@ -3,8 +3,10 @@
     python -m gpugate.sim.whisper -m MODEL --host H --port P [--sim-state-dir DIR ...]
 
 loads MODEL into the simulated GPU before binding its port, as the real server does, and
-prints `whisper server listening at http://H:P` once it listens. Tests and the simulated
-host start and stop it with `SimWhisper`; `whisper_argv` is its command line.
+prints `whisper server listening at http://H:P` once it listens (into C-like stdout
+buffering: a pipe sees it at exit). Tests and the simulated host start and stop it with
+`SimWhisper`; `whisper_argv` is its command line. docs/runtimes/whisper.md lists what it
+models of whisper.cpp's server and what it does not.
 """
 
 from __future__ import annotations

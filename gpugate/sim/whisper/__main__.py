@@ -4,9 +4,12 @@ Runs like whisper.cpp's `whisper-server`: the process names itself `whisper-serv
 /proc cmdline reads `whisper-server` followed by the whisper-server options it was given
 (the `--sim-*` options are dropped), so attribution rules match it as the real program.
 It loads its model into the simulated GPU (found through `--sim-state-dir`, else the
-directory of $GPUGATE_FAKE_NVML_STATE) **before** binding its port, then prints
-`whisper server listening at http://H:P` on stdout. SIGTERM or SIGINT stops it (exit 0,
-memory freed); a second one exits 1 at once.
+directory of $GPUGATE_FAKE_NVML_STATE) **before** binding its port (SO_REUSEPORT, as
+cpp-httplib binds: a second server on the same port starts too), then prints
+`whisper server listening at http://H:P` on stdout — which, as C's stdout to a pipe, is
+seen at exit (`stdio.py`); wait for the port instead. SIGTERM or SIGINT stops it (exit 0,
+memory freed); a second one exits 1 at once. It is a plain process: it outlives whoever
+started it.
 
 A model that does not fit prints the ggml/whisper.cpp error lines and, by default, ends
 the process with SIGABRT (`--sim-oom abort`: status 134 from a shell); `--sim-oom exit`
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -32,19 +34,20 @@ from gpugate.core.units import parse_duration, parse_size
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import set_cmdline, set_comm
 from gpugate.sim.shim import STATE_ENV
+from gpugate.sim.whisper import stdio
 from gpugate.sim.whisper.model import (
     PROCESS_NAME,
     Context,
     ModelCatalog,
     ModelDoesNotFit,
     ModelMissing,
+    NotAModel,
 )
 from gpugate.sim.whisper.record import WhisperRecords
-from gpugate.sim.whisper.server import LISTENING, ServerOptions, WhisperServer
+from gpugate.sim.whisper.server import LISTENING, ServerOptions, WhisperServer, hard_exit
 
 EXIT_INIT_FAILED = 3
 EXIT_BIND_FAILED = 1
-_PR_SET_PDEATHSIG = 1
 
 
 def _model_size(text: str) -> tuple[str, int]:
@@ -97,17 +100,9 @@ def display_command(argv: Sequence[str]) -> list[str]:
     return shown
 
 
-def _die_with_parent() -> None:
-    # A simulated host leaves nothing behind when its starter dies.
-    import ctypes
-
-    parent = os.getppid()
-    # A launcher's blocked stop signals are inherited across exec; a blocked SIGTERM would
-    # leave the death signal (and any stop) pending forever.
+def _unblock_stop_signals() -> None:
+    # A launcher's blocked stop signals are inherited across exec; stop() must still work.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:
-        raise SystemExit(1)
 
 
 def _gpu(args: argparse.Namespace) -> int:
@@ -123,7 +118,7 @@ def _oom(lines: list[str], mode: str) -> int:
         print("error: failed to initialize whisper context", file=sys.stderr, flush=True)
         return EXIT_INIT_FAILED
     print("CUDA error: out of memory", file=sys.stderr, flush=True)
-    sys.stdout.flush()
+    # abort() flushes no stdio buffer.
     signal.signal(signal.SIGABRT, signal.SIG_DFL)
     os.abort()
 
@@ -141,20 +136,17 @@ async def _serve(server: WhisperServer, options: ServerOptions) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def on_signal() -> None:
+    def on_signal(signum: int) -> None:
         if stop.is_set():
-            with contextlib.suppress(OSError):
-                print("Received second interrupt, terminating immediately.", file=sys.stderr)
-            os._exit(1)
-        # Stopping comes first: a starter that died (the death signal) took the read end
-        # of this process's stdout with it, and the message would raise BrokenPipeError.
+            print("Received second interrupt, terminating immediately.", file=sys.stderr)
+            hard_exit(1)
         stop.set()
-        with contextlib.suppress(OSError):
-            print("\nCaught shutdown signal, shutting down gracefully...", flush=True)
+        print(f"\nCaught signal {signum}, shutting down gracefully...")
 
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
-    site = web.TCPSite(runner, options.host, options.port, reuse_address=True)
+        loop.add_signal_handler(signum, on_signal, signum)
+    # cpp-httplib's default_socket_options: SO_REUSEPORT alone.
+    site = web.TCPSite(runner, options.host, options.port, reuse_address=False, reuse_port=True)
     try:
         await site.start()
     except OSError:
@@ -162,11 +154,8 @@ async def _serve(server: WhisperServer, options: ServerOptions) -> int:
               file=sys.stderr, flush=True)  # fmt: skip
         await runner.cleanup()
         return EXIT_BIND_FAILED
-    port = options.port
-    sockets = site._server.sockets if site._server is not None else ()  # type: ignore[union-attr]
-    if sockets:
-        port = sockets[0].getsockname()[1]
-    print(f"\n{LISTENING} http://{options.host}:{port}\n", flush=True)
+    # printf of the port it was given (0 stays 0), left in stdout's buffer.
+    print(f"\n{LISTENING} http://{options.host}:{options.port}\n")
     try:
         await stop.wait()
     finally:
@@ -184,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if state_dir is None or not SimulatedGpuHost(state_dir).state_path.exists():
         print(f"error: no simulated GPU host (--sim-state-dir or ${STATE_ENV})", file=sys.stderr)
         return 2
-    _die_with_parent()
+    _unblock_stop_signals()
+    out, err = stdio.install()
     set_comm(PROCESS_NAME)
     set_cmdline(display_command(words))
     options = ServerOptions(
@@ -202,17 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         ModelCatalog(dict(args.sim_model_size)),
         gpu=_gpu(args),
         load_seconds=args.sim_load_seconds,
+        err=err,
     )
     try:
         context.init(args.model)
-    except ModelMissing:
+    except (ModelMissing, NotAModel):
         print("error: failed to initialize whisper context", file=sys.stderr, flush=True)
         return EXIT_INIT_FAILED
     except ModelDoesNotFit as exc:
         return _oom(exc.lines, args.sim_oom)
     records = WhisperRecords(args.sim_record) if args.sim_record is not None else None
     try:
-        server = WhisperServer(context, options, records=records)
+        server = WhisperServer(context, options, out=out, records=records)
         return asyncio.run(_serve(server, options))
     finally:
         context.free()

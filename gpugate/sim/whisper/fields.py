@@ -129,6 +129,6 @@ def inference_params(parts: dict[str, Part]) -> InferenceParams:
         params.response_format = parts["response_format"].text
     params.temperature = params.numbers.get("temperature", 0.0)
     params.offset_n = int(params.numbers.get("offset_n", 0))
-    if params.detect_language:
-        params.language = "auto"
+    # detect_language makes the language "auto" only after the handler's check of an
+    # English-only model (server.py), as in server.cpp.
     return params

@@ -5,6 +5,10 @@ state (KV caches and compute buffers); the server only binds its port afterwards
 the weights (all but `STATE_SHARE` of the model's bytes) are allocated at once, the rest
 after the load time. A part that does not fit fails as ggml-cuda reports it; what the
 process then does (abort, or whisper-server's own `return 3`) is the caller's choice.
+
+A file is a model when it is one of the catalog's (the simulated disk) or a real file that
+starts with ggml's magic; anything else that opens — another file, a directory — passes
+`is_file_exist` in server.cpp but fails `whisper_model_load` with "bad magic".
 """
 
 from __future__ import annotations
@@ -24,10 +28,16 @@ from gpugate.sim.device import GpuOutOfMemory, SimulatedGpuHost
 PROCESS_NAME = "whisper-server"
 STATE_SHARE = 8
 """1/STATE_SHARE of a model's bytes is its state (KV caches, compute buffers)."""
+GGML_MAGIC = b"lmgg"
+"""GGML_FILE_MAGIC (0x67676d6c) as whisper_model_load reads it: a little-endian uint32."""
 
 
 class ModelMissing(Exception):
     """No such model file (neither on the simulated disk nor on the real one)."""
+
+
+class NotAModel(Exception):
+    """The path opens (a file or a directory) but holds no ggml model."""
 
 
 class ModelDoesNotFit(Exception):
@@ -45,21 +55,33 @@ class ModelCatalog:
     sizes: Mapping[str, int] = attrs.field(factory=dict)
 
     def size(self, path: str) -> int:
-        """The VRAM `path` takes once loaded; ModelMissing when there is no such file."""
+        """The VRAM `path` takes once loaded; ModelMissing when there is no such file,
+        NotAModel when it opens but is no model."""
         for key in (path, os.path.basename(path)):
             if key in self.sizes:
                 return self.sizes[key]
         real = Path(path)
-        if real.is_file():
-            return real.stat().st_size
-        raise ModelMissing(path)
+        if real.is_dir():
+            raise NotAModel(path)
+        try:
+            with real.open("rb") as model:
+                magic = model.read(len(GGML_MAGIC))
+        except OSError:
+            raise ModelMissing(path) from None
+        if magic != GGML_MAGIC:
+            raise NotAModel(path)
+        return real.stat().st_size
 
     def exists(self, path: str) -> bool:
-        try:
-            self.size(path)
-        except ModelMissing:
-            return False
-        return True
+        """`is_file_exist` of the server: whether `std::ifstream(path)` opens (a directory does)."""
+        if any(key in self.sizes for key in (path, os.path.basename(path))):
+            return True
+        return bool(path) and os.access(path, os.R_OK)
+
+
+def is_multilingual(path: str) -> bool:
+    """Whether a model file is multilingual: English-only ones are named `*.en*`."""
+    return ".en" not in os.path.basename(path)
 
 
 class Context:
@@ -94,9 +116,14 @@ class Context:
         except ModelMissing:
             self._say(f"whisper_init_from_file_with_params_no_state: failed to open '{path}'")
             raise
+        except NotAModel:
+            self._say_init()
+            self._say("whisper_model_load: loading model")
+            self._say("whisper_model_load: invalid model data (bad magic)")
+            self._say("whisper_init_with_params_no_state: failed to load model")
+            raise
         weights = size - size // STATE_SHARE
-        self._say("whisper_init_with_params_no_state: use gpu    = 1")
-        self._say(f"whisper_init_with_params_no_state: gpu_device = {self.gpu}")
+        self._say_init()
         self._allocate(weights, [
             "whisper_model_load: failed to allocate memory for the model",
             "whisper_init_with_params_no_state: failed to load model",
@@ -110,6 +137,11 @@ class Context:
         ])  # fmt: skip
         self._say(f"whisper_init_state: kv self size  = {(size - weights) / 1e6:7.2f} MB")
         self.model = path
+
+    @property
+    def multilingual(self) -> bool:
+        """`whisper_is_multilingual` of the loaded model."""
+        return self.model is not None and is_multilingual(self.model)
 
     def free(self) -> None:
         """`whisper_free`: the VRAM goes back at once."""
@@ -130,6 +162,10 @@ class Context:
             self.free()
             raise ModelDoesNotFit(lines) from None
         self.held += nbytes
+
+    def _say_init(self) -> None:
+        self._say("whisper_init_with_params_no_state: use gpu    = 1")
+        self._say(f"whisper_init_with_params_no_state: gpu_device = {self.gpu}")
 
     def _say(self, line: str) -> None:
         self.err.write(line + "\n")

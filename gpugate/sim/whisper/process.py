@@ -1,21 +1,39 @@
-"""Starting and stopping a simulated whisper-server process: its argv, and `SimWhisper`."""
+"""Starting and stopping a simulated whisper-server process: its argv, and `SimWhisper`.
+
+whisper-server says it listens only in a stdout line that a pipe sees at its exit (C's
+buffering), so a starter learns it is up from the port: the process holds a listening
+socket on it (it binds only once the model is loaded) and `GET /health` answers 200. The
+socket is looked up in /proc because another server may listen on the same port
+(SO_REUSEPORT) and answer for it. A port 0 is chosen here, before the start: the server
+would print 0 whatever it bound.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import http.client
 import os
-import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import IO
+
+import attrs
 
 import gpugate
-from gpugate.sim.whisper.server import LISTENING
 from gpugate.sim.whisper.spec import WhisperServerSpec
 
 MODULE = "gpugate.sim.whisper"
+POLL_INTERVAL = 0.02
+"""Seconds between two probes of a starting server."""
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -24,6 +42,81 @@ def split_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"whisper.listen: expected HOST:PORT, got {listen!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's pick for a bind to port 0)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def with_port(spec: WhisperServerSpec) -> WhisperServerSpec:
+    """`spec` with a port 0 replaced by a free one."""
+    host, port = split_listen(spec.listen)
+    if port:
+        return spec
+    return attrs.evolve(spec, listen=f"{host}:{free_port(host)}")
+
+
+def url_of(spec: WhisperServerSpec) -> str:
+    host, port = split_listen(spec.listen)
+    return f"http://{host}:{port}"
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a TCP socket listening on `port`."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[len("socket:[") : -1])
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = row.split()
+                # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN.
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+                    return True
+    return False
+
+
+def wait_serving(
+    spec: WhisperServerSpec, pid: int, exited: Callable[[], int | None], timeout: float
+) -> str:
+    """Block until process `pid`, started from `spec`, listens and `GET /health` answers
+    200; its URL.
+
+    `exited` is polled too: WhisperStartError with the exit code as soon as it says the
+    process has ended, or with None when `timeout` seconds pass first.
+    """
+    host, port = split_listen(spec.listen)
+    path = spec.request_path + "/health"
+    deadline = time.monotonic() + timeout
+    while True:
+        code = exited()
+        if code is not None:
+            raise WhisperStartError(f"whisper-server exited with {code}", code)
+        probe = max(0.1, min(1.0, deadline - time.monotonic()))
+        if listens(pid, port) and _healthy(host, port, path, probe):
+            return url_of(spec)
+        if time.monotonic() >= deadline:
+            raise WhisperStartError("whisper-server did not listen in time", None)
+        time.sleep(POLL_INTERVAL)
+
+
+def _healthy(host: str, port: int, path: str, timeout: float) -> bool:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 def whisper_argv(
@@ -74,11 +167,25 @@ class WhisperStartError(RuntimeError):
         self.returncode = returncode
 
 
+_running: weakref.WeakSet[SimWhisper] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    # The server outlives its starter, as the real one does; a test process that ends
+    # normally still takes the ones it started (and did not stop) with it.
+    for sim in list(_running):
+        with contextlib.suppress(Exception):
+            sim.kill()
+
+
 class SimWhisper:
     """A simulated whisper-server as a child process; start() and stop() as often as needed.
 
-    start() returns once the server listens (its model is in VRAM by then) and sets `url`.
-    Its stderr is kept in `stderr_lines`; `returncode` is set once it has exited.
+    start() returns once the server answers /health (its model is in VRAM by then) and sets
+    `url`; a spec on port 0 gets a free port first (`listen` then names it). Its stdout and
+    stderr are kept in `stdout_lines` and `stderr_lines` (stdout mostly at its exit: C
+    buffering); `returncode` is set once it has exited.
     """
 
     def __init__(
@@ -95,10 +202,11 @@ class SimWhisper:
         self.timeout = timeout
         self.popen: subprocess.Popen[str] | None = None
         self.url: str | None = None
+        self.listen = spec.listen
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []
-        self._listening: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._stderr_reader: threading.Thread | None = None
+        self._readers: list[threading.Thread] = []
+        self._started: WhisperServerSpec = spec
 
     @property
     def pid(self) -> int:
@@ -113,9 +221,11 @@ class SimWhisper:
         """Start the process without waiting for it to listen."""
         self.url = None
         self.stdout_lines, self.stderr_lines = [], []
-        self._listening = queue.SimpleQueue()
+        # A restart keeps the port chosen for port 0: the same server, again.
+        self._started = with_port(attrs.evolve(self.spec, listen=self.listen))
+        self.listen = self._started.listen
         self.popen = subprocess.Popen(
-            whisper_argv(self.spec, self.state_dir),
+            whisper_argv(self._started, self.state_dir),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -124,28 +234,36 @@ class SimWhisper:
             bufsize=1,
             env=child_env(self.env),
         )
-        threading.Thread(target=self._read_stdout, args=(self.popen,), daemon=True).start()
-        self._stderr_reader = threading.Thread(
-            target=self._read_stderr, args=(self.popen,), daemon=True
-        )
-        self._stderr_reader.start()
+        _running.add(self)
+        self._readers = [
+            threading.Thread(target=_collect, args=(stream, lines), daemon=True)
+            for stream, lines in (
+                (self.popen.stdout, self.stdout_lines),
+                (self.popen.stderr, self.stderr_lines),
+            )
+        ]
+        for reader in self._readers:
+            reader.start()
         return self
 
     def wait_listening(self, timeout: float | None = None) -> str:
-        """The server's URL once it listens; WhisperStartError if it exits first."""
+        """The server's URL once it serves; WhisperStartError if it exits first."""
+        assert self.popen is not None, "not started"
         try:
-            line = self._listening.get(timeout=self.timeout if timeout is None else timeout)
-        except queue.Empty:
-            raise WhisperStartError("whisper-server did not listen in time", None) from None
-        if line is None:
-            code = self.wait(timeout=10.0)
-            # The process has exited: its stderr ends, so the reader finishes.
-            if self._stderr_reader is not None:
-                self._stderr_reader.join(timeout=10.0)
-            raise WhisperStartError(
-                f"whisper-server exited with {code}: {' | '.join(self.stderr_lines[-4:])}", code
+            self.url = wait_serving(
+                self._started,
+                self.popen.pid,
+                self.popen.poll,
+                self.timeout if timeout is None else timeout,
             )
-        self.url = line.split()[-1]
+        except WhisperStartError as exc:
+            if exc.returncode is None:
+                raise
+            # The process has exited: its output ends, so the readers finish.
+            self._join_readers()
+            raise WhisperStartError(
+                f"{exc}: {' | '.join(self.stderr_lines[-4:])}", exc.returncode
+            ) from None
         return self.url
 
     def start(self) -> str:
@@ -153,11 +271,14 @@ class SimWhisper:
         return self.spawn().wait_listening()
 
     def wait(self, timeout: float) -> int | None:
+        """The exit code once the process has exited (its output read to the end)."""
         assert self.popen is not None, "not started"
         try:
-            return self.popen.wait(timeout=timeout)
+            code = self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+        self._join_readers()
+        return code
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM (SIGKILL after `timeout` seconds); the exit code."""
@@ -191,19 +312,14 @@ class SimWhisper:
     ) -> None:
         self.stop()
 
-    def _read_stdout(self, popen: subprocess.Popen[str]) -> None:
-        assert popen.stdout is not None
-        announced = False
-        for line in popen.stdout:
-            line = line.rstrip("\n")
-            self.stdout_lines.append(line)
-            if not announced and line.startswith(LISTENING):
-                announced = True
-                self._listening.put(line)
-        if not announced:
-            self._listening.put(None)
+    def _join_readers(self) -> None:
+        for reader in self._readers:
+            # A grandchild holding the pipes could keep them open: do not wait forever.
+            reader.join(timeout=10.0)
 
-    def _read_stderr(self, popen: subprocess.Popen[str]) -> None:
-        assert popen.stderr is not None
-        for line in popen.stderr:
-            self.stderr_lines.append(line.rstrip("\n"))
+
+def _collect(stream: IO[str] | None, lines: list[str]) -> None:
+    assert stream is not None
+    with contextlib.suppress(OSError, ValueError):
+        for line in stream:
+            lines.append(line.rstrip("\n"))

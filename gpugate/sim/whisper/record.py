@@ -29,7 +29,8 @@ class LoadRecord:
     t: float
     case: str
     status: int | None
-    """None: no answer, the process exited (a model that does not fit)."""
+    """None: no answer, the process exited (a model that does not fit, or a path that opens
+    but is no model: another file, a directory)."""
     model: str | None
     """The `model` field's text; None without one."""
     loaded: bool

@@ -12,7 +12,11 @@ what this app reproduces:
   turns anything else but 500 into 404 `File Not Found (<path>)` — so the JSON 400 bodies
   of server.cpp, its 499 and /health's 503 never reach a client in that form;
 * the exception handler: a handler that throws (std::stoi/std::stof on a bad field) answers
-  500 `500 Internal Server Error\\n<what()>` (text/plain).
+  500 `500 Internal Server Error\\n<what()>` (text/plain);
+* HEAD is answered by the GET routes, without the body and with `Accept-Ranges: bytes`.
+
+What the handlers print with `printf` goes to stdout, which C buffers in full when it is
+not a terminal (`stdio.py`); what they print with `fprintf(stderr, ...)` goes out at once.
 """
 
 from __future__ import annotations
@@ -31,8 +35,16 @@ import attrs
 from aiohttp import web
 
 import gpugate.sim.whisper.transcript as transcript
-from gpugate.sim.whisper.fields import CppException, Part, inference_params, read_parts
-from gpugate.sim.whisper.model import Context, ModelDoesNotFit, ModelMissing
+from gpugate.sim.whisper.audio import AudioError, read_audio
+from gpugate.sim.whisper.fields import (
+    CppException,
+    InferenceParams,
+    Part,
+    inference_params,
+    read_parts,
+)
+from gpugate.sim.whisper.model import Context, ModelDoesNotFit, ModelMissing, NotAModel
+from gpugate.sim.whisper.page import default_content
 from gpugate.sim.whisper.record import ACTING, Acting, Route, WhisperRecords
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -41,6 +53,10 @@ LISTENING = "whisper server listening at"
 """The start of the stdout line whisper-server prints once its port is bound."""
 DISCONNECT_POLL = 0.01
 """Seconds between checks of the client's connection while decoding (the abort callback)."""
+N_THREADS = min(4, os.cpu_count() or 1)
+"""whisper_params' default n_threads: min(4, hardware_concurrency)."""
+HANDLER = "operator()"
+"""`__func__` in the /inference lambda, which starts some of its log lines."""
 
 
 class ServerState(enum.Enum):
@@ -60,58 +76,6 @@ class ServerOptions:
     """Fixed decoding time of one request."""
     decode_per_audio_second: float = 0.0
     """Decoding time per second of audio (0.05: 20x real time)."""
-
-
-def default_content(options: ServerOptions) -> str:
-    """The built-in page served at / (no --public directory)."""
-    path = options.request_path + options.inference_path
-    port = options.port
-    return f"""
-    <html>
-    <head>
-        <title>Whisper.cpp Server</title>
-        <meta charset="utf-8">
-        <meta name="viewport" content="width=device-width">
-    </head>
-    <body>
-        <h1>Whisper.cpp Server</h1>
-
-        <h2>{path}</h2>
-        <pre>
-    curl 127.0.0.1:{port}{path} \\
-    -H "Content-Type: multipart/form-data" \\
-    -F file="@&lt;file-path&gt;" \\
-    -F temperature="0.0" \\
-    -F temperature_inc="0.2" \\
-    -F response_format="json"
-        </pre>
-
-        <h2>/load</h2>
-        <pre>
-    curl 127.0.0.1:{port}/load \\
-    -H "Content-Type: multipart/form-data" \\
-    -F model="&lt;path-to-model-file&gt;"
-        </pre>
-
-        <div>
-            <h2>Try it out</h2>
-            <form action="{path}" method="POST" enctype="multipart/form-data">
-                <label for="file">Choose an audio file:</label>
-                <input type="file" id="file" name="file" accept="audio/*" required><br>
-                <label for="response_format">Response Format:</label>
-                <select id="response_format" name="response_format">
-                    <option value="verbose_json">Verbose JSON</option>
-                    <option value="json">JSON</option>
-                    <option value="text">Text</option>
-                    <option value="srt">SRT</option>
-                    <option value="vtt">VTT</option>
-                </select><br>
-                <button type="submit">Submit</button>
-            </form>
-        </div>
-    </body>
-    </html>
-    """
 
 
 def hard_exit(code: int) -> None:
@@ -182,6 +146,8 @@ class WhisperServer:
         if response.status >= 400 and isinstance(response, web.Response):
             response = self._error_handler(request, response)
         self._record(request, response.status)
+        if request.method == "HEAD":
+            response.headers.setdefault("Accept-Ranges", "bytes")
         for name, value in (
             ("Server", "whisper.cpp"),
             ("Access-Control-Allow-Origin", "*"),
@@ -225,7 +191,8 @@ class WhisperServer:
     # -- routes ----------------------------------------------------------------------------
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        return _content(200, default_content(self.options), "text/html")
+        path = self.options.request_path + self.options.inference_path
+        return _content(200, default_content(self.options.port, path), "text/html")
 
     async def options_(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200)
@@ -250,19 +217,67 @@ class WhisperServer:
     async def _transcribe(self, request: web.Request, parts: dict[str, Part]) -> web.Response:
         audio_part = parts["file"]
         params = inference_params(parts)
-        self._say(f"Received request: {audio_part.filename}")
+        name = audio_part.filename
+        self._say(f"Received request: {name}")
         try:
-            audio = transcript.read_audio(audio_part.content)
-        except transcript.AudioError:
+            audio = read_audio(audio_part.content)
+        except AudioError as exc:
+            self._err(str(exc))
             self._err("error: failed to read audio data")
             return _json_error(400, "failed to read audio data")
-        self._say(f"Successfully loaded {audio_part.filename}")
-        self._say(f"Running whisper.cpp inference on {audio_part.filename}")
+        self._say(f"Successfully loaded {name}")
+        self._settle_language(params)
+        samples = audio.samples_16k
+        self._err("")
+        self._err(
+            f"{HANDLER}: processing '{name}' ({samples} samples, {samples / 16000:.1f} sec), "
+            f"{N_THREADS} threads, 1 processors, lang = {params.language}, "
+            f"task = {'translate' if params.translate else 'transcribe'}, "
+            f"timestamps = {0 if params.no_timestamps else 1} ..."
+        )
+        self._err("")
+        self._say(f"Running whisper.cpp inference on {name}")
         seconds = self.options.decode_seconds + audio.seconds * self.options.decode_per_audio_second
         if not await self._decode(request, seconds):
             self._err("client disconnected, aborted processing")
             return _json_error(499, "client disconnected")
-        result = transcript.transcribe(audio, language=params.language, translate=params.translate)
+        result = transcript.transcribe(
+            audio,
+            language=params.language,
+            translate=params.translate,
+            detect_only=params.detect_language,
+        )
+        self._log_decoding(params, samples)
+        return self._format(params, result)
+
+    def _settle_language(self, params: InferenceParams) -> None:
+        """The handler's checks before decoding: an English-only model, then detection."""
+        if not self.context.multilingual and (params.language != "en" or params.translate):
+            params.language, params.translate = "en", False
+            self._err(
+                f"{HANDLER}: WARNING: model is not multilingual, "
+                "ignoring language and translation options"
+            )
+        if params.detect_language:
+            params.language = "auto"
+
+    def _log_decoding(self, params: InferenceParams, samples: int) -> None:
+        """What whisper_full_with_state logs before it decodes (or instead of decoding)."""
+        if params.language in ("auto", "") or params.detect_language:
+            probability = transcript.LANGUAGE_PROBABILITIES[transcript.DETECTED]
+            self._err(
+                f"whisper_full_with_state: auto-detected language: {transcript.DETECTED} "
+                f"(p = {probability:f})"
+            )
+            if params.detect_language:
+                return
+        if samples < transcript.TOO_SHORT_SAMPLES:
+            self._err(
+                f"whisper_full_with_state: input is too short - {samples // 160 * 10} ms "
+                "< 100 ms. consider padding the input audio with silence"
+            )
+
+    def _format(self, params: InferenceParams, result: transcript.Transcript) -> web.Response:
         fmt = params.response_format
         if fmt == "text":
             return _content(200, transcript.format_text(result), "text/html; charset=utf-8")
@@ -316,7 +331,7 @@ class WhisperServer:
             self.context.free()
             try:
                 await asyncio.to_thread(self.context.init, model)
-            except (ModelDoesNotFit, ModelMissing) as exc:
+            except (ModelDoesNotFit, ModelMissing, NotAModel) as exc:
                 if isinstance(exc, ModelDoesNotFit):
                     for line in exc.lines:
                         self._err(line)
@@ -331,8 +346,8 @@ class WhisperServer:
             return _content(200, "Load was successful!", "application/text")
 
     def _say(self, line: str) -> None:
+        # printf: stdout's buffering decides when it is seen.
         self.out.write(line + "\n")
-        self.out.flush()
 
     def _err(self, line: str) -> None:
         self.context.err.write(line + "\n")
