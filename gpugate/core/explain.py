@@ -66,6 +66,18 @@ def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
     return holders
 
 
+RUNTIME_FAULTS = {
+    FailureClass.RUNTIME_CRASH: "is not answering",
+    FailureClass.TIMEOUT: "did not answer in time",
+    FailureClass.INVALID_OUTPUT: "answered what the gate cannot use",
+    FailureClass.MODEL_LOAD_FAILED: "could not load a model",
+    FailureClass.HEALTHCHECK_FAILED: "is not healthy",
+    FailureClass.ARTIFACT_CORRUPT: "has a corrupt artifact",
+    FailureClass.CAPABILITY_UNAVAILABLE: "cannot do what was asked",
+}
+"""Failures of the runtime itself, and how its part is put: memory is not the cause."""
+
+
 def explain(
     failure: FailureClass,
     demand: Demand,
@@ -74,7 +86,12 @@ def explain(
     residents: Sequence[Resident],
     extra: str = "",
 ) -> str:
-    """One line: class, what was needed, what was schedulable, and who holds the rest."""
+    """One line: class, what was needed, what was schedulable, and who holds the rest; for
+    a failure of the runtime itself (it could not unload what had to go first), the
+    runtime's part instead: the budget did not decide it and would only mislead."""
+    fault = RUNTIME_FAULTS.get(failure)
+    if fault is not None:
+        return f"{failure.value}: {demand.model} cannot be loaded: {demand.consumer} {fault}{extra}"
     head = f"{failure.value}: {demand.model} needs {format_gib(needed)}"
     if budget is None:
         return f"{head} on GPU {demand.gpu}, which has no current sample{extra}"

@@ -9,7 +9,10 @@ until the consumer's usage is what its other residents explain without external 
 having grown meanwhile (the runner was gone before the gate asked), or the reclaim
 timeout passes (GPU_MEMORY_NOT_RECLAIMED). Free memory, not per-process attribution,
 is the measure: a dying process can drop out of the process list, and so out of its
-consumer's row, before the driver has its memory back.
+consumer's row, before the driver has its memory back. A runtime that lists what it holds
+may still list the model after its memory is back (it drops a runner once it has reaped
+it): the unload ends only once its listing no longer names the model, so that no listing
+meanwhile takes it for a model loaded behind the gate's back.
 
 Unloads on one GPU run one at a time. Free memory is a figure for the whole card: two
 unloads measured against the same starting point would each take the other's returned
@@ -30,6 +33,7 @@ from gpugate.core.effects import Preempt, Unload
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
+from gpugate.gate.links import Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.upstream import upstream_failure
 
@@ -72,6 +76,8 @@ class UnloadRunner:
                     reclaimed = await self._wait_for_reclaim(
                         unload, before, rule.recovered_fraction, idle, clear=rule.consumer_clear
                     )
+                    if reclaimed and link.adapter.reconcilable:
+                        await self._wait_until_unlisted(link, unload.key.model)
         except Exception:
             log.exception("unload of %s failed", unload.key)
         finally:
@@ -141,6 +147,28 @@ class UnloadRunner:
                 return True
             if gate.clock() >= deadline:
                 return False
+            await asyncio.sleep(pause)
+            pause = min(POLL_INTERVAL, pause * 2)
+
+    async def _wait_until_unlisted(self, link: Link, model: str) -> None:
+        """Until the runtime's own listing no longer names the model, within the reclaim
+        timeout. A runtime may list a runner until it has reaped its process, after its
+        memory is back (until it has reaped the runner); while the unload is under way the
+        books keep the resident, so such a listing is not taken for a model loaded behind
+        the gate's back. A listing that fails ends the wait: NVML already said enough."""
+        gate = self.gate
+        assert link.session is not None
+        deadline = gate.clock() + gate.config.budget.reclaim_timeout
+        pause = FIRST_POLL
+        while True:
+            try:
+                async with asyncio.timeout(link.consumer.timeouts.control):
+                    listed = await link.adapter.listing(link.session)
+            except Exception as exc:
+                log.debug("no listing to confirm the unload of %s: %s", model, exc)
+                return
+            if all(entry.name != model for entry in listed) or gate.clock() >= deadline:
+                return
             await asyncio.sleep(pause)
             pause = min(POLL_INTERVAL, pause * 2)
 

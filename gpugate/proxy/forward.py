@@ -280,6 +280,8 @@ async def stream_down(
     answer of known length is already complete upstream, so it goes down in one piece (a
     HEAD answer keeps the upstream's Content-Length). Raises UpstreamTimeout when the
     upstream stalls before anything went down, UpstreamBroken when it stalls or fails after.
+    A client that goes while its answer is written only ends the answer (its transport
+    closed): nothing is raised for it.
     """
     length = upstream.content_length
     whole = not prefix and length is not None and length <= WHOLE_BODY_LIMIT
@@ -309,15 +311,26 @@ async def stream_down(
     response.headers.extend(headers)
     if server:
         response[UPSTREAM_SERVER] = True
-    await response.prepare(request)
     try:
+        await response.prepare(request)
         if prefix:
             await response.write(prefix)
-        while chunk := await upstream.chunk(idle):
+        while True:
+            try:
+                chunk = await upstream.chunk(idle)
+            except (UpstreamTimeout, OSError) as exc:
+                raise UpstreamBroken(exc, response) from None
+            if not chunk:
+                break
             await response.write(chunk)
-    except (UpstreamTimeout, OSError) as exc:
-        raise UpstreamBroken(exc, response) from None
-    await response.write_eof()
+        await response.write_eof()
+    except ConnectionError:
+        # A write to the client failed: its side closed (aiohttp says so with a
+        # ClientConnectionResetError, a ConnectionError like the upstream's own). That is
+        # the client leaving, as when its going cancels the handler, never the runtime's
+        # failure: the answer ends here, and the upstream connection, its body unread, is
+        # closed by the caller.
+        cut_off(request)
     return response
 
 

@@ -40,13 +40,7 @@ from gpugate.runtimes.keepalive import (
 )
 from gpugate.runtimes.ollama_host import OllamaHostCheck
 from gpugate.runtimes.ollama_listing import OllamaError, parse_ps
-from gpugate.runtimes.ollama_models import (
-    FRESH,
-    RUNTIME_OVERHEAD,
-    ModelFactsCache,
-    kv_cache_bytes,
-    num_ctx_of,
-)
+from gpugate.runtimes.ollama_models import FRESH, ModelFactsCache, estimate_bytes
 from gpugate.runtimes.ollama_multipart import read_transcription
 from gpugate.runtimes.ollama_names import Source, canonical_name, model_ref, written_name
 from gpugate.runtimes.ollama_needs import TRANSCRIPTION_NEEDS, Needs
@@ -252,7 +246,8 @@ class OllamaAdapter(RuntimeAdapter):
     async def estimate(
         self, session: aiohttp.ClientSession, model: str, options: str
     ) -> int | None:
-        """Bytes a model will take before it was ever measured: weights + KV + overhead.
+        """Bytes a model will take before it was ever measured, as Ollama sizes its load:
+        weights, KV cache and graph for its context, and the runner's CUDA context.
 
         None when Ollama does not have the model (it will answer 404 without loading).
         """
@@ -276,7 +271,7 @@ class OllamaAdapter(RuntimeAdapter):
                 size = listed if isinstance(listed, int) and listed > 0 else 0
         if size is None:
             return None
-        kv = 0
+        info = None
         async with session.post(
             self._url("/api/show"), json={"model": model}, headers=self._headers()
         ) as resp:
@@ -285,10 +280,9 @@ class OllamaAdapter(RuntimeAdapter):
                     show = await resp.json(content_type=None)
                 except ValueError:
                     show = None
-                info = show.get("model_info") if isinstance(show, dict) else None
-                if isinstance(info, dict):
-                    kv = kv_cache_bytes(info, num_ctx_of(options))
-        return size + kv + RUNTIME_OVERHEAD
+                found = show.get("model_info") if isinstance(show, dict) else None
+                info = found if isinstance(found, dict) else None
+        return estimate_bytes(size, info, options)
 
     async def health(self, session: aiohttp.ClientSession) -> bool:
         """Ollama answers GET /api/version with 200 once it serves."""

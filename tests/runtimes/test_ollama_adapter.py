@@ -18,10 +18,10 @@ from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.runtimes.base import ApiFamily, RouteKind
 from gpugate.runtimes.ollama import (
     OllamaAdapter,
-    kv_cache_bytes,
     normalize_model,
     options_key,
 )
+from gpugate.runtimes.ollama_models import kv_cache_bytes
 
 CONSUMER = Consumer(
     name="ollama",

@@ -112,7 +112,7 @@ async def show(request: web.Request) -> web.StreamResponse:
 async def ps(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     entries = []
-    for runner in svc.scheduler.loaded():
+    for runner in svc.scheduler.listed():
         expires = svc.scheduler.expires_at(runner)
         entry = {
             "name": runner.model.display,

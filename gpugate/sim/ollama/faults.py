@@ -6,6 +6,10 @@ Switched at start by HOST.yaml (`ollama.faults`) or later through `POST /sim/fau
   bad state, a proxy in between answering for it);
 * `keep_memory: true` — an unloaded runner's memory is not given back: the bytes stay
   held by the Ollama server process, as when a runner leaks or a driver does not reclaim.
+* `reap_seconds: S` — an unloaded runner stays in `/api/ps` for S seconds after its
+  process died and its memory came back. Ollama drops a runner from its list only once
+  `Close` has reaped the process (Go's `cmd.Wait`, which also drains the runner's pipes),
+  so a listing taken as the memory returns still names it; this widens that window.
 
 `GET /sim/faults` shows the switches and counts the unload requests received
 (`keep_alive` 0 with nothing to generate), so a test can tell one unload from a loop.
@@ -35,6 +39,8 @@ class SimFaults:
 
     ps: PsFault = PsFault.NONE
     keep_memory: bool = False
+    reap_seconds: float = 0.0
+    """How long an unloaded runner stays listed after its memory came back."""
     unload_requests: int = 0
     ps_requests: int = 0
     leaked: int = 0
@@ -48,6 +54,7 @@ class SimFaults:
         return {
             "ps": self.ps.value,
             "keep_memory": self.keep_memory,
+            "reap_seconds": self.reap_seconds,
             "unload_requests": self.unload_requests,
             "ps_requests": self.ps_requests,
             "leaked": self.leaked,
@@ -72,6 +79,13 @@ class SimFaults:
             self.ps = spec.ps
         if "keep_memory" in data:
             self.keep_memory = spec.keep_memory
+        if "reap_seconds" in data:
+            reap = data["reap_seconds"]
+            if isinstance(reap, bool) or not isinstance(reap, (int, float)) or reap < 0:
+                return web.json_response(
+                    {"error": f"reap_seconds: expected seconds, got {reap!r}"}, status=400
+                )
+            self.reap_seconds = float(reap)
         return web.json_response(self.as_json())
 
     @web.middleware

@@ -144,8 +144,17 @@ class Scheduler:
     # -- observation ---------------------------------------------------------------------
 
     def loaded(self) -> list[Runner]:
-        """Runners that are loaded (what /api/ps lists), in load order."""
+        """Runners that are loaded, in load order."""
         return [r for r in self._runners.values() if r.phase is RunnerPhase.READY]
+
+    def listed(self) -> list[Runner]:
+        """What /api/ps lists: loaded runners, and those whose unload is under way (Ollama
+        deletes a runner from `s.loaded` only once `Close` has reaped its process)."""
+        return [
+            r
+            for r in self._runners.values()
+            if r.phase in (RunnerPhase.READY, RunnerPhase.UNLOADING)
+        ]
 
     def expires_at(self, runner: Runner) -> datetime:
         """/api/ps `expires_at`: the deadline of an idle runner, an estimate for a busy one."""
@@ -390,6 +399,9 @@ class Scheduler:
             self._keep_memory(runner)
         if runner.process is not None:
             await runner.process.kill()
+        if self.faults.reap_seconds > 0:
+            # Its memory is back; Ollama still lists it until its Close returns.
+            await asyncio.sleep(self.faults.reap_seconds)
         self._forget(runner)
         self.counters.unloads += 1
         self.changed()
