@@ -40,6 +40,9 @@ BY_NAME = {"keyed_by": "name"}
 BY_CLASS = {"keyed_by": "priority"}
 BY_PATTERN = {"keyed_by": "pattern", "value_of": "size"}
 
+DEFAULT_MAX_BODY = 64 * 1024**2
+"""The gate's own bound on a body it reads, for a runtime whose server sets none."""
+
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 
@@ -316,8 +319,9 @@ class Consumer:
     """Default VRAM per model (or for the whole runtime when it has no models)."""
     queue_limit: int = 32
     """Tickets this consumer may have waiting at once; one more is QUEUE_FULL."""
-    max_body: int = attrs.field(default=64 * 1024**2, metadata=SIZE)
-    """Largest request body the gate will read to classify or rewrite."""
+    max_body: int | None = attrs.field(default=None, metadata=SIZE)
+    """Largest request body the gate will read to classify or rewrite; None: the runtime's
+    own limit (`body_limit`)."""
     processes: ProcessMatch = ProcessMatch()
     models: tuple[ModelOverride, ...] = attrs.field(default=(), metadata=BY_NAME)
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
@@ -342,6 +346,13 @@ class Consumer:
 
     control: ProcessControlSettings | None = None
     """Start/stop of a runtime that frees its VRAM only by exiting (whisper-server)."""
+
+    def body_limit(self, runtime_limit: int | None) -> int:
+        """The most request body the gate reads: `max_body` when set, else the limit of the
+        runtime's own server, else DEFAULT_MAX_BODY (never unbounded)."""
+        if self.max_body is not None:
+            return self.max_body
+        return DEFAULT_MAX_BODY if runtime_limit is None else runtime_limit
 
     def file_size(self, folder: str, name: str) -> int | None:
         """The size `files` gives model file `name` of `folder` (most specific wins), if any."""

@@ -164,14 +164,18 @@ class ConsumerListener:
             coding = decoded_coding(dialect, request) or adapter.decoded_coding(
                 path, request.headers.get(hdrs.CONTENT_ENCODING, "")
             )
+            limit = consumer.body_limit(adapter.body_limit.size)
             try:
-                body = await read_body(request, consumer.max_body)
+                body = await read_body(request, limit)
                 if coding is not None:
                     # The runtime's server inflates it before its handler reads it: the
                     # adapter reads, and the gate sends, what that handler would read.
-                    body = decode_body(dialect, coding, body, consumer.max_body)
+                    body = decode_body(dialect, coding, body, limit)
                     drop_up = (*drop_up, hdrs.CONTENT_ENCODING)
-            except BodyTooLarge:
+            except BodyTooLarge as exc:
+                too_large = adapter.body_limit.refusal
+                if too_large is not None:
+                    return reply(too_large(limit, exc.size, path))
                 api = adapter.classify(method, path, None, "").api
                 return reply(error_reply(api, 413, "http: request body too large"), screening)
             except asyncio.IncompleteReadError:

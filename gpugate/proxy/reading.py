@@ -12,7 +12,8 @@ the shape the runtime's server answers such a request with (`ServerDialect`):
 
 A body the runtime's server decodes before its handler reads it (aiohttp inflates gzip,
 deflate, br and zstd) is decoded here with aiohttp's own decoder, bounded by the consumer's
-`max_body`, so the adapter reads what the runtime will read; the decoded body is what goes
+body limit (by default the runtime's own: aiohttp's `client_max_size` bounds the decoded
+body too), so the adapter reads what the runtime will read; the decoded body is what goes
 up. Go's and cpp-httplib's servers decode nothing: their adapters read the bytes as sent.
 """
 
@@ -39,7 +40,12 @@ case; `gzip, identity` is not one of them and reaches the handler as sent)."""
 
 
 class BodyTooLarge(Exception):
-    """The body, as sent or as decoded, is over the consumer's `max_body`."""
+    """The body, as sent or as decoded, is over the consumer's body limit."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+        """Bytes it had when it passed the limit (its Content-Length, when it says)."""
 
 
 class Refused(Exception):
@@ -114,7 +120,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
         return b""
     if request.content_length is not None:
         if request.content_length > limit:
-            raise BodyTooLarge
+            raise BodyTooLarge(request.content_length)
         content = request.content
         if content.is_eof():
             # All of it came with the headers (a small request): no wait, no copy per part.
@@ -125,7 +131,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     async for chunk in request.content.iter_any():
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge
+            raise BodyTooLarge(size)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -188,7 +194,7 @@ class _Sink:
     def feed_data(self, data: bytes, size: int = 0) -> None:
         self.size += len(data)
         if self.size > self.limit:
-            raise BodyTooLarge
+            raise BodyTooLarge(self.size)
         self.parts.append(data)
 
     def feed_eof(self) -> None:
@@ -210,7 +216,7 @@ def inflate_zstd(raw: bytes, limit: int, coding: BodyCoding) -> bytes:
             inflater = zstd.ZstdDecompressor(options=options)
             out += inflater.decompress(data, max_length=max(most, limit) + 1 - len(out))
             if len(out) > limit:
-                raise BodyTooLarge
+                raise BodyTooLarge(len(out))
             if len(out) > most:
                 raise Refused(go_error(400, "http: request body too large"))
             if not inflater.eof:

@@ -24,7 +24,7 @@ from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
 from gpugate.runtimes.dialect import BodyCoding, ServerDialect
 from gpugate.runtimes.process import ProcessControl
-from gpugate.runtimes.replies import ErrorReply
+from gpugate.runtimes.replies import BodyLimit, ErrorReply
 
 
 class ApiFamily(enum.Enum):
@@ -249,6 +249,10 @@ class RuntimeAdapter(abc.ABC):
     dialect: ClassVar[ServerDialect] = ServerDialect.GO
     """The HTTP server the runtime is built on: how it frames, expects and decodes a
     request (dialect.py). The default is the strictest reading."""
+
+    body_limit: ClassVar[BodyLimit] = BodyLimit()
+    """The most request body the runtime's server reads, and its answer past it: the gate's
+    default bound for a body it reads (none: the gate's own), refused as the runtime would."""
 
     process: ProcessControl | None = None
     """The runtime's process when the gate starts and stops it (its memory is the

@@ -54,9 +54,12 @@ from gpugate.runtimes.comfyui_origin import (
 )
 from gpugate.runtimes.comfyui_vetting import PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.replies import ErrorReply
+from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
 
 PROMPT_ROUTES = frozenset({"/prompt", "/api/prompt"})
+MAX_UPLOAD_SIZE = 100 * 1024 * 1024
+"""ComfyUI's `--max-upload-size` default (100, in MB as it counts them), which server.py
+gives aiohttp as `client_max_size`: the most body any of its handlers reads."""
 FREE_BODY = {"unload_models": True, "free_memory": True}
 """`free_memory` too: under --highvram the offload device is the GPU, and only dropping
 the node caches lets the weights go (runtime-contracts §2.5)."""
@@ -70,6 +73,7 @@ class ComfyUIAdapter(RuntimeAdapter):
     sizes_requests: ClassVar[bool] = True
     reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(to_idle=True)
     dialect: ClassVar[ServerDialect] = ServerDialect.AIOHTTP
+    body_limit: ClassVar[BodyLimit] = BodyLimit(MAX_UPLOAD_SIZE, aiohttp_too_large)
 
     @property
     def health_signal(self) -> HealthSignal:

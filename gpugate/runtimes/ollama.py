@@ -52,6 +52,7 @@ from gpugate.runtimes.ollama_reading import (
     is_unload,
     zstd_syntax_error,
 )
+from gpugate.runtimes.replies import BodyLimit
 
 ZSTD_BODY = BodyCoding("zstd", window_log_max=23, inflated_limit=20 << 20)
 """The cloud passthrough's decoder: `zstd.WithDecoderMaxMemory(8<<20)` (a frame asking a
@@ -102,6 +103,10 @@ class OllamaAdapter(RuntimeAdapter):
     reconcilable = True
     # server/sched.go waits for free memory to recover by 75 % of the runner's estimate.
     reclaim_rule = ReclaimRule(recovered_fraction=0.75)
+    # Go's net/http reads any body, and no route wraps one in MaxBytesReader but for its
+    # inflated zstd bodies (BodyCoding.inflated_limit): the gate keeps its own bound,
+    # refused in the route's JSON error shape.
+    body_limit = BodyLimit()
 
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)

@@ -33,6 +33,7 @@ from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
 from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter, command_option
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.replies import BodyLimit, whisper_too_large
 
 LOAD_BODY_LIMIT = 64 * 1024
 """A /load body is a path; anything longer is not read (whisper-server answers it)."""
@@ -59,6 +60,9 @@ class WhisperAdapter(ProcessAdapter):
 
     pool_connections: ClassVar[bool] = False
     dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
+    # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH is SIZE_MAX and server.cpp sets no
+    # payload limit: the gate keeps its own bound, refused as whisper-server refuses.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(None, whisper_too_large)
 
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)

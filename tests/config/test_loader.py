@@ -48,7 +48,9 @@ def test_a_minimal_consumer_gets_every_default() -> None:
         Residency(ResidencyPolicy.KEEP_WARM, None),
     )
     assert consumer.envelope is None and consumer.models == ()
-    assert (consumer.queue_limit, consumer.max_body) == (32, 64 * MiB)
+    assert (consumer.queue_limit, consumer.max_body) == (32, None)
+    # No max_body: the runtime's own limit, else the gate's own bound.
+    assert (consumer.body_limit(100 * MiB), consumer.body_limit(None)) == (100 * MiB, 64 * MiB)
     assert config.source == SOURCE
     assert config.budget.reserve == GiB and config.gate.control == Address("127.0.0.1", 9411)
 
@@ -64,6 +66,7 @@ def test_sizes_durations_and_renamed_keys_are_read() -> None:
     consumer = load(text).config.consumer("ollama")
     assert consumer.envelope == int(7.5 * GiB)
     assert consumer.max_body == 1216348160
+    assert consumer.body_limit(100 * MiB) == consumer.body_limit(None) == 1216348160
     assert consumer.residency == Residency(ResidencyPolicy.KEEP_WARM, 900.0)
     assert consumer.priority is PriorityClass.PRODUCTION
     model = consumer.model("bge-m3")

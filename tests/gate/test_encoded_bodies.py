@@ -66,8 +66,8 @@ async def test_an_encoded_prompt_is_leased_like_any_other(stack, index):
 
 async def test_an_undecodable_or_oversized_body_is_refused_before_any_lease(stack):
     body = json.dumps({"prompt": txt2img()}).encode()
-    # 65 MiB once inflated, past the consumer's max_body of 64 MiB.
-    bomb = gzip.compress(b'{"prompt": "' + b"x" * (65 * 1024 * 1024) + b'"}')
+    # 101 MiB once inflated, past ComfyUI's own limit of 100 MiB (its --max-upload-size).
+    bomb = gzip.compress(b'{"prompt": "' + b"x" * (101 * 1024 * 1024) + b'"}')
     cases = [
         ("gzip", b"\x1f\x8bnot gzip at all", 500),
         ("br", body, 400),  # aiohttp without Brotli cannot decode it: 400, no handler
@@ -78,9 +78,14 @@ async def test_an_undecodable_or_oversized_body_is_refused_before_any_lease(stac
             async with session.post(
                 stack.gate_comfy + "/prompt", data=data, headers={"Content-Encoding": coding}
             ) as resp:
-                await resp.read()
+                gated = await resp.read()
                 assert resp.status == status, coding
                 assert LEASE_HEADER not in resp.headers
+        async with session.post(
+            stack.direct_comfy + "/prompt", data=bomb, headers={"Content-Encoding": "gzip"}
+        ) as resp:
+            # The runtime's own words for a body past its limit, once inflated.
+            assert (resp.status, await resp.read()) == (413, gated)
     assert [x for x in stack.gate.core.leases() if x.key.consumer == "comfyui"] == []
     assert stack.gate.jobs("comfyui") == []
 
