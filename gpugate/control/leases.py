@@ -37,6 +37,7 @@ from gpugate.control.auth import CALLER, Caller
 from gpugate.core.classes import PriorityClass
 from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
 from gpugate.core.units import parse_duration, parse_size
 from gpugate.gate.starts import DEFAULT_START_ADMISSION_TIMEOUT, StartLeases
@@ -249,12 +250,14 @@ def lease_document(lease: Lease, now: float) -> dict[str, Any]:
 
 def gate_lease_document(lease: Lease, now: float) -> dict[str, Any]:
     """A lease the gate took for a runtime's request, job or process: an explicit lease's
-    fields (no ttl, no expiry) with its model and the bytes still loading."""
+    fields (no ttl, no expiry) with its model and the bytes still loading. A job shows its
+    own size, though its consumer's job lease carries the bytes."""
+    shown = job_bytes(lease)
     return {
         "id": lease.id,
         **holder(lease),
         "gpu": lease.gpu,
-        "bytes": lease.demand.envelope,
+        "bytes": lease.demand.envelope if shown is None else shown,
         "class": lease.demand.priority.label,
         "ttl": None,
         "expires_in": None,

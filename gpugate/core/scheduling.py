@@ -23,7 +23,7 @@ from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import Resident, ResidentKey
-from gpugate.core.scopes import JobBook
+from gpugate.core.scopes import JobBook, job_bytes
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
 from gpugate.core.units import format_gib
@@ -111,7 +111,7 @@ def granted_event(lease: Lease) -> Event:
         lease.granted,
         key=lease.key,
         gpu=lease.gpu,
-        bytes=lease.pending,
+        bytes=lease.pending if lease.job_of is None else job_bytes(lease),
         wait=lease.waited,
         priority=lease.demand.priority.label,
         lease=lease.id,

@@ -178,12 +178,25 @@ def job_demand(demand: Demand, job_id: int, held: int) -> Demand:
     )
 
 
+def job_bytes(lease: Lease) -> int | None:
+    """The bytes a person reads for a lease of JOB scope: a job's own size (its consumer's
+    job lease carries them, so its own `pending` is 0), or the job lease's bytes; None for
+    a lease of another scope. Shown on events only: whatever sums bytes reads `pending`."""
+    if lease.job_of is not None:
+        demand = lease.demand
+        return demand.envelope if demand.job_bytes is None else demand.job_bytes
+    if lease.scope is LeaseScope.JOB:
+        return lease.pending
+    return None
+
+
 def released_event(lease: Lease, now: float, reason: str) -> Event:
     return Event(
         EventKind.LEASE_RELEASED,
         now,
         key=lease.key,
         gpu=lease.gpu,
+        bytes=job_bytes(lease),
         wait=lease.waited,
         reason=reason,
         lease=lease.id,

@@ -94,6 +94,52 @@ def test_a_growth_that_must_wait_asks_only_for_what_is_missing_when_granted():
     assert budget.committed_total + budget.external_total + budget.reserve + RESERVED <= TOTAL
 
 
+def lease_events(effects, kind):
+    return [(e.model, e.bytes, e.reason) for e in effects if getattr(e, "kind", None) is kind]
+
+
+def test_a_jobs_events_say_its_own_size_and_nothing_counts_it_twice():
+    core = core_with()
+    first = core.submit(job(4 * GiB), 0.0)
+    # Fits within the job lease: it grows by nothing, yet the job's event says its 3 GiB.
+    second = core.submit(job(3 * GiB), 1.0)
+    # Bigger: grows the job lease by 2 GiB through the planner; its event says its 6 GiB.
+    third = core.submit(job(6 * GiB), 2.0)
+    granted = [lease_events(x.effects, EventKind.LEASE_GRANTED)[0] for x in (first, second, third)]
+    assert [(model.startswith("job-"), nbytes) for model, nbytes, _ in granted] == [
+        (True, 4 * GiB),
+        (True, 3 * GiB),
+        (True, 6 * GiB),
+    ]
+    # The bytes are counted once, on the job lease: the leases' own stay 0.
+    assert [x.pending for x in (first.lease, second.lease, third.lease)] == [0, 0, 0]
+    assert {row.name: row.pending for row in core.budget(0).consumers}[C] == 6 * GiB
+    ended = core.job_done(C, third.lease.id, 3.0)
+    assert lease_events(ended, EventKind.LEASE_RELEASED) == [
+        (third.lease.key.model, 6 * GiB, "done")
+    ]
+    core.job_done(C, first.lease.id, 4.0)
+    ended = core.job_done(C, second.lease.id, 5.0)
+    assert lease_events(ended, EventKind.LEASE_RELEASED) == [
+        (second.lease.key.model, 3 * GiB, "done"),
+        (JOBS_MODEL, 3 * GiB, "jobs done"),
+    ]
+
+
+def test_a_growth_granted_after_waiting_says_the_jobs_size():
+    core = core_with(proc(500, 5 * GiB, "plex", managed=False))
+    busy = core.submit(demand("llama", 3 * GiB, priority=P.BACKGROUND), 0.0).lease
+    small = core.submit(job(4 * GiB), 0.0).lease
+    big = core.submit(job(8 * GiB), 1.0)
+    assert lease_events(big.effects, EventKind.LEASE_GRANTED) == []
+    core.job_done(C, small.id, 2.0)
+    core.loaded(busy.id, 2.5)
+    unload = next(e for e in core.release(busy.id, 3.0) if isinstance(e, Unload))
+    effects = core.unloaded(unload.key, 4.0, reclaimed=True)
+    [(model, nbytes, _)] = lease_events(effects, EventKind.LEASE_GRANTED)
+    assert (model.startswith("job-"), nbytes) == (True, 8 * GiB)
+
+
 def test_memory_kept_after_the_last_job_is_a_resident_known_from_nvml():
     core = core_with()
     lease = core.submit(job(6 * GiB), 0.0).lease
