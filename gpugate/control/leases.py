@@ -40,7 +40,8 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
 from gpugate.core.units import parse_duration, parse_size
-from gpugate.gate.starts import DEFAULT_START_ADMISSION_TIMEOUT, StartLeases
+from gpugate.gate.start_leases import StartLeases
+from gpugate.gate.starts import DEFAULT_START_ADMISSION_TIMEOUT
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config

@@ -27,6 +27,8 @@ class FailureClass(enum.Enum):
     GPU_MEMORY_NOT_RECLAIMED = "GPU_MEMORY_NOT_RECLAIMED"
     QUEUE_FULL = "QUEUE_FULL"
     LEASE_TIMEOUT = "LEASE_TIMEOUT"
+    START_BACKOFF = "START_BACKOFF"
+    """A process runtime's last starts failed: the gate waits before starting it again."""
 
     @property
     def http_status(self) -> int:
@@ -60,6 +62,7 @@ _STATUS = {
     FailureClass.GPU_MEMORY_NOT_RECLAIMED: 503,
     FailureClass.QUEUE_FULL: 503,
     FailureClass.LEASE_TIMEOUT: 503,
+    FailureClass.START_BACKOFF: 503,
 }
 
 

@@ -66,6 +66,12 @@ class Resident:
     tracks_observed: bool = False
     """Known from NVML only (a process, or what a runtime that cannot list kept after its
     jobs): its bytes follow what NVML shows for its consumer, and it goes when they do."""
+    process: bool = False
+    """Its process's memory: it is there while the process runs. Until NVML has shown any
+    of it (a process that allocates nothing on the GPU) it stays at what NVML shows; it goes
+    when the gate says the process ended, or when NVML stops showing memory it showed."""
+    shown: bool = False
+    """NVML has shown some of a process resident's memory."""
 
     @property
     def idle(self) -> bool:

@@ -278,7 +278,8 @@ def appeared(books: Books, observation: GpuObservation) -> list[Lease]:
 
 def follow_observed(books: Books, observation: GpuObservation, now: float) -> list[Event]:
     """Residents known from NVML only shrink to what it shows, and go when it shows none; a
-    process's resident also grows to it (a process adopted while it held its memory)."""
+    process's resident also grows to it (a process adopted while it held its memory), and
+    stays while NVML has never shown any of it (a process that allocates nothing there)."""
     events: list[Event] = []
     for resident in list(books.on_gpu(observation.index)):
         if not resident.tracks_observed or not resident.idle:
@@ -287,12 +288,20 @@ def follow_observed(books: Books, observation: GpuObservation, now: float) -> li
         room = observation.managed.get(consumer, 0) - accounted(
             books, consumer, resident.gpu, but=resident.key
         )
+        if resident.process and room > 0:
+            resident.shown = True
         if room >= resident.bytes:
             if room > resident.bytes and resident.key.model != HELD_MODEL:
                 resident.bytes = room
                 books.touch()
             continue
-        if room <= 0:
+        if room <= 0 and resident.process and not resident.shown:
+            resident.bytes = 0
+        elif room <= 0 and resident.key.model == HELD_MODEL and pending_for(books, resident):
+            # A job lease now counts what the runtime kept: the memory is still there,
+            # it is the job's (its lease says so), so nothing is reported gone.
+            del books.residents[resident.key]
+        elif room <= 0:
             del books.residents[resident.key]
             events.append(
                 Event(
@@ -306,6 +315,39 @@ def follow_observed(books: Books, observation: GpuObservation, now: float) -> li
             )
         else:
             resident.bytes = room
+        books.touch()
+    return events
+
+
+def pending_for(books: Books, resident: Resident) -> int:
+    """Bytes of the resident's consumer's leases still waiting for NVML on its GPU."""
+    return sum(
+        x.pending
+        for x in books.leases.values()
+        if x.key.consumer == resident.key.consumer and x.gpu == resident.gpu
+    )
+
+
+def process_ended(books: Books, consumer: str, now: float, detail: str) -> list[Event]:
+    """The consumer's process ended: its process residents go with it."""
+    events: list[Event] = []
+    for resident in list(books.residents.values()):
+        if resident.key.consumer != consumer or not resident.process:
+            continue
+        if resident.state is not ResidentState.RESIDENT:
+            continue
+        del books.residents[resident.key]
+        events.append(
+            Event(
+                EventKind.RESIDENT_GONE,
+                now,
+                key=resident.key,
+                gpu=resident.gpu,
+                bytes=resident.bytes,
+                detail=detail,
+            )
+        )
+    if events:
         books.touch()
     return events
 
@@ -356,7 +398,7 @@ def observed_scopes(books: Books, observation: GpuObservation, now: float) -> li
     for lease in appeared(books, observation):
         closed = books.close_lease(lease.id, now, failed=False)
         if closed is not None and closed[1] is not None:
-            closed[1].tracks_observed = True
+            closed[1].tracks_observed = closed[1].process = True
         effects.append(released_event(lease, now, "resident"))
     effects.extend(follow_observed(books, observation, now))
     return effects

@@ -31,11 +31,13 @@ from gpugate.core.reuse import ResidentReuse
 from gpugate.core.scheduling import Admission, Scheduler, granted_event
 from gpugate.core.scopes import (
     JobBook,
+    accounted,
     job_demand,
     left_behind,
     never_appeared,
     next_appearance,
     observed_scopes,
+    process_ended,
     process_overdue,
     released_event,
 )
@@ -184,6 +186,45 @@ class GateCore:
         if not self.scheduler.queues.get(lease.gpu):
             return []
         return self.scheduler.schedule(lease.gpu, now)
+
+    def process_ready(self, lease_id: int, now: float) -> list[Effect]:
+        """A process started under a PROCESS lease answers on its port and health route: it
+        is resident now, whatever NVML shows yet; from here its bytes follow NVML."""
+        lease = self.books.leases.get(lease_id)
+        if lease is None or lease.scope is not LeaseScope.PROCESS:
+            return []
+        closed = self.books.close_lease(lease_id, now, failed=False)
+        if closed is None:
+            return []
+        lease, resident = closed
+        if resident is not None:
+            resident.tracks_observed = resident.process = True
+            # An adopted process may hold more than its lease asked: what NVML last showed.
+            observation = self.observation(lease.gpu)
+            if observation is not None:
+                consumer = lease.key.consumer
+                room = observation.managed.get(consumer, 0) - accounted(
+                    self.books, consumer, lease.gpu, but=resident.key
+                )
+                if room > 0:
+                    resident.shown = True
+                    resident.bytes = max(resident.bytes, room)
+                    self.books.touch()
+        effects: list[Effect] = [released_event(lease, now, "resident")]
+        self.telemetry.explain(lease.gpu, self.books)
+        if self.scheduler.queues.get(lease.gpu):
+            effects.extend(self.scheduler.schedule(lease.gpu, now))
+        return effects
+
+    def process_ended(self, consumer: str, now: float, detail: str) -> list[Effect]:
+        """The consumer's process ended (a crash, an exit): its resident goes at once."""
+        effects: list[Effect] = list(process_ended(self.books, consumer, now, detail))
+        if effects:
+            for gpu in self.gpus():
+                self.telemetry.explain(gpu, self.books)
+                if self.scheduler.queues.get(gpu):
+                    effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
 
     def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]:
         """The lease's request ended: done, failed, or abandoned by its client.

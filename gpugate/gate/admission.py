@@ -93,6 +93,14 @@ class AdmissionWork:
         if lease.pending:
             self._apply(self.core.loaded(lease.id, self.clock()))
 
+    def process_ready(self, lease: Lease) -> None:
+        """The process started under `lease` answers: it is resident now."""
+        self._apply(self.core.process_ready(lease.id, self.clock()))
+
+    def process_ended(self, consumer: str, detail: str) -> None:
+        """The consumer's process ended on its own: its memory is no longer its resident."""
+        self._apply(self.core.process_ended(consumer, self.clock(), detail))
+
     def release(self, lease: Lease, *, failed: bool = False) -> None:
         """The lease's request is over."""
         now = self.clock()

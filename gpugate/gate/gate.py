@@ -35,7 +35,8 @@ from gpugate.gate.links import (
     core_settings,
     make_links,
 )
-from gpugate.gate.starts import ProcessStarts, StartLeases
+from gpugate.gate.start_leases import StartLeases
+from gpugate.gate.starts import ProcessStarts
 from gpugate.gate.unloads import UnloadRunner
 from gpugate.gate.upstream import Backoff
 from gpugate.gpu.sampler import Sampler
@@ -189,6 +190,7 @@ class Gate(LinkWork, AdmissionWork, JobWork):
             log.warning("NVML error: %s (%s)", sample.error.message, sample.error.name)
         self._apply(self.core.observe(sample, self.clock()))
         self.observe_jobs(sample)
+        self.processes.observed()
         # Memory the books cannot explain is usually a model loaded behind the gate's back:
         # ask the runtime what it has rather than wait for the next periodic listing.
         for rows in self.core.telemetry.unexplained.values():

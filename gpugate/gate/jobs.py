@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Effect, Preempt
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
-from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease

@@ -173,6 +173,20 @@ class LinkWork:
             return configured
         return self._measured.get(ResidentKey(link.consumer.name, model, options))
 
+    def measured_envelope(self, key: ResidentKey) -> int | None:
+        """What the gate measured of a model (or a process's memory) once it was loaded."""
+        return self._measured.get(key)
+
+    def learn_envelope(self, key: ResidentKey, nbytes: int) -> None:
+        """Keep what a loaded model (a running process) holds as its measured envelope."""
+        if nbytes <= 0 or self._measured.get(key) == nbytes:
+            return
+        self._measured[key] = nbytes
+        if self.store is not None:
+            self.store.record_envelope(
+                MeasuredEnvelope(key.consumer, key.model, key.options, nbytes)
+            )
+
     async def envelope(self, link: Link, model: str, options: str) -> int | None:
         """Bytes to lease for a model: configured, else measured, else estimated.
 

@@ -1,40 +1,30 @@
-"""Process starts: the gate's own (a request found the process stopped) and `gpugate admit`'s.
+"""Process starts: the gate's own, when a request's work needs the process, and at its start.
 
 A runtime whose memory is its process's (the adapter's `process_model`) is handled here:
 
-* **Start on demand** (`ProcessStarts.serve_lease`): a request to such a consumer is
-  forwarded under a 0-byte lease on the process's resident, which keeps it busy (never
-  evicted while the request runs). When there is no resident, the process is stopped:
-  the gate takes a PROCESS-scope lease for its envelope (it may wait, evict or fail like
-  any demand), starts it through the adapter's control, waits for its port and health
-  (`wait_ready`), and the request goes on. NVML turns the lease into the resident.
+* **Start on demand** (`ProcessStarts.serve_lease`): a request the runtime's work needs
+  (`needs_process`) is forwarded under a 0-byte lease on the process's resident, which
+  keeps it busy (never evicted while the request runs). When there is no resident the
+  process is stopped, or running outside the books: one found running (its command line,
+  its port) is adopted, never started twice; otherwise the gate takes a PROCESS-scope
+  lease for its envelope (measured once it ran, else configured; it may wait, evict or
+  fail like any demand), starts it through the adapter's control, and waits for its port
+  and health (`wait_ready`). The answer makes it resident (`process_ready`), whatever
+  NVML shows yet; its bytes follow NVML from there.
+* **Failed starts back off** (`StartBackoff`): one failure event per failed start, the
+  runtime's output in the gate's log only, and no new start until the backoff ran out
+  (503 START_BACKOFF with Retry-After meanwhile).
 * **Eviction is a stop** (the adapter's `evict`), confirmed when NVML shows the
   consumer's memory gone; the next request starts it again.
+* **A crash** (a supervised child's exit, an adopted process's end) is one RUNTIME_CRASH
+  event; its resident goes, and an `always_warm` process is started again after its
+  backoff, under a lease.
 * **At gate start** an `always_warm` process is started under a lease; one already
-  running is adopted (a PROCESS lease its memory ends at the next sample); one with no
-  control is reserved for its envelope until it shows.
+  running is adopted; one with no control is reserved for its envelope until it shows.
 * **One start, one lease**: while the gate holds the start lease of a process it is
   starting, `gpugate admit` from that process's unit (its ExecStartPre) joins that lease
-  (`StartLeases.own`), and the gate waits for a start lease `gpugate admit` holds
-  rather than taking a second one.
-
-Start leases: VRAM admitted for a process start (`gpugate admit`) until NVML shows it held.
-
-A runtime that loads its model at start and holds it until it exits is
-admitted like a load: before its unit starts, `gpugate admit CONSUMER` takes an explicit
-lease for the consumer's envelope whose ttl is the consumer's `start_admission_timeout`.
-Nobody renews it. It ends one of two ways:
-
-* **materialised**: a sample taken after the grant shows the consumer's processes holding
-  at least the envelope. The lease is released; from then on the process's memory is
-  counted as the consumer's `observed` bytes, like any resident process.
-* **never materialised**: the process did not start, crashed, or holds less than its
-  envelope. The core lapses the lease at its ttl (a `LEASE_TIMEOUT` failure event and a
-  `lease_released` event with reason `expired`), and its bytes return.
-
-While it is held, `committed = max(observed, pending + ...)` counts a loading process once.
-The check runs every sample interval; the gate has no per-sample event to wait on. It is
-deliberately small: a core PROCESS lease scope can take it over.
+  (`StartLeases.own`, start_leases.py), and the gate waits for a start lease `gpugate
+  admit` holds rather than taking a second one.
 """
 
 from __future__ import annotations
@@ -42,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -51,13 +42,17 @@ from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
+from gpugate.gate.start_backoff import StartBackoff
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
     ProcessControl,
+    ProcessControlError,
+    ProcessExited,
     SupervisedCommand,
-    wait_ready,
 )
+from gpugate.runtimes.process_find import listening_pids
+from gpugate.runtimes.process_ready import wait_ready
 
 log = logging.getLogger("gpugate.starts")
 
@@ -71,68 +66,18 @@ ATTEMPTS = 3
 """Starts one request may ask for when the process keeps going away under it."""
 
 
-def materialised(gate: GateOwner, lease: Lease) -> bool:
-    """Whether a sample newer than the grant shows the lease's owner holding its bytes."""
-    budget = gate.core.budget(lease.gpu)
-    if budget is None or budget.sampled_at <= lease.granted:
-        return False
-    return budget.consumer(lease.key.consumer).observed >= lease.demand.envelope
+def _short(exc: BaseException) -> str:
+    """An error in one line, without the runtime's own output (that goes to the gate's log)."""
+    if isinstance(exc, ProcessExited):
+        return f"the process exited before it was ready ({exc.exit.describe()})"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-class StartLeases:
-    """The start leases being watched, by consumer; one watcher task each."""
-
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
-        self._by_consumer: dict[str, Lease] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def held(self, consumer: str) -> Lease | None:
-        """The consumer's start lease still waiting for its process, if there is one."""
-        lease = self._by_consumer.get(consumer)
-        if lease is None or self.gate.core.lease(lease.id) is None:
-            return None
-        return lease
-
-    def own(self, lease: Lease) -> None:
-        """The gate holds `lease` for a start it runs itself: `admit` joins it. The core
-        ends it (a PROCESS lease) once NVML shows the process."""
-        self._by_consumer[lease.key.consumer] = lease
-
-    def is_start(self, lease_id: int) -> bool:
-        return any(x.id == lease_id for x in self._by_consumer.values())
-
-    def watch(self, lease: Lease) -> None:
-        """Release `lease` once its process holds its bytes (its ttl ends it otherwise)."""
-        self._by_consumer[lease.key.consumer] = lease
-        task = asyncio.create_task(self._watch(lease), name=f"gpugate-start-{lease.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _watch(self, lease: Lease) -> None:
-        gate = self.gate
-        consumer = lease.key.consumer
-        try:
-            while gate.core.lease(lease.id) is not None:
-                if materialised(gate, lease):
-                    log.info(
-                        "start lease %d of %s materialised: its processes hold %d bytes",
-                        lease.id, consumer, lease.demand.envelope,
-                    )  # fmt: skip
-                    gate.release(lease)
-                    return
-                await asyncio.sleep(gate.config.budget.sample_interval)
-        finally:
-            if self._by_consumer.get(consumer) is lease:
-                del self._by_consumer[consumer]
-
-    async def close(self) -> None:
-        """Stop watching (the leases themselves end with the gate)."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+def _output(exc: BaseException) -> str:
+    """The runtime's last lines, for the gate's log line (one line)."""
+    stderr = getattr(exc, "stderr", "") or ""
+    lines = [x for x in stderr.splitlines() if x.strip()][-5:]
+    return f"; its last output: {' | '.join(lines)}" if lines else ""
 
 
 class ProcessStarts:
@@ -142,10 +87,18 @@ class ProcessStarts:
         self.gate = gate
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._backoff: dict[str, StartBackoff] = {}
+        self._starting: set[str] = set()
+        self._peaks: dict[ResidentKey, int] = {}
+        """The most each process model held in its current run."""
         for link in gate.links.values():
             process = link.adapter.process
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self._exited(link, exit)
+
+    def starting(self, consumer: str) -> bool:
+        """Whether the gate is starting the consumer's process now (not yet answering)."""
+        return consumer in self._starting
 
     def fronts(self, link: Link) -> bool:
         """Whether requests to `link` need its process running (a controlled process
@@ -174,7 +127,7 @@ class ProcessStarts:
 
     async def ensure_running(self, link: Link, priority: PriorityClass) -> None:
         """Return once the books hold the consumer's process (loading or resident),
-        starting it under a PROCESS lease when it is stopped."""
+        starting it under a PROCESS lease when it is stopped, adopting it when it runs."""
         gate = self.gate
         name = link.consumer.name
         async with self._locks.setdefault(name, asyncio.Lock()):
@@ -189,7 +142,9 @@ class ProcessStarts:
             else:
                 return
             process = link.adapter.process
-            running = process is None or await self._is_running(link, process)
+            running = process is None or await self._found(link, process)
+            if not running:
+                self._check_backoff(link)
             demand = self._demand(link, priority)
             if running:
                 # Adopted: what NVML already shows of it is counted (as unexplained); the
@@ -198,35 +153,116 @@ class ProcessStarts:
                 demand = attrs.evolve(demand, envelope=max(ADOPT_FLOOR, demand.envelope - shown))
             lease = await gate.acquire(demand)
             if running:
-                log.info("%s is running: its memory is counted from the next sample", name)
+                log.info("%s is running: adopted, its memory counted from the next sample", name)
+                if process is not None:
+                    await self._adopted_ready(link, process, lease)
                 return
             assert process is not None
             gate.starts.own(lease)
             await self._start(link, process, lease)
 
+    async def _found(self, link: Link, process: ProcessControl) -> bool:
+        """Whether the runtime's process is there already: the control's own, one running
+        its command, or one serving its port. One found is adopted: never start twice."""
+        if await self._is_running(link, process):
+            return True
+        pid = process.find()
+        how = "runs its command"
+        if pid is None:
+            pid = self._listener(link)
+            how = "listens on its port"
+        if pid is None:
+            return False
+        try:
+            process.adopt(pid)
+        except ProcessControlError as exc:
+            log.warning(
+                "%s: process %d %s but cannot be adopted: %s", link.consumer.name, pid, how, exc
+            )
+            return True
+        log.warning(
+            "%s: process %d %s; adopted instead of starting another", link.consumer.name, pid, how
+        )
+        return True
+
+    def _listener(self, link: Link) -> int | None:
+        """A process listening on the upstream's port, if one can be seen."""
+        port = urlsplit(link.consumer.upstream.url).port
+        if port is None:
+            return None
+        found = listening_pids(port)
+        return found[0] if found else None
+
+    async def _adopted_ready(self, link: Link, process: ProcessControl, lease: Lease) -> None:
+        """An adopted process may still be loading: it is resident once it answers."""
+        control = link.consumer.control
+        health = control.health if control is not None else "/health"
+        timeout = control.start_timeout if control is not None else 60.0
+        try:
+            await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
+        except ProcessControlError as exc:
+            self.gate.release(lease, failed=True)
+            failure = self._failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
+            self.gate.report(failure)
+            raise GateFailure(failure) from exc
+        self.gate.process_ready(lease)
+
     async def _start(self, link: Link, process: ProcessControl, lease: Lease) -> None:
         gate = self.gate
+        name = link.consumer.name
         control = link.consumer.control
         health = control.health if control is not None else "/health"
         timeout = control.start_timeout if control is not None else 60.0
         started = gate.clock()
+        self._starting.add(name)
+        for key in [k for k in self._peaks if k.consumer == name]:
+            del self._peaks[key]
         try:
             await process.start()
             await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
         except Exception as exc:
-            log.warning("%s could not be started: %s", link.consumer.name, exc)
             with contextlib.suppress(Exception):
                 await process.stop()
             link.adapter.process_ended()
             gate.release(lease, failed=True)
+            retry = self._backoff_for(link).failed(gate.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
-            failure = self._failure(link, cls, f"its start failed: {exc}")
+            what = f"its start failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
+            failure = attrs.evolve(self._failure(link, cls, what), retry_after=retry)
+            tail = _output(exc)
+            log.warning("%s could not be started: %s%s", name, _short(exc), tail)
             gate.report(failure)
+            # NVML may have shown it (a resident) before it failed to answer.
+            gate.process_ended(name, f"its start failed: {_short(exc)}")
+            if self._always_warm(link):
+                self._spawn(self._keep_warm(link), f"restart-{name}")
             raise GateFailure(failure) from exc
+        finally:
+            self._starting.discard(name)
+        self._backoff_for(link).ready(gate.clock())
+        gate.process_ready(lease)
         log.info(
-            "%s started under lease %d (%.1fs to ready)",
-            link.consumer.name, lease.id, gate.clock() - started,
-        )  # fmt: skip
+            "%s started under lease %d (%.1fs to ready)", name, lease.id, gate.clock() - started
+        )
+
+    # -- backoff ---------------------------------------------------------------------------
+
+    def _backoff_for(self, link: Link) -> StartBackoff:
+        return self._backoff.setdefault(link.consumer.name, StartBackoff())
+
+    def _check_backoff(self, link: Link) -> None:
+        """Refuse a start while the consumer's last starts failed and its backoff runs."""
+        backoff = self._backoff.get(link.consumer.name)
+        if backoff is None:
+            return
+        wait = backoff.remaining(self.gate.clock())
+        if wait <= 0:
+            return
+        what = f"its last {backoff.failures} start(s) failed; the next start is in {wait:.0f}s"
+        failure = attrs.evolve(
+            self._failure(link, FailureClass.START_BACKOFF, what), retry_after=wait
+        )
+        raise GateFailure(failure)
 
     # -- the gate's own start and stop -----------------------------------------------------
 
@@ -245,11 +281,31 @@ class ProcessStarts:
             if adapter.process is None:
                 await self.gate.acquire(self._demand(link, priority))
                 return
-            warm = adapter.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
-            if warm or await self._is_running(link, adapter.process):
+            if self._always_warm(link) or await self._found(link, adapter.process):
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
             log.warning("%s at the gate's start: %s", link.consumer.name, exc.failure.message)
+
+    def _always_warm(self, link: Link) -> bool:
+        model = link.adapter.process_model()
+        return model is not None and (
+            link.adapter.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
+        )
+
+    async def _keep_warm(self, link: Link) -> None:
+        """Start an always_warm process again after it ended, once its backoff allows."""
+        name = link.consumer.name
+        while True:
+            backoff = self._backoff_for(link)
+            await asyncio.sleep(max(0.0, backoff.remaining(self.gate.clock())))
+            model = link.adapter.process_model()
+            assert model is not None
+            try:
+                await self.ensure_running(link, link.adapter.model_priority(model))
+                return
+            except GateFailure as exc:
+                if exc.failure.failure_class is not FailureClass.START_BACKOFF:
+                    log.warning("%s (always_warm) not started again: %s", name, exc.failure.message)
 
     async def close(self) -> None:
         """Stop background starts, and the processes the gate runs as its own children."""
@@ -267,16 +323,46 @@ class ProcessStarts:
     # -- what happened to a process --------------------------------------------------------
 
     def _exited(self, link: Link, exit: Exit) -> None:
-        """A process the gate runs ended on its own: a crash event; its start lease ends."""
+        """A process the gate runs ended on its own: one crash event (a start that fails
+        reports its own), its resident and start lease end, always_warm starts again."""
+        name = link.consumer.name
         link.adapter.process_ended()
-        tail = " | ".join(exit.stderr_tail[-3:])
-        self.gate.report(
-            self._failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}: {tail}")
+        gate = self.gate
+        if exit.stderr_tail:
+            log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
+                        " | ".join(exit.stderr_tail[-5:]))  # fmt: skip
+        if name in self._starting:
+            return
+        retry = self._backoff_for(link).failed(gate.clock())
+        gate.report(
+            self._failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
         )
-        for lease in self.gate.core.leases():
-            mine = lease.key.consumer == link.consumer.name
+        gate.process_ended(name, f"its process ended: {exit.describe()}")
+        for lease in gate.core.leases():
+            mine = lease.key.consumer == name
             if mine and lease.scope is LeaseScope.PROCESS and lease.pending:
-                self.gate.release(lease, failed=True)
+                gate.release(lease, failed=True)
+        if self._always_warm(link):
+            log.info("%s is always_warm: starting it again in %.1fs", name, retry)
+            self._spawn(self._keep_warm(link), f"restart-{name}")
+
+    def observed(self) -> None:
+        """Learn what each running process holds once it answers (the peak of its run) as
+        its model's measured envelope: the next start is leased that much."""
+        for link in self.gate.links.values():
+            name = link.consumer.name
+            if link.adapter.process is None or name in self._starting:
+                continue
+            for resident in self.gate.core.residents(link.consumer.gpu):
+                if (
+                    resident.key.consumer == name
+                    and resident.process
+                    and resident.shown
+                    and resident.state is ResidentState.RESIDENT
+                    and resident.bytes > self._peaks.get(resident.key, 0)
+                ):
+                    self._peaks[resident.key] = resident.bytes
+                    self.gate.learn_envelope(resident.key, resident.bytes)
 
     # -- the books -------------------------------------------------------------------------
 
@@ -318,7 +404,8 @@ class ProcessStarts:
         consumer = link.consumer
         model = adapter.process_model() if key is None else key.model
         assert model is not None
-        envelope = adapter.configured_envelope(model) or self._envelope(link) or 0
+        measured = self.gate.measured_envelope(ResidentKey(consumer.name, model))
+        envelope = measured or adapter.configured_envelope(model) or self._envelope(link) or 0
         residency = adapter.residency(model)
         start = key is None
         return Demand(

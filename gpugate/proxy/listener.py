@@ -62,7 +62,8 @@ from gpugate.runtimes.base import (
     error_reply,
     failure_reply,
 )
-from gpugate.runtimes.process import NotReady, ProcessExited, wait_ready
+from gpugate.runtimes.process import NotReady, ProcessExited
+from gpugate.runtimes.process_ready import wait_ready
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
 
@@ -209,7 +210,7 @@ class ConsumerListener:
         if classified.kind is RouteKind.PASS and is_upgrade(request):
             return await self._websocket(request, classified, screening)
         busy = None
-        if self.gate.processes.fronts(self.link):
+        if self.gate.processes.fronts(self.link) and adapter.needs_process(method, path):
             # A process runtime: it must run (the gate starts it if it was stopped), and
             # it stays busy, never evicted, while this request is in flight.
             try:
@@ -389,7 +390,9 @@ class ConsumerListener:
             )
         except ConnectionRefusedError as exc:
             control = self.link.consumer.control
-            if control is None or not self.gate.processes.fronts(self.link):
+            # A request that does not start the process (GET /health) gets the refusal.
+            needs = self.link.adapter.needs_process(request.method, request.path)
+            if control is None or not needs or not self.gate.processes.fronts(self.link):
                 raise
             refused = exc
         try:

@@ -325,6 +325,11 @@ class RuntimeAdapter(abc.ABC):
     def wants_body(self, method: str, path: str) -> bool:
         """Must the body be read to classify this request?"""
 
+    def needs_process(self, method: str, path: str) -> bool:
+        """Does this request need the runtime's process running (a process runtime: the
+        gate starts it for such a request, and counts it busy while it runs)?"""
+        return True
+
     @abc.abstractmethod
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""

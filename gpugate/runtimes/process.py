@@ -8,9 +8,8 @@ Such a runtime frees its VRAM only by exiting, so the gate controls it as a proc
   it with SIGTERM then SIGKILL after a grace, reaps it, and reports how it ended (status,
   signal, the last lines of its stderr), including when it died on its own.
 
-`wait_ready(url, health_path, timeout)` waits for a started runtime to answer: the port
-first (whisper-server binds only once its model is loaded), then `GET health_path` until
-200 (whisper-server answers 503 while a /load runs).
+A process found running (`process_find.py`) is adopted: `adopt(pid)`. Waiting for a
+started one to answer is `process_ready.wait_ready`.
 
 Nothing here knows the gate: it is asyncio and subprocesses only.
 """
@@ -26,16 +25,15 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import aiohttp
 import attrs
+
+from gpugate.runtimes.process_find import alive, command_pids, stop_pid, watch_exit
 
 STDERR_LINES = 20
 """How many of a child's last stderr lines an `Exit` keeps."""
 SYSTEMCTL_TIMEOUT = 90.0
 """systemd's own default start/stop timeout (DefaultTimeoutStartSec)."""
-POLL_INTERVAL = 0.1
 
 
 class ProcessControlError(RuntimeError):
@@ -71,8 +69,9 @@ class NotReady(ProcessControlError):
 class Exit:
     """How a supervised process ended."""
 
-    returncode: int
-    """As asyncio reports it: the exit status, or -N when signal N ended it (SIGABRT: -6)."""
+    returncode: int | None
+    """As asyncio reports it: the exit status, or -N when signal N ended it (SIGABRT: -6);
+    None for a process the gate adopted (not its child: its status is not the gate's to see)."""
     stderr_tail: tuple[str, ...] = ()
     """Its last stderr lines, oldest first."""
     stopped: bool = False
@@ -81,15 +80,19 @@ class Exit:
     @property
     def signal(self) -> int | None:
         """The signal that ended it, if one did."""
-        return -self.returncode if self.returncode < 0 else None
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
     @property
-    def shell_status(self) -> int:
+    def shell_status(self) -> int | None:
         """The status a shell (and systemd's `$EXIT_STATUS`) shows: 128 + N for signal N."""
+        if self.returncode is None:
+            return None
         return 128 - self.returncode if self.returncode < 0 else self.returncode
 
     def describe(self) -> str:
         """'exit status 3' or 'killed by SIGABRT (status 134)'."""
+        if self.returncode is None:
+            return "ended (an adopted process: its status is unknown)"
         if self.signal is None:
             return f"exit status {self.returncode}"
         try:
@@ -137,6 +140,15 @@ class ProcessControl(abc.ABC):
         """A future that completes when the current process ends; None when not knowable."""
         return None
 
+    def find(self) -> int | None:
+        """A process running this runtime's own command that the control does not know."""
+        return None
+
+    def adopt(self, pid: int) -> None:
+        """Take `pid` (found on the runtime's port or by its command) as the running
+        process: `is_running` sees it and `stop` ends it."""
+        raise ProcessControlError(f"this control cannot adopt process {pid}")
+
 
 class SystemdUnit(ProcessControl):
     """A runtime run by systemd, controlled with `systemctl` (no D-Bus)."""
@@ -155,6 +167,12 @@ class SystemdUnit(ProcessControl):
         self.stop_timeout = stop_timeout
         self.query_timeout = query_timeout
         self.systemctl = systemctl
+        self._foreign: int | None = None
+
+    def adopt(self, pid: int) -> None:
+        """A process outside the unit (started by hand) serves the runtime's port: it is
+        counted as running, and stopped by signal with the unit."""
+        self._foreign = pid
 
     async def start(self) -> None:
         """`systemctl start UNIT`: waits for the start job (ExecStartPre included)."""
@@ -164,6 +182,9 @@ class SystemdUnit(ProcessControl):
         """`systemctl stop UNIT`: waits until its processes are gone (systemd's own SIGKILL
         after its TimeoutStopSec included). How it ended is systemd's to record."""
         await self._run("stop", self.stop_timeout)
+        pid, self._foreign = self._foreign, None
+        if pid is not None:
+            await stop_pid(pid, self.stop_timeout)
         return None
 
     async def state(self) -> UnitState:
@@ -178,6 +199,9 @@ class SystemdUnit(ProcessControl):
             ) from None
 
     async def is_running(self) -> bool:
+        if self._foreign is not None and alive(self._foreign):
+            return True
+        self._foreign = None
         return (await self.state()).running
 
     async def _run(self, verb: str, timeout: float) -> None:
@@ -245,11 +269,43 @@ class SupervisedCommand(ProcessControl):
         self._ended: asyncio.Future[Exit] | None = None
         self._waiter: asyncio.Task[None] | None = None
         self._stopping = False
+        self._adopted: int | None = None
 
     @property
     def pid(self) -> int | None:
-        """The running child's PID (None when none runs)."""
-        return self._process.pid if self._process is not None and self.running else None
+        """The running process's PID (None when none runs)."""
+        if not self.running:
+            return None
+        return self._adopted if self._process is None else self._process.pid
+
+    @property
+    def adopted(self) -> bool:
+        """Whether the running process is one the gate found rather than started."""
+        return self.running and self._process is None
+
+    def find(self) -> int | None:
+        """A process running this very command that is not the gate's child (left by an
+        earlier gate, or started by hand), if there is one."""
+        mine = self._process.pid if self._process is not None and self.running else None
+        found = [pid for pid in command_pids(self.argv) if pid != mine]
+        return found[0] if found else None
+
+    def adopt(self, pid: int) -> None:
+        """Take `pid` as the running process: stopped by signals, its end watched."""
+        if self.running:
+            raise ProcessControlError(f"{self.argv[0]} is already running (pid {self.pid})")
+        self._process = None
+        self._adopted = pid
+        self._stopping = False
+        self._stderr.clear()
+        self._ended = asyncio.get_running_loop().create_future()
+        self._waiter = asyncio.create_task(
+            self._wait_adopted(pid, self._ended), name=f"supervise-{pid}"
+        )
+
+    async def _wait_adopted(self, pid: int, ended: asyncio.Future[Exit]) -> None:
+        await watch_exit(pid)
+        self._finish(ended, Exit(None, (), stopped=self._stopping))
 
     @property
     def running(self) -> bool:
@@ -275,6 +331,7 @@ class SupervisedCommand(ProcessControl):
             )
         except OSError as exc:
             raise ProcessControlError(f"cannot run {self.argv[0]}: {exc.strerror or exc}") from None
+        self._adopted = None
         self._ended = asyncio.get_running_loop().create_future()
         self._waiter = asyncio.create_task(
             self._wait(self._process, self._ended), name=f"supervise-{self._process.pid}"
@@ -291,7 +348,7 @@ class SupervisedCommand(ProcessControl):
 
         The last exit when nothing runs; None when nothing was ever started.
         """
-        if self._ended is None or self._process is None:
+        if self._ended is None or (self._process is None and self._adopted is None):
             return None
         if not self._ended.done():
             self._stopping = True
@@ -304,9 +361,19 @@ class SupervisedCommand(ProcessControl):
         return await asyncio.shield(self._ended)
 
     def _signal(self, signum: int) -> None:
-        assert self._process is not None
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signum)
+            return
+        pid = self._adopted
+        if pid is None or not alive(pid):
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, signum)
+            # Started in a session of its own (as the gate starts it): its group goes too.
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signum)
+            else:
+                os.kill(pid, signum)
 
     async def _wait(self, process: asyncio.subprocess.Process, ended: asyncio.Future[Exit]) -> None:
         assert process.stderr is not None
@@ -319,7 +386,9 @@ class SupervisedCommand(ProcessControl):
             async with asyncio.timeout(1.0):
                 await asyncio.shield(reader)
         reader.cancel()
-        exit = Exit(code, tuple(self._stderr), stopped=self._stopping)
+        self._finish(ended, Exit(code, tuple(self._stderr), stopped=self._stopping))
+
+    def _finish(self, ended: asyncio.Future[Exit], exit: Exit) -> None:
         self.last_exit = exit
         if not ended.done():
             ended.set_result(exit)
@@ -332,74 +401,3 @@ class SupervisedCommand(ProcessControl):
                 self._stderr.append(raw.decode(errors="replace").rstrip("\r\n"))
         except (OSError, ValueError):
             pass  # an over-long line or a closed pipe: the exit status still matters
-
-
-async def _port_open(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
-
-
-async def wait_ready(
-    url: str,
-    health_path: str = "/health",
-    timeout: float = 60.0,
-    *,
-    process: ProcessControl | None = None,
-    interval: float = POLL_INTERVAL,
-) -> None:
-    """Wait until `url`'s port accepts and `GET health_path` answers 200, within `timeout`.
-
-    NotReady when time runs out; ProcessExited at once when `process` ends first (a
-    start that aborted never counts as ready).
-    """
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    ended = process.ended() if process is not None else None
-    stage = f"{host}:{port} to accept connections"
-    last = ""
-
-    def check_ended() -> None:
-        if ended is not None and ended.done():
-            raise ProcessExited(ended.result())
-
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                check_ended()
-                if await _port_open(host, port):
-                    break
-                await _pause(ended, interval)
-            stage = f"GET {health_path} to answer 200"
-            probe = aiohttp.ClientTimeout(total=max(interval, min(5.0, timeout)))
-            async with aiohttp.ClientSession(timeout=probe) as session:
-                while True:
-                    check_ended()
-                    try:
-                        async with session.get(url.rstrip("/") + health_path) as resp:
-                            await resp.read()
-                            if resp.status == 200:
-                                return
-                            last = f" (last answer: {resp.status})"
-                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                        last = f" (last error: {exc!r})"
-                    await _pause(ended, interval)
-    except TimeoutError:
-        check_ended()
-        raise NotReady(f"waited {timeout:g}s for {stage}{last}") from None
-
-
-async def _pause(ended: asyncio.Future[Exit] | None, interval: float) -> None:
-    """Sleep `interval`, waking early when the process ends."""
-    if ended is None:
-        await asyncio.sleep(interval)
-        return
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(interval):
-            await asyncio.shield(ended)

@@ -80,6 +80,11 @@ class WhisperAdapter(ProcessAdapter):
     def wants_body(self, method: str, path: str) -> bool:
         return method == "POST" and path == "/load"
 
+    def needs_process(self, method: str, path: str) -> bool:
+        # Its only POST routes are the inference path and /load; GET /health, the page and
+        # anything else neither start it nor keep it warm.
+        return method == "POST"
+
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
     ) -> Classified:

@@ -268,9 +268,10 @@ async def test_through_the_gate_the_restart_and_the_load_never_collide(incident)
         evicted = [e for e in events if e["event"] == "eviction_started"]
         assert [e["model"] for e in evicted] == ["bge-m3:latest"], "room made by class, not by luck"
 
-        # A production hold needs whisper's memory too: the gate stops whisper for it.
+        # A production hold needs whisper's memory too (and gemma3:12b's, which is cheaper
+        # to reload per byte): the gate stops whisper for it.
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
-            ask = {"consumer": "ollama", "bytes": "1000MiB", "class": "production", "ttl": 60}
+            ask = {"consumer": "ollama", "bytes": "12800MiB", "class": "production", "ttl": 60}
             async with s.post(incident.control + "/gate/v1/leases", json=ask) as r:
                 assert r.status == 201, await r.text()
                 held = await r.json()

@@ -191,7 +191,7 @@ async def test_a_prompts_lease_is_capped_by_what_its_class_could_ever_get(
         kept = sum(r.bytes for r in gate.core.residents(0) if r.key.model == "gemma3:12b")
         assert kept >= 7796 * MiB
         ended = stack.next_event(EventKind.LEASE_RELEASED, reason="jobs done")
-        status, headers, answer = await post_prompt(s, stack.gate_comfy, flux())
+        status, _, answer = await post_prompt(s, stack.gate_comfy, flux())
         assert status == 200, answer
         [carrier] = [x for x in job_leases(gate) if x.key.model == JOBS_MODEL]
         assert 12 * GiB < carrier.pending < 17 * GiB

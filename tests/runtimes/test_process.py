@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -23,8 +24,8 @@ from gpugate.runtimes.process import (
     SystemctlError,
     SystemdUnit,
     UnitState,
-    wait_ready,
 )
+from gpugate.runtimes.process_ready import wait_ready
 from gpugate.sim.device import SimDevice, SimulatedGpuHost
 from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
 from gpugate.sim.whisper.process import child_env
@@ -240,3 +241,50 @@ async def test_no_systemctl_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SystemctlError, match="cannot run systemctl"):
         await SystemdUnit("whisper-server.service").start()
+
+
+# -- finding and adopting a process the gate did not start ------------------------------
+
+
+async def test_a_listener_and_a_command_are_found_and_an_adopted_one_is_stopped() -> None:
+    from gpugate.runtimes.process_find import command_pids, listening_pids
+
+    (port,) = free_ports(1)
+    code = (
+        "import socket, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen()\n"
+        "time.sleep(60)\n" % port
+    )
+    argv = [sys.executable, "-c", code]
+    stray = subprocess.Popen(argv, start_new_session=True)
+    try:
+        async with asyncio.timeout(10):
+            while stray.pid not in listening_pids(port):
+                await asyncio.sleep(0.02)
+        assert command_pids(argv) == [stray.pid]
+        assert command_pids([*argv, "x"]) == []
+        control = SupervisedCommand(argv, stop_grace=2.0)
+        assert control.find() == stray.pid
+        control.adopt(stray.pid)
+        assert control.adopted and await control.is_running() and control.pid == stray.pid
+        exit = await control.stop()
+        assert exit is not None and exit.stopped and exit.returncode is None
+        assert "status is unknown" in exit.describe()
+        assert stray.wait(timeout=5) == -signal.SIGTERM
+        assert not await control.is_running() and listening_pids(port) == []
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+
+
+async def test_an_adopted_process_that_ends_on_its_own_is_reported() -> None:
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ended: list[Exit] = []
+    control = SupervisedCommand(["unused"], on_exit=ended.append)
+    control.adopt(stray.pid)
+    stray.kill()
+    stray.wait()
+    async with asyncio.timeout(10):
+        exit = await control.ended()
+    assert ended == [exit] and not exit.stopped and not control.running

@@ -1,0 +1,295 @@
+"""A process runtime's real lifetime behind the gate: found before it is started, ready
+when it answers, started again after a crash with a backoff, started only for work.
+
+The simulated whisper-server runs as the gate's supervised child, or as a process the
+test starts itself (one an earlier gate left behind, or one started by hand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from gpugate.core.effects import EventKind
+from gpugate.core.failures import FailureClass
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.units import MiB
+from gpugate.proxy.listener import FAILURE_HEADER
+from gpugate.runtimes.process import SupervisedCommand
+from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
+from gpugate.sim.whisper.process import child_env
+from tests.gate.harness import free_ports, running_stack
+from tests.gate.test_process_start import (
+    BASE,
+    KEEP_WARM,
+    SMALL,
+    TURBO,
+    WHISPER,
+    transcribe,
+    until,
+    whisper_yaml,
+)
+
+
+@pytest.fixture
+def ports():
+    return free_ports(2)
+
+
+def spec_for(upstream: int, size: int = WHISPER) -> WhisperServerSpec:
+    return WhisperServerSpec(
+        listen=f"127.0.0.1:{upstream}",
+        model=TURBO,
+        models={TURBO: size, BASE: SMALL},
+        load_seconds=0.2,
+        keepalive_timeout=5.0,
+    )
+
+
+def stack_with(tmp_path, sim_host, fakenvml_path, ports, argv, *, residency=KEEP_WARM):
+    listen, upstream = ports
+    extra = whisper_yaml(listen, upstream, argv, residency=residency, cls="background")
+    return running_stack(tmp_path, sim_host, fakenvml_path, extra=extra)
+
+
+def process_of(stack) -> SupervisedCommand:
+    process = stack.gate.links["whisper"].adapter.process
+    assert isinstance(process, SupervisedCommand)
+    return process
+
+
+def pids_holding(stack) -> list[int]:
+    """The whisper-servers the simulated card shows."""
+    return sorted(p.pid for p in stack.host.read().processes if p.name == "whisper-server")
+
+
+class Outside:
+    """A whisper-server the gate did not start (an earlier gate's child, or by hand)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = {**os.environ, **child_env({})}
+        self.process = subprocess.Popen(argv, env=env, start_new_session=True,
+                                        stdout=subprocess.DEVNULL)  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @staticmethod
+    async def ready(url: str) -> None:
+        async with asyncio.timeout(20), aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(url + "/health") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+@pytest.mark.parametrize("found_by", ["command", "port"])
+async def test_a_running_whisper_is_adopted_never_started_twice(
+    tmp_path, sim_host, fakenvml_path, ports, found_by
+):
+    listen, upstream = ports
+    argv = whisper_argv(spec_for(upstream), sim_host.directory)
+    # Found by its command line (exactly the gate's command), or only by its port.
+    outside_argv = argv if found_by == "command" else [*argv, "--sim-keepalive-max", "100"]
+    outside = Outside(outside_argv)
+    try:
+        await outside.ready(f"http://127.0.0.1:{upstream}")
+        async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv) as stack:
+            gate = stack.gate
+            url = f"http://127.0.0.1:{listen}"
+            status, text = await transcribe(url)
+            assert status == 200, text
+            process = process_of(stack)
+            assert process.adopted and process.pid == outside.pid
+            assert pids_holding(stack) == [outside.pid], "one whisper-server, not two"
+            resident = gate.core.resident(ResidentKey("whisper", TURBO))
+            assert resident is not None and resident.bytes == WHISPER
+            await until(lambda: gate.core.budget(0).consumer("whisper").committed == WHISPER)
+
+            # Evicting it stops the adopted process; the next request starts the gate's own.
+            done = stack.next_event(EventKind.EVICTION_DONE, key=ResidentKey("whisper", TURBO))
+            gate.evict(ResidentKey("whisper", TURBO), force=True)
+            assert (await done).detail.split(";")[0] == "reclaimed"
+            async with asyncio.timeout(10):
+                await asyncio.to_thread(outside.process.wait)
+            assert (await transcribe(url))[0] == 200
+            assert not process.adopted and process.pid not in (None, outside.pid)
+            assert pids_holding(stack) == [process.pid]
+            assert stack.host.ooms() == []
+    finally:
+        outside.close()
+
+
+async def test_a_start_is_ready_when_the_runtime_answers_whatever_nvml_shows(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    # A whisper-server that shows nothing in NVML (a CPU build): its start lease would
+    # never see 75 % of its envelope. It is ready once its port and /health answer.
+    listen, upstream = ports
+    argv = whisper_argv(spec_for(upstream, size=0), sim_host.directory)
+    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv) as stack:
+        gate = stack.gate
+        url = f"http://127.0.0.1:{listen}"
+        ready = stack.next_event(EventKind.LEASE_RELEASED, reason="resident")
+        failures = []
+        gate.events.subscribe(lambda e: e.kind is EventKind.FAILURE and failures.append(e))
+        status, text = await transcribe(url)
+        assert status == 200, text
+        assert ready.done(), "the start lease ended when the process answered"
+        assert gate.core.observation(0).managed.get("whisper", 0) == 0
+        resident = gate.core.resident(ResidentKey("whisper", TURBO))
+        assert resident is not None and resident.state is ResidentState.RESIDENT
+        # Samples showing none of it keep it: it runs, it just holds nothing there.
+        sampled = gate.core.budget(0).sampled_at
+        await until(lambda: gate.core.budget(0).sampled_at > sampled + 0.3)
+        resident = gate.core.resident(ResidentKey("whisper", TURBO))
+        assert resident is not None and resident.bytes == 0
+        pid = process_of(stack).pid
+        assert (await transcribe(url))[0] == 200
+        assert process_of(stack).pid == pid, "not started again"
+        assert failures == [] and gate.core.leases() == []
+
+
+async def test_what_a_started_process_holds_is_learned_and_leased_next_time(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    listen, upstream = ports
+    holds = 1400 * MiB
+    argv = whisper_argv(spec_for(upstream, size=holds), sim_host.directory)
+    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv) as stack:
+        gate = stack.gate
+        url = f"http://127.0.0.1:{listen}"
+        first = stack.next_event(EventKind.LEASE_GRANTED, key=ResidentKey("whisper", TURBO))
+        assert (await transcribe(url))[0] == 200
+        assert (await first).bytes == WHISPER, "its configured envelope, the first time"
+        key = ResidentKey("whisper", TURBO)
+        await until(lambda: gate.measured_envelope(key) == holds)
+        done = stack.next_event(EventKind.EVICTION_DONE, key=key)
+        gate.evict(key, force=True)
+        await done
+        again = stack.next_event(EventKind.LEASE_GRANTED, key=key)
+        assert (await transcribe(url))[0] == 200
+        assert (await again).bytes == holds
+
+
+async def test_a_start_that_fails_is_counted_once_and_backs_off(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    starts = tmp_path / "starts"
+    script = (
+        "import sys\n"
+        f"open({str(starts)!r}, 'a').write('x')\n"
+        "sys.stderr.write('whisper_init_from_file: failed to open SECRET-MODEL-PATH\\n')\n"
+        "sys.exit(1)\n"
+    )
+    async with stack_with(
+        tmp_path, sim_host, fakenvml_path, ports, [sys.executable, "-c", script]
+    ) as stack:
+        gate = stack.gate
+        url = f"http://127.0.0.1:{ports[0]}"
+        crashes = []
+        gate.events.subscribe(
+            lambda e: (
+                e.kind is EventKind.FAILURE
+                and e.failure.failure_class is FailureClass.RUNTIME_CRASH
+                and crashes.append(e)
+            )
+        )
+        async with aiohttp.ClientSession() as session:
+            form = aiohttp.FormData()
+            form.add_field("file", b"RIFF", filename="a.wav")
+            async with session.post(url + "/inference", data=form) as resp:
+                assert resp.status == 502
+                assert resp.headers[FAILURE_HEADER] == "RUNTIME_CRASH"
+                body = await resp.text()
+            assert "SECRET-MODEL-PATH" not in body, "the runtime's log stays in the gate's log"
+            assert "exit status 1" in body
+            form = aiohttp.FormData()
+            form.add_field("file", b"RIFF", filename="a.wav")
+            async with session.post(url + "/inference", data=form) as resp:
+                assert resp.status == 503
+                assert resp.headers[FAILURE_HEADER] == "START_BACKOFF"
+                assert 0 < int(resp.headers["Retry-After"]) <= 2
+        assert starts.read_text() == "x", "the second request did not start it again"
+        assert len(crashes) == 1, [e.detail for e in crashes]
+        assert gate.core.leases() == [] and gate.core.waiting() == []
+
+
+async def test_an_always_warm_process_killed_is_started_again_under_a_lease(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    listen, upstream = ports
+    argv = whisper_argv(spec_for(upstream), sim_host.directory)
+    warm = "{policy: always_warm}"
+    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv, residency=warm) as stack:
+        gate = stack.gate
+        key = ResidentKey("whisper", TURBO)
+        process = process_of(stack)
+        await until(lambda: gate.core.resident(key) is not None and gate.core.leases() == [])
+        await until(lambda: process.running and not gate.processes.starting("whisper"))
+        first = process.pid
+        assert first is not None
+        gone = stack.next_event(EventKind.RESIDENT_GONE, key=key)
+        crashes = []
+        gate.events.subscribe(lambda e: e.kind is EventKind.FAILURE and crashes.append(e))
+        regranted = stack.next_event(EventKind.LEASE_GRANTED, key=key)
+        back = stack.next_event(EventKind.LEASE_RELEASED, key=key, reason="resident")
+        os.kill(first, signal.SIGKILL)
+        # Gone at the child's exit, or at the sample that shows its memory freed first.
+        assert (await gone).detail in ("its process ended: killed by SIGKILL (status 137)",
+                                       "NVML no longer shows its memory")  # fmt: skip
+        assert (await regranted).bytes == WHISPER, "started again under a lease"
+        await back
+        assert process.running and process.pid != first
+        assert pids_holding(stack) == [process.pid]
+        assert [e.failure.failure_class for e in crashes] == [FailureClass.RUNTIME_CRASH]
+        assert (await transcribe(f"http://127.0.0.1:{listen}"))[0] == 200
+
+
+async def test_only_work_starts_a_stopped_process_or_keeps_it_warm(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    listen, upstream = ports
+    argv = whisper_argv(spec_for(upstream), sim_host.directory)
+    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv) as stack:
+        gate = stack.gate
+        url = f"http://127.0.0.1:{listen}"
+        granted = []
+        gate.events.subscribe(lambda e: e.kind is EventKind.LEASE_GRANTED and granted.append(e))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url + "/health") as resp:
+                await resp.read()
+                # Nothing runs there: what a refused connection is, at once.
+                assert resp.status == 502
+                assert resp.headers[FAILURE_HEADER] == "RUNTIME_CRASH"
+            assert not process_of(stack).running and granted == []
+            assert (await transcribe(url))[0] == 200
+            resident = gate.core.resident(ResidentKey("whisper", TURBO))
+            assert resident is not None
+            used = resident.last_used
+            granted.clear()
+            for path in ("/health", "/"):
+                async with session.get(url + path) as resp:
+                    await resp.read()
+                    assert resp.status == 200
+            assert granted == [] and resident.last_used == used
+            assert json.loads((await transcribe(url))[1])["text"] is not None
+            assert resident.last_used > used
+
