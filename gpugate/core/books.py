@@ -156,6 +156,15 @@ class Books:
                 return loose
         return None
 
+    def replaced_bytes(self, demand: Demand) -> int:
+        """The bytes of the resident `demand` replaces, when it is still there."""
+        if demand.replaces is None:
+            return 0
+        resident = self.residents.get(demand.replaces)
+        if resident is None or resident.state is not ResidentState.RESIDENT:
+            return 0
+        return resident.bytes
+
     def open_lease(
         self,
         lease_id: int,
@@ -170,6 +179,11 @@ class Books:
             return self.jobs.open(lease_id, demand, now, arrived)
         if resident is not None and not needed and not demand.explicit:
             return self.lend(lease_id, demand, now, now - arrived, resident)
+        if self.replaced_bytes(demand):
+            # The runtime frees it as it loads this one: the new lease's bytes are its place.
+            assert demand.replaces is not None
+            del self.residents[demand.replaces]
+            self.touch()
         sums = self._count(self._counted(), demand.gpu)
         appear_by = None
         if demand.scope is LeaseScope.PROCESS and demand.appear_within is not None and needed:

@@ -368,10 +368,12 @@ class Scheduler:
         demand = ticket.demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
+        # What the runtime frees itself for this load is this demand's, and no one else's.
+        replaced = self.books.replaced_bytes(demand)
         decision = plan(
             demand,
-            pool=tail.pool,
-            schedulable=tail.schedulable,
+            pool=tail.pool + replaced,
+            schedulable=tail.schedulable + replaced,
             residents=self._view(tail, gpu, now),
             now=now,
             deadline=ticket.deadline,

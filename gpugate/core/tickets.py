@@ -49,6 +49,9 @@ class Demand:
     scope: LeaseScope = LeaseScope.REQUEST
     appear_within: float | None = None
     """PROCESS scope: seconds the process has to show its memory in NVML."""
+    replaces: ResidentKey | None = None
+    """A resident the runtime frees itself before this load (whisper-server's /load): its
+    bytes count as this demand's, and it leaves the books when the lease is granted."""
     job_bytes: int | None = None
     """JOB scope, set by the core: the job's own size, while `envelope` is what it must
     grow its consumer's job lease by."""

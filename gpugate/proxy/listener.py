@@ -293,6 +293,9 @@ class ConsumerListener:
             sets_ttl=classified.sets_ttl,
             scope=classified.scope,
             appear_within=classified.appear_within,
+            replaces=(
+                ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
+            ),
         )
         return await self.gate.acquire(demand)
 

@@ -85,6 +85,9 @@ class Classified:
     peak is kept with the scale it was measured at."""
     appear_within: float | None = None
     """PROCESS scope: seconds the process has to show the lease's bytes in NVML."""
+    replaces: str | None = None
+    """The consumer's model the runtime frees itself before it loads this one (a process
+    runtime switching models): the new model takes the old one's place, not room beside it."""
 
 
 @attrs.frozen

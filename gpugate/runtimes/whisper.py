@@ -103,6 +103,8 @@ class WhisperAdapter(ProcessAdapter):
             model,
             scope=LeaseScope.PROCESS,
             appear_within=control.start_admission_timeout if control is not None else None,
+            # whisper_free of the running model comes before the new one's load.
+            replaces=self.current,
         )
 
     def answered(self, classified: Classified, status: int) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import aiohttp
+import attrs
 import pytest
 
 from gpugate.core.effects import EventKind
@@ -293,3 +294,51 @@ async def test_only_work_starts_a_stopped_process_or_keeps_it_warm(
             assert json.loads((await transcribe(url))[1])["text"] is not None
             assert resident.last_used > used
 
+
+MEDIUM = "models/ggml-medium.bin"
+
+
+async def test_a_load_takes_the_old_models_place_not_memory_beside_it(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    # whisper-server frees the model it runs before it loads the next: a switch needs the
+    # new model's bytes in place of the old one's. Interactive Ollama models (which a
+    # background /load may not evict) leave 1.8 GiB beside whisper's 2.0 GiB: 2.4 GiB fit
+    # only where the old model was.
+    listen, upstream = ports
+    spec = attrs.evolve(
+        spec_for(upstream), models={TURBO: WHISPER, BASE: SMALL, MEDIUM: 2500 * MiB}
+    )
+    argv = whisper_argv(spec, sim_host.directory)
+    extra = whisper_yaml(listen, upstream, argv, residency=KEEP_WARM, cls="background").replace(
+        f"  {BASE}: {{envelope: 200MiB}}\n",
+        f"  {BASE}: {{envelope: 200MiB}}\n      {MEDIUM}: {{envelope: 2500MiB}}\n",
+    )
+    assert MEDIUM in extra
+    async with running_stack(tmp_path, sim_host, fakenvml_path, extra=extra) as stack:
+        gate = stack.gate
+        url = f"http://127.0.0.1:{listen}"
+        assert (await transcribe(url))[0] == 200
+        async with aiohttp.ClientSession() as session:
+            for model in ("gemma3:12b", "llama3.2:3b"):
+                body = {"model": model, "prompt": "hi", "stream": False}
+                async with session.post(stack.gate_url + "/api/generate", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+            budget = gate.core.budget(0)
+            assert budget is not None and budget.schedulable < 2500 * MiB
+            switched = stack.next_event(
+                EventKind.LEASE_RELEASED, key=ResidentKey("whisper", MEDIUM), reason="resident"
+            )
+            form = aiohttp.FormData()
+            form.add_field("model", MEDIUM, content_type="text/plain")
+            async with session.post(url + "/load", data=form) as resp:
+                assert resp.status == 200, await resp.text()
+        await switched
+        assert gate.core.resident(ResidentKey("whisper", TURBO)) is None
+        new = gate.core.resident(ResidentKey("whisper", MEDIUM))
+        assert new is not None and new.state is ResidentState.RESIDENT
+        await until(lambda: gate.core.budget(0).consumer("whisper").committed == 2500 * MiB)
+        ollama = {r.key.model for r in gate.core.residents(0) if r.key.consumer == "ollama"}
+        assert ollama == {"gemma3:12b", "llama3.2:3b"}, "nothing evicted for it"
+        assert (await transcribe(url))[0] == 200
+        assert gate.core.leases() == [] and stack.host.ooms() == []
