@@ -41,7 +41,7 @@ from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
 from gpugate.core.units import parse_duration, parse_size
 from gpugate.gate.start_leases import StartLeases
-from gpugate.gate.starts import DEFAULT_START_ADMISSION_TIMEOUT
+from gpugate.gate.starts import ADOPT_FLOOR, DEFAULT_START_ADMISSION_TIMEOUT
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config
@@ -286,6 +286,19 @@ def start_document(lease: Lease, now: float) -> dict[str, Any]:
     return {**lease_document(lease, now), "purpose": Purpose.START.value}
 
 
+async def not_held_yet(gate: Gate, terms: LeaseTerms) -> LeaseTerms:
+    """A start lease asks only for what the consumer's processes do not hold already: with
+    the process running (started by hand, or adopted), `admit` must not lease its memory a
+    second time and evict others for it. Read from a sample taken now: one from before a
+    restart's stop would still show the old process."""
+    gate.observe(await gate.sampler.sample())
+    observation = gate.core.observation(terms.gpu)
+    held = 0 if observation is None else observation.managed.get(terms.owner, 0)
+    if held <= 0:
+        return terms
+    return attrs.evolve(terms, bytes=max(ADOPT_FLOOR, terms.bytes - held))
+
+
 def _allowed(caller: Caller, lease: Lease) -> bool:
     return caller.admin or lease.key.consumer == identity_owner(caller.identity or "")
 
@@ -304,12 +317,14 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
             asked = read_request(body, gate, request[CALLER])
         except BadRequest as exc:
             return bad_request(str(exc))
+        terms = asked.terms
         if asked.purpose is Purpose.START:
-            shared = starts.held(asked.terms.owner)
+            shared = starts.held(terms.owner)
             if shared is not None:
                 return web.json_response(start_document(shared, gate.clock()))
+            terms = await not_held_yet(gate, terms)
         try:
-            lease = await gate.hold(asked.terms)
+            lease = await gate.hold(terms)
         except GateFailure as exc:
             return failure_response(exc.failure)
         if asked.purpose is Purpose.START:

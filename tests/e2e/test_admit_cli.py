@@ -231,3 +231,22 @@ async def test_admit_of_an_unknown_consumer_names_the_configured_ones(served):
         "gpugate admit: BAD_REQUEST: consumer: no consumer 'nobody' "
         "(configured: ollama, whisper, never)\n"
     )
+
+
+async def test_admit_while_whisper_runs_leases_none_of_what_it_holds(served):
+    # whisper-server started by hand, holding its model: an admit (an operator's, or a
+    # unit's ExecStartPre) must not lease its 2 GiB a second time, nor evict for them.
+    spec = WhisperServerSpec(
+        listen=f"127.0.0.1:{served.whisper_port}", model=TURBO, models={TURBO: WHISPER_BYTES}
+    )
+    with SimWhisper(spec, served.state):
+        await served.until(lambda doc: whisper_row(doc)["observed"] == WHISPER_BYTES)
+        code, out, err = await served.admit("whisper", "--wait", "10s")
+        assert (code, err) == (0, "")
+        assert out.startswith("gpugate admit: whisper: start lease ")
+        (lease,) = (await served.status())["leases"]
+        assert lease["pending"] <= 1024**2
+        await served.until(lambda doc: doc["leases"] == [])
+        assert whisper_row(await served.status())["committed"] == WHISPER_BYTES
+    events = await served.events()
+    assert not [e for e in events if e["event"] in ("eviction_started", "failure")]
