@@ -27,6 +27,9 @@ class FailureClass(enum.Enum):
     GPU_MEMORY_NOT_RECLAIMED = "GPU_MEMORY_NOT_RECLAIMED"
     QUEUE_FULL = "QUEUE_FULL"
     LEASE_TIMEOUT = "LEASE_TIMEOUT"
+    UNLEASED_GPU_USE = "UNLEASED_GPU_USE"
+    """The consumers hold more than the gate leased them (a model loaded behind its back, a
+    load larger than its envelope): pressure the gate's own books caused, not others."""
     START_BACKOFF = "START_BACKOFF"
     """A process runtime's last starts failed: the gate waits before starting it again."""
 
@@ -63,6 +66,7 @@ _STATUS = {
     FailureClass.QUEUE_FULL: 503,
     FailureClass.LEASE_TIMEOUT: 503,
     FailureClass.START_BACKOFF: 503,
+    FailureClass.UNLEASED_GPU_USE: 503,
 }
 
 

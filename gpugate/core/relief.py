@@ -1,10 +1,12 @@
-"""Pressure relief: give idle memory back when external use ate into the reserve."""
+"""Pressure relief: give idle memory back when external use, or the consumers' own use
+beyond their leases, ate into the reserve."""
 
 from __future__ import annotations
 
 import attrs
 
 from gpugate.core.books import Books
+from gpugate.core.budget import GpuBudget
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
 from gpugate.core.explain import describe_pressure
@@ -12,6 +14,17 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.listing import resident_event
 from gpugate.core.planner import victim_order
 from gpugate.core.telemetry import Telemetry
+
+
+def pressure_class(budget: GpuBudget, books: Books, gpu: int) -> FailureClass:
+    """Whom to blame: external use, unless the consumers' own use beyond their leases (their
+    unexplained memory, models found loaded without a lease) covers the over-commit."""
+    own = sum(row.unexplained for row in budget.consumers) + sum(
+        r.bytes for r in books.on_gpu(gpu) if r.out_of_band
+    )
+    if own >= -budget.schedulable or not budget.external_total:
+        return FailureClass.UNLEASED_GPU_USE
+    return FailureClass.EXTERNAL_GPU_PRESSURE
 
 
 def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -> list[Effect]:
@@ -24,6 +37,7 @@ def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -
     effects: list[Effect] = []
     cause = describe_pressure(budget, books.on_gpu(gpu)) if gauge.active else ""
     if change is True:
+        cls = pressure_class(budget, books, gpu)
         effects.append(
             Event(
                 EventKind.PRESSURE_ENTERED,
@@ -32,8 +46,8 @@ def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -
                 bytes=-budget.schedulable,
                 detail=f"over-committed by {-budget.schedulable} bytes",
                 failure=Failure(
-                    FailureClass.EXTERNAL_GPU_PRESSURE,
-                    f"EXTERNAL_GPU_PRESSURE: GPU {gpu} is over-committed by "
+                    cls,
+                    f"{cls.value}: GPU {gpu} is over-committed by "
                     f"{-budget.schedulable / 2**30:.1f} GiB "
                     f"({cause}); giving back idle memory",
                     gpu=gpu,

@@ -31,6 +31,7 @@ MESSAGES = {
     FailureClass.QUEUE_FULL: "Too many prompts are waiting for GPU memory",
     FailureClass.DEADLINE_CANNOT_BE_MET: "GPU memory cannot be free in time for this prompt",
     FailureClass.EXTERNAL_GPU_PRESSURE: "Other programs are using the GPU's memory",
+    FailureClass.UNLEASED_GPU_USE: "The GPU's memory is over-committed",
     FailureClass.EVICTION_NOT_ALLOWED: "GPU memory is held by models that may not be unloaded",
     FailureClass.RESIDENCY_CONFLICT: "GPU memory is held by models that may not be unloaded",
     FailureClass.GPU_MEMORY_NOT_RECLAIMED: "Unloaded models did not give their GPU memory back",

@@ -47,12 +47,28 @@ def test_pressure_from_out_of_band_residents_names_them_not_external_use():
     sample = gpu(proc(1, GEMMA, "ollama"), proc(2, QWEN, "ollama"), proc(3, BGE, "ollama"))
     effects = core.observe(host(sample, at=2.0), 2.0)
     (entered,) = events(effects, EventKind.PRESSURE_ENTERED)
+    assert entered.failure.failure_class is FailureClass.UNLEASED_GPU_USE
     assert "out-of-band residents of ollama: gemma3:12b 7.6 GiB" in entered.failure.message
     assert "no external use" not in entered.failure.message
     (started,) = events(effects, EventKind.EVICTION_STARTED)
     assert (started.model, started.reason) == ("bge-m3:latest", "pressure")
     assert "external use" not in started.detail
     assert "out-of-band residents of ollama: gemma3:12b 7.6 GiB" in started.detail
+
+
+def test_a_load_larger_than_its_lease_is_not_blamed_on_external_use():
+    # llama3.2:3b leased 2.13 GiB (its file) and took far more: the over-commit is the
+    # gate's own estimate, with no external use on the card.
+    core = make_core()
+    core.observe(host(gpu(), at=0.0), 0.0)
+    core.submit(demand("gemma", 9 * GiB, priority=P.BACKGROUND), 0.5)
+    lease = core.submit(demand("llama3.2:3b", 2180 * MiB), 1.0).lease
+    sample = gpu(proc(1, 9 * GiB, "ollama"), proc(2, 6656 * MiB, "ollama"))
+    effects = core.observe(host(sample, at=2.0), 2.0)
+    (entered,) = events(effects, EventKind.PRESSURE_ENTERED)
+    assert entered.failure.failure_class is FailureClass.UNLEASED_GPU_USE
+    assert "external" not in entered.failure.message
+    assert lease is not None
 
 
 def test_pressure_from_external_use_still_names_it():
