@@ -201,3 +201,23 @@ async def test_a_prompts_lease_is_capped_by_what_its_class_could_ever_get(
             "gemma3:12b"
         ]
         assert job_leases(gate) == []
+
+
+async def test_what_comfyui_kept_is_taken_into_its_next_job_without_a_resident_gone(stack, session):
+    gate = stack.gate
+    ws = await connect(session, stack.gate_comfy, "c7")
+    gone = []
+    gate.events.subscribe(lambda e: e.kind is EventKind.RESIDENT_GONE and gone.append(e))
+    for seed in (1, 2):
+        ended = stack.next_event(EventKind.LEASE_RELEASED, reason="jobs done")
+        status, _, answer = await post_prompt(
+            session, stack.gate_comfy, txt2img(seed=seed), client_id="c7"
+        )
+        assert status == 200, answer
+        await ws.until_done(answer["prompt_id"])
+        await asyncio.wait_for(ended, 10)
+        [held] = [r for r in gate.core.residents() if r.key.consumer == "comfyui"]
+        assert held.key.model == HELD_MODEL and held.bytes >= 2034 * MiB
+    # The second job's lease counted what ComfyUI kept; NVML showed it all along.
+    assert gone == []
+    await ws.ws.close()
