@@ -91,6 +91,9 @@ class ProcessStarts:
         self._starting: set[str] = set()
         self._peaks: dict[ResidentKey, int] = {}
         """The most each process model held in its current run."""
+        self._learning: dict[str, ResidentKey] = {}
+        """The model each process the gate started runs since its start: what NVML shows of
+        the process is that model's alone (after a /load it also holds what it freed)."""
         for link in gate.links.values():
             process = link.adapter.process
             if isinstance(process, SupervisedCommand):
@@ -194,12 +197,13 @@ class ProcessStarts:
         return found[0] if found else None
 
     async def _adopted_ready(self, link: Link, process: ProcessControl, lease: Lease) -> None:
-        """An adopted process may still be loading: it is resident once it answers."""
+        """An adopted process may still be loading its model (whisper-server binds once it
+        holds it): it is resident once its port accepts. Its health route is not waited
+        for: after a /load that failed it stays unwell, and the runtime answers for itself."""
         control = link.consumer.control
-        health = control.health if control is not None else "/health"
         timeout = control.start_timeout if control is not None else 60.0
         try:
-            await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
+            await wait_ready(link.consumer.upstream.url, None, timeout, process=process)
         except ProcessControlError as exc:
             self.gate.release(lease, failed=True)
             failure = self._failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
@@ -215,6 +219,7 @@ class ProcessStarts:
         timeout = control.start_timeout if control is not None else 60.0
         started = gate.clock()
         self._starting.add(name)
+        self._learning.pop(name, None)
         for key in [k for k in self._peaks if k.consumer == name]:
             del self._peaks[key]
         try:
@@ -240,6 +245,7 @@ class ProcessStarts:
         finally:
             self._starting.discard(name)
         self._backoff_for(link).ready(gate.clock())
+        self._learning[name] = lease.key
         gate.process_ready(lease)
         log.info(
             "%s started under lease %d (%.1fs to ready)", name, lease.id, gate.clock() - started
@@ -258,7 +264,10 @@ class ProcessStarts:
         wait = backoff.remaining(self.gate.clock())
         if wait <= 0:
             return
-        what = f"its last {backoff.failures} start(s) failed; the next start is in {wait:.0f}s"
+        what = (
+            f"it failed to start or ended {backoff.failures} time(s) in a row; "
+            f"the next start is in {wait:.0f}s"
+        )
         failure = attrs.evolve(
             self._failure(link, FailureClass.START_BACKOFF, what), retry_after=wait
         )
@@ -327,6 +336,7 @@ class ProcessStarts:
         reports its own), its resident and start lease end, always_warm starts again."""
         name = link.consumer.name
         link.adapter.process_ended()
+        self._learning.pop(name, None)
         gate = self.gate
         if exit.stderr_tail:
             log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
@@ -347,22 +357,35 @@ class ProcessStarts:
             self._spawn(self._keep_warm(link), f"restart-{name}")
 
     def observed(self) -> None:
-        """Learn what each running process holds once it answers (the peak of its run) as
-        its model's measured envelope: the next start is leased that much."""
-        for link in self.gate.links.values():
-            name = link.consumer.name
-            if link.adapter.process is None or name in self._starting:
+        """Learn what each process the gate started holds once it answers (the peak of its
+        run) as its model's measured envelope: the next start is leased that much."""
+        for name, key in list(self._learning.items()):
+            link = self.gate.links.get(name)
+            if link is None or link.adapter.process_model() != key.model:
+                # It switched models (/load): its memory is no longer one model's.
+                del self._learning[name]
                 continue
-            for resident in self.gate.core.residents(link.consumer.gpu):
-                if (
-                    resident.key.consumer == name
-                    and resident.process
-                    and resident.shown
-                    and resident.state is ResidentState.RESIDENT
-                    and resident.bytes > self._peaks.get(resident.key, 0)
-                ):
-                    self._peaks[resident.key] = resident.bytes
-                    self.gate.learn_envelope(resident.key, resident.bytes)
+            resident = self.gate.core.resident(key)
+            if (
+                resident is None
+                or not (resident.process and resident.shown)
+                or resident.state is not ResidentState.RESIDENT
+                or resident.bytes <= self._peaks.get(key, 0)
+            ):
+                continue
+            self._peaks[key] = resident.bytes
+            self.gate.learn_envelope(key, resident.bytes)
+
+    async def running(self, link: Link) -> bool:
+        """Whether the consumer's process is there (its control says so), bounded."""
+        process = link.adapter.process
+        if process is None:
+            return False
+        try:
+            async with asyncio.timeout(link.consumer.timeouts.control):
+                return await process.is_running()
+        except (TimeoutError, ProcessControlError):
+            return False
 
     # -- the books -------------------------------------------------------------------------
 

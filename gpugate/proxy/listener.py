@@ -393,9 +393,12 @@ class ConsumerListener:
             )
         except ConnectionRefusedError as exc:
             control = self.link.consumer.control
-            # A request that does not start the process (GET /health) gets the refusal.
+            # A request that does not start the process (GET /health) gets the refusal, and
+            # so does any when no process is there to wait for (it exited).
             needs = self.link.adapter.needs_process(request.method, request.path)
             if control is None or not needs or not self.gate.processes.fronts(self.link):
+                raise
+            if not await self.gate.processes.running(self.link):
                 raise
             refused = exc
         try:

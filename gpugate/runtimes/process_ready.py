@@ -34,13 +34,14 @@ async def port_open(host: str, port: int) -> bool:
 
 async def wait_ready(
     url: str,
-    health_path: str = "/health",
+    health_path: str | None = "/health",
     timeout: float = 60.0,
     *,
     process: ProcessControl | None = None,
     interval: float = POLL_INTERVAL,
 ) -> None:
-    """Wait until `url`'s port accepts and `GET health_path` answers 200, within `timeout`.
+    """Wait until `url`'s port accepts and `GET health_path` answers 200, within `timeout`
+    (the port only, with no `health_path`).
 
     NotReady when time runs out; ProcessExited at once when `process` ends first (a
     start that aborted never counts as ready).
@@ -69,6 +70,8 @@ async def wait_ready(
                 if await port_open(host, port):
                     break
                 await next_poll()
+            if health_path is None:
+                return
             stage = f"GET {health_path} to answer 200"
             probe = aiohttp.ClientTimeout(total=max(interval, min(5.0, timeout)))
             async with aiohttp.ClientSession(timeout=probe) as session:

@@ -42,7 +42,7 @@ from tests.oracle.oracle import read_records
 
 CONCURRENCY = 16
 ANSWER_TIMEOUT = 20.0
-UPSTREAM_CLASSES = {"RUNTIME_CRASH", "TIMEOUT", "MODEL_LOAD_FAILED", "GPU_OOM"}
+UPSTREAM_CLASSES = {"RUNTIME_CRASH", "TIMEOUT", "MODEL_LOAD_FAILED", "GPU_OOM", "START_BACKOFF"}
 RUNTIME_SHAPED = (
     b"Unsupported transfer encoding",  # Go's net/http, for a coding it does not frame
     b"500 Internal Server Error\n\nServer got itself in trouble",  # aiohttp, ComfyUI

@@ -252,8 +252,8 @@ async def test_a_listener_and_a_command_are_found_and_an_adopted_one_is_stopped(
     (port,) = free_ports(1)
     code = (
         "import socket, time\n"
-        "s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen()\n"
-        "time.sleep(60)\n" % port
+        f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\n"
+        "time.sleep(60)\n"
     )
     argv = [sys.executable, "-c", code]
     stray = subprocess.Popen(argv, start_new_session=True)
