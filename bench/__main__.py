@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.coldstart import ColdStart
+from bench.coldstart import measure as measure_coldstart
+from bench.coldstart import table as coldstart_table
 from bench.decisions import measure as measure_decisions
 from bench.decisions import table as decisions_table
 from bench.holds import Results as HoldResults
@@ -190,7 +193,10 @@ def ws_table(results: dict[str, dict[str, object]]) -> list[str]:
 
 
 def table(
-    results: dict[str, dict[str, object]], decisions: dict[str, object], holds: HoldResults
+    results: dict[str, dict[str, object]],
+    decisions: dict[str, object],
+    holds: HoldResults,
+    coldstart: ColdStart,
 ) -> str:
     names = list(results)
     lines = [
@@ -250,6 +256,7 @@ def table(
         )
     lines += ws_table(results)
     lines += holds_tables(holds)
+    lines += coldstart_table(coldstart)
     lines += ["", "Decision core (in-process, after the proxies stopped):", ""]
     lines += decisions_table(decisions)
     return "\n".join(lines)
@@ -309,9 +316,12 @@ def main() -> int:
             rig.stop()
         # On processes of their own, started afresh: see bench/holds.py.
         holds = measure_holds(Path(tmp), tuple(targets))
+    # A simulated card and whisper-server of its own, after the proxies stopped.
+    coldstart = measure_coldstart()
+    print("coldstart", coldstart, flush=True)
     decisions = measure_decisions()
     print("decisions", decisions, flush=True)
-    text = table(results, decisions, holds)
+    text = table(results, decisions, holds, coldstart)
     write_doc(text)
     print(text)
     return 0
