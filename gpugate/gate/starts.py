@@ -50,6 +50,7 @@ from gpugate.runtimes.process import (
     ProcessControlError,
     ProcessExited,
     SupervisedCommand,
+    SystemdUnit,
 )
 from gpugate.runtimes.process_find import listening_pids
 from gpugate.runtimes.process_ready import wait_ready
@@ -144,6 +145,7 @@ class ProcessStarts:
                 await asyncio.sleep(POLL_INTERVAL)
             else:
                 return
+            await self._read_unit(link)
             process = link.adapter.process
             running = process is None or await self._found(link, process)
             if not running:
@@ -210,6 +212,20 @@ class ProcessStarts:
             self.gate.report(failure)
             raise GateFailure(failure) from exc
         self.gate.process_ready(lease)
+
+    async def _read_unit(self, link: Link) -> None:
+        """What a unit runs is its own command line, not the configuration's guess: read
+        it (its model) before it is started or adopted. Unreadable: the guess stands."""
+        process = link.adapter.process
+        if not isinstance(process, SystemdUnit):
+            return
+        try:
+            argv = await process.command()
+        except ProcessControlError as exc:
+            log.warning("%s: the command line of its unit is unknown: %s", link.consumer.name, exc)
+            return
+        if argv:
+            link.adapter.read_unit_command(argv)
 
     async def _start(self, link: Link, process: ProcessControl, lease: Lease) -> None:
         gate = self.gate
@@ -283,6 +299,7 @@ class ProcessStarts:
 
     async def _at_start(self, link: Link) -> None:
         adapter = link.adapter
+        await self._read_unit(link)
         model = adapter.process_model()
         assert model is not None
         priority = adapter.model_priority(model)

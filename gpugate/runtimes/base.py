@@ -417,3 +417,7 @@ class RuntimeAdapter(abc.ABC):
     def process_ended(self) -> None:
         """The process stopped or died: the next one starts as its command says."""
         return None
+
+    def read_unit_command(self, argv: list[str]) -> None:
+        """The command line the process's systemd unit runs, as systemd reports it."""
+        return None

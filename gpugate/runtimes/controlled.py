@@ -61,7 +61,16 @@ class ProcessAdapter(RuntimeAdapter):
     def __init__(self, consumer: Consumer) -> None:
         super().__init__(consumer)
         self.process = make_control(consumer)
+        self.unit_command: tuple[str, ...] | None = None
+        """The command line the unit runs (read from systemd), once the gate read it."""
         self.current = self.start_model()
+
+    def read_unit_command(self, argv: list[str]) -> None:
+        """The unit's own command line: the model it starts with is the one it names."""
+        before = self.start_model()
+        self.unit_command = tuple(argv)
+        if self.current == before:
+            self.current = self.start_model()
 
     def start_model(self) -> str:
         """The model the process loads when it starts (its command's own option, else the

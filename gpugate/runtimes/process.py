@@ -22,6 +22,7 @@ import collections
 import contextlib
 import enum
 import os
+import shlex
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -198,6 +199,14 @@ class SystemdUnit(ProcessControl):
                 f"systemctl is-active {self.unit} answered {word!r}", stderr=err, returncode=code
             ) from None
 
+    async def command(self) -> list[str] | None:
+        """The unit's main command line as systemd will run it (drop-ins applied):
+        `systemctl show --property=ExecStart --value UNIT`. None when it cannot be read."""
+        code, out, _ = await self._call(
+            "show", self.query_timeout, "--property=ExecStart", "--value"
+        )
+        return exec_start_argv(out) if code == 0 else None
+
     async def is_running(self) -> bool:
         if self._foreign is not None and alive(self._foreign):
             return True
@@ -213,8 +222,8 @@ class SystemdUnit(ProcessControl):
                 returncode=code,
             )
 
-    async def _call(self, verb: str, timeout: float) -> tuple[int, str, str]:
-        argv = [self.systemctl, verb, self.unit]
+    async def _call(self, verb: str, timeout: float, *options: str) -> tuple[int, str, str]:
+        argv = [self.systemctl, verb, *options, self.unit]
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -237,6 +246,19 @@ class SystemdUnit(ProcessControl):
             ) from None
         assert process.returncode is not None
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def exec_start_argv(shown: str) -> list[str] | None:
+    """The argv of the first command in systemd's ExecStart property
+    (`{ path=... ; argv[]=/usr/bin/whisper-server -m x.bin ; ignore_errors=no ; ... }`)."""
+    start = shown.find("argv[]=")
+    if start < 0:
+        return None
+    words = shown[start + len("argv[]=") :].split(" ; ", 1)[0]
+    try:
+        return shlex.split(words) or None
+    except ValueError:
+        return words.split() or None
 
 
 class SupervisedCommand(ProcessControl):

@@ -69,8 +69,9 @@ class WhisperAdapter(ProcessAdapter):
 
     def start_model(self) -> str:
         control = self.consumer.control
-        if control is not None and control.command:
-            model = command_option(control.command, "-m", "--model")
+        command = control.command if control is not None and control.command else None
+        for argv in (command, self.unit_command):
+            model = command_option(argv, "-m", "--model") if argv else None
             if model is not None:
                 return model
         found = super().start_model()

@@ -1,13 +1,15 @@
 """A `systemctl` for hosts without systemd: start, stop and is-active of simple units.
 
     python -m tests.e2e.fake_systemctl start|stop|is-active UNIT
+    python -m tests.e2e.fake_systemctl show --property=ExecStart --value UNIT
 
 A unit is `$FAKE_SYSTEMD_DIR/UNIT.json`: {"pre": [[argv], ...], "exec": [argv]}. `start`
 runs each ExecStartPre in turn (a failing one fails the start, as systemd's does: the
 main process never runs), then starts the main process detached (Type=simple: the start
 job ends once it was forked) and records its PID. `stop` sends SIGTERM and waits for it
 to be gone (SIGKILL after 10 s); one job of a unit runs at a time (a file lock).
-`is-active` prints active or inactive (status 3).
+`is-active` prints active or inactive (status 3); `show` prints the ExecStart property as
+systemd does (`{ path=... ; argv[]=... ; ... }`).
 Each call is appended to `UNIT.log` with what its ExecStartPre printed.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,7 +36,7 @@ def alive(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    verb, unit = argv[0], argv[1]
+    verb, unit = argv[0], argv[-1]
     directory = Path(os.environ["FAKE_SYSTEMD_DIR"])
     spec = json.loads((directory / f"{unit}.json").read_text())
     pid_file = directory / f"{unit}.pid"
@@ -41,6 +44,11 @@ def main(argv: list[str]) -> int:
     pid = int(pid_file.read_text()) if pid_file.exists() else None
     running = pid is not None and alive(pid)
     log.write(f"{time.time():.3f} {verb}\n")
+    if verb == "show":
+        command = spec["exec"]
+        rest = "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; status=0/0"
+        print(f"{{ path={command[0]} ; argv[]={shlex.join(command)} ; {rest} }}")
+        return 0
     if verb == "is-active":
         print("active" if running else "inactive")
         return 0 if running else 3
