@@ -1,0 +1,105 @@
+"""`make run` as the README tells it: `gpugate demo`, its own suggestions, on its own ports.
+
+The demo's FLUX prompt renders through the gate; health stays 200 past the point where
+every consumer's listing would have gone stale; its whisper-server killed with SIGKILL is
+started again (always_warm), once; and stopping the demo leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import wave
+
+import aiohttp
+
+from gpugate.demo import ROOT
+from gpugate.runtimes.process_find import listening_pids
+from tests.sim.processes import LineReader, kill_quietly
+
+GATE_COMFY = "http://127.0.0.1:8188"
+GATE_WHISPER = "http://127.0.0.1:8080"
+CONTROL = "http://127.0.0.1:9411"
+WHISPER_PORT = 8081
+STALE_AFTER = 20.0
+"""Longer than a consumer's listing stays fresh without a refresh (16 s reported 503)."""
+
+
+def wav() -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 8000)
+    return out.getvalue()
+
+
+async def poll(check, timeout: float = 60.0, interval: float = 0.1):  # type: ignore[no-untyped-def]
+    """Call `check` until it returns something other than None (what a client would do)."""
+    async with asyncio.timeout(timeout):
+        while (found := await check()) is None:
+            await asyncio.sleep(interval)
+        return found
+
+
+async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
+    started = time.monotonic()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gpugate", "demo"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        LineReader(demo.stdout).until("Events follow", timeout=60)
+        async with aiohttp.ClientSession() as session:
+            prompt = (ROOT / "sim" / "flux-prompt.json").read_bytes()
+            async with session.post(GATE_COMFY + "/prompt", data=prompt) as resp:
+                assert resp.status == 200, await resp.text()
+                prompt_id = (await resp.json())["prompt_id"]
+
+            async def rendered() -> str | None:
+                async with session.get(f"{GATE_COMFY}/history/{prompt_id}") as resp:
+                    entry = (await resp.json()).get(prompt_id)
+                return None if entry is None else entry["status"]["status_str"]
+
+            assert await poll(rendered) == "success"
+
+            async def whisper_pid() -> int | None:
+                pids = listening_pids(WHISPER_PORT)
+                return pids[0] if len(pids) == 1 else None
+
+            first = await poll(whisper_pid)
+            os.kill(first, signal.SIGKILL)
+
+            async def restarted() -> int | None:
+                pid = await whisper_pid()
+                return pid if pid not in (None, first) else None
+
+            second = await poll(restarted)
+            form = aiohttp.FormData()
+            form.add_field("file", wav(), filename="a.wav", content_type="audio/wav")
+            async with session.post(GATE_WHISPER + "/inference", data=form) as resp:
+                assert resp.status == 200, await resp.text()
+            assert listening_pids(WHISPER_PORT) == [second], "started again once, not twice"
+
+            await asyncio.sleep(max(0.0, STALE_AFTER - (time.monotonic() - started)))
+            async with session.get(CONTROL + "/gate/v1/health") as resp:
+                body = await resp.json()
+                assert resp.status == 200, body
+            assert body["ok"] is True, json.dumps(body)
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 0
+        assert listening_pids(WHISPER_PORT) == [], "the gate's whisper-server went with it"
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGTERM)
+        kill_quietly(demo)
