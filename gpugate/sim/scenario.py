@@ -98,6 +98,11 @@ class OllamaModelSpec:
     """Dimension of the deterministic embedding vectors."""
     block_count: int = 32
     """Layers; `num_gpu: N` below this puts N/block_count of the model on the GPU."""
+    head_count: int = 0
+    """Attention heads, in /api/show's model_info (0: left out, as for a model whose shape
+    the gate cannot read); with `head_count_kv` and `vocab_size` what Ollama sizes a load by."""
+    head_count_kv: int = 0
+    vocab_size: int = 0
     tokens_per_second: float | None = None
     """Overrides the server's token rate for this model."""
 
@@ -401,6 +406,9 @@ def _ollama_model(data: Any, where: str) -> OllamaModelSpec:
             data, "embedding_length", where, int, default["embedding_length"], minimum=1
         ),
         block_count=_number(data, "block_count", where, int, default["block_count"], minimum=1),
+        head_count=_number(data, "head_count", where, int, 0, minimum=0),
+        head_count_kv=_number(data, "head_count_kv", where, int, 0, minimum=0),
+        vocab_size=_number(data, "vocab_size", where, int, 0, minimum=0),
         tokens_per_second=None
         if rate is None
         else _number(data, "tokens_per_second", where, float, 0.0, positive=True),

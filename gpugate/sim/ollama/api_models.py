@@ -66,6 +66,13 @@ def _model_info(model: CatalogModel) -> dict[str, object]:
         f"{family}.context_length": model.spec.context_length,
         f"{family}.embedding_length": model.spec.embedding_length,
     }
+    if model.spec.head_count:
+        info[f"{family}.attention.head_count"] = model.spec.head_count
+        info[f"{family}.attention.head_count_kv"] = (
+            model.spec.head_count_kv or model.spec.head_count
+        )
+    if model.spec.vocab_size:
+        info[f"{family}.vocab_size"] = model.spec.vocab_size
     if model.spec.parameter_size:
         info["general.size_label"] = model.spec.parameter_size
     return info
