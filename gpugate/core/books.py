@@ -86,6 +86,9 @@ class Books:
         self.residents: ResidentTable = ResidentTable()
         self.leases: dict[int, Lease] = {}
         self.unloads: dict[ResidentKey, Unload] = {}
+        self.unloaded_at: dict[tuple[str, str], float] = {}
+        """(consumer, model) → when its last unload finished: a listing asked before that
+        may still name it (the runtime reaps a runner after its memory is back)."""
         self.version = 0
         self.residents_version = 0
         self._ids = itertools.count(1)

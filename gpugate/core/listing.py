@@ -64,6 +64,9 @@ def apply_listing(
     now: float,
 ) -> list[Effect]:
     """Change the books to agree with the listing; returns what to record."""
+    for done in [k for k, at in books.unloaded_at.items() if k[0] == consumer and at < asked_at]:
+        # A listing asked after an unload ended says the truth about that model again.
+        del books.unloaded_at[done]
     residents = [r for r in books.residents.values() if r.gpu == gpu]
     effects: list[Effect] = []
     names = {m.model for m in listed}
@@ -83,6 +86,10 @@ def apply_listing(
             )
     for model in listed:
         same = [r for r in residents if r.key.consumer == consumer and r.key.model == model.model]
+        gone_at = books.unloaded_at.get((consumer, model.model))
+        if not same and gone_at is not None and gone_at >= asked_at:
+            # Asked before its unload ended: the runtime still named what it was removing.
+            continue
         if not same:
             resident = Resident(
                 key=ResidentKey(consumer, model.model, ANY_OPTIONS),

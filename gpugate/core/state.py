@@ -297,6 +297,7 @@ class GateCore:
         finished = self.books.finish_unload(key)
         if finished is None:
             return []
+        self.books.unloaded_at[(key.consumer, key.model)] = now
         unload, resident = finished
         if failure is not None:
             detail = f"unload failed: {failure.failure_class.value}"

@@ -62,3 +62,18 @@ def test_a_listing_without_it_leaves_the_end_to_the_unload():
     assert kinds(again) == []
     assert core.residents() == []
     assert core.budget(0).consumer("ollama").committed == 0
+
+
+def test_a_listing_asked_before_the_unload_ended_does_not_adopt_the_model_again():
+    core = adopted_then_expired()
+    core.observe(host(gpu(), at=12.9), 12.9)
+    core.unloaded(KEY, 13.0, reclaimed=True)
+    # A periodic listing asked at 12.8, answered after the unload ended, still names it.
+    stale = core.reconcile("ollama", 0, [LISTED], asked_at=12.8, now=13.2)
+    assert EventKind.OUT_OF_BAND_RESIDENT not in kinds(stale)
+    assert core.residents() == []
+    # Loaded again behind the gate's back afterwards: a later listing adopts it.
+    core.observe(host(gpu(proc(67, 3 * GiB, "ollama")), at=14.0), 14.0)
+    fresh = core.reconcile("ollama", 0, [LISTED], asked_at=14.0, now=14.1)
+    assert kinds(fresh) == [EventKind.OUT_OF_BAND_RESIDENT]
+    assert core.resident(KEY) is not None
