@@ -190,7 +190,7 @@ class Gate(LinkWork, AdmissionWork, JobWork):
             log.warning("NVML error: %s (%s)", sample.error.message, sample.error.name)
         self._apply(self.core.observe(sample, self.clock()))
         self.observe_jobs(sample)
-        self.processes.observed()
+        self.processes.envelopes.observe()
         # Memory the books cannot explain is usually a model loaded behind the gate's back:
         # ask the runtime what it has rather than wait for the next periodic listing.
         for rows in self.core.telemetry.unexplained.values():

@@ -42,6 +42,7 @@ from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
+from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.start_backoff import StartBackoff
 from gpugate.runtimes.process import (
     Exit,
@@ -90,11 +91,7 @@ class ProcessStarts:
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff: dict[str, StartBackoff] = {}
         self._starting: set[str] = set()
-        self._peaks: dict[ResidentKey, int] = {}
-        """The most each process model held in its current run."""
-        self._learning: dict[str, ResidentKey] = {}
-        """The model each process the gate started runs since its start: what NVML shows of
-        the process is that model's alone (after a /load it also holds what it freed)."""
+        self.envelopes = ProcessEnvelopes(gate)
         for link in gate.links.values():
             process = link.adapter.process
             if isinstance(process, SupervisedCommand):
@@ -235,9 +232,7 @@ class ProcessStarts:
         timeout = control.start_timeout if control is not None else 60.0
         started = gate.clock()
         self._starting.add(name)
-        self._learning.pop(name, None)
-        for key in [k for k in self._peaks if k.consumer == name]:
-            del self._peaks[key]
+        self.envelopes.starting(name)
         try:
             await process.start()
             await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
@@ -261,7 +256,7 @@ class ProcessStarts:
         finally:
             self._starting.discard(name)
         self._backoff_for(link).ready(gate.clock())
-        self._learning[name] = lease.key
+        self.envelopes.started(lease.key)
         gate.process_ready(lease)
         log.info(
             "%s started under lease %d (%.1fs to ready)", name, lease.id, gate.clock() - started
@@ -353,7 +348,7 @@ class ProcessStarts:
         reports its own), its resident and start lease end, always_warm starts again."""
         name = link.consumer.name
         link.adapter.process_ended()
-        self._learning.pop(name, None)
+        self.envelopes.ended(name)
         gate = self.gate
         if exit.stderr_tail:
             log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
@@ -372,26 +367,6 @@ class ProcessStarts:
         if self._always_warm(link):
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
-
-    def observed(self) -> None:
-        """Learn what each process the gate started holds once it answers (the peak of its
-        run) as its model's measured envelope: the next start is leased that much."""
-        for name, key in list(self._learning.items()):
-            link = self.gate.links.get(name)
-            if link is None or link.adapter.process_model() != key.model:
-                # It switched models (/load): its memory is no longer one model's.
-                del self._learning[name]
-                continue
-            resident = self.gate.core.resident(key)
-            if (
-                resident is None
-                or not (resident.process and resident.shown)
-                or resident.state is not ResidentState.RESIDENT
-                or resident.bytes <= self._peaks.get(key, 0)
-            ):
-                continue
-            self._peaks[key] = resident.bytes
-            self.gate.learn_envelope(key, resident.bytes)
 
     async def running(self, link: Link) -> bool:
         """Whether the consumer's process is there (its control says so), bounded."""

@@ -1,0 +1,57 @@
+"""What a process the gate started holds, learned as its model's measured envelope.
+
+A process runtime's memory is its process's. Once the gate started it and it answered, the
+most NVML showed of it during that run is what its model takes: the next start of that
+model is leased that much (as a listed model is measured from its listing). Only the
+model it started with is learned: after a `/load` the process also held, for a while, what
+it freed.
+"""
+
+from __future__ import annotations
+
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.gate.owner import GateOwner
+
+
+class ProcessEnvelopes:
+    """Peaks of the processes the gate started, by the model each started with."""
+
+    def __init__(self, gate: GateOwner) -> None:
+        self.gate = gate
+        self._peaks: dict[ResidentKey, int] = {}
+        """The most each process model held in its current run."""
+        self._learning: dict[str, ResidentKey] = {}
+        """The model each process runs since its start, by consumer."""
+
+    def starting(self, consumer: str) -> None:
+        """A new run begins: its peak is measured afresh."""
+        self._learning.pop(consumer, None)
+        for key in [k for k in self._peaks if k.consumer == consumer]:
+            del self._peaks[key]
+
+    def started(self, key: ResidentKey) -> None:
+        """The process answered, running `key.model`: learn what it holds from now."""
+        self._learning[key.consumer] = key
+
+    def ended(self, consumer: str) -> None:
+        """The process ended: nothing more to learn of this run."""
+        self._learning.pop(consumer, None)
+
+    def observe(self) -> None:
+        """After a sample: a running process's new peak is its model's measured envelope."""
+        for name, key in list(self._learning.items()):
+            link = self.gate.links.get(name)
+            if link is None or link.adapter.process_model() != key.model:
+                # It switched models (/load): its memory is no longer one model's.
+                del self._learning[name]
+                continue
+            resident = self.gate.core.resident(key)
+            if (
+                resident is None
+                or not (resident.process and resident.shown)
+                or resident.state is not ResidentState.RESIDENT
+                or resident.bytes <= self._peaks.get(key, 0)
+            ):
+                continue
+            self._peaks[key] = resident.bytes
+            self.gate.learn_envelope(key, resident.bytes)
