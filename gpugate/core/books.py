@@ -159,14 +159,17 @@ class Books:
                 return loose
         return None
 
+    def replaced(self, demand: Demand) -> Resident | None:
+        """The resident `demand` replaces, when it is still there."""
+        resident = None if demand.replaces is None else self.residents.get(demand.replaces)
+        return (
+            resident if resident is not None and resident.state is ResidentState.RESIDENT else None
+        )
+
     def replaced_bytes(self, demand: Demand) -> int:
-        """The bytes of the resident `demand` replaces, when it is still there."""
-        if demand.replaces is None:
-            return 0
-        resident = self.residents.get(demand.replaces)
-        if resident is None or resident.state is not ResidentState.RESIDENT:
-            return 0
-        return resident.bytes
+        """The bytes of the resident `demand` replaces (0: none)."""
+        resident = self.replaced(demand)
+        return 0 if resident is None else resident.bytes
 
     def open_lease(
         self,
@@ -182,10 +185,10 @@ class Books:
             return self.jobs.open(lease_id, demand, now, arrived)
         if resident is not None and not needed and not demand.explicit:
             return self.lend(lease_id, demand, now, now - arrived, resident)
-        if self.replaced_bytes(demand):
+        gone = self.replaced(demand)
+        if gone is not None:
             # The runtime frees it as it loads this one: the new lease's bytes are its place.
-            assert demand.replaces is not None
-            del self.residents[demand.replaces]
+            del self.residents[gone.key]
             self.touch()
         sums = self._count(self._counted(), demand.gpu)
         appear_by = None
