@@ -6,7 +6,9 @@ models with a `/load` that replaces the running one, serves requests, crashes
 that grows and shrinks; NVML shows what the process holds, or nothing (a CPU build).
 After every step:
 
-* a step that granted bytes never left committed + external + reserve above total;
+* a grant never left committed + external + reserve above total (nor further above it than
+  before: NVML may show a process's memory after the books gave it to the model replacing
+  it, until the process frees it);
 * every lease belongs to live work (a start, a switch or a request not yet over);
 * the consumer has at most one process resident, and none once its process ended.
 """
@@ -55,14 +57,20 @@ class ProcessWorld(RuleBasedStateMachine):
             processes.append(proc(400, ollama, "ollama"))
         if self.external:
             processes.append(proc(500, self.external, "plex", managed=False))
-        self._apply(self.core.observe(host(gpu(*processes), at=self.now), self.now))
+        self._call(self.core.observe, host(gpu(*processes), at=self.now), self.now)
 
-    def _committed_ok(self) -> bool:
+    def _used(self) -> int:
         budget = self.core.budget(0)
-        used = budget.committed_total + budget.external_total + budget.reserve + RESERVED
-        return used <= TOTAL
+        if budget is None:  # before the first sample
+            return 0
+        return budget.committed_total + budget.external_total + budget.reserve + RESERVED
 
-    def _apply(self, effects) -> None:
+    def _call(self, call, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        """Call the core and apply its effects, judged against the books before the call."""
+        before = self._used()
+        self._apply(call(*args, **kwargs), before)
+
+    def _apply(self, effects, before: int) -> None:
         granted = False
         for effect in effects:
             if isinstance(effect, Grant):
@@ -73,25 +81,30 @@ class ProcessWorld(RuleBasedStateMachine):
             elif isinstance(effect, Unload):
                 if effect.key.consumer == W:
                     self.running = None  # eviction is a stop
-                self._apply(self.core.unloaded(effect.key, self.now, reclaimed=True))
+                self._apply(self.core.unloaded(effect.key, self.now, reclaimed=True), before)
         if granted:
-            assert self._committed_ok()
+            assert self._used() <= max(TOTAL, before)
 
     def _submit(self, what: str, wanted) -> None:  # type: ignore[no-untyped-def]
+        before = self._used()
         admission = self.core.submit(wanted, self.now)
         if admission.lease is not None:
             self.work[admission.lease.id] = what
-            assert admission.lease.pending == 0 or self._committed_ok()
+            assert admission.lease.pending == 0 or self._used() <= max(TOTAL, before)
         elif admission.ticket_id is not None:
             self.waiting[admission.ticket_id] = what
-        self._apply(admission.effects)
+        self._apply(admission.effects, before)
+
+    def _pending(self, what: str) -> bool:
+        """One start or switch at a time, as the gate runs them (one lock per consumer)."""
+        return what in self.work.values() or what in self.waiting.values()
 
     def _process_resident(self):  # type: ignore[no-untyped-def]
         found = [r for r in self.core.residents() if r.key.consumer == W and r.process]
         return found[0] if found else None
 
     @rule(model=st.sampled_from(sorted(MODELS)))
-    @precondition(lambda self: self.running is None and "start" not in self.work.values())
+    @precondition(lambda self: self.running is None and not self._pending("start"))
     def start(self, model):
         wanted = attrs.evolve(
             demand(model, MODELS[model], consumer=W), scope=LeaseScope.PROCESS, appear_within=20.0
@@ -107,10 +120,10 @@ class ProcessWorld(RuleBasedStateMachine):
         if lease is None:
             return
         self.running = lease.key.model
-        self._apply(self.core.process_ready(lease_id, self.now))
+        self._call(self.core.process_ready, lease_id, self.now)
 
     @rule(model=st.sampled_from(sorted(MODELS)))
-    @precondition(lambda self: self.running is not None and "load" not in self.work.values())
+    @precondition(lambda self: self.running is not None and not self._pending("load"))
     def load(self, model):
         old = self._process_resident()
         wanted = attrs.evolve(
@@ -129,7 +142,7 @@ class ProcessWorld(RuleBasedStateMachine):
         del self.work[lease_id]
         if lease is not None:
             self.running = lease.key.model
-            self._apply(self.core.release(lease_id, self.now))
+            self._call(self.core.release, lease_id, self.now)
 
     @rule()
     @precondition(lambda self: self._process_resident() is not None)
@@ -147,17 +160,17 @@ class ProcessWorld(RuleBasedStateMachine):
         ids = sorted(i for i, w in self.work.items() if w in ("request", "ollama"))
         lease_id = data.draw(st.sampled_from(ids))
         del self.work[lease_id]
-        self._apply(self.core.release(lease_id, self.now))
+        self._call(self.core.release, lease_id, self.now)
 
     @rule()
     @precondition(lambda self: self.running is not None)
     def crash(self):
         self.running = None
-        self._apply(self.core.process_ended(W, self.now, "its process ended"))
+        self._call(self.core.process_ended, W, self.now, "its process ended")
         for lease_id, what in list(self.work.items()):
             if what in ("start", "load"):
                 del self.work[lease_id]
-                self._apply(self.core.release(lease_id, self.now, failed=True))
+                self._call(self.core.release, lease_id, self.now, failed=True)
 
     @rule(shows=st.booleans())
     def nvml_shows_it(self, shows):
@@ -173,7 +186,7 @@ class ProcessWorld(RuleBasedStateMachine):
     def time_passes(self, seconds):
         self.now += seconds
         self._sample()
-        self._apply(self.core.tick(self.now))
+        self._call(self.core.tick, self.now)
         # A start whose process never showed lapsed: its lease is gone.
         for lease_id, what in list(self.work.items()):
             if self.core.lease(lease_id) is None and what in ("start", "load"):
@@ -195,12 +208,15 @@ class ProcessWorld(RuleBasedStateMachine):
             assert residents == [] or not residents[0].shown or not self.shows
 
     def teardown(self):
-        for ticket_id in sorted(self.waiting):
+        # Every client goes away; a cancel may grant a ticket still waiting (it ends too).
+        while self.waiting:
+            ticket_id = min(self.waiting)
             del self.waiting[ticket_id]
-            self._apply(self.core.cancel(ticket_id, self.now))
-        for lease_id in sorted(self.work):
-            self._apply(self.core.release(lease_id, self.now))
-        self.work.clear()
+            self._call(self.core.cancel, ticket_id, self.now)
+        while self.work:
+            lease_id = min(self.work)
+            del self.work[lease_id]
+            self._call(self.core.release, lease_id, self.now)
         assert self.core.leases() == []
         assert self.core.waiting() == []
 
