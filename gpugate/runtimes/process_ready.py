@@ -16,7 +16,7 @@ import aiohttp
 
 from gpugate.runtimes.process import Exit, NotReady, ProcessControl, ProcessExited
 
-POLL_INTERVAL = 0.05
+POLL_INTERVAL = 0.01
 FIRST_POLL = 0.002
 
 
