@@ -1,7 +1,9 @@
 """The client side of the control API, shared by `gpugate lease` and `gpugate admit`.
 
 The gate's address and the token come from the same consumers.yaml the gate reads
-(`gate.control`, the first of `gate.control_tokens`), or the token from $GPUGATE_TOKEN.
+(`gate.control`, the first of `gate.control_tokens`), or the token from $GPUGATE_TOKEN;
+for a gate on loopback whose configuration names none, this user's local token
+(gpugate.local_token: what `gpugate demo` writes).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from gpugate.local_token import read_local_token
 
 EX_TEMPFAIL = 75
 """sysexits.h: no lease could be had now; systemd's Restart= and a caller's retry apply."""
@@ -36,6 +40,9 @@ def control_address(config_path: Path) -> tuple[str, str | None]:
         host = "127.0.0.1" if host == "0.0.0.0" else "::1"
     shown = f"[{host}]" if ":" in host else host
     token = os.environ.get(TOKEN_ENV) or next(iter(config.gate.control_tokens), None)
+    if token is None and host in ("127.0.0.1", "::1", "localhost"):
+        # A gate on this machine started by this user (`gpugate demo`) left its token here.
+        token = read_local_token()
     return f"http://{shown}:{address.port}", token
 
 

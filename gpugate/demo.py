@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from gpugate.local_token import remove_local_token, write_local_token
 from gpugate.sim.host import HostStartError
 from gpugate.sim.hostprocess import SimulatedHostProcess
 
@@ -41,6 +42,7 @@ schedulable. Ask for a model that does not fit and watch the gate evict the idle
   OLLAMA_HOST=127.0.0.1:11434 .venv/bin/python -c \
       "import ollama; print(ollama.generate('llama3.2:3b', 'hi', keep_alive='24h').response)"
   curl -s 127.0.0.1:11434/api/ps
+  .venv/bin/gpugate evict ollama bge-m3    # operator commands present the demo's token
 
 Or render FLUX in ComfyUI (open http://127.0.0.1:8188, or queue it from a script): it
 fails with CUDA out of memory at :8189 and renders through the gate, which evicts the
@@ -74,13 +76,16 @@ def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> 
     except HostStartError as exc:
         print(f"gpugate demo: {exc}", file=sys.stderr)
         return 1
+    token: Path | None = None
     try:
+        token = write_local_token()
+        served = with_token(config_path, scratch, token)
         assert host.environment is not None
         env = host.environment.apply()
         # `python3` in the whisper consumer's command is this interpreter.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         gate = subprocess.Popen(
-            [sys.executable, "-m", "gpugate", "serve", "--config", str(config_path)],
+            [sys.executable, "-m", "gpugate", "serve", "--config", str(served)],
             env=env,
             stdout=subprocess.PIPE,
             text=True,
@@ -101,6 +106,18 @@ def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> 
         return 0 if code in (0, -signal.SIGTERM) else code
     finally:
         host.stop()
+        if token is not None:
+            remove_local_token(token)
+
+
+def with_token(config_path: Path, scratch: Path, token: Path) -> Path:
+    """A copy of the demo's configuration whose control token is the local one, so the
+    operator commands (which present it to a gate on loopback) work against the demo."""
+    text = config_path.read_text()
+    line = f'  control_tokens: ["file:{token}"]\n'
+    copy = scratch / config_path.name
+    copy.write_text(text.replace("gate:\n", "gate:\n" + line, 1))
+    return copy
 
 
 def without_whisper(host_file: Path, scratch: Path) -> Path:

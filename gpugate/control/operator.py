@@ -49,6 +49,10 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
 
     def resident_key(request: web.Request) -> ResidentKey | None:
         consumer, model = request.match_info["consumer"], request.match_info["model"]
+        link = gate.links.get(consumer)
+        if link is not None:
+            # As the runtime names it (a bare name may carry its default tag there).
+            model = link.adapter.model_key(model)
         options = request.query.get("options")
         if options is not None:
             return ResidentKey(consumer, model, options)

@@ -8,19 +8,19 @@ started again (always_warm), once; and stopping the demo leaves nothing running.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import wave
 
 import aiohttp
 
 from gpugate.demo import ROOT
+from gpugate.local_token import local_token_path
 from gpugate.runtimes.process_find import listening_pids
+from tests.gate.test_process_start import wav_bytes
 from tests.sim.processes import LineReader, kill_quietly
 
 GATE_COMFY = "http://127.0.0.1:8188"
@@ -29,16 +29,6 @@ CONTROL = "http://127.0.0.1:9411"
 WHISPER_PORT = 8081
 STALE_AFTER = 20.0
 """Longer than a consumer's listing stays fresh without a refresh (16 s reported 503)."""
-
-
-def wav() -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(b"\0\0" * 8000)
-    return out.getvalue()
 
 
 async def poll(check, timeout: float = 60.0, interval: float = 0.1):  # type: ignore[no-untyped-def]
@@ -60,6 +50,22 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
     )
     try:
         LineReader(demo.stdout).until("Events follow", timeout=60)
+        async with aiohttp.ClientSession() as session:
+            # The gate finds the models loaded behind its back from Ollama's first listing.
+
+            async def listed() -> bool | None:
+                async with session.get(CONTROL + "/gate/v1/status") as resp:
+                    models = {r["model"] for r in (await resp.json())["residents"]}
+                return True if {"gemma3:12b", "bge-m3:latest"} <= models else None
+
+            await poll(listed)
+        # An operator command of the README, as printed: the demo's token reaches it.
+        evict = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpugate", "evict", "ollama", "bge-m3", cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await evict.communicate()
+        assert evict.returncode == 0, (out, err)
         async with aiohttp.ClientSession() as session:
             prompt = (ROOT / "sim" / "flux-prompt.json").read_bytes()
             async with session.post(GATE_COMFY + "/prompt", data=prompt) as resp:
@@ -86,7 +92,7 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
 
             second = await poll(restarted)
             form = aiohttp.FormData()
-            form.add_field("file", wav(), filename="a.wav", content_type="audio/wav")
+            form.add_field("file", wav_bytes(0.5), filename="a.wav", content_type="audio/wav")
             async with session.post(GATE_WHISPER + "/inference", data=form) as resp:
                 assert resp.status == 200, await resp.text()
             assert listening_pids(WHISPER_PORT) == [second], "started again once, not twice"
@@ -99,6 +105,7 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 0
         assert listening_pids(WHISPER_PORT) == [], "the gate's whisper-server went with it"
+        assert not local_token_path().exists(), "its token went with it"
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGTERM)
