@@ -303,20 +303,23 @@ def follow_observed(books: Books, observation: GpuObservation, now: float) -> li
             del books.residents[resident.key]
         elif room <= 0:
             del books.residents[resident.key]
-            events.append(
-                Event(
-                    EventKind.RESIDENT_GONE,
-                    now,
-                    key=resident.key,
-                    gpu=resident.gpu,
-                    bytes=resident.bytes,
-                    detail="NVML no longer shows its memory",
-                )
-            )
+            events.append(gone_event(resident, now, "NVML no longer shows its memory"))
         else:
             resident.bytes = room
         books.touch()
     return events
+
+
+def gone_event(resident: Resident, now: float, detail: str) -> Event:
+    """The event of a resident whose memory left without an unload of the gate's."""
+    return Event(
+        EventKind.RESIDENT_GONE,
+        now,
+        key=resident.key,
+        gpu=resident.gpu,
+        bytes=resident.bytes,
+        detail=detail,
+    )
 
 
 def pending_for(books: Books, resident: Resident) -> int:
@@ -337,16 +340,7 @@ def process_ended(books: Books, consumer: str, now: float, detail: str) -> list[
         if resident.state is not ResidentState.RESIDENT:
             continue
         del books.residents[resident.key]
-        events.append(
-            Event(
-                EventKind.RESIDENT_GONE,
-                now,
-                key=resident.key,
-                gpu=resident.gpu,
-                bytes=resident.bytes,
-                detail=detail,
-            )
-        )
+        events.append(gone_event(resident, now, detail))
     if events:
         books.touch()
     return events
