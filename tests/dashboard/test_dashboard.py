@@ -77,6 +77,9 @@ LEGEND = """JSON.stringify([...document.querySelectorAll('#gpu-0 .legend .item')
     (x) => [x.dataset.kind, x.dataset.name, Number(x.dataset.bytes)]))"""
 
 
+RESIDENTS = "[...document.querySelectorAll('#residents tbody tr')].map((r) => r.dataset.model)"
+
+
 def expected_legend(status: dict) -> list[list]:
     (gpu,) = status["gpus"]
     rows = [["driver", "driver reserved", gpu["driver_reserved"]]]
@@ -102,12 +105,16 @@ async def test_the_dashboard_shows_the_incident_and_a_load_without_a_reload(
     gate_url, control = incident_gate
     async with chromium_page(control + "/", tmp_path / "profile") as page:
         await page.wait_for("document.querySelector('#gpu-0 .legend [data-kind=consumer]')")
-        # The page and a status read may straddle a sample: poll until they agree.
+        # The page and a status read may straddle a sample, or whisper-server's start
+        # (always_warm) becoming its resident: poll until legend and residents both agree.
         async with asyncio.timeout(20):
             while True:
                 status = await status_of(control)
                 shown = json.loads(await page.evaluate(LEGEND))
-                if shown == expected_legend(status):
+                residents = await page.evaluate(RESIDENTS)
+                if shown == expected_legend(status) and sorted(residents) == sorted(
+                    r["model"] for r in status["residents"]
+                ):
                     break
                 await asyncio.sleep(0.2)
         by_name = {(k, n): b for k, n, b in shown}
@@ -121,10 +128,6 @@ async def test_the_dashboard_shows_the_incident_and_a_load_without_a_reload(
         }
         assert by_name[("consumer", "ollama")] == consumers["ollama"]["committed"]
         assert sum(b for _, _, b in shown) == status["gpus"][0]["total"]
-        residents = await page.evaluate(
-            "[...document.querySelectorAll('#residents tbody tr')].map((r) => r.dataset.model)"
-        )
-        assert sorted(residents) == sorted(r["model"] for r in status["residents"])
         assert "qwen2.5:7b" not in residents
 
         client = ollama.AsyncClient(host=gate_url)
