@@ -161,6 +161,8 @@ class SimulatedHost:
         self.ollama_url: str | None = None
         self.whisper_url: str | None = None
         self.comfyui_url: str | None = None
+        self.vllm_url: str | None = None
+        self.llamaserver_url: str | None = None
         self._processes: list[ReadyProcess] = []
         self._stopping = False
 
@@ -179,10 +181,14 @@ class SimulatedHost:
                 self._start_holder(spec)
             if self.spec.whisper is not None:
                 self._start_whisper()
+            if self.spec.vllm is not None:
+                self._start_vllm()
             if self.spec.ollama is not None:
                 self._start_ollama()
             if self.spec.comfyui is not None:
                 self._start_comfyui()
+            if self.spec.llamaserver is not None:
+                self._start_llamaserver()
         except BaseException:
             self.stop()
             raise
@@ -241,8 +247,12 @@ class SimulatedHost:
             line += f", ollama at {self.ollama_url}"
         if self.whisper_url is not None:
             line += f", whisper-server at {self.whisper_url}"
+        if self.vllm_url is not None:
+            line += f", vllm at {self.vllm_url}"
         if self.comfyui_url is not None:
             line += f", comfyui at {self.comfyui_url}"
+        if self.llamaserver_url is not None:
+            line += f", llama-server at {self.llamaserver_url}"
         return line
 
     # -- starting the parts --------------------------------------------------------------------
@@ -360,6 +370,35 @@ class SimulatedHost:
         except WhisperStartError as exc:
             raise HostStartError(f"the simulated whisper-server did not start: {exc}") from None
 
+    def _start_vllm(self) -> None:
+        from gpugate.sim.vllm.process import (
+            VllmStartError,
+            vllm_argv,
+            vllm_env,
+            wait_serving,
+            with_port,
+        )
+
+        assert self.state_dir is not None and self.spec.vllm is not None
+        # It says it is up only in log lines; the port answering /health is what counts.
+        spec = with_port(self.spec.vllm)
+        child = ReadyProcess(
+            "vllm",
+            vllm_argv(spec, self.state_dir),
+            self.events,
+            env=vllm_env(spec, self._child_env()),
+            own_group=True,
+            output=self.output,
+        )
+        self._launch(child)
+        assert child.popen is not None
+        try:
+            self.vllm_url = wait_serving(
+                spec, child.popen.pid, child.popen.poll, self.ready_timeout
+            )
+        except VllmStartError as exc:
+            raise HostStartError(f"the simulated vllm serve did not start: {exc}") from None
+
     def _start_comfyui(self) -> None:
         # One process, as a real ComfyUI: it takes ComfyUI's command line and holds its VRAM.
         assert self.state_dir is not None and self.spec.comfyui is not None
@@ -381,6 +420,33 @@ class SimulatedHost:
             raise HostStartError(f"the simulated ComfyUI did not start: {exc}") from None
         urls = [word for word in line.split() if word.startswith(("http://", "https://"))]
         self.comfyui_url = urls[0] if urls else f"http://{self.spec.comfyui.listen}"
+
+    def _start_llamaserver(self) -> None:
+        # It binds before it loads: /health answering 200 is what says it is up.
+        from gpugate.sim.llamaserver.process import (
+            LlamaServerStartError,
+            llamaserver_argv,
+            wait_healthy,
+        )
+        from gpugate.sim.whisper.process import with_port
+
+        assert self.state_dir is not None and self.spec.llamaserver is not None
+        spec = with_port(self.spec.llamaserver)  # type: ignore[arg-type]
+        child = ReadyProcess(
+            "llama-server",
+            llamaserver_argv(spec, self.state_dir),
+            self.events,
+            prefix="\0",
+            env=self._child_env(),
+            own_group=True,
+            output=self.output,
+        )
+        self._launch(child)
+        assert child.popen is not None
+        try:
+            self.llamaserver_url = wait_healthy(spec, child.popen, self.ready_timeout)  # type: ignore[arg-type]
+        except LlamaServerStartError as exc:
+            raise HostStartError(f"the simulated llama-server did not start: {exc}") from None
 
     def _launch(self, child: ReadyProcess) -> None:
         try:

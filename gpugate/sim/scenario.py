@@ -22,6 +22,16 @@ whisper:                      # a simulated whisper.cpp whisper-server (gpugate.
   models: {models/ggml-large-v3-turbo.bin: 2050MiB}   # model file -> VRAM once loaded
   load_seconds: 1s
   record: whisper.jsonl       # optional: a JSON line per /load and /inference answered
+vllm:                         # a simulated `vllm serve` (gpugate.sim.vllm)
+  listen: 127.0.0.1:8000
+  model: Qwen/Qwen3-0.6B
+  gpu_memory_utilization: 0.5 # takes this fraction of the card's total memory at start
+  enable_sleep_mode: true
+  dev_mode: true              # VLLM_SERVER_DEV_MODE=1: POST /sleep, /wake_up, GET /is_sleeping
+  weights: 1200MiB
+llamaserver:                  # a simulated llama.cpp llama-server (gpugate.sim.llamaserver)
+  listen: 127.0.0.1:8082
+  models_dir: models/llama    # router mode; or model: FILE.gguf for one model
 comfyui:                      # a simulated ComfyUI (see gpugate.sim.comfyui)
   listen: 127.0.0.1:8188
   record: prompts.jsonl       # optional: a JSON line per POST /prompt answered
@@ -47,6 +57,8 @@ from gpugate.sim.specfields import only as _only
 from gpugate.sim.specfields import record_path
 
 if TYPE_CHECKING:
+    from gpugate.sim.llamaserver.spec import LlamaServerSpec
+    from gpugate.sim.vllm.spec import VllmServerSpec
     from gpugate.sim.whisper.spec import WhisperServerSpec
 
 
@@ -189,6 +201,8 @@ class HostSpec:
     ollama: OllamaSpec | None = None
     whisper: WhisperServerSpec | None = None
     comfyui: ComfyUISpec | None = None
+    vllm: VllmServerSpec | None = None
+    llamaserver: LlamaServerSpec | None = None
 
 
 class ScenarioError(ValueError):
@@ -209,7 +223,8 @@ def load_host(path: str | Path) -> HostSpec:
 
 
 def _host(data: dict[str, Any], path: Path) -> HostSpec:
-    _only(data, "host", {"driver", "cuda", "gpus", "holders", "ollama", "whisper", "comfyui"})
+    parts = {"ollama", "whisper", "comfyui", "vllm", "llamaserver"}
+    _only(data, "host", {"driver", "cuda", "gpus", "holders"} | parts)
     gpus = tuple(_gpu(g, i) for i, g in enumerate(data.get("gpus") or [{}]))
     holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
     for i, holder in enumerate(holders):
@@ -222,6 +237,22 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
         whisper = parse_whisper(data["whisper"], path.parent)
     if whisper is not None and whisper.gpu >= len(gpus):
         raise ValueError(f"whisper.gpu: no GPU {whisper.gpu} (the host has {len(gpus)})")
+    vllm = None
+    if data.get("vllm") is not None:
+        from gpugate.sim.vllm.spec import parse_vllm
+
+        vllm = parse_vllm(data["vllm"], path.parent)
+        if vllm.gpu >= len(gpus):
+            raise ValueError(f"vllm.gpu: no GPU {vllm.gpu} (the host has {len(gpus)})")
+    llamaserver = None
+    if data.get("llamaserver") is not None:
+        from gpugate.sim.llamaserver.spec import parse_llamaserver
+
+        llamaserver = parse_llamaserver(data["llamaserver"], path.parent)
+        if llamaserver.gpu is not None and llamaserver.gpu >= len(gpus):
+            raise ValueError(
+                f"llamaserver.gpu: no GPU {llamaserver.gpu} (the host has {len(gpus)})"
+            )
     return HostSpec(
         source=path,
         driver=str(data.get("driver", "550.54.15")),
@@ -230,6 +261,8 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
         holders=holders,
         ollama=ollama,
         whisper=whisper,
+        vllm=vllm,
+        llamaserver=llamaserver,
         comfyui=_comfyui(data["comfyui"], len(gpus), path.parent)
         if data.get("comfyui") is not None
         else None,
