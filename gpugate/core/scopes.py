@@ -385,6 +385,27 @@ def never_appeared(lease: Lease, now: float) -> Event:
     )
 
 
+def listed_scopes(
+    books: Books, consumer: str, gpu: int, names: set[str], *, asked_at: float, now: float
+) -> list[Effect]:
+    """Process leases whose model the runtime now lists as loaded become residents: the
+    runtime's own word that the load is done (a model loaded by a child it spawned, or on
+    a device NVML does not see) settles it before NVML does. Only a listing asked after
+    the grant says so."""
+    effects: list[Effect] = []
+    for lease in list(books.leases_on(gpu)):
+        if (
+            lease.scope is LeaseScope.PROCESS
+            and lease.pending
+            and lease.key.consumer == consumer
+            and lease.key.model in names
+            and lease.granted <= asked_at
+        ):
+            books.close_lease(lease.id, now, failed=False)
+            effects.append(released_event(lease, now, "resident"))
+    return effects
+
+
 def observed_scopes(books: Books, observation: GpuObservation, now: float) -> list[Effect]:
     """Process leases whose memory appeared become residents (known from NVML, followed
     by it); residents known from NVML only follow it."""

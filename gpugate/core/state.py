@@ -34,6 +34,7 @@ from gpugate.core.scopes import (
     accounted,
     job_demand,
     left_behind,
+    listed_scopes,
     never_appeared,
     next_appearance,
     observed_scopes,
@@ -280,7 +281,9 @@ class GateCore:
         were loaded behind the gate's back and become residents like any other; measured
         sizes replace envelopes.
         """
-        effects = apply_listing(self.books, consumer, gpu, listed, asked_at=asked_at, now=now)
+        names = {m.model for m in listed}
+        effects = listed_scopes(self.books, consumer, gpu, names, asked_at=asked_at, now=now)
+        effects += apply_listing(self.books, consumer, gpu, listed, asked_at=asked_at, now=now)
         self.books.touch()
         self.telemetry.explain(gpu, self.books)
         effects.extend(self.scheduler.schedule(gpu, now))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import attrs
 
 from gpugate.core.classes import PriorityClass as P
+from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import EventKind, Grant, Unload
 from gpugate.core.failures import FailureClass
+from gpugate.core.listing import ListedModel
 from gpugate.core.residents import ResidentKey
 from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
@@ -205,3 +207,25 @@ def test_a_process_that_never_shows_its_memory_fails_its_lease():
     failures = [e.failure for e in effects if e.kind is EventKind.FAILURE]
     assert [f.failure_class for f in failures] == [FailureClass.TIMEOUT]
     assert core.lease(lease.id) is None and core.leases() == [] and core.residents() == []
+
+
+def listed(model, nbytes):
+    return ListedModel(model, nbytes, nbytes, P.INTERACTIVE, ResidencyPolicy.KEEP_WARM, None)
+
+
+def test_a_process_lease_whose_model_the_runtime_lists_is_a_resident_without_nvml():
+    core = core_with(reconcilable=(C,))
+    lease = core.submit(process(2 * GiB), 0.0).lease
+    assert lease is not None
+    # A listing asked before the grant says nothing of this load.
+    core.reconcile(C, 0, [listed("whisper", 1 * GiB)], asked_at=-1.0, now=1.0)
+    assert core.lease(lease.id) is not None
+    effects = core.reconcile(C, 0, [listed("whisper", 1 * GiB)], asked_at=2.0, now=2.0)
+    assert core.leases() == []
+    assert [e.reason for e in effects if e.kind is EventKind.LEASE_RELEASED] == ["resident"]
+    resident = core.resident(lease.key)
+    # The runtime's word sizes it; NVML does not follow it as a process's memory.
+    assert resident.bytes == 1 * GiB and not resident.tracks_observed
+    # A listing without it: the model is gone.
+    core.reconcile(C, 0, [], asked_at=3.0, now=3.0)
+    assert core.residents() == []
