@@ -9,6 +9,7 @@ WRK    := build/wrk/usr/bin/wrk
 CHROMIUM := build/.chromium-installed
 NGINX  := build/nginx/usr/sbin/nginx
 ORACLE := build/oracle/ollama-oracle
+LLAMA_SERVER := build/llama-server
 
 .PHONY: run test bench fuzz soak demo lint shim oracle clean
 
@@ -45,10 +46,15 @@ $(ORACLE): $(STAMP) tests/oracle/build.sh tests/oracle/ollama/go.mod $(wildcard 
 
 oracle: $(ORACLE)
 
+# llama.cpp's llama-server, built for the CPU from the llama-cpp-python sdist on PyPI; the
+# conformance tests run it against the simulator (cached outside the checkout, by version).
+$(LLAMA_SERVER): $(STAMP) tests/llamaserver/build.sh
+	sh tests/llamaserver/build.sh $(BIN)/pip
+
 run: $(STAMP) $(SHIM)
 	$(BIN)/gpugate demo
 
-test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE)
+test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(LLAMA_SERVER)
 	$(BIN)/python -m pytest -q
 
 # wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.
