@@ -53,11 +53,13 @@ class RuntimeKind(enum.Enum):
     OLLAMA = "ollama"
     COMFYUI = "comfyui"
     WHISPER = "whisper"
+    LLAMA_SERVER = "llama-server"
     HTTP = "http"
 
     @classmethod
     def parse(cls, text: str) -> RuntimeKind:
-        """Read a runtime name ("ollama", "comfyui", "whisper", "http"); ValueError otherwise."""
+        """Read a runtime name ("ollama", "comfyui", "whisper", "llama-server", "http");
+        ValueError otherwise."""
         try:
             return cls(text.strip().lower())
         except ValueError:

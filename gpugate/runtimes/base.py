@@ -36,6 +36,8 @@ class ApiFamily(enum.Enum):
     """OpenAI-compatible /v1/*: {"error": {"message", "type", "param", "code"}}."""
     PLAIN = "plain"
     """Anything else: a text body."""
+    LLAMA = "llama"
+    """llama.cpp's server: {"error": {"code", "message", "type"}} on every route."""
     JOB_QUEUE = "job_queue"
     """A queue of jobs that answers `{"error": {"type", "message", "details", "extra_info"},
     "node_errors": {}}` (ComfyUI's `POST /prompt`); the adapter writes the gate's failures."""
@@ -150,7 +152,30 @@ def error_reply(
         kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
         payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         return ErrorReply(status, go_json(payload) + b"\n", "application/json", code)
+    if api is ApiFamily.LLAMA:
+        # format_error_response (tools/server/server-common.cpp), dumped compact
+        payload = {"error": {"code": status, "message": message, "type": llama_error_type(status)}}
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        return ErrorReply(status, body, "application/json; charset=utf-8", code)
     return ErrorReply(status, (message + "\n").encode(), "text/plain; charset=utf-8", code)
+
+
+_LLAMA_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+def llama_error_type(status: int) -> str:
+    """llama-server's error `type` for a status (its error_type enum); a status it never
+    writes itself (429) reads as the retryable one, `unavailable_error`."""
+    if status == 429:
+        return "unavailable_error"
+    return _LLAMA_TYPES.get(status, "server_error")
 
 
 def failure_reply(api: ApiFamily, failure: Failure) -> ErrorReply:

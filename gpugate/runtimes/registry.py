@@ -6,27 +6,35 @@ NVML and counts it, nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpugate.config.model import Consumer, RuntimeKind
 from gpugate.runtimes.base import RuntimeAdapter
 from gpugate.runtimes.comfyui import ComfyUIAdapter
 from gpugate.runtimes.http import HttpAdapter
+from gpugate.runtimes.llamaserver import llama_server_adapter
 from gpugate.runtimes.ollama import OllamaAdapter
 from gpugate.runtimes.whisper import WhisperAdapter
 
-ADAPTERS: dict[RuntimeKind, type[RuntimeAdapter]] = {
+AdapterFactory = Callable[[Consumer], RuntimeAdapter]
+"""Builds a consumer's adapter: an adapter class, or a function choosing among a runtime's
+modes (llama-server's router or single model) by the consumer's configuration."""
+
+ADAPTERS: dict[RuntimeKind, AdapterFactory] = {
     RuntimeKind.OLLAMA: OllamaAdapter,
     RuntimeKind.COMFYUI: ComfyUIAdapter,
     RuntimeKind.WHISPER: WhisperAdapter,
+    RuntimeKind.LLAMA_SERVER: llama_server_adapter,
     RuntimeKind.HTTP: HttpAdapter,
 }
 
 
-def adapter_class(kind: RuntimeKind) -> type[RuntimeAdapter] | None:
-    """The adapter family for a runtime kind; None when the gate only observes it."""
+def adapter_class(kind: RuntimeKind) -> AdapterFactory | None:
+    """What builds the adapters of a runtime kind; None when the gate only observes it."""
     return ADAPTERS.get(kind)
 
 
 def adapter_for(consumer: Consumer) -> RuntimeAdapter | None:
     """A new adapter for a consumer; None when its runtime has no adapter yet."""
-    cls = adapter_class(consumer.runtime)
-    return None if cls is None else cls(consumer)
+    factory = adapter_class(consumer.runtime)
+    return None if factory is None else factory(consumer)

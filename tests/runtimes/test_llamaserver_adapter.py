@@ -1,0 +1,284 @@
+"""The llama-server adapter: which requests are demands in router mode, how its listing,
+its models-max and its errors are read, and what a model's GGUF header makes its envelope."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import attrs
+import pytest
+from aiohttp import web
+
+from gpugate.config.loader import load_config_text
+from gpugate.config.model import Upstream
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.tickets import LeaseScope
+from gpugate.runtimes.base import ApiFamily, RouteKind, error_reply, failure_reply
+from gpugate.runtimes.llamaserver import LlamaRouterAdapter, LlamaSingleAdapter
+from gpugate.runtimes.llamaserver.catalog import LlamaServerError, ModelEntry, parse_models
+from gpugate.runtimes.llamaserver.envelope import CUDA_CONTEXT, estimate_entry, load_bytes
+from gpugate.runtimes.llamaserver.gguf import GgufError, file_facts
+from gpugate.runtimes.llamaserver.reading import Unreadable, read_json
+from gpugate.runtimes.registry import adapter_for
+from tests.llamaserver.gguf_models import write_tiny_llama
+
+CONFIG = """\
+consumers:
+  llama:
+    runtime: llama-server
+    listen: 127.0.0.1:8090
+    upstream: http://127.0.0.1:8091
+  single:
+    runtime: llama-server
+    listen: 127.0.0.1:8092
+    upstream: http://127.0.0.1:8093
+    envelope: 1GiB
+    control:
+      command: [llama-server, -m, /models/qwen.gguf, --port, "8093"]
+"""
+
+
+@pytest.fixture
+def consumers():
+    config = load_config_text(CONFIG, "consumers.yaml")
+    return {c.name: c for c in config.consumers}
+
+
+@pytest.fixture
+def router(consumers) -> LlamaRouterAdapter:
+    adapter = adapter_for(consumers["llama"])
+    assert isinstance(adapter, LlamaRouterAdapter)
+    return adapter
+
+
+def listing(*rows: tuple[str, str], args: tuple[str, ...] = ()) -> dict:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "aliases": [name + "-alias"],
+                "status": {"value": status, "args": list(args)},
+            }
+            for name, status in rows
+        ],
+    }
+
+
+def test_a_consumer_with_a_control_is_a_single_model_server(consumers):
+    adapter = adapter_for(consumers["single"])
+    assert isinstance(adapter, LlamaSingleAdapter)
+    assert adapter.process_model() == "/models/qwen.gguf"
+    assert adapter.needs_process("POST", "/v1/chat/completions")
+    assert not adapter.needs_process("GET", "/health")
+    assert adapter.classify("POST", "/completion", None, "").api is ApiFamily.LLAMA
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/completion", "/v1/embeddings", "/infill", "/tokenize"]
+)
+def test_a_proxied_route_naming_a_model_is_a_demand_for_it(router, path):
+    router.catalog = parse_models(listing(("qwen", "unloaded")))
+    classified = router.classify("POST", path, b'{"model": "qwen-alias", "prompt": "x"}', "")
+    assert classified.kind is RouteKind.DEMAND
+    assert classified.model == "qwen"  # an alias resolves to the model's own name
+    assert classified.scope is LeaseScope.REQUEST
+    assert classified.api is ApiFamily.LLAMA
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b'{"prompt": "x"}',
+        b'{"model": 7}',
+        b'{"model": ""}',
+        b"[1]",
+        b'{"model": NaN}',
+    ],
+)
+def test_a_body_the_router_refuses_unread_passes_unleased(router, body):
+    assert router.classify("POST", "/completion", body, "").kind is RouteKind.PASS
+
+
+def test_json_the_gate_cannot_read_as_nlohmann_does_is_refused_in_llamas_shape(router):
+    deep = b'{"model": "qwen", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    classified = router.classify("POST", "/completion", deep, "")
+    assert classified.kind is RouteKind.REFUSE
+    assert classified.refusal is not None and classified.refusal.status == 400
+    with pytest.raises(Unreadable):
+        read_json(deep)
+
+
+def test_a_lone_surrogate_is_refused_as_nlohmann_refuses_it():
+    with pytest.raises(ValueError):
+        read_json(b'{"model": "q\\ud800"}')
+    assert read_json(b'{"model": "q\\ud83d\\ude00"}') == {"model": "q\U0001f600"}
+
+
+def test_a_get_names_its_model_in_the_query(router):
+    classified = router.classify("GET", "/props", None, "", query="model=qwen&autoload=false")
+    assert classified.kind is RouteKind.DEMAND
+    assert classified.model == "qwen"
+    assert classified.reading is False
+    assert router.classify("GET", "/props", None, "").kind is RouteKind.PASS
+    assert router.classify("GET", "/health", None, "").kind is RouteKind.PASS
+    assert router.classify("GET", "/models", None, "").kind is RouteKind.PASS
+
+
+def test_load_holds_its_lease_until_the_child_shows_and_unload_is_an_unload(router):
+    load = router.classify("POST", "/models/load", b'{"model": "qwen"}', "")
+    assert (load.kind, load.model, load.scope) == (RouteKind.DEMAND, "qwen", LeaseScope.PROCESS)
+    assert load.appear_within is not None and load.appear_within > 0
+    unload = router.classify("POST", "/models/unload", b'{"model": "qwen"}', "")
+    assert (unload.kind, unload.model) == (RouteKind.UNLOAD, "qwen")
+    assert router.classify("POST", "/models/unload", b"{}", "").kind is RouteKind.PASS
+
+
+def test_at_models_max_a_load_takes_the_least_recently_used_models_place(router):
+    router.catalog = parse_models(listing(("a", "loaded"), ("b", "loaded"), ("c", "unloaded")))
+    router.models_max = 2
+    router.classify("POST", "/completion", b'{"model": "b"}', "")
+    router.classify("POST", "/completion", b'{"model": "a"}', "")
+    assert router.classify("POST", "/completion", b'{"model": "c"}', "").replaces == "b"
+    # A model already running displaces nobody; below the limit nobody either.
+    assert router.classify("POST", "/completion", b'{"model": "a"}', "").replaces is None
+    router.models_max = 3
+    assert router.classify("POST", "/completion", b'{"model": "c"}', "").replaces is None
+
+
+async def serve_router(aiohttp_server, rows: dict, props: dict):
+    calls: list[tuple[str, object]] = []
+
+    async def models(request):
+        return web.json_response(rows)
+
+    async def get_props(request):
+        return web.json_response(props)
+
+    async def unload(request):
+        body = await request.json()
+        calls.append(("unload", body))
+        if body["model"] == "gone":
+            return web.json_response(
+                {
+                    "error": {
+                        "code": 400,
+                        "message": "model is not running",
+                        "type": "invalid_request_error",
+                    }
+                },
+                status=400,
+            )
+        if body["model"] == "broken":
+            return web.Response(status=500, text="Internal Server Error")
+        return web.json_response({"success": True})
+
+    app = web.Application()
+    app.router.add_get("/models", models)
+    app.router.add_get("/props", get_props)
+    app.router.add_post("/models/unload", unload)
+    return await aiohttp_server(app), calls
+
+
+async def test_vet_passes_what_the_router_would_refuse(aiohttp_server, consumers):
+    rows = listing(("qwen", "unloaded"), ("phi", "loaded"))
+    server, _ = await serve_router(
+        aiohttp_server, rows, {"role": "router", "max_instances": 4, "models_autoload": False}
+    )
+    consumer = consumers["llama"]
+
+    adapter = LlamaRouterAdapter(
+        attrs.evolve(consumer, upstream=Upstream("http", "127.0.0.1", server.port))
+    )
+
+    async with aiohttp.ClientSession() as session:
+        unknown = adapter.classify("POST", "/completion", b'{"model": "nope"}', "")
+        assert await adapter.vet(unknown, session, 0.0) is not None
+        # --no-models-autoload: a model not running is refused (400) without loading.
+        cold = adapter.classify("POST", "/completion", b'{"model": "qwen"}', "")
+        assert await adapter.vet(cold, session, 0.0) is not None
+        warm = adapter.classify("POST", "/completion", b'{"model": "phi"}', "")
+        assert await adapter.vet(warm, session, 0.0) is None
+        asked = adapter.classify(
+            "POST", "/completion?autoload=1", b'{"model": "qwen"}', "", query="autoload=1"
+        )
+        assert await adapter.vet(asked, session, 0.0) is None
+        running = adapter.classify("POST", "/models/load", b'{"model": "phi"}', "")
+        assert await adapter.vet(running, session, 0.0) is not None
+        assert adapter.models_max == 4 and adapter.autoload is False
+        loaded = await adapter.listing(session)
+        assert [m.name for m in loaded] == ["phi"]
+
+
+async def test_evict_unloads_and_a_model_already_gone_is_evicted(aiohttp_server, consumers):
+
+    server, calls = await serve_router(aiohttp_server, listing(), {"role": "router"})
+    adapter = LlamaRouterAdapter(
+        attrs.evolve(consumers["llama"], upstream=Upstream("http", "127.0.0.1", server.port))
+    )
+    async with aiohttp.ClientSession() as session:
+        await adapter.evict(session, "qwen")
+        await adapter.evict(session, "gone")
+        with pytest.raises(LlamaServerError, match="500"):
+            await adapter.evict(session, "broken")
+    assert calls == [
+        ("unload", {"model": "qwen"}),
+        ("unload", {"model": "gone"}),
+        ("unload", {"model": "broken"}),
+    ]
+
+
+def test_errors_are_written_in_llama_servers_shape():
+    reply = error_reply(ApiFamily.LLAMA, 400, "model 'x' not found")
+    assert reply.content_type == "application/json; charset=utf-8"
+    # The router's own bytes for an unknown model, as it wrote them (compact, this order).
+    expected = b'{"error":{"code":400,"message":"model \'x\' not found",'
+    expected += b'"type":"invalid_request_error"}}'
+    assert reply.body == expected
+    failure = failure_reply(
+        ApiFamily.LLAMA, Failure(FailureClass.LEASE_TIMEOUT, "no room", retry_after=5.0)
+    )
+    body = json.loads(failure.body)
+    assert body["error"]["code"] == failure.status == FailureClass.LEASE_TIMEOUT.http_status
+    assert body["error"]["type"] == "unavailable_error"
+    assert failure.retry_after == 5.0
+
+
+def test_a_listing_that_is_not_one_is_an_error():
+    with pytest.raises(LlamaServerError):
+        parse_models({"data": "x"})
+    with pytest.raises(LlamaServerError):
+        parse_models({"data": [{"status": {}}]})
+    # A single-model server lists its one model without a router's status: it is loaded.
+    assert parse_models({"data": [{"id": "m.gguf"}]}).entries[0].status == "loaded"
+
+
+def test_the_envelope_is_weights_and_kv_cache_from_the_gguf_header(tmp_path):
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2, n_embd=64, n_head=4, n_head_kv=2)
+    facts = file_facts(path)
+    assert (facts.n_layer, facts.n_embd, facts.n_head, facts.n_head_kv) == (2, 64, 4, 2)
+    assert 0 < facts.weights <= path.stat().st_size
+    # head_dim 16 × 2 kv heads × (K + V) × 2 layers × 2 bytes per token
+    assert facts.kv_cache_bytes(512) == 2 * 512 * (32 + 32) * 2
+    entry = ModelEntry("tiny", "unloaded", args=("llama-server", "-m", str(path), "-c", "512"))
+    assert estimate_entry(entry) == load_bytes(facts, 512, None)
+    assert estimate_entry(entry) > facts.weights + facts.kv_cache_bytes(512)
+    no_gpu = ModelEntry("tiny", "unloaded", args=("-m", str(path), "-ngl", "0"))
+    assert estimate_entry(no_gpu) == CUDA_CONTEXT
+    assert (
+        estimate_entry(ModelEntry("x", "unloaded", args=("-m", str(tmp_path / "missing")))) is None
+    )
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(GgufError):
+        file_facts(bad)
+    truncated = tmp_path / "short.gguf"
+    path = write_tiny_llama(tmp_path / "full.gguf")
+    truncated.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(GgufError):
+        file_facts(truncated)
