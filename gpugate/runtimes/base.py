@@ -21,7 +21,7 @@ from gpugate.config.model import Consumer, ModelOverride, Residency
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
+from gpugate.runtimes.comfyui.errors import comfyui_failure_reply
 from gpugate.runtimes.dialect import BodyCoding, ServerDialect
 from gpugate.runtimes.process import ProcessControl
 from gpugate.runtimes.replies import BodyLimit, ErrorReply

@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 from gpugate.config.model import Consumer, RuntimeKind
 from gpugate.runtimes.base import RuntimeAdapter
-from gpugate.runtimes.comfyui import ComfyUIAdapter
+from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.llamaserver import llama_server_adapter
-from gpugate.runtimes.ollama import OllamaAdapter
-from gpugate.runtimes.whisper import WhisperAdapter
+from gpugate.runtimes.ollama.adapter import OllamaAdapter
+from gpugate.runtimes.whisper.adapter import WhisperAdapter
 
 AdapterFactory = Callable[[Consumer], RuntimeAdapter]
 """Builds a consumer's adapter: an adapter class, or a function choosing among a runtime's

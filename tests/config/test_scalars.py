@@ -95,7 +95,11 @@ def test_upstream_urls(written: str, upstream: Upstream) -> None:
         ),
         (
             {"runtime": "vllm"},
-            Found(3, "runtime", "unknown runtime 'vllm' (one of ollama, comfyui, whisper, llama-server, http)"),
+            Found(
+                3,
+                "runtime",
+                "unknown runtime 'vllm' (one of ollama, comfyui, whisper, llama-server, http)",
+            ),
         ),
         (
             {"listen": '"0.0.0.0:99999"'},

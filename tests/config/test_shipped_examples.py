@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpugate.config.loader import load_config
-from gpugate.runtimes.comfyui import ComfyUIAdapter
+from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
 from gpugate.runtimes.registry import adapter_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def test_the_demo_fronts_comfyui() -> None:
 
 
 def test_the_demos_flux_prompt_is_the_graph_the_gate_sizes():
-    from gpugate.runtimes.comfyui_graph import PromptDemand, read_prompt
+    from gpugate.runtimes.comfyui.graph import PromptDemand, read_prompt
     from tests.sim.comfyui_helpers import flux
 
     body = (ROOT / "sim" / "flux-prompt.json").read_bytes()

@@ -17,7 +17,7 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.proxy.listener import LEASE_HEADER
-from gpugate.runtimes.comfyui_envelope import PROMPT_OPTIONS
+from gpugate.runtimes.comfyui.envelope import PROMPT_OPTIONS
 from gpugate.sim.comfyui import SimComfyUI
 from gpugate.sim.comfyui.work import CHECKPOINT_SHARES
 from tests.gate.comfyui_stack import comfy_stack

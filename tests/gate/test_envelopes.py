@@ -7,7 +7,7 @@ import ollama
 
 from gpugate.core.effects import EventKind
 from gpugate.core.units import MiB
-from gpugate.runtimes.ollama_models import RUNTIME_OVERHEAD
+from gpugate.runtimes.ollama.models import RUNTIME_OVERHEAD
 from tests.gate.harness import running_stack
 
 NO_LLAMA_ENVELOPE = """\

@@ -37,8 +37,8 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from gpugate.runtimes.comfyui_catalog import parse_object_info
-from gpugate.runtimes.comfyui_validation import Outcome, validate
+from gpugate.runtimes.comfyui.catalog import parse_object_info
+from gpugate.runtimes.comfyui.validation import Outcome, validate
 from tests.runtimes.test_comfyui_validation import object_info, txt2img
 from tests.runtimes.test_comfyui_validation_agreement import mutated
 

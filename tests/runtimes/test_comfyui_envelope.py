@@ -11,14 +11,14 @@ from gpugate.config.loader import load_config_text
 from gpugate.config.model import Consumer
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB, MiB
-from gpugate.runtimes.comfyui_envelope import (
+from gpugate.runtimes.comfyui.envelope import (
     EnvelopeSource,
     PromptEnvelope,
     PromptSizing,
     prompt_envelope,
     prompt_key,
 )
-from gpugate.runtimes.comfyui_graph import ModelFile, PromptDemand, read_prompt
+from gpugate.runtimes.comfyui.graph import ModelFile, PromptDemand, read_prompt
 from gpugate.store.db import MeasuredEnvelope
 from tests.runtimes.comfyui_workflows import SD15, blank, body, flux, lora, txt2img, upscale
 

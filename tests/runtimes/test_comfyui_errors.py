@@ -6,7 +6,7 @@ import json
 
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.units import GiB
-from gpugate.runtimes.comfyui_errors import comfyui_failure_reply
+from gpugate.runtimes.comfyui.errors import comfyui_failure_reply
 
 
 def test_a_capacity_refusal_reads_as_comfyuis_own_error() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.runtimes.comfyui_graph import (
+from gpugate.runtimes.comfyui.graph import (
     KEY_MAX,
     NO_FILES_KEY,
     ModelFile,

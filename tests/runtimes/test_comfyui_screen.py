@@ -14,8 +14,8 @@ import pytest
 
 from gpugate.config.loader import ConfigError, load_config_text_with_warnings
 from gpugate.config.model import Address, Consumer, RuntimeKind, Upstream
-from gpugate.runtimes.comfyui import ComfyUIAdapter
-from gpugate.runtimes.comfyui_origin import Verdict, origin_verdict, request_path
+from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
+from gpugate.runtimes.comfyui.origin import Verdict, origin_verdict, request_path
 
 CONSUMER = Consumer(
     name="comfyui",

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from gpugate.runtimes.comfyui_catalog import (
+from gpugate.runtimes.comfyui.catalog import (
     Catalog,
     Category,
     InputKind,
     parse_object_info,
 )
-from gpugate.runtimes.comfyui_node_validation import types_match
-from gpugate.runtimes.comfyui_validation import (
+from gpugate.runtimes.comfyui.node_validation import types_match
+from gpugate.runtimes.comfyui.validation import (
     Outcome,
     Verdict,
     classes_to_refetch,

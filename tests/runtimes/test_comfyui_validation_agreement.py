@@ -17,8 +17,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpugate.runtimes.comfyui_catalog import Catalog, parse_object_info
-from gpugate.runtimes.comfyui_validation import Outcome, Verdict, validate
+from gpugate.runtimes.comfyui.catalog import Catalog, parse_object_info
+from gpugate.runtimes.comfyui.validation import Outcome, Verdict, validate
 from gpugate.sim.comfyui.nodes import NODES, InputDef
 from gpugate.sim.comfyui.validation import validate_node_input, validate_prompt
 from tests.sim.comfyui_helpers import MODELS, blank, flux, txt2img

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.runtimes.gojson import DECODER, GoJsonError
-from gpugate.runtimes.gojson_fast import read_struct
-from gpugate.runtimes.gojson_scan import ScanError, scan
-from gpugate.runtimes.ollama_requests import CHAT
+from gpugate.runtimes.ollama.gojson import DECODER, GoJsonError
+from gpugate.runtimes.ollama.gojson_fast import read_struct
+from gpugate.runtimes.ollama.gojson_scan import ScanError, scan
+from gpugate.runtimes.ollama.requests import CHAT
 
 _json = st.recursive(
     st.none()

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpugate.core.classes import ResidencyPolicy
-from gpugate.runtimes.keepalive import (
+from gpugate.runtimes.ollama.keepalive import (
     FOREVER,
     KeepAlive,
     KeepAliveError,

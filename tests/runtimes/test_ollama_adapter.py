@@ -16,12 +16,12 @@ from gpugate.config.model import (
 )
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.runtimes.base import ApiFamily, RouteKind
-from gpugate.runtimes.ollama import (
+from gpugate.runtimes.ollama.adapter import (
     OllamaAdapter,
     normalize_model,
     options_key,
 )
-from gpugate.runtimes.ollama_models import kv_cache_bytes
+from gpugate.runtimes.ollama.models import kv_cache_bytes
 
 CONSUMER = Consumer(
     name="ollama",

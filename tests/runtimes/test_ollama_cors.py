@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpugate.runtimes.gotarget import BadTarget, parse_target
-from gpugate.runtimes.ollama_host import (
+from gpugate.runtimes.ollama.gotarget import BadTarget, parse_target
+from gpugate.runtimes.ollama.host import (
     BAD_REQUEST,
     OllamaHostCheck,
     OriginRules,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpugate.core.units import GiB, MiB
-from gpugate.runtimes.ollama_models import RUNTIME_OVERHEAD, estimate_bytes
+from gpugate.runtimes.ollama.models import RUNTIME_OVERHEAD, estimate_bytes
 
 # llama3.2:3b (Q4_K_M) as its GGUF describes it, and its file.
 LLAMA32_3B = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpugate.runtimes.ollama_names import canonical_name, parse_name
+from gpugate.runtimes.ollama.names import canonical_name, parse_name
 
 
 @pytest.mark.parametrize(

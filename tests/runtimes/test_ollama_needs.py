@@ -8,14 +8,14 @@ import attrs
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.ollama_needs import (
+from gpugate.runtimes.ollama.needs import (
     Handler,
     ModelFacts,
     Needs,
     refused,
     scan_size,
 )
-from gpugate.runtimes.ollama_reading import READERS
+from gpugate.runtimes.ollama.reading import READERS
 from tests.runtimes.test_ollama_adapter import ADAPTER
 
 GENERATE = Needs(Handler.GENERATE)

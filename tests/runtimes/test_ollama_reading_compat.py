@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.govalues import GoSlice, decode_members
-from gpugate.runtimes.ollama_requests import CHAT, OPENAI_CHAT
+from gpugate.runtimes.ollama.govalues import GoSlice, decode_members
+from gpugate.runtimes.ollama.requests import CHAT, OPENAI_CHAT
 from tests.runtimes.test_ollama_adapter import ADAPTER
 
 _PNG = "data:image/png;base64,iVBORw0KGgo="

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpugate.runtimes.base import ApiFamily, RouteKind
-from gpugate.runtimes.ollama_reading import ZSTD_ROUTES
+from gpugate.runtimes.ollama.reading import ZSTD_ROUTES
 from tests.runtimes.test_ollama_adapter import ADAPTER
 
 GENERATIONS = "/v1/images/generations"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpugate.runtimes.keepalive import MAX_INT64, parse_go_duration, parse_keep_alive
-from gpugate.runtimes.ollama_names import canonical_name, model_ref
+from gpugate.runtimes.ollama.keepalive import MAX_INT64, parse_go_duration, parse_keep_alive
+from gpugate.runtimes.ollama.names import canonical_name, model_ref
 
 
 @given(st.integers(min_value=0, max_value=3_000_000), st.sampled_from(["h", "m", "s", "ms"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.ollama_needs import ModelFacts, Needs, refused
+from gpugate.runtimes.ollama.needs import ModelFacts, Needs, refused
 from tests.runtimes.test_ollama_adapter import ADAPTER
 
 _MSG = b'"messages":[{"role":"user","content":"hi"}]'

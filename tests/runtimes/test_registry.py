@@ -14,9 +14,9 @@ from gpugate.config.model import RuntimeKind, Upstream
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import HealthSignal, ReclaimRule, RouteKind, RuntimeAdapter
 from gpugate.runtimes.http import HttpAdapter
-from gpugate.runtimes.ollama import OllamaAdapter
+from gpugate.runtimes.ollama.adapter import OllamaAdapter
 from gpugate.runtimes.registry import ADAPTERS, adapter_class, adapter_for
-from gpugate.runtimes.whisper import WhisperAdapter
+from gpugate.runtimes.whisper.adapter import WhisperAdapter
 from tests.runtimes.test_ollama_adapter import CONSUMER
 
 

@@ -11,7 +11,7 @@ from gpugate.core.units import MiB
 from gpugate.runtimes.base import RouteKind
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.process import SupervisedCommand, SystemdUnit
-from gpugate.runtimes.whisper import WhisperAdapter, multipart_field
+from gpugate.runtimes.whisper.adapter import WhisperAdapter, multipart_field
 
 CONFIG = """\
 consumers:

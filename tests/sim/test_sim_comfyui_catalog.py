@@ -15,7 +15,7 @@ import aiohttp
 import attrs
 
 from gpugate.core.units import MiB
-from gpugate.runtimes.comfyui_catalog import InputKind, parse_object_info
+from gpugate.runtimes.comfyui.catalog import InputKind, parse_object_info
 from gpugate.sim.comfyui import SimComfyUI
 from gpugate.sim.scenario import ComfyModelFile
 from tests.sim.comfyui_helpers import (

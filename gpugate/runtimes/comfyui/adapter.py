@@ -38,13 +38,13 @@ from gpugate.runtimes.base import (
     Screening,
     Vetted,
 )
-from gpugate.runtimes.comfyui_envelope import (
+from gpugate.runtimes.comfyui.envelope import (
     PROMPT_OPTIONS,
     PromptSizing,
     prompt_envelope,
 )
-from gpugate.runtimes.comfyui_graph import PromptDemand, TooDeep, Unreadable, read_prompt
-from gpugate.runtimes.comfyui_origin import (
+from gpugate.runtimes.comfyui.graph import PromptDemand, TooDeep, Unreadable, read_prompt
+from gpugate.runtimes.comfyui.origin import (
     Verdict,
     cache_headers,
     cors_headers,
@@ -52,7 +52,7 @@ from gpugate.runtimes.comfyui_origin import (
     request_path,
     server_error,
 )
-from gpugate.runtimes.comfyui_vetting import PromptVetting
+from gpugate.runtimes.comfyui.vetting import PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
 

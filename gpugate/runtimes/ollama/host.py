@@ -35,7 +35,7 @@ from collections.abc import Mapping
 import attrs
 
 from gpugate.runtimes.base import ErrorReply, Screening
-from gpugate.runtimes.gotarget import BadTarget, GoTarget, parse_target
+from gpugate.runtimes.ollama.gotarget import BadTarget, GoTarget, parse_target
 
 ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
 """cors.DefaultConfig's AllowMethods, normalised and upper-cased (utils.go 34-38)."""

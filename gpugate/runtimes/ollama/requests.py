@@ -7,7 +7,7 @@ ImageGenerationRequest, ImageEditRequest).
 
 from __future__ import annotations
 
-from gpugate.runtimes.gotypes import (
+from gpugate.runtimes.ollama.gotypes import (
     ANY,
     BOOL,
     BYTES,
@@ -25,7 +25,7 @@ from gpugate.runtimes.gotypes import (
     slice_of,
     struct,
 )
-from gpugate.runtimes.keepalive import KeepAliveError, parse_go_duration
+from gpugate.runtimes.ollama.keepalive import KeepAliveError, parse_go_duration
 
 _THINK_LEVELS = frozenset({"high", "medium", "low", "max"})
 

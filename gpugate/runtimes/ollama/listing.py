@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from gpugate.runtimes.base import AdapterError, LoadedModel
-from gpugate.runtimes.ollama_names import canonical_name
+from gpugate.runtimes.ollama.names import canonical_name
 
 
 class OllamaError(AdapterError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpugate.runtimes.comfyui_catalog import Catalog, Category, InputKind, InputSpec, NodeSpec
+from gpugate.runtimes.comfyui.catalog import Catalog, Category, InputKind, InputSpec, NodeSpec
 
 MAX_DEPTH = 200
 """Links followed in one chain before giving up: ComfyUI's own recursion has a limit too."""

@@ -21,8 +21,8 @@ interface{} object a dict (last duplicate wins), the zero value or nil None.
 
 from __future__ import annotations
 
-from gpugate.runtimes.gojson import fold_key
-from gpugate.runtimes.gotypes import GoKind, GoType
+from gpugate.runtimes.ollama.gojson import fold_key
+from gpugate.runtimes.ollama.gotypes import GoKind, GoType
 
 
 class GoSlice(list):

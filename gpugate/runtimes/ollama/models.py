@@ -17,7 +17,7 @@ import attrs
 
 from gpugate.core.units import MiB
 from gpugate.runtimes.base import AdapterError
-from gpugate.runtimes.ollama_needs import ModelFacts
+from gpugate.runtimes.ollama.needs import ModelFacts
 
 FACTS_TTL = 60.0
 """Seconds a model's capabilities are trusted (they change only when it is pulled again)."""

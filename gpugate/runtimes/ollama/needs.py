@@ -19,11 +19,11 @@ from collections.abc import Callable
 
 import attrs
 
-from gpugate.runtimes.gojson import Bound, go_string
-from gpugate.runtimes.govalues import decode_members
-from gpugate.runtimes.ollama_names import go_trim_space
-from gpugate.runtimes.ollama_preload import chat_completion_effort, options_refused
-from gpugate.runtimes.ollama_requests_compat import ANTHROPIC, RESPONSES
+from gpugate.runtimes.ollama.gojson import Bound, go_string
+from gpugate.runtimes.ollama.govalues import decode_members
+from gpugate.runtimes.ollama.names import go_trim_space
+from gpugate.runtimes.ollama.preload import chat_completion_effort, options_refused
+from gpugate.runtimes.ollama.requests_compat import ANTHROPIC, RESPONSES
 
 COMPLETION = "completion"
 INSERT = "insert"

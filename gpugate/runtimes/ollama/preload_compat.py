@@ -8,12 +8,12 @@ member (`govalues`).
 
 from __future__ import annotations
 
-from gpugate.runtimes.gojson import Bound, GoJsonError
-from gpugate.runtimes.gotypes import check, is_base64
-from gpugate.runtimes.govalues import as_pairs, decode, decode_members, field_name
-from gpugate.runtimes.ollama_preload import arguments_refused, image_refused
-from gpugate.runtimes.ollama_requests import TOOL
-from gpugate.runtimes.ollama_requests_compat import (
+from gpugate.runtimes.ollama.gojson import Bound, GoJsonError
+from gpugate.runtimes.ollama.gotypes import check, is_base64
+from gpugate.runtimes.ollama.govalues import as_pairs, decode, decode_members, field_name
+from gpugate.runtimes.ollama.preload import arguments_refused, image_refused
+from gpugate.runtimes.ollama.requests import TOOL
+from gpugate.runtimes.ollama.requests_compat import (
     ANTHROPIC,
     ITEM_CONTENT,
     ITEM_TYPES,

@@ -8,7 +8,7 @@ member places are found only when a member is rewritten (`Bound.members`).
 
 from __future__ import annotations
 
-from gpugate.runtimes.gojson import (
+from gpugate.runtimes.ollama.gojson import (
     Bound,
     GoJsonError,
     decode_text,
@@ -17,7 +17,7 @@ from gpugate.runtimes.gojson import (
     scan_value,
     shallow,
 )
-from gpugate.runtimes.gotypes import GoKind, GoType, check
+from gpugate.runtimes.ollama.gotypes import GoKind, GoType, check
 
 
 def read_struct(body: bytes, struct: GoType) -> Bound:

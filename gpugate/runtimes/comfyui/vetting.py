@@ -21,9 +21,9 @@ import urllib.parse
 import aiohttp
 
 from gpugate.runtimes.base import AdapterError
-from gpugate.runtimes.comfyui_catalog import Catalog, parse_object_info
-from gpugate.runtimes.comfyui_graph import PromptDemand
-from gpugate.runtimes.comfyui_validation import Outcome, classes_to_refetch, validate
+from gpugate.runtimes.comfyui.catalog import Catalog, parse_object_info
+from gpugate.runtimes.comfyui.graph import PromptDemand
+from gpugate.runtimes.comfyui.validation import Outcome, classes_to_refetch, validate
 from gpugate.runtimes.replies import ErrorReply
 
 CATALOG_TTL = 300.0

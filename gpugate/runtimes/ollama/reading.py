@@ -12,14 +12,14 @@ from collections.abc import Callable
 
 import attrs
 
-from gpugate.runtimes.gojson import Bound, go_string
-from gpugate.runtimes.gotypes import GoType
-from gpugate.runtimes.ollama_names import Source, go_trim_space, model_ref
-from gpugate.runtimes.ollama_needs import NEEDS, Needs
-from gpugate.runtimes.ollama_preload import PRELOAD
-from gpugate.runtimes.ollama_preload_compat import messages_refused, responses_refused
-from gpugate.runtimes.ollama_requests import REQUEST_TYPES
-from gpugate.runtimes.ollama_requests_compat import ANTHROPIC, RESPONSES
+from gpugate.runtimes.ollama.gojson import Bound, go_string
+from gpugate.runtimes.ollama.gotypes import GoType
+from gpugate.runtimes.ollama.names import Source, go_trim_space, model_ref
+from gpugate.runtimes.ollama.needs import NEEDS, Needs
+from gpugate.runtimes.ollama.preload import PRELOAD
+from gpugate.runtimes.ollama.preload_compat import messages_refused, responses_refused
+from gpugate.runtimes.ollama.requests import REQUEST_TYPES
+from gpugate.runtimes.ollama.requests_compat import ANTHROPIC, RESPONSES
 
 
 @attrs.frozen

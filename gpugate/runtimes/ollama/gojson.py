@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from gpugate.runtimes.gojson_scan import ScanError, parse_int, scan
+from gpugate.runtimes.ollama.gojson_scan import ScanError, parse_int, scan
 
 _WS = re.compile(r"[ \t\n\r]*")
 _COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")

@@ -8,8 +8,8 @@ type); each of those decodes can fail, so each is a check here.
 
 from __future__ import annotations
 
-from gpugate.runtimes.gojson import GoJsonError
-from gpugate.runtimes.gotypes import (
+from gpugate.runtimes.ollama.gojson import GoJsonError
+from gpugate.runtimes.ollama.gotypes import (
     ANY,
     BOOL,
     FLOAT64,
@@ -24,8 +24,8 @@ from gpugate.runtimes.gotypes import (
     slice_of,
     struct,
 )
-from gpugate.runtimes.govalues import GoSlice, decode, field_name
-from gpugate.runtimes.ollama_requests import BOOL_PTR, INT_PTR, TOOL_CALL
+from gpugate.runtimes.ollama.govalues import GoSlice, decode, field_name
+from gpugate.runtimes.ollama.requests import BOOL_PTR, INT_PTR, TOOL_CALL
 
 _PEEK = struct("type peek", type=STRING)
 _ITEM_PEEK = struct("item peek", type=STRING, role=STRING)

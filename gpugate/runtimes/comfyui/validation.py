@@ -25,8 +25,8 @@ from typing import Any
 
 import attrs
 
-from gpugate.runtimes.comfyui_catalog import Catalog
-from gpugate.runtimes.comfyui_node_validation import (
+from gpugate.runtimes.comfyui.catalog import Catalog
+from gpugate.runtimes.comfyui.node_validation import (
     CannotTell,
     Reason,
     Validator,

@@ -29,7 +29,7 @@ from gpugate.config.filesizes import DEFAULT_FILE_BYTES, best_match
 from gpugate.config.model import Consumer, FileSize
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB
-from gpugate.runtimes.comfyui_graph import ModelFile, PromptDemand
+from gpugate.runtimes.comfyui.graph import ModelFile, PromptDemand
 
 PROMPT_OPTIONS = ""
 """The options half of a prompt's lease key: the files alone decide what ComfyUI keeps loaded."""

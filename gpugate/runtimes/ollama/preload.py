@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from gpugate.runtimes.gojson import (
+from gpugate.runtimes.ollama.gojson import (
     Bound,
     GoJsonError,
     fold_key,
@@ -17,9 +17,9 @@ from gpugate.runtimes.gojson import (
     scan_value,
     shallow,
 )
-from gpugate.runtimes.gotypes import check, is_base64
-from gpugate.runtimes.govalues import decode_members
-from gpugate.runtimes.ollama_requests import ANY, OPENAI_CHAT
+from gpugate.runtimes.ollama.gotypes import check, is_base64
+from gpugate.runtimes.ollama.govalues import decode_members
+from gpugate.runtimes.ollama.requests import ANY, OPENAI_CHAT
 
 _INT_OPTIONS = frozenset(
     [

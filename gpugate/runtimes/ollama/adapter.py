@@ -28,24 +28,24 @@ from gpugate.runtimes.base import (
     Vetted,
 )
 from gpugate.runtimes.dialect import BodyCoding
-from gpugate.runtimes.gojson import Bound, GoJsonError, go_string, splice
-from gpugate.runtimes.gojson_fast import read_struct
-from gpugate.runtimes.gojson_scan import ScanError
-from gpugate.runtimes.keepalive import (
+from gpugate.runtimes.ollama.gojson import Bound, GoJsonError, go_string, splice
+from gpugate.runtimes.ollama.gojson_fast import read_struct
+from gpugate.runtimes.ollama.gojson_scan import ScanError
+from gpugate.runtimes.ollama.host import OllamaHostCheck
+from gpugate.runtimes.ollama.keepalive import (
     KeepAlive,
     KeepAliveError,
     effective_keep_alive,
     parse_keep_alive,
     policy_keep_alive,
 )
-from gpugate.runtimes.ollama_host import OllamaHostCheck
-from gpugate.runtimes.ollama_listing import OllamaError, parse_ps
-from gpugate.runtimes.ollama_models import FRESH, ModelFactsCache, estimate_bytes
-from gpugate.runtimes.ollama_multipart import read_transcription
-from gpugate.runtimes.ollama_names import Source, canonical_name, model_ref, written_name
-from gpugate.runtimes.ollama_needs import TRANSCRIPTION_NEEDS, Needs
-from gpugate.runtimes.ollama_needs import refused as model_refuses
-from gpugate.runtimes.ollama_reading import (
+from gpugate.runtimes.ollama.listing import OllamaError, parse_ps
+from gpugate.runtimes.ollama.models import FRESH, ModelFactsCache, estimate_bytes
+from gpugate.runtimes.ollama.multipart import read_transcription
+from gpugate.runtimes.ollama.names import Source, canonical_name, model_ref, written_name
+from gpugate.runtimes.ollama.needs import TRANSCRIPTION_NEEDS, Needs
+from gpugate.runtimes.ollama.needs import refused as model_refuses
+from gpugate.runtimes.ollama.reading import (
     READERS,
     ZSTD_ROUTES,
     cloud_passthrough,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import attrs
 
-from gpugate.runtimes.gojson import GoJsonError, fold_key
+from gpugate.runtimes.ollama.gojson import GoJsonError, fold_key
 
 _INT64 = 2**63
 _INT32 = 2**31

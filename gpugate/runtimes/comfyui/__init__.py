@@ -1,0 +1,1 @@
+"""ComfyUI: its adapter (`adapter.py`), its prompt graph, validation and origin check."""

@@ -1,0 +1,1 @@
+"""Ollama: its adapter (`adapter.py`) and its reading of requests as its Go server reads them."""

@@ -1,0 +1,1 @@
+"""whisper.cpp's whisper-server: its adapter (`adapter.py`)."""
