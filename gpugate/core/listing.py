@@ -23,8 +23,9 @@ class ListedModel:
     """A model a runtime says it has loaded (Ollama's /api/ps), with the config for it."""
 
     model: str
-    bytes: int
-    """Bytes in VRAM (size_vram)."""
+    bytes: int | None
+    """Bytes in VRAM (size_vram); None when the runtime does not say (the books keep theirs,
+    and a model they do not know counts `size`)."""
     size: int
     """Total bytes including what was offloaded to the CPU."""
     priority: PriorityClass
@@ -94,7 +95,7 @@ def apply_listing(
             resident = Resident(
                 key=ResidentKey(consumer, model.model, ANY_OPTIONS),
                 gpu=gpu,
-                bytes=model.bytes,
+                bytes=model.size if model.bytes is None else model.bytes,
                 priority=model.priority,
                 policy=model.policy,
                 idle_ttl=model.idle_ttl,
@@ -111,7 +112,7 @@ def apply_listing(
             )
             same = [resident]
         for resident in same:
-            if resident.state is not ResidentState.RESIDENT:
+            if resident.state is not ResidentState.RESIDENT or model.bytes is None:
                 continue
             if resident.bytes != model.bytes:
                 effects.append(

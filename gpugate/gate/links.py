@@ -226,7 +226,7 @@ class LinkWork:
             listed.append(
                 ListedModel(
                     model=model.name,
-                    bytes=model.size_vram,
+                    bytes=model.size_vram if model.sized else None,
                     size=max(model.size, model.size_vram),
                     priority=adapter.model_priority(model.name),
                     policy=residency.policy,
@@ -303,7 +303,8 @@ class LinkWork:
             await asyncio.sleep(self.listing_interval)
 
     def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
-        sizes = {m.model: m.size for m in listed}
+        # Only what the runtime said: an adapter's estimate is not a measurement.
+        sizes = {m.model: m.size for m in listed if m.bytes is not None}
         for resident in self.core.residents(link.consumer.gpu):
             key = resident.key
             size = sizes.get(key.model)

@@ -196,6 +196,9 @@ class LoadedModel:
     size_vram: int
     expires_at: datetime | None = None
     context_length: int | None = None
+    sized: bool = True
+    """False when the runtime names the model but not its size (`size` is then the adapter's
+    estimate): the books keep what the model's lease counted, or what NVML measured."""
 
 
 class AdapterError(Exception):

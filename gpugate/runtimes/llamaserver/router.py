@@ -204,14 +204,15 @@ class LlamaRouterAdapter(RuntimeAdapter):
             self.models_max = 0
 
     async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        """The models whose children are loaded; sizes as the gate estimates them (the
-        router lists none)."""
+        """The models whose children are loaded. The router says no sizes: the books keep
+        what each model's lease counted; one loaded behind the gate's back counts its
+        configured envelope, else the estimate from its GGUF header."""
         catalog = await self.refresh(session, time.monotonic())
         loaded = []
         for entry in catalog.entries:
             if entry.status == "loaded":
-                size = estimate_entry(entry) or 0
-                loaded.append(LoadedModel(entry.name, size, size))
+                size = self.configured_envelope(entry.name) or estimate_entry(entry) or 0
+                loaded.append(LoadedModel(entry.name, size, size, sized=False))
         return loaded
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
