@@ -54,12 +54,13 @@ class RuntimeKind(enum.Enum):
     COMFYUI = "comfyui"
     WHISPER = "whisper"
     LLAMA_SERVER = "llama-server"
+    VLLM = "vllm"
     HTTP = "http"
 
     @classmethod
     def parse(cls, text: str) -> RuntimeKind:
-        """Read a runtime name ("ollama", "comfyui", "whisper", "llama-server", "http");
-        ValueError otherwise."""
+        """Read a runtime name ("ollama", "comfyui", "whisper", "llama-server", "vllm",
+        "http"); ValueError otherwise."""
         try:
             return cls(text.strip().lower())
         except ValueError:
@@ -348,6 +349,9 @@ class Consumer:
 
     control: ProcessControlSettings | None = None
     """Start/stop of a runtime that frees its VRAM only by exiting (whisper-server)."""
+    sleep_level: int = 1
+    """vLLM: the sleep level an eviction asks for (1: weights kept in CPU memory, a quick
+    wake; 2: weights dropped, loaded again at wake)."""
 
     def body_limit(self, runtime_limit: int | None) -> int:
         """The most request body the gate reads: `max_body` when set, else the limit of the

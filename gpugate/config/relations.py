@@ -120,6 +120,7 @@ def _check_consumers(config: Config, findings: Findings) -> None:
         _check_job_sizing(consumer, path, findings)
         _check_cors_header(consumer, path, findings)
         _check_control(consumer, path, findings)
+        _check_sleep(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
 
@@ -216,6 +217,26 @@ def _check_control(consumer: Consumer, path: str, findings: Findings) -> None:
         findings.report(
             f"{path}.envelope",
             "a process-controlled consumer needs an envelope: the bytes its start is admitted for",
+        )
+
+
+def _check_sleep(consumer: Consumer, path: str, findings: Findings) -> None:
+    where = f"{path}.sleep_level"
+    if consumer.runtime is not RuntimeKind.VLLM:
+        if findings.line_of(where) is not None:
+            findings.warn(
+                where,
+                f"only a vllm consumer reads sleep_level; runtime {consumer.runtime.value} "
+                "ignores it",
+            )
+        return
+    if consumer.sleep_level not in (1, 2):
+        findings.report(where, f"expected 1 or 2 (vLLM's sleep levels), got {consumer.sleep_level}")
+    if consumer.envelope is None:
+        findings.report(
+            f"{path}.envelope",
+            "a vllm consumer needs an envelope: the bytes a wake takes back (its weights and "
+            "KV cache: about gpu_memory_utilization of the card, less what it keeps asleep)",
         )
 
 

@@ -168,6 +168,8 @@ class ProcessStarts:
         its command, or one serving its port. One found is adopted: never start twice."""
         if await self._is_running(link, process):
             return True
+        if not process.owns_port:
+            return False
         pid = process.find()
         how = "runs its command"
         if pid is None:

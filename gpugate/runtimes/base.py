@@ -36,6 +36,8 @@ class ApiFamily(enum.Enum):
     """OpenAI-compatible /v1/*: {"error": {"message", "type", "param", "code"}}."""
     PLAIN = "plain"
     """Anything else: a text body."""
+    VLLM = "vllm"
+    """vLLM's OpenAI server: {"error": {"message", "type", "param", "code"}}, `code` the status."""
     LLAMA = "llama"
     """llama.cpp's server: {"error": {"code", "message", "type"}} on every route."""
     JOB_QUEUE = "job_queue"
@@ -152,6 +154,18 @@ def error_reply(
         kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
         payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         return ErrorReply(status, go_json(payload) + b"\n", "application/json", code)
+    if api is ApiFamily.VLLM:
+        # ErrorResponse(error=ErrorInfo(message, type, param, code)), FastAPI's JSON
+        payload = {
+            "error": {
+                "message": message,
+                "type": vllm_error_type(status),
+                "param": None,
+                "code": status,
+            }
+        }
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        return ErrorReply(status, body, "application/json", code)
     if api is ApiFamily.LLAMA:
         # format_error_response (tools/server/server-common.cpp), dumped compact
         payload = {"error": {"code": status, "message": message, "type": llama_error_type(status)}}
@@ -168,6 +182,13 @@ _LLAMA_TYPES = {
     501: "not_supported_error",
     503: "unavailable_error",
 }
+
+
+def vllm_error_type(status: int) -> str:
+    """vLLM's error `type`: the name of the HTTP error class its handlers raise."""
+    return {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}.get(
+        status, "ServiceUnavailableError" if status == 503 else "InternalServerError"
+    )
 
 
 def llama_error_type(status: int) -> str:

@@ -26,6 +26,7 @@ import shlex
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import attrs
 
@@ -124,6 +125,11 @@ class UnitState(enum.Enum):
 
 class ProcessControl(abc.ABC):
     """Start and stop one runtime process; how is the implementation's business."""
+
+    owns_port: ClassVar[bool] = True
+    """Whether a process serving the runtime's port is the runtime running (adopted rather
+    than started twice). False for a control whose own state says: a server put to sleep
+    keeps its port while its memory is given back."""
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -14,6 +14,7 @@ from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.llamaserver import llama_server_adapter
 from gpugate.runtimes.ollama.adapter import OllamaAdapter
+from gpugate.runtimes.vllm.adapter import VllmAdapter
 from gpugate.runtimes.whisper.adapter import WhisperAdapter
 
 AdapterFactory = Callable[[Consumer], RuntimeAdapter]
@@ -25,6 +26,7 @@ ADAPTERS: dict[RuntimeKind, AdapterFactory] = {
     RuntimeKind.COMFYUI: ComfyUIAdapter,
     RuntimeKind.WHISPER: WhisperAdapter,
     RuntimeKind.LLAMA_SERVER: llama_server_adapter,
+    RuntimeKind.VLLM: VllmAdapter,
     RuntimeKind.HTTP: HttpAdapter,
 }
 

@@ -210,7 +210,7 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 "unknown key 'colour'; expected one of runtime, listen, upstream, gpu, class, "
                 "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
                 "origins, files, working_set, working_set_per_megapixel, preempt, "
-                "validate_prompts, cors_header, control",
+                "validate_prompts, cors_header, control, sleep_level",
             ),
         ),
         (
@@ -221,7 +221,7 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 "unknown key 'name'; expected one of runtime, listen, upstream, gpu, class, "
                 "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
                 "origins, files, working_set, working_set_per_megapixel, preempt, "
-                "validate_prompts, cors_header, control",
+                "validate_prompts, cors_header, control, sleep_level",
             ),
         ),
     ],

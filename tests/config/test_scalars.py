@@ -94,11 +94,11 @@ def test_upstream_urls(written: str, upstream: Upstream) -> None:
             ),
         ),
         (
-            {"runtime": "vllm"},
+            {"runtime": "tgi"},
             Found(
                 3,
                 "runtime",
-                "unknown runtime 'vllm' (one of ollama, comfyui, whisper, llama-server, http)",
+                "unknown runtime 'tgi' (one of ollama, comfyui, whisper, llama-server, vllm, http)",
             ),
         ),
         (

@@ -1,0 +1,74 @@
+"""vLLM behind the gate: a server that holds its card share while awake and gives all but a
+residual back asleep. Its memory is a process's (runtimes/controlled.py), with sleep for a
+stop and a wake for a start (sleep.py).
+
+* Which requests need it awake: its generation and pooling routes (POST). `/health`,
+  `/v1/models`, `/version`, `/tokenize` and the sleep routes answer asleep as awake.
+* An eviction is `POST /sleep?level=N` (the consumer's `sleep_level`): confirmed when NVML
+  shows 75 % of the resident's bytes back (the CUDA context stays).
+* The gate's refusals in vLLM's error shape:
+  `{"error": {"message", "type", "param", "code"}}`, `code` the HTTP status.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import aiohttp
+
+from gpugate.config.model import Consumer
+from gpugate.runtimes.base import ApiFamily, Classified, ReclaimRule, RouteKind
+from gpugate.runtimes.controlled import ProcessAdapter
+from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.vllm.sleep import SleepMode
+
+AWAKE_ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/pooling",
+        "/classify",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/invocations",
+    }
+)
+"""POST routes that run the engine (vllm/entrypoints/openai/api_server.py build_app)."""
+
+
+class VllmAdapter(ProcessAdapter):
+    """One vLLM server with sleep mode behind the gate."""
+
+    reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(recovered_fraction=0.75)
+    # uvicorn on h11: any framing h11 accepts; the strictest reading is the default.
+    dialect: ClassVar[ServerDialect] = ServerDialect.GO
+
+    def __init__(self, consumer: Consumer) -> None:
+        super().__init__(consumer)
+        control = consumer.control
+        timeout = control.start_timeout if control is not None else 120.0
+        self.process = SleepMode(consumer.upstream.url, level=consumer.sleep_level, timeout=timeout)
+
+    def wants_body(self, method: str, path: str) -> bool:
+        return False
+
+    def needs_process(self, method: str, path: str) -> bool:
+        return method == "POST" and path in AWAKE_ROUTES
+
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
+        return Classified(RouteKind.PASS, ApiFamily.VLLM)
+
+    async def health(self, session: aiohttp.ClientSession) -> bool:
+        """`GET /health` answers 200 while the engine lives (asleep too)."""
+        async with session.get(self.url("/health")) as resp:
+            await resp.read()
+            return resp.status == 200

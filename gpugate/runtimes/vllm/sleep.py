@@ -1,0 +1,85 @@
+"""vLLM's sleep mode as the control of a process runtime: `start` wakes it, `stop` puts it to
+sleep, `is_running` asks whether it is awake.
+
+vLLM (`--enable-sleep-mode`, routes only with `VLLM_SERVER_DEV_MODE=1`; vllm/entrypoints/
+serve/sleep/api_router.py, vllm/device_allocator/cumem.py):
+
+* `POST /sleep?level=1` copies the weights to CPU memory and discards the KV cache;
+  `level=2` discards both. It answers 200 once the engine sleeps. The CUDA context and
+  PyTorch's own cache stay on the card: a residual the gate keeps counting for the consumer.
+* `POST /wake_up` maps the memory back (level 1: the weights copied back). After level 2
+  the weights must be loaded again: `wake_up?tags=weights`, `POST /collective_rpc
+  {"method": "reload_weights"}`, then `wake_up?tags=kv_cache` (docs/features/sleep_mode.md).
+* `GET /is_sleeping` → `{"is_sleeping": bool}`. A request that arrives while it sleeps is
+  queued, not answered, until it is awake: the gate wakes it first.
+
+The server itself is not the gate's to start or stop; its port stays open while it sleeps.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import aiohttp
+
+from gpugate.runtimes.process import Exit, ProcessControl, ProcessControlError
+
+
+class SleepMode(ProcessControl):
+    """A vLLM server put to sleep and woken over HTTP."""
+
+    owns_port: ClassVar[bool] = False
+
+    def __init__(self, url: str, *, level: int = 1, timeout: float = 120.0) -> None:
+        self.url = url
+        self.level = level
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self._slept_at_level = level
+        """The level of its last sleep: how it must be woken."""
+
+    async def _post(self, path: str, json: object | None = None) -> None:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self.timeout) as session,
+                session.post(self.url + path, json=json) as resp,
+            ):
+                text = await resp.text()
+                if resp.status != 200:
+                    raise ProcessControlError(
+                        f"POST {path} answered {resp.status}: {text[:200]}",
+                        stderr=text[:2000],
+                    )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ProcessControlError(f"POST {path} failed: {exc}") from exc
+
+    async def start(self) -> None:
+        """Wake it; after a level-2 sleep its weights are loaded again first."""
+        if self._slept_at_level >= 2:
+            await self._post("/wake_up?tags=weights")
+            await self._post("/collective_rpc", {"method": "reload_weights"})
+            await self._post("/wake_up?tags=kv_cache")
+        else:
+            await self._post("/wake_up")
+
+    async def stop(self) -> Exit | None:
+        """Put it to sleep at the configured level; the process stays."""
+        await self._post(f"/sleep?level={self.level}")
+        self._slept_at_level = self.level
+        return None
+
+    async def is_running(self) -> bool:
+        """Whether it is awake (its weights and KV cache on the card)."""
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self.timeout) as session,
+                session.get(self.url + "/is_sleeping") as resp,
+            ):
+                data = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ProcessControlError(f"GET /is_sleeping failed: {exc}") from exc
+        if resp.status != 200 or not isinstance(data, dict):
+            raise ProcessControlError(f"GET /is_sleeping answered {resp.status}: {data!r:.200}")
+        sleeping = data.get("is_sleeping")
+        if not isinstance(sleeping, bool):
+            raise ProcessControlError(f"GET /is_sleeping answered {data!r:.200}")
+        return not sleeping
