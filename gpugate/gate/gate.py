@@ -23,6 +23,7 @@ from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
 from gpugate.gate.admission import AdmissionWork
 from gpugate.gate.events import ROUTINE, EventHub
+from gpugate.gate.exchange import ExchangeWork
 from gpugate.gate.jobs import JobWatch, JobWork
 from gpugate.gate.links import (
     RECONCILE_INTERVAL,
@@ -60,7 +61,7 @@ TIMER_FLOOR = 0.05
 LOG_INTERVAL = 60.0
 
 
-class Gate(LinkWork, AdmissionWork, JobWork):
+class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
     """Owns the core and runs its effects. Used by the proxy and the control API.
 
     Its parts: `LinkWork` (links, listings, envelopes), `AdmissionWork` (leases) and

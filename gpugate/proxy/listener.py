@@ -1,4 +1,5 @@
-"""One listener per fronted consumer: screen, classify, admit under a lease, forward, release.
+"""One listener per fronted consumer: screen, classify, ask the gate once (`Gate.admit` →
+an `Exchange`), forward, and tell the exchange how it went (`answered`, `finish`).
 
 A request's lease (REQUEST scope) is released in a `finally`: when the response is
 complete, when the upstream fails or stalls past its timeouts, and when the client goes
@@ -15,7 +16,6 @@ released here all the same.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from typing import Any
 
@@ -25,13 +25,9 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from gpugate.core.classes import PriorityClass
-from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.residents import ResidentKey
-from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.gate.exchange import ERROR_BODY_LIMIT, FAILURE_HEADER, Caller, Exchange
 from gpugate.gate.gate import Gate, GateFailure, Link
-from gpugate.identity import PRIORITY_HEADER, IdentityResolver, resolve_priority
-from gpugate.logs import OncePerInterval
+from gpugate.identity import PRIORITY_HEADER, IdentityResolver
 from gpugate.proxy.forward import (
     UPSTREAM_SERVER,
     UpstreamBroken,
@@ -53,25 +49,12 @@ from gpugate.proxy.reading import (
 )
 from gpugate.proxy.websocket import WebSocketRelay, is_upgrade
 from gpugate.runtimes.base import (
-    AdapterError,
-    Classified,
     ErrorReply,
     RouteKind,
     Screening,
-    Vetted,
     error_reply,
     failure_reply,
 )
-from gpugate.runtimes.process import NotReady, ProcessExited
-from gpugate.runtimes.process_ready import wait_ready
-
-unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
-
-LEASE_HEADER = "X-GPUGate-Lease"
-WAIT_HEADER = "X-GPUGate-Wait"
-FAILURE_HEADER = "X-GPUGate-Failure"
-ERROR_BODY_LIMIT = 1024 * 1024
-OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
 
 
 class _ListenerRequest(web.BaseRequest):
@@ -200,267 +183,108 @@ class ConsumerListener:
             if refusal.exact is not None:
                 return reply(refusal.exact, screening)
             return reply(error_reply(classified.api, refusal.status, refusal.message), screening)
-        if classified.kind is RouteKind.DEMAND and adapter.vets:
-            vetted = await self._vet(classified)
-            if vetted is not None:
-                if vetted.reply is not None:
-                    return reply(vetted.reply, screening)
-                # The runtime refuses it before loading: it goes up unleased.
-                classified = attrs.evolve(classified, kind=RouteKind.PASS)
-        if classified.kind is RouteKind.PASS and is_upgrade(request):
-            return await self._websocket(request, classified, screening)
-        busy = None
-        if self.gate.processes.fronts(self.link) and adapter.needs_process(method, path):
-            # A process runtime: it must run (the gate starts it if it was stopped), and
-            # it stays busy, never evicted, while this request is in flight.
-            try:
-                busy = await self.gate.processes.serve_lease(self.link, self._priority(request))
-            except GateFailure as exc:
-                return reply(failure_reply(classified.api, exc.failure), screening)
-        try:
-            lease = None
-            if classified.kind is RouteKind.DEMAND:
-                try:
-                    lease = await self._admit(request, classified)
-                except GateFailure as exc:
-                    return reply(failure_reply(classified.api, exc.failure), screening)
-            forward_body = classified.body if classified.body is not None else body
-            return await self._forward(request, forward_body, lease, classified, screening)
-        finally:
-            if busy is not None:
-                self.gate.release(busy)
-            if classified.kind is RouteKind.UNLOAD:
-                self.gate.want_reconcile(consumer.name)
-
-    async def _vet(self, classified: Classified) -> Vetted | None:
-        """The runtime's own refusal of a demand, before any lease (None: admit it). A
-        runtime that cannot be asked in time only means the demand is admitted unvetted."""
-        link = self.link
-        assert link.session is not None
-        try:
-            # The adapter bounds its own calls (timeouts.control): an answer it already
-            # has costs no timer here.
-            return await link.adapter.vet(classified, link.session, self.gate.clock())
-        except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
-            unvetted.warning(
-                f"{link.consumer.name}:{type(exc).__name__}",
-                "%s: admitted a request unvetted; the runtime could not say whether it "
-                "would refuse it (%s: %s)",
-                link.consumer.name,
-                type(exc).__name__,
-                exc,
-            )
-            return None
-
-    def _priority(self, request: web.BaseRequest, model: str | None = None) -> PriorityClass:
-        """The request's class: its identity's, else the model's (or the consumer's)."""
-        adapter = self.link.adapter
-        identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
-        model = model or adapter.process_model()
-        default = adapter.model_priority(model) if model else self.link.consumer.priority
-        return resolve_priority(identity, default, request.headers.get(PRIORITY_HEADER))
-
-    async def _admit(self, request: web.BaseRequest, classified: Classified) -> Lease | None:
-        """A lease for a request that may load a model (None: the runtime will refuse it)."""
-        assert classified.model is not None
-        adapter = self.link.adapter
-        consumer = self.link.consumer
-        model = classified.model
-        key = ResidentKey(consumer.name, model, classified.options_key)
-        envelope = None
-        identity = self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION))
-        model_class = adapter.model_priority(model)
-        priority = resolve_priority(identity, model_class, request.headers.get(PRIORITY_HEADER))
-        if adapter.sizes_requests:
-            ceiling = self.gate.ceiling(consumer.name, consumer.gpu, priority)
-            envelope = adapter.size(classified, self.gate.measured_job(key), ceiling)
-        if envelope is None:
-            envelope = self.gate.known_envelope(self.link, model, classified.options_key)
-        if envelope is None:
-            envelope = await self.gate.envelope(self.link, model, classified.options_key)
-        if envelope is None:
-            return None
-        residency = adapter.residency(model)
-        demand = Demand(
-            key=key,
-            gpu=consumer.gpu,
-            envelope=envelope,
-            priority=priority,
-            resident_priority=model_class,
-            policy=residency.policy,
-            idle_ttl=classified.idle_ttl,
-            reload_seconds=adapter.reload_seconds(model, envelope),
-            sets_ttl=classified.sets_ttl,
-            scope=classified.scope,
-            appear_within=classified.appear_within,
-            replaces=(
-                ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
-            ),
+        caller = Caller(
+            self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION)),
+            request.headers.get(PRIORITY_HEADER),
         )
-        return await self.gate.acquire(demand)
+        try:
+            exchange = await self.gate.admit(self.link, classified, caller, method, path)
+        except GateFailure as exc:
+            return reply(failure_reply(classified.api, exc.failure), screening)
+        if exchange.refusal is not None:
+            return reply(exchange.refusal, screening)
+        try:
+            if exchange.passes and is_upgrade(request):
+                return await self._websocket(request, exchange, screening)
+            forward_body = classified.body if classified.body is not None else body
+            return await self._forward(request, forward_body, exchange, screening)
+        finally:
+            exchange.finish()
 
     async def _forward(
         self,
         request: web.BaseRequest,
         body: bytes | None,
-        lease: Lease | None,
-        classified: Classified,
+        exchange: Exchange,
         screening: Screening,
     ) -> web.StreamResponse:
-        failed = lease is not None and lease.pending > 0
-        kept = False  # the lease outlives this request: the runtime accepted a job or a start
+        api = exchange.api
         timeouts = self.link.consumer.timeouts
         try:
-            try:
-                upstream = await self._open(request, body, screening)
-            except UpstreamTimeout as exc:
-                return reply(
-                    failure_reply(classified.api, self._timeout(classified, exc)), screening
-                )
-            except OSError as exc:
-                failed = True
-                return reply(failure_reply(classified.api, self._crash(classified, exc)), screening)
-            except asyncio.IncompleteReadError:
-                # The client's body ended short of its framing: the upstream connection was
-                # closed with the request unfinished; nothing of it counts.
-                refused = plain(400, b"400 Bad Request")
-                refused.headers.extend(screening.reply_headers)
-                return refused
-            complete = False
-            self.link.adapter.answered(classified, upstream.status)
-            try:
-                extra = list(screening.response_headers)
-                prefix = b""
-                if lease is not None:
-                    extra.append((LEASE_HEADER, str(lease.id)))
-                    extra.append((WAIT_HEADER, f"{lease.waited:.3f}"))
-                    if upstream.status < 400:
-                        self.gate.loaded(lease)
-                        failed = False
-                        if lease.scope is LeaseScope.JOB:
-                            prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
-                            job = self.link.adapter.job_key(classified, prefix)
-                            kind = ResidentKey(
-                                self.link.consumer.name,
-                                classified.model or "",
-                                classified.options_key,
-                            )
-                            self.gate.job_started(lease, job, kind=kind, scale=classified.scale)
-                        kept = not self.gate.released_by_caller(lease)
-                    elif upstream.status >= 500 and lease.loads:
-                        prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
-                        failure = self._load_failure(classified, upstream.status, prefix)
-                        self.gate.report(failure)
-                        extra.append((FAILURE_HEADER, failure.failure_class.value))
-                    else:
-                        failed = lease.pending > 0
-                response = await stream_down(request, upstream, extra, timeouts.idle, prefix=prefix)
-                complete = True
-                return response
-            except UpstreamTimeout as exc:
-                return reply(
-                    failure_reply(classified.api, self._timeout(classified, exc)), screening
-                )
-            except OSError as exc:
-                return reply(failure_reply(classified.api, self._crash(classified, exc)), screening)
-            except UpstreamBroken as exc:
-                if isinstance(exc.cause, UpstreamTimeout):
-                    self._timeout(classified, exc.cause)
-                else:
-                    self._crash(classified, exc.cause)
-                cut_off(request)
-                return exc.response
-            finally:
-                if complete:
-                    upstream.release()
-                else:
-                    upstream.close()
+            upstream = await self._open(request, body, exchange, screening)
+        except UpstreamTimeout as exc:
+            return reply(failure_reply(api, exchange.timed_out(exc)), screening)
+        except OSError as exc:
+            exchange.upstream_failed()
+            return reply(failure_reply(api, exchange.crashed(exc)), screening)
+        except asyncio.IncompleteReadError:
+            # The client's body ended short of its framing: the upstream connection was
+            # closed with the request unfinished; nothing of it counts.
+            refused = plain(400, b"400 Bad Request")
+            refused.headers.extend(screening.reply_headers)
+            return refused
+        complete = False
+        try:
+            prefix = b""
+            if exchange.wants_prefix(upstream.status):
+                prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
+            extra = [*screening.response_headers, *exchange.answered(upstream.status, prefix)]
+            response = await stream_down(request, upstream, extra, timeouts.idle, prefix=prefix)
+            complete = True
+            return response
+        except UpstreamTimeout as exc:
+            return reply(failure_reply(api, exchange.timed_out(exc)), screening)
+        except OSError as exc:
+            return reply(failure_reply(api, exchange.crashed(exc)), screening)
+        except UpstreamBroken as exc:
+            if isinstance(exc.cause, UpstreamTimeout):
+                exchange.timed_out(exc.cause)
+            else:
+                exchange.crashed(exc.cause)
+            cut_off(request)
+            return exc.response
         finally:
-            if lease is not None and not kept:
-                self.gate.release(lease, failed=failed)
+            if complete:
+                upstream.release()
+            else:
+                upstream.close()
 
     async def _open(
-        self, request: web.BaseRequest, body: bytes | None, screening: Screening
+        self,
+        request: web.BaseRequest,
+        body: bytes | None,
+        exchange: Exchange,
+        screening: Screening,
     ) -> Response:
         """The upstream's answer's head. A process runtime whose process is there but not
         yet listening (its unit started it a moment ago: it loads before it binds) refuses
-        the connection; nothing of the request went up then, so once its port and health
-        route answer (within its start timeout) the request is sent once more."""
+        the connection; nothing of the request went up then, so once the exchange says it
+        answers, the request is sent once more."""
         timeouts = self.link.consumer.timeouts
         try:
             return await open_upstream(
                 self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
             )
-        except ConnectionRefusedError as exc:
-            control = self.link.consumer.control
-            # A request that does not start the process (GET /health) gets the refusal, and
-            # so does any when no process is there to wait for (it exited).
-            needs = self.link.adapter.needs_process(request.method, request.path)
-            if control is None or not needs or not self.gate.processes.fronts(self.link):
+        except ConnectionRefusedError:
+            if not await exchange.process_coming_up():
                 raise
-            if not await self.gate.processes.running(self.link):
-                raise
-            refused = exc
-        try:
-            await wait_ready(self.link.consumer.upstream.url, control.health, control.start_timeout)
-        except (NotReady, ProcessExited):
-            raise refused from None
         return await open_upstream(
             self.pool, request, self._host_bytes, body, timeouts, drop=screening.drop_up
         )
 
     async def _websocket(
-        self, request: web.BaseRequest, classified: Classified, screening: Screening
+        self, request: web.BaseRequest, exchange: Exchange, screening: Screening
     ) -> web.StreamResponse:
         """A websocket upgrade that needs no lease, relayed frame by frame (websocket.py)."""
+        api = exchange.api
         try:
             return await self.websockets.relay(
                 request,
                 drop=screening.drop_up,
                 extra_headers=screening.response_headers,
-                on_drop=lambda exc: self._crash(classified, exc),
+                on_drop=exchange.crashed,
             )
         except UpstreamTimeout as exc:
-            return reply(failure_reply(classified.api, self._timeout(classified, exc)), screening)
+            return reply(failure_reply(api, exchange.timed_out(exc)), screening)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            return reply(failure_reply(classified.api, self._crash(classified, exc)), screening)
-
-    def _timeout(self, classified: Classified, exc: UpstreamTimeout) -> Failure:
-        consumer = self.link.consumer
-        failure = Failure(
-            FailureClass.TIMEOUT,
-            f"TIMEOUT: {consumer.name} at {consumer.upstream.url}: {exc}",
-            consumer=consumer.name,
-            model=classified.model,
-            gpu=consumer.gpu,
-        )
-        self.gate.report(failure)
-        return failure
-
-    def _crash(self, classified: Classified, exc: BaseException) -> Failure:
-        consumer = self.link.consumer
-        failure = Failure(
-            FailureClass.RUNTIME_CRASH,
-            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url} is not answering "
-            f"({exc.__class__.__name__}: {exc})",
-            consumer=consumer.name,
-            model=classified.model,
-            gpu=consumer.gpu,
-        )
-        self.gate.report(failure)
-        return failure
-
-    def _load_failure(self, classified: Classified, status: int, body: bytes) -> Failure:
-        text = body.decode("utf-8", "replace")
-        lowered = text.lower()
-        oom = any(marker in lowered for marker in OOM_MARKERS)
-        cls = FailureClass.GPU_OOM if oom else FailureClass.MODEL_LOAD_FAILED
-        consumer = self.link.consumer
-        return Failure(
-            cls,
-            f"{cls.value}: {consumer.name} answered {status} loading {classified.model}: "
-            f"{text.strip()[:300]}",
-            consumer=consumer.name,
-            model=classified.model,
-            gpu=consumer.gpu,
-        )
+            return reply(failure_reply(api, exchange.crashed(exc)), screening)

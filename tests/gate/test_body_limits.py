@@ -18,7 +18,7 @@ import pytest
 from gpugate.config.model import DEFAULT_MAX_BODY
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.units import MiB
-from gpugate.proxy.listener import LEASE_HEADER
+from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.runtimes.comfyui.adapter import MAX_UPLOAD_SIZE
 from tests.gate.comfyui_stack import comfy_stack
 from tests.gate.harness import free_ports

@@ -15,7 +15,7 @@ import pytest
 from gpugate.core.effects import EventKind
 from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
 from gpugate.core.units import GiB, MiB
-from gpugate.proxy.listener import FAILURE_HEADER, LEASE_HEADER
+from gpugate.gate.exchange import FAILURE_HEADER, LEASE_HEADER
 from gpugate.sim.device import SimDevice, SimulatedGpuHost
 from gpugate.sim.shim import STATE_ENV
 from tests.gate.comfyui_stack import comfy_stack

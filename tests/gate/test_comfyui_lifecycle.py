@@ -16,7 +16,7 @@ from gpugate.core.effects import Event, EventKind
 from gpugate.core.failures import FailureClass
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.units import MiB
-from gpugate.proxy.listener import LEASE_HEADER
+from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.runtimes.comfyui.envelope import PROMPT_OPTIONS
 from gpugate.sim.comfyui import SimComfyUI
 from gpugate.sim.comfyui.work import CHECKPOINT_SHARES

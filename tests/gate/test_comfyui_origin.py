@@ -8,7 +8,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from gpugate.proxy.listener import FAILURE_HEADER
+from gpugate.gate.exchange import FAILURE_HEADER
 from tests.gate.comfyui_stack import comfy_stack
 from tests.sim.comfyui_helpers import flux, txt2img
 

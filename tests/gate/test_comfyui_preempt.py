@@ -11,7 +11,7 @@ import pytest
 from gpugate.core.effects import EventKind
 from gpugate.core.failures import FailureClass
 from gpugate.core.scopes import HELD_MODEL
-from gpugate.proxy.listener import FAILURE_HEADER
+from gpugate.gate.exchange import FAILURE_HEADER
 from tests.gate.comfyui_stack import comfy_stack
 from tests.sim.comfyui_helpers import connect, flux
 

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from gpugate.core.scopes import JOBS_MODEL
-from gpugate.proxy.listener import LEASE_HEADER
+from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.sim.scenario import ComfyModelFile
 from tests.gate.comfyui_stack import COMFY_MODELS, comfy_stack
 from tests.sim.comfyui_helpers import flux, txt2img

@@ -17,7 +17,7 @@ import pytest
 
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.units import MiB
-from gpugate.proxy.listener import LEASE_HEADER
+from gpugate.gate.exchange import LEASE_HEADER
 from tests.gate.comfyui_stack import comfy_stack
 from tests.gate.harness import running_stack
 from tests.sim.comfyui_helpers import txt2img

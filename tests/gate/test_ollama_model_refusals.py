@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 
-from gpugate.proxy.listener import LEASE_HEADER
+from gpugate.gate.exchange import LEASE_HEADER
 from tests.gate.harness import running_stack
 
 HOST = {"Host": "localhost:11434"}

@@ -22,7 +22,7 @@ from gpugate.core.effects import EventKind
 from gpugate.core.failures import FailureClass
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import MiB
-from gpugate.proxy.listener import FAILURE_HEADER
+from gpugate.gate.exchange import FAILURE_HEADER
 from gpugate.runtimes.process import SupervisedCommand
 from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
 from gpugate.sim.whisper.process import child_env

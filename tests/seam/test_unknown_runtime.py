@@ -20,10 +20,11 @@ from gpugate.config.model import Consumer, RuntimeKind
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
+from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
-from gpugate.proxy.listener import LEASE_HEADER, ConsumerListener
+from gpugate.proxy.listener import ConsumerListener
 from gpugate.runtimes.base import (
     ApiFamily,
     Classified,

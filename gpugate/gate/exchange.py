@@ -1,0 +1,312 @@
+"""One request's business with the gate: the listener asks once (`ExchangeWork.admit`) and
+is handed an `Exchange` that knows the request's leases, the headers its answer carries,
+what to do with the answer's head and how it ends.
+
+The listener knows no demand, lease scope or resident key: it reads and forwards bytes, and
+tells the exchange what the runtime answered and how the forwarding ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+import aiohttp
+import attrs
+
+from gpugate.config.model import Identity
+from gpugate.core.classes import PriorityClass
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.residents import ResidentKey
+from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.gate.links import GateFailure, Link
+from gpugate.identity import resolve_priority
+from gpugate.logs import OncePerInterval
+from gpugate.runtimes.base import AdapterError, ApiFamily, Classified, Measured, RouteKind, Vetted
+from gpugate.runtimes.process import NotReady, ProcessExited
+from gpugate.runtimes.process_ready import wait_ready
+from gpugate.runtimes.replies import ErrorReply
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate
+    from gpugate.gate.starts import ProcessStarts
+
+unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
+
+LEASE_HEADER = "X-GPUGate-Lease"
+WAIT_HEADER = "X-GPUGate-Wait"
+FAILURE_HEADER = "X-GPUGate-Failure"
+ERROR_BODY_LIMIT = 1024 * 1024
+"""The most of a runtime's answer read before it goes down (a job's name, a load's error)."""
+OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
+
+
+@attrs.frozen
+class Caller:
+    """Who sent a request, as far as its class goes."""
+
+    identity: Identity | None
+    asked: str | None
+    """The X-GPUGate-Priority header, if any."""
+
+    def priority(self, default: PriorityClass) -> PriorityClass:
+        return resolve_priority(self.identity, default, self.asked)
+
+
+@attrs.define
+class Exchange:
+    """A request admitted by the gate, from its admission to its end."""
+
+    gate: Gate
+    link: Link
+    classified: Classified
+    method: str = ""
+    path: str = ""
+    refusal: ErrorReply | None = None
+    """The runtime's own refusal, written by the gate: answer it, forward nothing."""
+    lease: Lease | None = None
+    """The request's lease for what it may load (a DEMAND), if it got one."""
+    busy: Lease | None = None
+    """The 0-byte lease keeping a process runtime's process from eviction meanwhile."""
+    failed: bool = False
+    kept: bool = False
+    """The lease outlives the request: the runtime accepted a job or a start."""
+
+    @property
+    def api(self) -> ApiFamily:
+        """The error shape the request's client parses."""
+        return self.classified.api
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The headers the gate adds to the runtime's answer."""
+        if self.lease is None:
+            return []
+        return [(LEASE_HEADER, str(self.lease.id)), (WAIT_HEADER, f"{self.lease.waited:.3f}")]
+
+    def wants_prefix(self, status: int) -> bool:
+        """Whether the answer's first bytes must be read before it goes down: a job's
+        answer names the job, a failed load's says why."""
+        lease = self.lease
+        if lease is None:
+            return False
+        if status < 400:
+            return lease.scope is LeaseScope.JOB
+        return status >= 500 and lease.loads
+
+    def answered(self, status: int, prefix: bytes = b"") -> list[tuple[str, str]]:
+        """The runtime answered with `status` (and `prefix`, when `wants_prefix`): the
+        books follow, and the headers for the answer come back."""
+        self.link.adapter.answered(self.classified, status)
+        lease = self.lease
+        extra = self.headers()
+        if lease is None:
+            return extra
+        gate = self.gate
+        if status < 400:
+            gate.loaded(lease)
+            self.failed = False
+            if lease.scope is LeaseScope.JOB:
+                job = self.link.adapter.job_key(self.classified, prefix)
+                kind = ResidentKey(
+                    self.link.consumer.name,
+                    self.classified.model or "",
+                    self.classified.options_key,
+                )
+                gate.job_started(lease, job, kind=kind, scale=self.classified.scale)
+            self.kept = not gate.released_by_caller(lease)
+        elif status >= 500 and lease.loads:
+            failure = self._load_failure(status, prefix)
+            gate.report(failure)
+            extra.append((FAILURE_HEADER, failure.failure_class.value))
+        else:
+            self.failed = lease.pending > 0
+        return extra
+
+    @property
+    def passes(self) -> bool:
+        """Whether it goes up untouched, needing no lease of its own."""
+        return self.classified.kind is RouteKind.PASS
+
+    async def process_coming_up(self) -> bool:
+        """The runtime refused the connection: True once its process, there but not yet
+        listening (a unit started it a moment ago: it loads before it binds), answers its
+        port and health route within its start timeout; False when nothing is coming (a
+        request that does not need the process, no process, or it exited)."""
+        link = self.link
+        control = link.consumer.control
+        processes = self.gate.processes
+        method, path = self.method, self.path
+        if control is None or not link.adapter.needs_process(method, path):
+            return False
+        if not processes.fronts(link) or not await processes.running(link):
+            return False
+        try:
+            await wait_ready(link.consumer.upstream.url, control.health, control.start_timeout)
+        except (NotReady, ProcessExited):
+            return False
+        return True
+
+    def upstream_failed(self) -> None:
+        """The runtime could not be reached or broke off: a load under the lease failed."""
+        self.failed = True
+
+    def finish(self) -> None:
+        """The request is over: its leases end (unless kept), an unload is listed."""
+        gate = self.gate
+        if self.lease is not None and not self.kept:
+            gate.release(self.lease, failed=self.failed)
+        if self.busy is not None:
+            gate.release(self.busy)
+        if self.classified.kind is RouteKind.UNLOAD:
+            gate.want_reconcile(self.link.consumer.name)
+
+    def timed_out(self, what: object) -> Failure:
+        """The runtime did not answer in time: the failure, reported."""
+        consumer = self.link.consumer
+        return self._report(
+            FailureClass.TIMEOUT, f"TIMEOUT: {consumer.name} at {consumer.upstream.url}: {what}"
+        )
+
+    def crashed(self, exc: BaseException) -> Failure:
+        """The runtime is not answering: the failure, reported."""
+        consumer = self.link.consumer
+        return self._report(
+            FailureClass.RUNTIME_CRASH,
+            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url} is not answering "
+            f"({exc.__class__.__name__}: {exc})",
+        )
+
+    def _report(self, cls: FailureClass, message: str) -> Failure:
+        consumer = self.link.consumer
+        failure = Failure(
+            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.gpu
+        )
+        self.gate.report(failure)
+        return failure
+
+    def _load_failure(self, status: int, body: bytes) -> Failure:
+        text = body.decode("utf-8", "replace")
+        lowered = text.lower()
+        oom = any(marker in lowered for marker in OOM_MARKERS)
+        cls = FailureClass.GPU_OOM if oom else FailureClass.MODEL_LOAD_FAILED
+        consumer = self.link.consumer
+        return Failure(
+            cls,
+            f"{cls.value}: {consumer.name} answered {status} loading {self.classified.model}: "
+            f"{text.strip()[:300]}",
+            consumer=consumer.name,
+            model=self.classified.model,
+            gpu=consumer.gpu,
+        )
+
+
+class ExchangeWork:
+    """The gate's side of a listener's request (a part of `Gate`)."""
+
+    clock: Callable[[], float]
+
+    if TYPE_CHECKING:  # Gate provides these
+        processes: ProcessStarts
+
+        async def acquire(self, demand: Demand) -> Lease: ...
+
+        def release(self, lease: Lease, *, failed: bool = False) -> None: ...
+
+        def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None: ...
+
+        def measured_job(self, kind: ResidentKey) -> Measured | None: ...
+
+        def known_envelope(self, link: Link, model: str, options: str) -> int | None: ...
+
+        async def envelope(self, link: Link, model: str, options: str) -> int | None: ...
+
+    async def admit(
+        self, link: Link, classified: Classified, caller: Caller, method: str, path: str
+    ) -> Exchange:
+        """Admit one request: the runtime's own refusal first (`Exchange.refusal`), then the
+        process it needs running and kept busy, and a lease for what it may load. Raises
+        GateFailure, with nothing held, when either cannot be had."""
+        gate = cast("Gate", self)
+        if classified.kind is RouteKind.DEMAND and link.adapter.vets:
+            vetted = await self._vet(link, classified)
+            if vetted is not None:
+                if vetted.reply is not None:
+                    return Exchange(gate, link, classified, method, path, vetted.reply)
+                # The runtime refuses it before loading: it goes up unleased.
+                classified = attrs.evolve(classified, kind=RouteKind.PASS)
+        adapter = link.adapter
+        exchange = Exchange(gate, link, classified, method, path)
+        processes = self.processes
+        if processes.fronts(link) and adapter.needs_process(method, path):
+            # A process runtime: it must run (the gate starts it if it was stopped), and it
+            # stays busy, never evicted, while this request is in flight.
+            model = adapter.process_model()
+            default = adapter.model_priority(model) if model else link.consumer.priority
+            exchange.busy = await processes.serve_lease(link, caller.priority(default))
+        if classified.kind is RouteKind.DEMAND:
+            try:
+                exchange.lease = await self._lease(link, classified, caller)
+            except GateFailure:
+                if exchange.busy is not None:
+                    self.release(exchange.busy)
+                raise
+            exchange.failed = exchange.lease is not None and exchange.lease.pending > 0
+        return exchange
+
+    async def _vet(self, link: Link, classified: Classified) -> Vetted | None:
+        """The runtime's own refusal of a demand, before any lease (None: admit it). A
+        runtime that cannot be asked in time only means the demand is admitted unvetted."""
+        assert link.session is not None
+        try:
+            # The adapter bounds its own calls (timeouts.control): an answer it already
+            # has costs no timer here.
+            return await link.adapter.vet(classified, link.session, self.clock())
+        except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
+            unvetted.warning(
+                f"{link.consumer.name}:{type(exc).__name__}",
+                "%s: admitted a request unvetted; the runtime could not say whether it "
+                "would refuse it (%s: %s)",
+                link.consumer.name,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+
+    async def _lease(self, link: Link, classified: Classified, caller: Caller) -> Lease | None:
+        """A lease for a request that may load a model (None: the runtime will refuse it)."""
+        assert classified.model is not None
+        adapter = link.adapter
+        consumer = link.consumer
+        model = classified.model
+        key = ResidentKey(consumer.name, model, classified.options_key)
+        envelope = None
+        model_class = adapter.model_priority(model)
+        priority = caller.priority(model_class)
+        if adapter.sizes_requests:
+            ceiling = self.ceiling(consumer.name, consumer.gpu, priority)
+            envelope = adapter.size(classified, self.measured_job(key), ceiling)
+        if envelope is None:
+            envelope = self.known_envelope(link, model, classified.options_key)
+        if envelope is None:
+            envelope = await self.envelope(link, model, classified.options_key)
+        if envelope is None:
+            return None
+        residency = adapter.residency(model)
+        demand = Demand(
+            key=key,
+            gpu=consumer.gpu,
+            envelope=envelope,
+            priority=priority,
+            resident_priority=model_class,
+            policy=residency.policy,
+            idle_ttl=classified.idle_ttl,
+            reload_seconds=adapter.reload_seconds(model, envelope),
+            sets_ttl=classified.sets_ttl,
+            scope=classified.scope,
+            appear_within=classified.appear_within,
+            replaces=(
+                ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
+            ),
+        )
+        return await self.acquire(demand)
