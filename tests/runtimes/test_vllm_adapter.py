@@ -1,0 +1,113 @@
+"""vLLM's adapter and its sleep control: which routes need it awake, how it is put to sleep
+and woken (level 1 and 2), and what an answer it cannot read becomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpugate.config.loader import ConfigError, load_config_text
+from gpugate.runtimes.base import ApiFamily, RouteKind, error_reply
+from gpugate.runtimes.process import ProcessControlError
+from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.vllm.adapter import VllmAdapter
+from gpugate.runtimes.vllm.sleep import SleepMode
+
+CONFIG = """\
+consumers:
+  vllm:
+    runtime: vllm
+    listen: 127.0.0.1:8000
+    upstream: http://127.0.0.1:8001
+    envelope: 7GiB
+    sleep_level: 2
+    models: {qwen: {envelope: 7GiB}}
+"""
+
+
+def test_the_adapter_sleeps_at_its_level_and_wakes_for_generation_routes():
+    (consumer,) = load_config_text(CONFIG, "consumers.yaml").consumers
+    adapter = adapter_for(consumer)
+    assert isinstance(adapter, VllmAdapter)
+    assert isinstance(adapter.process, SleepMode) and adapter.process.level == 2
+    assert not SleepMode.owns_port  # its port stays open while it sleeps
+    assert adapter.process_model() == "qwen"
+    assert adapter.needs_process("POST", "/v1/chat/completions")
+    assert adapter.needs_process("POST", "/v1/embeddings")
+    for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/tokenize")):
+        assert not adapter.needs_process(method, path)
+    classified = adapter.classify("POST", "/v1/chat/completions", None, "")
+    assert (classified.kind, classified.api) == (RouteKind.PASS, ApiFamily.VLLM)
+
+
+def test_a_sleep_level_other_than_1_or_2_or_no_envelope_is_a_config_error():
+    text = CONFIG.replace("sleep_level: 2", "sleep_level: 3").replace("    envelope: 7GiB\n", "")
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, Path("consumers.yaml"))
+    found = [(i.line, i.path) for i in info.value.errors]
+    # A missing key is reported at its consumer's line; the bad level at its own.
+    assert found == [(2, "consumers.vllm.envelope"), (6, "consumers.vllm.sleep_level")]
+    assert "1 or 2" in info.value.errors[1].message
+
+
+def test_the_gates_errors_are_in_vllms_shape():
+    reply = error_reply(ApiFamily.VLLM, 503, "no room")
+    assert reply.body == (
+        b'{"error":{"message":"no room","type":"ServiceUnavailableError","param":null,"code":503}}'
+    )
+    assert reply.content_type == "application/json"
+
+
+async def fake_vllm(aiohttp_server, *, sleep_status: int = 200, is_sleeping: object = True):
+    calls: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        body = await request.text()
+        calls.append(f"{request.method} {request.path_qs} {body}".strip())
+        if request.path == "/sleep":
+            return web.Response(status=sleep_status, text="" if sleep_status == 200 else "no")
+        if request.path == "/is_sleeping":
+            return web.json_response({"is_sleeping": is_sleeping})
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    server = await aiohttp_server(app)
+    return f"http://127.0.0.1:{server.port}", calls
+
+
+async def test_level_two_wakes_weights_reloads_them_then_the_kv_cache(aiohttp_server):
+    url, calls = await fake_vllm(aiohttp_server)
+    control = SleepMode(url, level=2, timeout=5)
+    assert await control.stop() is None
+    await control.start()
+    assert calls == [
+        "POST /sleep?level=2",
+        "POST /wake_up?tags=weights",
+        'POST /collective_rpc {"method": "reload_weights"}',
+        "POST /wake_up?tags=kv_cache",
+    ]
+    assert await control.is_running() is False  # the fake says it sleeps
+
+
+async def test_level_one_wakes_in_one_call(aiohttp_server):
+    url, calls = await fake_vllm(aiohttp_server, is_sleeping=False)
+    control = SleepMode(url, level=1, timeout=5)
+    await control.stop()
+    await control.start()
+    assert calls == ["POST /sleep?level=1", "POST /wake_up"]
+    assert await control.is_running() is True
+
+
+async def test_a_refused_sleep_or_an_unreadable_state_is_a_control_error(aiohttp_server):
+    url, _ = await fake_vllm(aiohttp_server, sleep_status=400, is_sleeping="maybe")
+    control = SleepMode(url, timeout=5)
+    with pytest.raises(ProcessControlError, match="400"):
+        await control.stop()
+    with pytest.raises(ProcessControlError, match="is_sleeping"):
+        await control.is_running()
+    nowhere = SleepMode("http://127.0.0.1:9", timeout=2)
+    with pytest.raises(ProcessControlError):
+        await nowhere.start()
