@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.core.units import parse_duration
+from gpugate.core.units import parse_duration, parse_size
 from gpugate.sim.llamaserver.memory import FIT_MIN_CTX, FIT_TARGET, NGL_ALL, NGL_AUTO
 
 PROGRAM = "llama-server"
@@ -157,6 +157,9 @@ class Args:
     sim_prompt_tokens_per_second: float = 5000.0
     sim_eos_after: int = 16
     sim_record: Path | None = None
+    sim_model_sizes: dict[str, int] = attrs.field(factory=dict)
+    """`--sim-model-size NAME=SIZE` (repeatable): a model file's weights on the simulated
+    GPU, by its path as given or its file name (model.with_weights)."""
 
     @property
     def gpu(self) -> int | None:
@@ -242,6 +245,14 @@ def _sim(args: Args, key: str, value: str) -> None:
         args.sim_eos_after = int(value)
     elif key == "--sim-record":
         args.sim_record = Path(value)
+    elif key == "--sim-model-size":
+        name, sep, size = value.rpartition("=")
+        if not sep or not name:
+            raise ValueError(f"--sim-model-size: expected NAME=SIZE, got {value!r}")
+        try:
+            args.sim_model_sizes[name] = parse_size(size)
+        except ValueError as exc:
+            raise ValueError(f"--sim-model-size: {exc}") from None
     else:
         raise ValueError(f"invalid argument: {key}")
 

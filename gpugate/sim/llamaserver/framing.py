@@ -26,6 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
+from gpugate.sim.llamaserver import nlohmann
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 JSON_TYPE = "application/json; charset=utf-8"
 
@@ -79,29 +81,12 @@ def parse_json(raw: bytes) -> Any:
     """`json::parse(req.body)`; ServerError with nlohmann's message when it is not JSON.
 
     nlohmann's exceptions are std::exception but not std::invalid_argument, so ex_wrapper
-    answers 500. The message names the first bad position as nlohmann reports it.
+    answers 500 (nlohmann.py words the message as nlohmann does).
     """
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ServerError(_parse_error(text, exc)) from None
-
-
-def _parse_error(text: str, exc: json.JSONDecodeError) -> str:
-    if not text.strip():
-        return (
-            "[json.exception.parse_error.101] parse error at line 1, column 1: attempting to "
-            "parse an empty input; check that your input string or stream contains the "
-            "expected JSON"
-        )
-    line = text.count("\n", 0, exc.pos) + 1
-    column = exc.pos - (text.rfind("\n", 0, exc.pos) + 1) + 1
-    last = text[: exc.pos + 1].splitlines()[-1] if text[: exc.pos + 1] else ""
-    return (
-        f"[json.exception.parse_error.101] parse error at line {line}, column {column}: "
-        f"syntax error while parsing value - invalid literal; last read: '{last}'"
-    )
+    value = nlohmann.parse(raw)
+    if isinstance(value, nlohmann.JsonError):
+        raise ServerError(value.message)
+    return value
 
 
 NOT_FOUND_BODY = dumps({"error": {"message": "File Not Found", "type": NOT_FOUND, "code": 404}})

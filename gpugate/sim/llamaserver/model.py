@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -68,8 +68,9 @@ class ModelInfo:
     bos: int | None
     eos: int | None
     add_bos: bool
-    fim: bool
-    """Whether the vocabulary has the prefix, suffix and middle tokens /infill needs."""
+    fim: tuple[int | None, ...]
+    """The FIM token ids (fim_tokens): prefix, suffix and middle, which /infill needs, then
+    repository and file separator; None for each the model has not."""
     pooling: int | None
     """`<arch>.pooling_type` when the file says (embedding models)."""
     ftype: str
@@ -139,7 +140,6 @@ def load_model_info(path: str | os.PathLike[str]) -> ModelInfo:
             inputs += tensor.nbytes
         else:
             output += tensor.nbytes
-    fim_keys = ("fim_pre_token_id", "fim_suf_token_id", "fim_mid_token_id")
     pooling = _arch_value(gguf, arch, "pooling_type")
     bos = gguf.get("tokenizer.ggml.bos_token_id")
     eos = gguf.get("tokenizer.ggml.eos_token_id")
@@ -160,7 +160,7 @@ def load_model_info(path: str | os.PathLike[str]) -> ModelInfo:
         bos=None if bos is None else int(bos),
         eos=None if eos is None else int(eos),
         add_bos=bool(gguf.get("tokenizer.ggml.add_bos_token", model == "llama")),
-        fim=all(f"tokenizer.ggml.{key}" in gguf.metadata for key in fim_keys),
+        fim=fim_tokens(gguf, tokens),
         pooling=None if pooling is None else int(pooling),
         ftype=ftype_name(gguf),
         n_params=sum(math.prod(t.dims) for t in gguf.tensors),
@@ -172,6 +172,41 @@ def load_model_info(path: str | os.PathLike[str]) -> ModelInfo:
     )
 
 
+_FIM_KEYS = (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle"), ("fim_rep",),
+             ("fim_sep",))  # fmt: skip
+"""`tokenizer.ggml.<key>_token_id`: the current key, then the deprecated one (which wins)."""
+_FIM_TEXTS = (
+    ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+     "<|code_prefix|>", "<|prefix|>"),
+    ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+     "<|code_suffix|>", "<|suffix|>"),
+    ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+     "<|code_middle|>", "<|middle|>"),
+    ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    ("<|file_sep|>",),
+)  # fmt: skip
+"""The token texts llama_vocab::impl::load takes for each FIM token without a key."""
+
+
+def fim_tokens(gguf: GgufFile, tokens: Sequence[str]) -> tuple[int | None, ...]:
+    """The FIM prefix, suffix, middle, repository and file-separator token ids as
+    src/llama-vocab.cpp finds them: by the metadata keys (an id out of the vocabulary is
+    ignored), else by the token's text (the first text of the list present; llama.cpp walks
+    an unordered map, so which of several would win there is unspecified)."""
+    ids = {text: i for i, text in enumerate(tokens)}  # token_to_id: a repeated text's last id
+    found: list[int | None] = []
+    for keys, texts in zip(_FIM_KEYS, _FIM_TEXTS, strict=True):
+        token = None
+        for key in keys:
+            value = gguf.get(f"tokenizer.ggml.{key}_token_id")
+            if isinstance(value, int) and 0 <= value < len(tokens):
+                token = value
+        if token is None:
+            token = next((ids[text] for text in texts if text in ids), None)
+        found.append(token)
+    return tuple(found)
+
+
 def pooling_from_option(value: str | None) -> int | None:
     """`--pooling` → enum llama_pooling_type; None when unset."""
     return None if value is None else _POOLING[value]
@@ -180,3 +215,33 @@ def pooling_from_option(value: str | None) -> int | None:
 def layer_sum(sizes: Sequence[int], last: int) -> int:
     """Bytes of the last `last` entries of `sizes`."""
     return sum(sizes[len(sizes) - last :]) if last > 0 else 0
+
+
+def with_weights(info: ModelInfo, nbytes: int) -> ModelInfo:
+    """`info` with weights of `nbytes` on the GPU when fully offloaded (a sim-only size,
+    `--sim-model-size`): the repeating layers and the output layer scaled to that total in
+    their file's proportions (evenly when the file has none), the remainder of the
+    rounding on the output layer. The token embeddings, which stay in host memory, and
+    everything the KV cache and compute buffer are sized from are kept."""
+    parts = [*info.layer_bytes, info.output_bytes]
+    total = sum(parts)
+    if total > 0:
+        scaled = [nbytes * part // total for part in parts]
+    else:
+        scaled = [nbytes // len(parts)] * len(parts)
+    scaled[-1] += nbytes - sum(scaled)
+    return attrs.evolve(
+        info,
+        layer_bytes=tuple(scaled[:-1]),
+        output_bytes=scaled[-1],
+        size=info.input_bytes + nbytes,
+    )
+
+
+def sized_for(sizes: Mapping[str, int], path: str) -> int | None:
+    """The size `sizes` gives the model file `path`: by the path as given, else by its
+    file name; None when it gives none."""
+    for key in (path, os.path.basename(path)):
+        if key in sizes:
+            return sizes[key]
+    return None

@@ -53,6 +53,8 @@ def llamaserver_argv(
     argv += list(spec.args)
     if state_dir is not None:
         argv += ["--sim-state-dir", str(state_dir)]
+    for name, size in spec.models.items():
+        argv += ["--sim-model-size", f"{name}={size}"]
     if spec.record is not None:
         argv += ["--sim-record", os.path.abspath(spec.record)]
     return [*argv, "--sim-load-seconds", repr(spec.load_seconds),

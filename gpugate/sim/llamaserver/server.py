@@ -26,6 +26,7 @@ from gpugate.sim.llamaserver.framing import (
     sse_event,
     start_sse,
 )
+from gpugate.sim.llamaserver.infill import check_request, infill_tokens, missing_tokens
 from gpugate.sim.llamaserver.memory import MemoryPlan
 from gpugate.sim.llamaserver.model import ModelInfo
 from gpugate.sim.llamaserver.results import BUILD_INFO, Completion, Timings, completion_id
@@ -240,18 +241,19 @@ class ModelServer:
         return await self._complete(request, body, "text")
 
     async def infill(self, request: web.Request) -> web.StreamResponse:
-        if not self.info.fim:
+        missing = missing_tokens(self.info.fim)
+        if missing:
             return error_response(
-                "Infill is not supported by this model: prefix token is missing. "
-                "suffix token is missing. middle token is missing. ",
-                NOT_SUPPORTED,
+                f"Infill is not supported by this model: {missing}", NOT_SUPPORTED
             )
         body = parse_json(await request.read())
-        for field in ("input_prefix", "input_suffix"):
-            if field not in body:
-                return error_response(f'"{field}" is required', INVALID_REQUEST)
-        body["prompt"] = f"{body['input_prefix']}{body.get('prompt', '')}{body['input_suffix']}"
-        return await self._complete(request, body, "native")
+        refused = check_request(body)
+        if refused is not None:
+            return error_response(*refused)
+        tokens = infill_tokens(
+            self.vocab, self.info.fim, body, self.plan.n_ctx, self.options.n_predict
+        )
+        return await self._complete(request, {**body, "prompt": tokens}, "native")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = parse_json(await request.read())

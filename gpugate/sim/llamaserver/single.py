@@ -29,7 +29,13 @@ from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.llamaserver.cli import Args
 from gpugate.sim.llamaserver.framing import dumps
 from gpugate.sim.llamaserver.memory import GpuHolding, LoadFailed, PlacementOptions, place
-from gpugate.sim.llamaserver.model import NotAModel, load_model_info, pooling_from_option
+from gpugate.sim.llamaserver.model import (
+    NotAModel,
+    load_model_info,
+    pooling_from_option,
+    sized_for,
+    with_weights,
+)
 from gpugate.sim.llamaserver.record import LoadRecord, Records
 from gpugate.sim.llamaserver.server import ModelServer, ServeOptions
 
@@ -93,6 +99,9 @@ async def _serve(args: Args, state_dir: Path | None) -> int:
         threading.Thread(target=_watch_stdin, args=(loop, stop), daemon=True).start()
     try:
         info = load_model_info(args.model)
+        size = sized_for(args.sim_model_sizes, args.model)
+        if size is not None:
+            info = with_weights(info, size)
     except (OSError, NotAModel) as exc:
         info = None
         failure = f"llama_model_load: error loading model: {exc}"

@@ -11,6 +11,8 @@ llamaserver:
   gpu: 0                    # -dev CUDA<gpu>; `none` keeps everything off the GPU
   embeddings: false
   args: []                  # more llama-server options, passed as they are
+  models:                   # sim only: a model file's weights on the GPU, by file name or
+    alpha.gguf: 3GiB        # path (the file's own tensors otherwise; --sim-model-size)
   load_seconds: 1s
   tokens_per_second: 500
   record: llamaserver.jsonl # optional: a JSON line per model load
@@ -23,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from gpugate.sim.specfields import duration, number, only, record_path
+from gpugate.sim.specfields import duration, field_size, number, only, record_path
 
 
 @attrs.frozen
@@ -41,6 +43,8 @@ class LlamaServerSpec:
     """None: `-dev none`."""
     embeddings: bool = False
     args: tuple[str, ...] = ()
+    models: dict[str, int] = attrs.field(factory=dict)
+    """Model files (file name or path) → their weights on the simulated GPU."""
     load_seconds: float = 0.0
     tokens_per_second: float = 500.0
     record: Path | None = None
@@ -54,7 +58,7 @@ def parse_llamaserver(data: Any, base: Path = Path()) -> LlamaServerSpec:
     model, models_dir = data.get("model"), data.get("models_dir")
     if (model is None) == (models_dir is None):
         raise ValueError("llamaserver: give exactly one of model and models_dir")
-    listen = str(data.get("listen", LlamaServerSpec.listen))
+    listen = str(data.get("listen", attrs.fields(LlamaServerSpec).listen.default))
     _, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"llamaserver.listen: expected HOST:PORT, got {listen!r}")
@@ -64,6 +68,10 @@ def parse_llamaserver(data: Any, base: Path = Path()) -> LlamaServerSpec:
     args = data.get("args") or []
     if not isinstance(args, list):
         raise ValueError("llamaserver.args: expected a list of words")
+    models = data.get("models") or {}
+    if not isinstance(models, dict):
+        raise ValueError("llamaserver.models: expected a mapping of model file to size")
+    sizes = {str(name): field_size(models, name, "llamaserver.models", 0) for name in models}
     gpu = data.get("gpu", 0)
     ctx = data.get("ctx_size")
     return LlamaServerSpec(
@@ -79,6 +87,7 @@ def parse_llamaserver(data: Any, base: Path = Path()) -> LlamaServerSpec:
         gpu=None if gpu == "none" else number(data, "gpu", "llamaserver", int, 0, minimum=0),
         embeddings=bool(data.get("embeddings", False)),
         args=tuple(str(a) for a in args),
+        models=sizes,
         load_seconds=duration(data, "load_seconds", "llamaserver", 0.0),
         tokens_per_second=number(
             data, "tokens_per_second", "llamaserver", float, 500.0, positive=True
