@@ -3,7 +3,8 @@
 The vocabulary is SentencePiece-style (`tokenizer.ggml.model = "llama"`): `<unk>`, `<s>`,
 `</s>` and the 256 byte tokens `<0x00>`..`<0xFF>`, so any text tokenizes by byte fallback
 (one token per UTF-8 byte, the `▁` space prefix being three). With `fim=True` three more
-control tokens, `<fim_prefix>`, `<fim_suffix>` and `<fim_middle>`, make `/infill` usable.
+control tokens, `<fim_prefix>`, `<fim_suffix>` and `<fim_middle>` (named by the
+`tokenizer.ggml.fim_*_token_id` keys too), make `/infill` usable.
 
 The weights are random, but the output layer is shaped so generation is countable: one
 residual dimension carries a constant positive value through every layer (the embedding
@@ -115,6 +116,12 @@ def write_tiny_llama(
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+    if fim:
+        # llama.cpp would also find them by their text; the ids say so explicitly
+        fim_keys = (gguf.Keys.Tokenizer.FIM_PRE_ID, gguf.Keys.Tokenizer.FIM_SUF_ID)
+        fim_keys += (gguf.Keys.Tokenizer.FIM_MID_ID,)
+        for key, token in zip(fim_keys, FIM_TOKENS, strict=True):
+            writer.add_uint32(key, tokens.index(token))
 
     token_embd = matrix(n_vocab, n_embd)
     token_embd[:, _ANCHOR_DIM] = _ANCHOR_VALUE

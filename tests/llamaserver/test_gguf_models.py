@@ -52,11 +52,14 @@ def test_vocabulary_is_byte_level_with_special_tokens(tmp_path: Path) -> None:
     assert field(reader, "tokenizer.ggml.eos_token_id") == EOS_ID
     assert "tokenizer.ggml.pooling_type" not in reader.fields
     assert "llama.pooling_type" not in reader.fields
+    assert "tokenizer.ggml.fim_pre_token_id" not in reader.fields
 
 
 def test_fim_and_embedding_options(tmp_path: Path) -> None:
     reader = gguf.GGUFReader(write_tiny_llama(tmp_path / "m.gguf", embedding=True, fim=True))
     assert field(reader, "tokenizer.ggml.tokens")[-3:] == list(FIM_TOKENS)
+    fim_ids = [field(reader, f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid")]
+    assert fim_ids == [259, 260, 261]
     assert field(reader, "llama.pooling_type") == gguf.PoolingType.MEAN
     assert field(reader, "llama.vocab_size") == 3 + 256 + 3
 
