@@ -54,7 +54,7 @@ from gpugate.runtimes.process import (
     SystemdUnit,
 )
 from gpugate.runtimes.process_find import listening_pids
-from gpugate.runtimes.process_ready import wait_ready
+from gpugate.runtimes.process_ready import port_open, wait_ready
 
 log = logging.getLogger("gpugate.starts")
 
@@ -173,7 +173,7 @@ class ProcessStarts:
         pid = process.find()
         how = "runs its command"
         if pid is None:
-            pid = self._listener(link)
+            pid = await self._listener(link)
             how = "listens on its port"
         if pid is None:
             return False
@@ -189,12 +189,16 @@ class ProcessStarts:
         )
         return True
 
-    def _listener(self, link: Link) -> int | None:
+    async def _listener(self, link: Link) -> int | None:
         """A process listening on the upstream's port, if one can be seen."""
-        port = urlsplit(link.consumer.upstream.url).port
-        if port is None:
+        url = urlsplit(link.consumer.upstream.url)
+        if url.port is None or url.hostname is None:
             return None
-        found = listening_pids(port)
+        # A refused connection says nothing listens, at once; the scan of /proc/net/tcp
+        # costs tens of milliseconds where many closed connections wait out TIME_WAIT.
+        if not await port_open(url.hostname, url.port):
+            return None
+        found = listening_pids(url.port)
         return found[0] if found else None
 
     async def _adopted_ready(self, link: Link, process: ProcessControl, lease: Lease) -> None:
