@@ -68,6 +68,8 @@ async def fake_vllm(aiohttp_server, *, sleep_status: int = 200, is_sleeping: obj
         calls.append(f"{request.method} {request.path_qs} {body}".strip())
         if request.path == "/sleep":
             return web.Response(status=sleep_status, text="" if sleep_status == 200 else "no")
+        if request.path.startswith("/nothing-here"):
+            return web.json_response({"detail": "Not Found"}, status=404)
         if request.path == "/is_sleeping":
             return web.json_response({"is_sleeping": is_sleeping})
         return web.Response(status=200)
@@ -108,6 +110,9 @@ async def test_a_refused_sleep_or_an_unreadable_state_is_a_control_error(aiohttp
         await control.stop()
     with pytest.raises(ProcessControlError, match="is_sleeping"):
         await control.is_running()
+    gone = SleepMode(url + "/nothing-here", timeout=5)
+    with pytest.raises(ProcessControlError, match="VLLM_SERVER_DEV_MODE"):
+        await gone.is_running()
     nowhere = SleepMode("http://127.0.0.1:9", timeout=2)
     with pytest.raises(ProcessControlError):
         await nowhere.start()

@@ -18,11 +18,17 @@ The server itself is not the gate's to start or stop; its port stays open while 
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 import aiohttp
 
 from gpugate.runtimes.process import Exit, ProcessControl, ProcessControlError
+
+NO_SLEEP_ROUTES = (
+    "vLLM serves no sleep routes: start it with --enable-sleep-mode and "
+    "VLLM_SERVER_DEV_MODE=1 in its environment"
+)
 
 
 class SleepMode(ProcessControl):
@@ -45,8 +51,9 @@ class SleepMode(ProcessControl):
             ):
                 text = await resp.text()
                 if resp.status != 200:
+                    hint = f" ({NO_SLEEP_ROUTES})" if resp.status == 404 else ""
                     raise ProcessControlError(
-                        f"POST {path} answered {resp.status}: {text[:200]}",
+                        f"POST {path} answered {resp.status}: {text[:200]}{hint}",
                         stderr=text[:2000],
                     )
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -74,12 +81,16 @@ class SleepMode(ProcessControl):
                 aiohttp.ClientSession(timeout=self.timeout) as session,
                 session.get(self.url + "/is_sleeping") as resp,
             ):
-                data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                status, text = resp.status, await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise ProcessControlError(f"GET /is_sleeping failed: {exc}") from exc
-        if resp.status != 200 or not isinstance(data, dict):
-            raise ProcessControlError(f"GET /is_sleeping answered {resp.status}: {data!r:.200}")
-        sleeping = data.get("is_sleeping")
-        if not isinstance(sleeping, bool):
-            raise ProcessControlError(f"GET /is_sleeping answered {data!r:.200}")
+        if status == 404:
+            raise ProcessControlError(f"GET /is_sleeping answered 404: {NO_SLEEP_ROUTES}")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        sleeping = data.get("is_sleeping") if isinstance(data, dict) else None
+        if status != 200 or not isinstance(sleeping, bool):
+            raise ProcessControlError(f"GET /is_sleeping answered {status}: {text[:200]}")
         return not sleeping
