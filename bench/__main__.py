@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.coldstart import ColdStart
-from bench.coldstart import measure as measure_coldstart
+from bench.coldstart import measure_apart as measure_coldstart_apart
 from bench.coldstart import table as coldstart_table
 from bench.decisions import measure as measure_decisions
 from bench.decisions import table as decisions_table
@@ -316,8 +316,9 @@ def main() -> int:
             rig.stop()
         # On processes of their own, started afresh: see bench/holds.py.
         holds = measure_holds(Path(tmp), tuple(targets))
-    # A simulated card and whisper-server of its own, after the proxies stopped.
-    coldstart = measure_coldstart()
+    # A simulated card and whisper-server of its own, after the proxies stopped, in a
+    # process of its own: a gate does not carry the heap and threads of the runs before.
+    coldstart = measure_coldstart_apart()
     print("coldstart", coldstart, flush=True)
     decisions = measure_decisions()
     print("decisions", decisions, flush=True)

@@ -19,6 +19,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -146,6 +147,18 @@ def measure(rounds_count: int = 15) -> ColdStart:
             return asyncio.run(rounds(Path(tmp), rounds_count))
     finally:
         os.sched_setaffinity(0, pinned)
+
+
+def measure_apart(rounds_count: int = 15) -> ColdStart:
+    """`measure` in a new Python process, as a gate on a host runs: not inside a process
+    that ran other benchmarks (their heap, threads and file descriptors)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.coldstart", "--rounds", str(rounds_count)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return ColdStart(**json.loads(done.stdout.splitlines()[0]))
 
 
 def table(result: ColdStart) -> list[str]:
