@@ -21,7 +21,7 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
-from gpugate.identity import resolve_priority
+from gpugate.identity import IdentityResolver, resolve_priority
 from gpugate.logs import OncePerInterval
 from gpugate.runtimes.base import AdapterError, ApiFamily, Classified, Measured, RouteKind, Vetted
 from gpugate.runtimes.process import NotReady, ProcessExited
@@ -42,16 +42,25 @@ ERROR_BODY_LIMIT = 1024 * 1024
 OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
 
 
-@attrs.frozen
+@attrs.define
 class Caller:
-    """Who sent a request, as far as its class goes."""
+    """Who sent a request, as far as its class goes: identified only when a class is asked
+    for (a request that passes untouched never is)."""
 
-    identity: Identity | None
+    identities: IdentityResolver
+    remote: str | None
+    authorization: str | None
     asked: str | None
     """The X-GPUGate-Priority header, if any."""
+    _identity: Identity | None = attrs.field(default=None, init=False)
+    _identified: bool = attrs.field(default=False, init=False)
 
     def priority(self, default: PriorityClass) -> PriorityClass:
-        return resolve_priority(self.identity, default, self.asked)
+        """The request's class: its identity's, else `default`, as the header may move it."""
+        if not self._identified:
+            self._identity = self.identities.identify(self.remote, self.authorization)
+            self._identified = True
+        return resolve_priority(self._identity, default, self.asked)
 
 
 @attrs.define

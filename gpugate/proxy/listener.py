@@ -183,9 +183,12 @@ class ConsumerListener:
             if refusal.exact is not None:
                 return reply(refusal.exact, screening)
             return reply(error_reply(classified.api, refusal.status, refusal.message), screening)
+        headers = request.headers
         caller = Caller(
-            self.identities.identify(request.remote, request.headers.get(hdrs.AUTHORIZATION)),
-            request.headers.get(PRIORITY_HEADER),
+            self.identities,
+            request.remote,
+            headers.get(hdrs.AUTHORIZATION),
+            headers.get(PRIORITY_HEADER),
         )
         try:
             exchange = await self.gate.admit(self.link, classified, caller, method, path)
