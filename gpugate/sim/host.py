@@ -51,6 +51,7 @@ from gpugate.sim.children import (
 )
 from gpugate.sim.device import SimDevice, SimulatedGpuHost
 from gpugate.sim.holder import count_holders, holder_argv
+from gpugate.sim.host_runtimes import HostStartError, RuntimeStarters
 from gpugate.sim.reaping import become_subreaper, clear_groups, reap_orphans
 from gpugate.sim.scenario import HolderSpec, HostSpec, ScenarioError, load_host
 from gpugate.sim.shim import STATE_ENV, library_path
@@ -64,10 +65,6 @@ COMFYUI_MODULE = "gpugate.sim.comfyui"
 EXIT_BAD_HOST_FILE = 2
 
 _UUID_NAMESPACE = uuid.UUID("3f8e2c1a-6d4b-4e59-9a71-0c2d5b8e4f60")
-
-
-class HostStartError(RuntimeError):
-    """The simulated host could not start; the message says which part and why."""
 
 
 def default_gpu_uuid(index: int) -> str:
@@ -122,7 +119,7 @@ class RunningHolder:
     """Processes in its tree that hold VRAM: itself and its children."""
 
 
-class SimulatedHost:
+class SimulatedHost(RuntimeStarters):
     """A simulated host run by this process: start() it, use environment, stop() it.
 
     Usable as a context manager. Holders and the simulated Ollama each get their own
@@ -339,66 +336,6 @@ class SimulatedHost:
         urls = [word for word in line.split() if word.startswith(("http://", "https://"))]
         self.ollama_url = urls[0] if urls else f"http://{self.spec.ollama.listen}"
 
-    def _start_whisper(self) -> None:
-        from gpugate.sim.whisper.process import (
-            WhisperStartError,
-            wait_serving,
-            whisper_argv,
-            with_port,
-        )
-        from gpugate.sim.whisper.server import LISTENING
-
-        assert self.state_dir is not None and self.spec.whisper is not None
-        # Its "listening" line reaches a pipe only at its exit (C's stdout buffering): the
-        # port is what says it is up.
-        spec = with_port(self.spec.whisper)
-        child = ReadyProcess(
-            "whisper-server",
-            whisper_argv(spec, self.state_dir),
-            self.events,
-            prefix=LISTENING,
-            env=self._child_env(),
-            own_group=True,
-            output=self.output,
-        )
-        self._launch(child)
-        assert child.popen is not None
-        try:
-            self.whisper_url = wait_serving(
-                spec, child.popen.pid, child.popen.poll, self.ready_timeout
-            )
-        except WhisperStartError as exc:
-            raise HostStartError(f"the simulated whisper-server did not start: {exc}") from None
-
-    def _start_vllm(self) -> None:
-        from gpugate.sim.vllm.process import (
-            VllmStartError,
-            vllm_argv,
-            vllm_env,
-            wait_serving,
-            with_port,
-        )
-
-        assert self.state_dir is not None and self.spec.vllm is not None
-        # It says it is up only in log lines; the port answering /health is what counts.
-        spec = with_port(self.spec.vllm)
-        child = ReadyProcess(
-            "vllm",
-            vllm_argv(spec, self.state_dir),
-            self.events,
-            env=vllm_env(spec, self._child_env()),
-            own_group=True,
-            output=self.output,
-        )
-        self._launch(child)
-        assert child.popen is not None
-        try:
-            self.vllm_url = wait_serving(
-                spec, child.popen.pid, child.popen.poll, self.ready_timeout
-            )
-        except VllmStartError as exc:
-            raise HostStartError(f"the simulated vllm serve did not start: {exc}") from None
-
     def _start_comfyui(self) -> None:
         # One process, as a real ComfyUI: it takes ComfyUI's command line and holds its VRAM.
         assert self.state_dir is not None and self.spec.comfyui is not None
@@ -420,33 +357,6 @@ class SimulatedHost:
             raise HostStartError(f"the simulated ComfyUI did not start: {exc}") from None
         urls = [word for word in line.split() if word.startswith(("http://", "https://"))]
         self.comfyui_url = urls[0] if urls else f"http://{self.spec.comfyui.listen}"
-
-    def _start_llamaserver(self) -> None:
-        # It binds before it loads: /health answering 200 is what says it is up.
-        from gpugate.sim.llamaserver.process import (
-            LlamaServerStartError,
-            llamaserver_argv,
-            wait_healthy,
-        )
-        from gpugate.sim.whisper.process import with_port
-
-        assert self.state_dir is not None and self.spec.llamaserver is not None
-        spec = with_port(self.spec.llamaserver)  # type: ignore[arg-type]
-        child = ReadyProcess(
-            "llama-server",
-            llamaserver_argv(spec, self.state_dir),
-            self.events,
-            prefix="\0",
-            env=self._child_env(),
-            own_group=True,
-            output=self.output,
-        )
-        self._launch(child)
-        assert child.popen is not None
-        try:
-            self.llamaserver_url = wait_healthy(spec, child.popen, self.ready_timeout)  # type: ignore[arg-type]
-        except LlamaServerStartError as exc:
-            raise HostStartError(f"the simulated llama-server did not start: {exc}") from None
 
     def _launch(self, child: ReadyProcess) -> None:
         try:
