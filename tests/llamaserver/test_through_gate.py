@@ -71,9 +71,13 @@ class Gated:
 
 
 @contextlib.asynccontextmanager
-async def gate_before(upstream: str, tmp_path: Path, library: Path) -> AsyncIterator[Gated]:
+async def gate_before(
+    upstream: str, tmp_path: Path, library: Path, *, extra: str = ""
+) -> AsyncIterator[Gated]:
+    """The gate, with a router consumer `llama` at `upstream` and `extra` consumers."""
     listen, control = free_ports(2)
     text = CONFIG.format(control=control, library=library, listen=listen, upstream=upstream)
+    text += extra
     config = load_config_text(text, tmp_path / "consumers.yaml")
     made: dict[str, Gate] = {}
 

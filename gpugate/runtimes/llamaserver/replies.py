@@ -21,10 +21,9 @@ LLAMA_BODY_LIMIT = BodyLimit(PAYLOAD_MAX, llama_too_large)
 
 
 def llama_screening(headers: Mapping[str, str]) -> Screening:
-    """The headers llama-server puts on every answer, for those the gate writes itself:
-    `Server: llama.cpp` (set_default_headers) and, with its default CORS settings
-    (`--cors-origins *` with credentials), the request's Origin echoed, empty without one."""
+    """The header llama-server's middleware puts on every answer, for those the gate writes
+    itself: with its default CORS settings (`--cors-origins *` with credentials) the
+    request's Origin echoed, empty without one. (Its `Server: llama.cpp` is not copied: the
+    gate's own answers carry no Server header, whichever runtime they stand for.)"""
     origin = headers.get("Origin", "")
-    return Screening(
-        reply_headers=(("Server", "llama.cpp"), ("Access-Control-Allow-Origin", origin))
-    )
+    return Screening(reply_headers=(("Access-Control-Allow-Origin", origin),))
