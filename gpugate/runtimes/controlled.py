@@ -79,6 +79,17 @@ class ProcessAdapter(RuntimeAdapter):
             return self.consumer.models[0].name
         return PROCESS_MODEL
 
+    def commanded_model(self, *options: str) -> str | None:
+        """The model the process's own command line names with one of `options` (the
+        configured command, else the unit's as systemd reports it); None when it names none."""
+        control = self.consumer.control
+        command = control.command if control is not None and control.command else None
+        for argv in (command, self.unit_command):
+            model = command_option(argv, *options) if argv else None
+            if model is not None:
+                return model
+        return None
+
     def process_model(self) -> str | None:
         return self.current
 

@@ -16,7 +16,7 @@ import aiohttp
 
 from gpugate.config.model import Consumer
 from gpugate.runtimes.base import ApiFamily, Classified, RouteKind, Screening
-from gpugate.runtimes.controlled import ProcessAdapter, command_option
+from gpugate.runtimes.controlled import ProcessAdapter
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.llamaserver.reading import is_proxied
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
@@ -33,13 +33,7 @@ class LlamaSingleAdapter(ProcessAdapter):
         super().__init__(consumer)
 
     def start_model(self) -> str:
-        control = self.consumer.control
-        command = control.command if control is not None and control.command else None
-        for argv in (command, self.unit_command):
-            model = command_option(argv, "-m", "--model") if argv else None
-            if model is not None:
-                return model
-        return super().start_model()
+        return self.commanded_model("-m", "--model") or super().start_model()
 
     def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
         return llama_screening(headers)

@@ -31,7 +31,7 @@ import aiohttp
 from gpugate.config.model import Consumer
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
-from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter, command_option
+from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.replies import BodyLimit, whisper_too_large
 
@@ -68,14 +68,12 @@ class WhisperAdapter(ProcessAdapter):
         super().__init__(consumer)
 
     def start_model(self) -> str:
-        control = self.consumer.control
-        command = control.command if control is not None and control.command else None
-        for argv in (command, self.unit_command):
-            model = command_option(argv, "-m", "--model") if argv else None
-            if model is not None:
-                return model
+        model = self.commanded_model("-m", "--model")
+        if model is not None:
+            return model
         found = super().start_model()
         # whisper-server's own default when its command names none.
+        control = self.consumer.control
         return "models/ggml-base.en.bin" if found == PROCESS_MODEL and control else found
 
     def wants_body(self, method: str, path: str) -> bool:
