@@ -11,6 +11,7 @@ unload runner is through.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -68,7 +69,20 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
             return error(409, "RESIDENCY_CONFLICT", "several residents match: give ?options=")
         force = request.query.get("force", "0").lower() in TRUE
         try:
-            gate.evict(key, force=force, who=who(request))
+            try:
+                gate.evict(key, force=force, who=who(request))
+            except EvictionRefused as refused:
+                link = gate.links.get(key.consumer)
+                if refused.refusal is not Refusal.UNKNOWN or link is None:
+                    raise
+                if not link.adapter.reconcilable:
+                    raise
+                # The books know a listed runtime's models from its last listing, which may
+                # predate a load: ask it now, and only then say it holds no such model.
+                with contextlib.suppress(Exception):
+                    await gate.reconcile(link)
+                key = resident_key(request) or key
+                gate.evict(key, force=force, who=who(request))
         except EvictionRefused as refused:
             if refused.refusal is Refusal.UNKNOWN:
                 return error(404, "NOT_FOUND", str(refused))

@@ -84,6 +84,18 @@ async def test_eviction_refusals(stack):
     assert not events_of(stack, EventKind.FAILURE)
 
 
+async def test_a_model_loaded_since_the_last_listing_is_listed_before_not_found(stack):
+    # Loaded straight at the runtime a moment ago: the books learn of it from a listing,
+    # the next of which is up to 2 s away.
+    await ollama.AsyncClient(host=stack.sim_url).embed(model="bge-m3", input="x")
+    status, _, body = await post(stack, "/gate/v1/residents/ollama/bge-m3/evict")
+    assert status == 202, body
+    assert body["key"]["model"] == "bge-m3:latest"
+    assert any(
+        e.model == "bge-m3:latest" for e in events_of(stack, EventKind.OUT_OF_BAND_RESIDENT)
+    )
+
+
 async def test_a_drained_consumer_fails_new_demands_and_finishes_in_flight_ones(stack):
     drained = stack.next_event(EventKind.CONSUMER_DRAINED, consumer="ollama")
     body = {"model": "llama3.2:3b", "prompt": "go", "options": {"num_predict": 200}}
