@@ -21,16 +21,13 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
+from gpugate.gate.owner import ExchangeOwner, ProcessFront
 from gpugate.identity import IdentityResolver, resolve_priority
 from gpugate.logs import OncePerInterval
 from gpugate.runtimes.base import AdapterError, ApiFamily, Classified, Measured, RouteKind, Vetted
 from gpugate.runtimes.process import NotReady, ProcessExited
 from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
-
-if TYPE_CHECKING:
-    from gpugate.gate.gate import Gate
-    from gpugate.gate.starts import ProcessStarts
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
 
@@ -67,7 +64,7 @@ class Caller:
 class Exchange:
     """A request admitted by the gate, from its admission to its end."""
 
-    gate: Gate
+    gate: ExchangeOwner
     link: Link
     classified: Classified
     method: str = ""
@@ -216,7 +213,7 @@ class ExchangeWork:
     clock: Callable[[], float]
 
     if TYPE_CHECKING:  # Gate provides these
-        processes: ProcessStarts
+        processes: ProcessFront
 
         async def acquire(self, demand: Demand) -> Lease: ...
 
@@ -236,7 +233,7 @@ class ExchangeWork:
         """Admit one request: the runtime's own refusal first (`Exchange.refusal`), then the
         process it needs running and kept busy, and a lease for what it may load. Raises
         GateFailure, with nothing held, when either cannot be had."""
-        gate = cast("Gate", self)
+        gate = cast(ExchangeOwner, self)
         if classified.kind is RouteKind.DEMAND and link.adapter.vets:
             vetted = await self._vet(link, classified)
             if vetted is not None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpugate.config.model import Config
+from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Preempt
 from gpugate.core.failures import Failure
 from gpugate.core.observation import HostObservation
@@ -26,6 +27,36 @@ class StartBook(Protocol):
     def held(self, consumer: str) -> Lease | None: ...
 
     def own(self, lease: Lease) -> None: ...
+
+
+class ProcessFront(Protocol):
+    """The process runtimes the gate starts, as a request sees them."""
+
+    def fronts(self, link: Link) -> bool: ...
+
+    async def running(self, link: Link) -> bool: ...
+
+    async def serve_lease(self, link: Link, priority: PriorityClass) -> Lease: ...
+
+
+class ExchangeOwner(Protocol):
+    """The gate, as a request's exchange sees it: the books it moves and its processes."""
+
+    processes: ProcessFront
+
+    def loaded(self, lease: Lease) -> None: ...
+
+    def job_started(
+        self, lease: Lease, job: str | None, *, kind: ResidentKey | None = None, scale: float = 0.0
+    ) -> None: ...
+
+    def released_by_caller(self, lease: Lease) -> bool: ...
+
+    def release(self, lease: Lease, *, failed: bool = False) -> None: ...
+
+    def report(self, failure: Failure) -> None: ...
+
+    def want_reconcile(self, consumer: str) -> None: ...
 
 
 class GateOwner(Protocol):
