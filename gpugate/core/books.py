@@ -6,7 +6,8 @@ import itertools
 from typing import Protocol
 
 from gpugate.core.budget import GpuUsage, usage_of
-from gpugate.core.effects import Unload, UnloadReason
+from gpugate.core.effects import Sleep, Stop, Unload, UnloadReason
+from gpugate.core.lifecycle import Eviction, Lifecycles
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 
@@ -72,6 +73,13 @@ class JobOpener(Protocol):
     def open(self, job_id: int, demand: Demand, now: float, arrived: float) -> Lease: ...
 
 
+EVICTIONS: dict[Eviction, type[Unload]] = {
+    Eviction.UNLOAD: Unload,
+    Eviction.STOP: Stop,
+    Eviction.SLEEP: Sleep,
+}
+
+
 class Books:
     """Mutable ledger owned by the core.
 
@@ -92,6 +100,8 @@ class Books:
         self.version = 0
         self.residents_version = 0
         self._ids = itertools.count(1)
+        self.lives = Lifecycles()
+        """The runtimes with a lifecycle: an eviction of theirs is a stop or a sleep."""
         self.jobs: JobOpener | None = None
         """Where job-scope leases are opened (the core's job book, set by its owner)."""
         self._usage: dict[int, GpuUsage] = {}
@@ -313,8 +323,10 @@ class Books:
         return lease, resident
 
     def start_unload(
-        self, resident: Resident, reason: UnloadReason, ticket_id: int | None
+        self, resident: Resident, reason: UnloadReason, ticket_id: int | None, now: float
     ) -> Unload:
+        """The resident is to be evicted: an unload, or for a runtime with a lifecycle a
+        stop or a sleep (its lifecycle is stopping from now)."""
         fresh = self._counted() and self.residents.get(resident.key) is resident
         sums = self._count(fresh, resident.gpu)
         if sums is not None:
@@ -322,7 +334,8 @@ class Books:
         resident.state = ResidentState.UNLOADING
         if sums is not None:
             sums.count_resident(resident, 1)
-        unload = Unload(resident.key, resident.gpu, resident.bytes, reason, ticket_id)
+        how = EVICTIONS[self.lives.evicting(resident.key.consumer, now)]
+        unload = how(resident.key, resident.gpu, resident.bytes, reason, ticket_id)
         self.unloads[resident.key] = unload
         self._touch_counted(fresh)
         return unload

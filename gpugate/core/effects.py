@@ -52,6 +52,34 @@ class Unload:
 
 
 @attrs.frozen
+class Stop(Unload):
+    """Stop the runtime's process: its memory goes with it (confirmed as an unload is)."""
+
+
+@attrs.frozen
+class Sleep(Unload):
+    """Put the runtime to sleep: its model's memory is given back, its context stays."""
+
+
+@attrs.frozen
+class Start:
+    """Start the runtime's process under its PROCESS lease, and report how it went."""
+
+    consumer: str
+    gpu: int
+    lease: int
+
+
+@attrs.frozen
+class Wake:
+    """Wake the sleeping runtime under its PROCESS lease, and report how it went."""
+
+    consumer: str
+    gpu: int
+    lease: int
+
+
+@attrs.frozen
 class Preempt:
     """Stop a consumer's jobs on a GPU (the running one interrupted, the pending ones
     deleted) so that a higher-class demand its `preempt` lists can have their memory."""
@@ -92,6 +120,8 @@ class EventKind(enum.Enum):
     GPU_PAUSED = "gpu_paused"
     """An operator paused admission on a GPU: new demands wait in its queue."""
     GPU_RESUMED = "gpu_resumed"
+    LIFECYCLE = "lifecycle"
+    """A runtime's lifecycle moved (stopped, starting, up, asleep, stopping): `detail`."""
 
 
 @attrs.frozen
@@ -124,4 +154,4 @@ class Event:
     """LEASE_GRANTED and LEASE_RELEASED: the lease's id, as `X-GPUGate-Lease` names it."""
 
 
-Effect = Grant | Reject | Unload | Preempt | Event
+Effect = Grant | Reject | Unload | Preempt | Start | Wake | Event

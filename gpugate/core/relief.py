@@ -72,7 +72,7 @@ def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -
     for resident in victims:
         if deficit <= 0:
             break
-        effects.append(books.start_unload(resident, UnloadReason.PRESSURE, None))
+        effects.append(books.start_unload(resident, UnloadReason.PRESSURE, None, now))
         started = resident_event(
             EventKind.EVICTION_STARTED,
             now,

@@ -428,7 +428,7 @@ class Scheduler:
                 reason = (
                     UnloadReason.REPLACE if key.model == demand.model else UnloadReason.EVICTION
                 )
-                effects.append(self.books.start_unload(resident, reason, ticket.id))
+                effects.append(self.books.start_unload(resident, reason, ticket.id, now))
                 effects.append(
                     Event(
                         EventKind.EVICTION_STARTED,

@@ -337,7 +337,8 @@ def process_ended(books: Books, consumer: str, now: float, detail: str) -> list[
     for resident in list(books.residents.values()):
         if resident.key.consumer != consumer or not resident.process:
             continue
-        if resident.state is not ResidentState.RESIDENT:
+        # A suspect (a stop NVML did not confirm) goes too: the process that held it is gone.
+        if resident.state not in (ResidentState.RESIDENT, ResidentState.SUSPECT):
             continue
         del books.residents[resident.key]
         events.append(gone_event(resident, now, detail))

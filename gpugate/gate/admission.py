@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gpugate.core.effects import Effect, Grant
 from gpugate.core.explicit import LeaseTerms
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import ResidentKey
 from gpugate.core.scheduling import Admission
 from gpugate.core.state import GateCore
@@ -97,9 +98,13 @@ class AdmissionWork:
         """The process started under `lease` answers: it is resident now."""
         self._apply(self.core.process_ready(lease.id, self.clock()))
 
-    def process_ended(self, consumer: str, detail: str) -> None:
-        """The consumer's process ended on its own: its memory is no longer its resident."""
-        self._apply(self.core.process_ended(consumer, self.clock(), detail))
+    def start_process(self, lease: Lease) -> None:
+        """The runtime's PROCESS lease is held: the core starts or wakes it (an effect)."""
+        self._apply(self.core.start(lease.key.consumer, lease.id, self.clock()))
+
+    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None:
+        """What the lifecycle interface saw of the runtime (started, failed, stopped, ...)."""
+        self._apply(self.core.reported(consumer, report, self.clock(), detail))
 
     def release(self, lease: Lease, *, failed: bool = False) -> None:
         """The lease's request is over."""

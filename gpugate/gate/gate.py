@@ -15,7 +15,17 @@ import time
 from collections.abc import Callable
 
 from gpugate.config.model import Config
-from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, Unload
+from gpugate.core.effects import (
+    Effect,
+    Event,
+    EventKind,
+    Grant,
+    Preempt,
+    Reject,
+    Start,
+    Unload,
+    Wake,
+)
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
 from gpugate.core.residents import ResidentKey
@@ -220,6 +230,8 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
                 self._spawn(self._unloads.run(effect), f"unload-{effect.key}")
             elif isinstance(effect, Preempt):
                 self._spawn(self._unloads.preempt(effect), f"preempt-{effect.consumer}")
+            elif isinstance(effect, (Start, Wake)):
+                self.processes.carry_out(effect)
         if timers:
             self._arm_timer()
 

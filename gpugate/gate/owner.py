@@ -13,6 +13,7 @@ from gpugate.config.model import Config
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Preempt
 from gpugate.core.failures import Failure
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import HostObservation
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
@@ -75,7 +76,9 @@ class GateOwner(Protocol):
 
     def process_ready(self, lease: Lease) -> None: ...
 
-    def process_ended(self, consumer: str, detail: str) -> None: ...
+    def start_process(self, lease: Lease) -> None: ...
+
+    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None: ...
 
     def measured_envelope(self, key: ResidentKey) -> int | None: ...
 

@@ -37,13 +37,14 @@ from urllib.parse import urlsplit
 import attrs
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.effects import Start, Wake
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.process_envelopes import ProcessEnvelopes
-from gpugate.gate.start_backoff import StartBackoff
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
@@ -89,17 +90,22 @@ class ProcessStarts:
         self.gate = gate
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._backoff: dict[str, StartBackoff] = {}
-        self._starting: set[str] = set()
+        self._outcomes: dict[str, asyncio.Future[None]] = {}
+        """The start each consumer's waiting request awaits: done once reported."""
         self.envelopes = ProcessEnvelopes(gate)
         for link in gate.links.values():
             process = link.adapter.process
+            if process is None:
+                continue
+            eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
+            gate.core.register_lifecycle(link.consumer.name, eviction, gate.clock())
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self._exited(link, exit)
 
     def starting(self, consumer: str) -> bool:
-        """Whether the gate is starting the consumer's process now (not yet answering)."""
-        return consumer in self._starting
+        """Whether the consumer's runtime is starting now (not yet answering)."""
+        life = self.gate.core.lifecycle(consumer)
+        return life is not None and life.state is LifeState.STARTING
 
     def fronts(self, link: Link) -> bool:
         """Whether requests to `link` need its process running (a controlled process
@@ -144,7 +150,7 @@ class ProcessStarts:
                 return
             await self._read_unit(link)
             process = link.adapter.process
-            running = process is None or await self._found(link, process)
+            running = process is None or await self._found(link, process) is LifeReport.FOUND_UP
             if not running:
                 self._check_backoff(link)
             demand = self._demand(link, priority)
@@ -159,35 +165,39 @@ class ProcessStarts:
                 if process is not None:
                     await self._adopted_ready(link, process, lease)
                 return
-            assert process is not None
             gate.starts.own(lease)
-            await self._start(link, process, lease)
+            await self._start(link, lease)
 
-    async def _found(self, link: Link, process: ProcessControl) -> bool:
-        """Whether the runtime's process is there already: the control's own, one running
-        its command, or one serving its port. One found is adopted: never start twice."""
-        if await self._is_running(link, process):
-            return True
-        if not process.owns_port:
-            return False
+    async def _found(self, link: Link, process: ProcessControl) -> LifeReport:
+        """What the runtime is now, as its lifecycle records it: up (the control's own, one
+        running its command, or one serving its port: adopted, never started twice),
+        asleep, or stopped."""
+        found = await self._found_as(link, process)
+        self.gate.life_report(link.consumer.name, found)
+        return found
+
+    async def _found_as(self, link: Link, process: ProcessControl) -> LifeReport:
+        found = await self._probe(link, process)
+        if found is not LifeReport.FOUND_STOPPED or not process.owns_port:
+            return found
         pid = process.find()
         how = "runs its command"
         if pid is None:
             pid = await self._listener(link)
             how = "listens on its port"
         if pid is None:
-            return False
+            return found
         try:
             process.adopt(pid)
         except ProcessControlError as exc:
             log.warning(
                 "%s: process %d %s but cannot be adopted: %s", link.consumer.name, pid, how, exc
             )
-            return True
+            return LifeReport.FOUND_UP
         log.warning(
             "%s: process %d %s; adopted instead of starting another", link.consumer.name, pid, how
         )
-        return True
+        return LifeReport.FOUND_UP
 
     async def _listener(self, link: Link) -> int | None:
         """A process listening on the upstream's port, if one can be seen."""
@@ -230,59 +240,90 @@ class ProcessStarts:
         if argv:
             link.adapter.read_unit_command(argv)
 
-    async def _start(self, link: Link, process: ProcessControl, lease: Lease) -> None:
+    async def _start(self, link: Link, lease: Lease) -> None:
+        """Have the core start (or wake) the runtime under `lease`, and wait for the report."""
+        name = link.consumer.name
+        outcome = asyncio.get_running_loop().create_future()
+        self._outcomes[name] = outcome
+        self.gate.start_process(lease)
+        life = self.gate.core.lifecycle(name)
+        if life is None or life.state is not LifeState.STARTING or life.start_lease != lease.id:
+            self._outcomes.pop(name, None)
+            self.gate.release(lease, failed=True)
+            state = life.state.value if life is not None else "without a lifecycle"
+            what = f"it could not be started: it is {state}"
+            raise GateFailure(self._failure(link, FailureClass.RUNTIME_CRASH, what))
+        await outcome
+
+    def carry_out(self, effect: Start | Wake) -> None:
+        """Carry out the core's Start or Wake through the runtime's lifecycle interface."""
+        link = self.gate.links.get(effect.consumer)
+        if link is None or link.adapter.process is None:
+            self.gate.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
+            return
+        self._spawn(self._carry_out(link, link.adapter.process, effect), f"start-{effect.consumer}")
+
+    async def _carry_out(self, link: Link, process: ProcessControl, effect: Start | Wake) -> None:
         gate = self.gate
         name = link.consumer.name
         control = link.consumer.control
         health = control.health if control is not None else "/health"
         timeout = control.start_timeout if control is not None else 60.0
         started = gate.clock()
-        self._starting.add(name)
+        outcome = self._outcomes.pop(name, None)
         self.envelopes.starting(name)
+        waking = isinstance(effect, Wake)
         try:
-            await process.start()
+            if waking:
+                await process.wake()
+            else:
+                await process.start()
             await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                await process.stop()
-            link.adapter.process_ended()
-            gate.release(lease, failed=True)
-            retry = self._backoff_for(link).failed(gate.clock())
+            if not waking:
+                with contextlib.suppress(Exception):
+                    await process.stop()
+                link.adapter.process_ended()
+            verb = "wake" if waking else "start"
+            gate.life_report(name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}")
+            retry = gate.core.start_wait(name, gate.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
-            what = f"its start failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
+            what = f"its {verb} failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
             failure = attrs.evolve(self._failure(link, cls, what), retry_after=retry)
-            tail = _output(exc)
-            log.warning("%s could not be started: %s%s", name, _short(exc), tail)
+            log.warning("%s could not be %s: %s%s", name,
+                        "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
             gate.report(failure)
-            # NVML may have shown it (a resident) before it failed to answer.
-            gate.process_ended(name, f"its start failed: {_short(exc)}")
             if self._always_warm(link):
                 self._spawn(self._keep_warm(link), f"restart-{name}")
-            raise GateFailure(failure) from exc
-        finally:
-            self._starting.discard(name)
-        self._backoff_for(link).ready(gate.clock())
-        self.envelopes.started(lease.key)
-        gate.process_ready(lease)
+            if outcome is not None and not outcome.done():
+                outcome.set_exception(GateFailure(failure))
+            return
+        except BaseException:
+            if outcome is not None and not outcome.done():
+                outcome.cancel()
+            raise
+        lease = gate.core.lease(effect.lease)
+        if lease is not None:
+            self.envelopes.started(lease.key)
+        gate.life_report(name, LifeReport.UP)
         log.info(
-            "%s started under lease %d (%.1fs to ready)", name, lease.id, gate.clock() - started
-        )
+            "%s %s under lease %d (%.1fs to ready)",
+            name, "woken" if waking else "started", effect.lease, gate.clock() - started,
+        )  # fmt: skip
+        if outcome is not None and not outcome.done():
+            outcome.set_result(None)
 
     # -- backoff ---------------------------------------------------------------------------
 
-    def _backoff_for(self, link: Link) -> StartBackoff:
-        return self._backoff.setdefault(link.consumer.name, StartBackoff())
-
     def _check_backoff(self, link: Link) -> None:
         """Refuse a start while the consumer's last starts failed and its backoff runs."""
-        backoff = self._backoff.get(link.consumer.name)
-        if backoff is None:
-            return
-        wait = backoff.remaining(self.gate.clock())
-        if wait <= 0:
+        name = link.consumer.name
+        wait = self.gate.core.start_wait(name, self.gate.clock())
+        life = self.gate.core.lifecycle(name)
+        if wait <= 0 or life is None:
             return
         what = (
-            f"it failed to start or ended {backoff.failures} time(s) in a row; "
+            f"it failed to start or ended {life.backoff.failures} time(s) in a row; "
             f"the next start is in {wait:.0f}s"
         )
         failure = attrs.evolve(
@@ -308,7 +349,8 @@ class ProcessStarts:
             if adapter.process is None:
                 await self.gate.acquire(self._demand(link, priority))
                 return
-            if self._always_warm(link) or await self._found(link, adapter.process):
+            found = await self._found(link, adapter.process)
+            if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
             log.warning("%s at the gate's start: %s", link.consumer.name, exc.failure.message)
@@ -323,8 +365,7 @@ class ProcessStarts:
         """Start an always_warm process again after it ended, once its backoff allows."""
         name = link.consumer.name
         while True:
-            backoff = self._backoff_for(link)
-            await asyncio.sleep(max(0.0, backoff.remaining(self.gate.clock())))
+            await asyncio.sleep(self.gate.core.start_wait(name, self.gate.clock()))
             model = link.adapter.process_model()
             assert model is not None
             try:
@@ -355,21 +396,17 @@ class ProcessStarts:
         name = link.consumer.name
         link.adapter.process_ended()
         self.envelopes.ended(name)
+        if self.starting(name):
+            return
         gate = self.gate
         if exit.stderr_tail:
             log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
                         " | ".join(exit.stderr_tail[-5:]))  # fmt: skip
-        if name in self._starting:
-            return
-        retry = self._backoff_for(link).failed(gate.clock())
+        gate.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
+        retry = gate.core.start_wait(name, gate.clock())
         gate.report(
             self._failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
         )
-        gate.process_ended(name, f"its process ended: {exit.describe()}")
-        for lease in gate.core.leases():
-            mine = lease.key.consumer == name
-            if mine and lease.scope is LeaseScope.PROCESS and lease.pending:
-                gate.release(lease, failed=True)
         if self._always_warm(link):
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
@@ -450,9 +487,9 @@ class ProcessStarts:
         control = link.consumer.control
         return control.start_admission_timeout if control else DEFAULT_START_ADMISSION_TIMEOUT
 
-    async def _is_running(self, link: Link, process: ProcessControl) -> bool:
+    async def _probe(self, link: Link, process: ProcessControl) -> LifeReport:
         try:
-            return await process.is_running()
+            return await process.probe()
         except Exception as exc:
             what = f"its state is unknown: {exc}"
             raise GateFailure(self._failure(link, FailureClass.RUNTIME_CRASH, what)) from exc

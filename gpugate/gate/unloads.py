@@ -29,8 +29,9 @@ import asyncio
 import contextlib
 import logging
 
-from gpugate.core.effects import Preempt, Unload
+from gpugate.core.effects import Preempt, Sleep, Stop, Unload
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
 from gpugate.gate.links import Link
@@ -65,8 +66,10 @@ class UnloadRunner:
                     raise LookupError(f"no adapter can unload {unload.key}")
                 try:
                     async with asyncio.timeout(link.adapter.evict_timeout()):
-                        await link.adapter.evict(link.session, unload.key.model)
+                        await self._evict(link, unload)
                 except Exception as exc:
+                    if isinstance(unload, (Stop, Sleep)):
+                        gate.life_report(consumer, LifeReport.STOP_FAILED, str(exc))
                     what = f"cannot unload {unload.key.model}"
                     failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
                     gate.loop_failed(f"unload-{consumer}", failure)
@@ -83,6 +86,23 @@ class UnloadRunner:
         finally:
             gate.unloaded(unload.key, reclaimed=reclaimed, failure=failure)
             gate.want_reconcile(consumer)
+
+    async def _evict(self, link: Link, unload: Unload) -> None:
+        """Ask for the memory back: the runtime unloads the model, or its lifecycle
+        interface stops it (Stop) or puts it to sleep (Sleep), reported to the core."""
+        process = link.adapter.process
+        if isinstance(unload, (Stop, Sleep)) and process is not None:
+            name = link.consumer.name
+            if isinstance(unload, Sleep):
+                await process.sleep()
+                self.gate.life_report(name, LifeReport.ASLEEP, unload.reason.value)
+            else:
+                await process.stop()
+                link.adapter.process_ended()
+                self.gate.life_report(name, LifeReport.STOPPED, unload.reason.value)
+            return
+        assert link.session is not None
+        await link.adapter.evict(link.session, unload.key.model)
 
     async def preempt(self, effect: Preempt) -> None:
         """Ask the runtime to stop the jobs, newest first, within one control timeout; the

@@ -106,13 +106,13 @@ class ProcessAdapter(RuntimeAdapter):
         raise NotSupported(f"{self.consumer.name} cannot list what it holds (NVML decides)")
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
-        """Stop the process: its memory goes with it (confirmed from NVML)."""
+        """A controlled process is evicted by its lifecycle (the core's Stop, or Sleep);
+        without a control it cannot be."""
         if self.process is None:
             raise NotSupported(
                 f"{self.consumer.name} has no control: the gate cannot stop it to free its memory"
             )
-        await self.process.stop()
-        self.process_ended()
+        raise NotSupported(f"{self.consumer.name} is evicted by stopping it, not by an unload")
 
     def process_ended(self) -> None:
         # The next process starts with the model its command names.

@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import attrs
 
+from gpugate.core.lifecycle import LifeReport
 from gpugate.runtimes.process_find import alive, command_pids, stop_pid, watch_exit
 
 STDERR_LINES = 20
@@ -124,7 +125,9 @@ class UnitState(enum.Enum):
 
 
 class ProcessControl(abc.ABC):
-    """Start and stop one runtime process; how is the implementation's business."""
+    """A runtime's lifecycle interface: start and stop its process (sleep and wake it, where
+    it can); how is the implementation's business. The gate carries out the core's Start,
+    Stop, Sleep and Wake effects through it and reports what became of them."""
 
     owns_port: ClassVar[bool] = True
     """Whether a process serving the runtime's port is the runtime running (adopted rather
@@ -142,6 +145,21 @@ class ProcessControl(abc.ABC):
     @abc.abstractmethod
     async def is_running(self) -> bool:
         """Whether a process is there (and may hold memory)."""
+
+    sleeps: ClassVar[bool] = False
+    """Whether an eviction puts it to sleep (its context kept) rather than stopping it."""
+
+    async def sleep(self) -> None:
+        """Give its model's memory back and keep the process (a runtime that `sleeps`)."""
+        raise ProcessControlError("this runtime cannot sleep: its memory goes when it stops")
+
+    async def wake(self) -> None:
+        """Take its model's memory again after `sleep`; returns once asked (see `wait_ready`)."""
+        raise ProcessControlError("this runtime cannot be woken: it is started")
+
+    async def probe(self) -> LifeReport:
+        """What it is now: FOUND_UP, FOUND_ASLEEP or FOUND_STOPPED."""
+        return LifeReport.FOUND_UP if await self.is_running() else LifeReport.FOUND_STOPPED
 
     def ended(self) -> asyncio.Future[Exit] | None:
         """A future that completes when the current process ends; None when not knowable."""

@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from gpugate.config.loader import ConfigError, load_config_text
+from gpugate.core.lifecycle import LifeReport
 from gpugate.runtimes.base import ApiFamily, RouteKind, error_reply
 from gpugate.runtimes.process import ProcessControlError
 from gpugate.runtimes.registry import adapter_for
@@ -83,8 +84,8 @@ async def fake_vllm(aiohttp_server, *, sleep_status: int = 200, is_sleeping: obj
 async def test_level_two_wakes_weights_reloads_them_then_the_kv_cache(aiohttp_server):
     url, calls = await fake_vllm(aiohttp_server)
     control = SleepMode(url, level=2, timeout=5)
-    assert await control.stop() is None
-    await control.start()
+    await control.sleep()
+    await control.wake()
     assert calls == [
         "POST /sleep?level=2",
         "POST /wake_up?tags=weights",
@@ -92,22 +93,34 @@ async def test_level_two_wakes_weights_reloads_them_then_the_kv_cache(aiohttp_se
         "POST /wake_up?tags=kv_cache",
     ]
     assert await control.is_running() is False  # the fake says it sleeps
+    assert await control.probe() is LifeReport.FOUND_ASLEEP
 
 
 async def test_level_one_wakes_in_one_call(aiohttp_server):
     url, calls = await fake_vllm(aiohttp_server, is_sleeping=False)
     control = SleepMode(url, level=1, timeout=5)
-    await control.stop()
-    await control.start()
+    await control.sleep()
+    await control.wake()
     assert calls == ["POST /sleep?level=1", "POST /wake_up"]
     assert await control.is_running() is True
+    assert await control.probe() is LifeReport.FOUND_UP
+
+
+async def test_it_is_never_started_or_stopped_by_the_gate(aiohttp_server):
+    url, calls = await fake_vllm(aiohttp_server)
+    control = SleepMode(url, timeout=5)
+    for call in (control.start, control.stop):
+        with pytest.raises(ProcessControlError, match="not the gate's to start or stop"):
+            await call()
+    assert calls == []
+    assert control.sleeps
 
 
 async def test_a_refused_sleep_or_an_unreadable_state_is_a_control_error(aiohttp_server):
     url, _ = await fake_vllm(aiohttp_server, sleep_status=400, is_sleeping="maybe")
     control = SleepMode(url, timeout=5)
     with pytest.raises(ProcessControlError, match="400"):
-        await control.stop()
+        await control.sleep()
     with pytest.raises(ProcessControlError, match="is_sleeping"):
         await control.is_running()
     gone = SleepMode(url + "/nothing-here", timeout=5)
@@ -115,4 +128,4 @@ async def test_a_refused_sleep_or_an_unreadable_state_is_a_control_error(aiohttp
         await gone.is_running()
     nowhere = SleepMode("http://127.0.0.1:9", timeout=2)
     with pytest.raises(ProcessControlError):
-        await nowhere.start()
+        await nowhere.wake()

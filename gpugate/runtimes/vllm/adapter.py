@@ -1,6 +1,6 @@
 """vLLM behind the gate: a server that holds its card share while awake and gives all but a
-residual back asleep. Its memory is a process's (runtimes/controlled.py), with sleep for a
-stop and a wake for a start (sleep.py).
+residual back asleep. Its memory is a process's (runtimes/controlled.py) and its lifecycle
+sleeps (sleep.py): the core's evictions of it are Sleep effects, its starts Wake effects.
 
 * Which requests need it awake: its generation and pooling routes (POST). `/health`,
   `/v1/models`, `/version`, `/tokenize` and the sleep routes answer asleep as awake.

@@ -1,5 +1,5 @@
-"""vLLM's sleep mode as the control of a process runtime: `start` wakes it, `stop` puts it to
-sleep, `is_running` asks whether it is awake.
+"""vLLM's sleep mode as the lifecycle of a process runtime: an eviction puts it to sleep
+(`sleep`), a request that needs it wakes it (`wake`), `probe` asks whether it is awake.
 
 vLLM (`--enable-sleep-mode`, routes only with `VLLM_SERVER_DEV_MODE=1`; vllm/entrypoints/
 serve/sleep/api_router.py, vllm/device_allocator/cumem.py):
@@ -23,8 +23,10 @@ from typing import ClassVar
 
 import aiohttp
 
+from gpugate.core.lifecycle import LifeReport
 from gpugate.runtimes.process import Exit, ProcessControl, ProcessControlError
 
+NOT_OURS = "vLLM's server is not the gate's to start or stop: it is put to sleep and woken"
 NO_SLEEP_ROUTES = (
     "vLLM serves no sleep routes: start it with --enable-sleep-mode and "
     "VLLM_SERVER_DEV_MODE=1 in its environment"
@@ -59,7 +61,15 @@ class SleepMode(ProcessControl):
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ProcessControlError(f"POST {path} failed: {exc}") from exc
 
+    sleeps: ClassVar[bool] = True
+
     async def start(self) -> None:
+        raise ProcessControlError(NOT_OURS)
+
+    async def stop(self) -> Exit | None:
+        raise ProcessControlError(NOT_OURS)
+
+    async def wake(self) -> None:
         """Wake it; after a level-2 sleep its weights are loaded again first."""
         if self._slept_at_level >= 2:
             await self._post("/wake_up?tags=weights")
@@ -68,11 +78,13 @@ class SleepMode(ProcessControl):
         else:
             await self._post("/wake_up")
 
-    async def stop(self) -> Exit | None:
+    async def sleep(self) -> None:
         """Put it to sleep at the configured level; the process stays."""
         await self._post(f"/sleep?level={self.level}")
         self._slept_at_level = self.level
-        return None
+
+    async def probe(self) -> LifeReport:
+        return LifeReport.FOUND_UP if await self.is_running() else LifeReport.FOUND_ASLEEP
 
     async def is_running(self) -> bool:
         """Whether it is awake (its weights and KV cache on the card)."""
