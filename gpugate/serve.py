@@ -25,6 +25,7 @@ from gpugate.config.model import Address, Config, ListenerLimits
 from gpugate.control.app import control_app
 from gpugate.control.metrics import GateMetrics
 from gpugate.gate.gate import Gate, Link
+from gpugate.gpu.nvml import library_from, simulated_host
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
 from gpugate.notify import Notifier, stop_task
@@ -116,6 +117,30 @@ def _connection_caps(config: Config, links: list[Link]) -> list[int]:
     return caps
 
 
+def store_path(config: Config, simulated: Path | None) -> Path | None:
+    """Where the store lives: the configured file, except in front of a simulated host
+    (`simulated`: its state file), whose measured sizes and history must never reach the
+    real host's state: there it is `gpugate.db` beside the simulated host's state."""
+    configured = config.gate.database
+    if simulated is None or configured is None:
+        return configured
+    if simulated == Path():
+        log.warning(
+            "NVML is a simulated host's: nothing is stored (not %s, the real host's state)",
+            configured,
+        )
+        return None
+    database = simulated.resolve().parent / "gpugate.db"
+    if configured.resolve() != database:
+        log.warning(
+            "NVML is a simulated host's: the store is %s beside its state, not %s "
+            "(the real host's state is never written by a simulated one)",
+            database,
+            configured,
+        )
+    return database
+
+
 async def serve(
     config: Config,
     stop: asyncio.Event,
@@ -132,7 +157,8 @@ async def serve(
     if gate_factory is not None:
         gate = gate_factory(config)
     else:
-        gate = Gate(config, Sampler.from_config(config), store=Store(config.gate.database))
+        database = store_path(config, simulated_host(library_from(config.gate.nvml_library)))
+        gate = Gate(config, Sampler.from_config(config), store=Store(database))
     metrics = GateMetrics(gate)
     await gate.start()
     runners: list[Runner] = []

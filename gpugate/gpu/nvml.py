@@ -261,6 +261,27 @@ def library_from(configured: Path | None) -> Path | None:
     return Path(env) if env else None
 
 
+SIMULATED_SYMBOL = "gpugateSimulatedHost"
+"""Exported by the simulated host's libnvidia-ml only (gpugate/sim/fakenvml.c): the path of
+the simulated host's state file."""
+SYSTEM_LIBRARY = "libnvidia-ml.so.1"
+
+
+def simulated_host(library: Path | None) -> Path | None:
+    """The state file of the simulated host whose NVML `library` (else the one the dynamic
+    loader finds) serves, or None for a real NVML or none at all."""
+    try:
+        lib = ctypes.CDLL(str(library) if library is not None else SYSTEM_LIBRARY)
+    except OSError:
+        return None
+    probe = getattr(lib, SIMULATED_SYMBOL, None)
+    if probe is None:
+        return None
+    probe.restype = ctypes.c_char_p
+    path = (probe() or b"").decode(errors="replace")
+    return Path(path) if path else Path()
+
+
 # -- reading ---------------------------------------------------------------------------
 
 

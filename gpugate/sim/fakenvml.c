@@ -133,6 +133,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlShutdown(void);
 const char *nvmlErrorString(nvmlReturn_t result);
+const char *gpugateSimulatedHost(void);
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
 nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length);
 nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion);
@@ -919,6 +920,14 @@ static nvmlReturn_t driver_version_locked(char *version, unsigned int length)
 {
     nvmlReturn_t r = enter_locked("nvmlSystemGetDriverVersion", -1);
     return r != NVML_SUCCESS ? r : copy_string(version, length, g_state->driver);
+}
+
+/* Not NVML: a real libnvidia-ml has no such symbol. A gate that finds it knows its GPUs
+ * are a simulated host's (the path of its state file), and keeps its own state apart. */
+const char *gpugateSimulatedHost(void)
+{
+    const char *path = getenv("GPUGATE_FAKE_NVML_STATE");
+    return path != NULL ? path : "";
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)

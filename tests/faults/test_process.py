@@ -76,9 +76,13 @@ BUFFERED = re.compile(r"^gpugate_\w*(?:buffered|dropped)\w*(?:\{[^}]*\})? ([0-9.
 
 
 async def test_locked_database_buffers_events_and_admission_goes_on(tmp_path):
-    database = tmp_path / "gate.db"
-    async with stack(tmp_path, gate={"database": database}) as s:
+    configured = tmp_path / "gate.db"
+    # In front of a simulated host the store lives beside its state, never where the
+    # configuration names the real host's.
+    database = tmp_path / "state" / "gpugate.db"
+    async with stack(tmp_path, gate={"database": configured}) as s:
         assert (await post(s.url + "/api/generate", generate("llama3.2:3b")))[0] == 200
+        assert database.exists() and not configured.exists()
         lock = sqlite3.connect(database, timeout=0, isolation_level=None)
         try:
             lock.execute("BEGIN EXCLUSIVE")

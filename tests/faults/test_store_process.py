@@ -21,9 +21,10 @@ EXIT_BOUND = GRACE + 1.0 + 1.5
 
 async def test_an_unopenable_database_is_one_log_line_and_a_degraded_start(tmp_path):
     # A directory where the file should be: SQLite cannot open it, even as root.
-    database = tmp_path / "gate.db"
-    database.mkdir()
-    async with stack(tmp_path, gate={"database": database}) as s:
+    # In front of a simulated host the store is `gpugate.db` beside its state.
+    database = tmp_path / "state" / "gpugate.db"
+    database.mkdir(parents=True)
+    async with stack(tmp_path, gate={"database": tmp_path / "gate.db"}) as s:
         status, _, body = await post(
             s.url + "/api/generate", {"model": "llama3.2:3b", "prompt": "x", "stream": False}
         )
