@@ -4,18 +4,34 @@ The simulated card is the one from the incident of 2026-07-10: gemma3:12b pinned
 and bge-m3 loaded straight at Ollama, whisper-server, mVoice and an idle ComfyUI. The gate
 listens where Ollama's and ComfyUI's clients expect it (127.0.0.1:11434, 127.0.0.1:8188);
 the simulated runtimes sit behind it on 127.0.0.1:11435 and 127.0.0.1:8189.
+
+Its files (the incident host, the gate's configuration, a FLUX prompt) are package data
+(gpugate/sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
+generates (the configuration it serves, a WAV to transcribe, the prompt) into one temporary
+directory, prints absolute paths and full URLs, and removes that directory when it stops.
+
+`--port-base N` moves every port, in the order of PORTS: N is the gate's Ollama listener,
+N+1 the simulated Ollama behind it, and so on up to N+8, the control listener. Without it
+the demo takes the ports its clients expect.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import wave
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -23,69 +39,123 @@ from gpugate.local_token import remove_local_token, write_local_token
 from gpugate.sim.host import HostStartError
 from gpugate.sim.hostprocess import SimulatedHostProcess
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_HOST = ROOT / "sim" / "incident-2026-07-10.yaml"
-DEFAULT_CONFIG = ROOT / "sim" / "demo-consumers.yaml"
+DATA = Path(__file__).resolve().parent / "sim" / "data"
+"""The demo's files, shipped in the package: the incident host, its gate, a FLUX prompt."""
+DEFAULT_HOST = DATA / "incident-2026-07-10.yaml"
+DEFAULT_CONFIG = DATA / "demo-consumers.yaml"
+FLUX_PROMPT = DATA / "flux-prompt.json"
+
+PORTS: tuple[tuple[str, int], ...] = (
+    ("ollama", 11434),
+    ("ollama_upstream", 11435),
+    ("comfyui", 8188),
+    ("comfyui_upstream", 8189),
+    ("whisper", 8080),
+    ("whisper_upstream", 8081),
+    ("mvoice", 7860),
+    ("mvoice_upstream", 7861),
+    ("control", 9411),
+)
+"""Every port of the demo with its default, in the order `--port-base N` numbers them."""
 
 HOW_TO = """\
 gpugate demo: a simulated 16 GiB GPU (the incident of 2026-07-10) with the gate in front.
 
-  Ollama, through the gate:  http://127.0.0.1:11434
-  the simulated Ollama:      http://127.0.0.1:11435  (what the gate forwards to)
-  ComfyUI, through the gate: http://127.0.0.1:8188   (the simulated one on :8189)
-  control:                   http://127.0.0.1:9411/gate/v1/status  and  /metrics
+  Ollama, through the gate:  http://127.0.0.1:{ollama}
+  the simulated Ollama:      http://127.0.0.1:{ollama_upstream}  (what the gate forwards to)
+  ComfyUI, through the gate: http://127.0.0.1:{comfyui}  (the simulated one on :{comfyui_upstream})
+  whisper, through the gate: http://127.0.0.1:{whisper}  (the simulated one on :{whisper_upstream})
+  control:                   http://127.0.0.1:{control}/gate/v1/status  and  /metrics
+  the demo's files:          {scratch}  (removed when it stops)
 
 gemma3:12b and bge-m3 were loaded behind the gate's back with keep_alive 24h; 2.5 GiB is
-schedulable. Ask for a model that does not fit and watch the gate evict the idle one:
+schedulable. See the budget and evict one by hand (the operator commands present the token
+that the demo's configuration names to its control port):
 
-  curl -s 127.0.0.1:11434/api/generate -d '{{"model": "qwen2.5:7b", "prompt": "hi"}}'
-  OLLAMA_HOST=127.0.0.1:11434 .venv/bin/python -c \
-      "import ollama; print(ollama.generate('llama3.2:3b', 'hi', keep_alive='24h').response)"
-  curl -s 127.0.0.1:11434/api/ps
-  .venv/bin/gpugate evict ollama bge-m3    # operator commands present the demo's token
+  {gpugate} status --config {config}
+  {gpugate} evict ollama bge-m3 --config {config}
 
-Or render FLUX in ComfyUI (open http://127.0.0.1:8188, or queue it from a script): it
-fails with CUDA out of memory at :8189 and renders through the gate, which evicts the
-idle Ollama models for it first:
+Ask for a model that does not fit and watch the gate evict the idle one:
 
-  curl -s 127.0.0.1:8188/prompt -d @sim/flux-prompt.json
-  curl -s 127.0.0.1:8188/history   # once it is done: status_str "success"
-  .venv/bin/gpugate status --config {config}
+  curl -s http://127.0.0.1:{ollama}/api/generate -d '{{"model": "qwen2.5:7b", "prompt": "hi"}}'
+{ollama_client}\
+  curl -s http://127.0.0.1:{ollama}/api/ps
+
+Or render FLUX in ComfyUI (open http://127.0.0.1:{comfyui}, or queue it from a script): it
+fails with CUDA out of memory at :{comfyui_upstream} and renders through the gate, which evicts
+the idle Ollama models for it first:
+
+  curl -s http://127.0.0.1:{comfyui}/prompt -d @{prompt}
+  curl -s http://127.0.0.1:{comfyui}/history   # once it is done: status_str "success"
 
 whisper-server, through the gate (the gate runs the simulated one and starts it again
 when a request finds it stopped):
 
-  curl -s 127.0.0.1:8080/inference -F file=@{wav} -F response_format=json
+  curl -s http://127.0.0.1:{whisper}/inference -F file=@{wav} -F response_format=json
 
 Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.
 """
 
+OLLAMA_CLIENT = """\
+  OLLAMA_HOST=127.0.0.1:{ollama} {python} -c \\
+      "import ollama; print(ollama.generate('llama3.2:3b', 'hi', keep_alive='24h').response)"
+"""
 
-def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> int:
+
+def demo_ports(port_base: int | None = None) -> dict[str, int]:
+    """The demo's ports by name: the defaults, or N, N+1, ... in the order of PORTS."""
+    if port_base is None:
+        return dict(PORTS)
+    if not 1024 <= port_base <= 65535 - (len(PORTS) - 1):
+        raise ValueError(f"--port-base must be between 1024 and {65535 - (len(PORTS) - 1)}")
+    return {name: port_base + offset for offset, (name, _) in enumerate(PORTS)}
+
+
+def run_demo(
+    host_file: Path | None = None,
+    config_path: Path | None = None,
+    port_base: int | None = None,
+) -> int:
     """Start the simulated host and `gpugate serve`; stop both on Ctrl-C."""
-    host_file = host_file or DEFAULT_HOST
-    config_path = config_path or DEFAULT_CONFIG
+    host_file = (host_file or DEFAULT_HOST).resolve()
+    config_path = (config_path or DEFAULT_CONFIG).resolve()
+    try:
+        ports = demo_ports(port_base)
+    except ValueError as exc:
+        print(f"gpugate demo: {exc}", file=sys.stderr)
+        return 2
+    busy = ports_in_use(ports)
+    if busy:
+        taken = ", ".join(f"127.0.0.1:{port} ({name})" for name, port in busy.items())
+        hint = (
+            "choose another --port-base"
+            if port_base is not None
+            else "--port-base N (e.g. --port-base 40000) moves every port of the demo"
+        )
+        print(f"gpugate demo: already in use: {taken}; {hint}", file=sys.stderr)
+        return 1
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     print(f"starting the simulated host from {host_file} ...", flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="gpugate-demo-"))
-    wav = write_wav(scratch / "hello.wav")
-    try:
-        host = SimulatedHostProcess(without_whisper(host_file, scratch)).start()
-    except HostStartError as exc:
-        print(f"gpugate demo: {exc}", file=sys.stderr)
-        return 1
     token: Path | None = None
+    host: SimulatedHostProcess | None = None
+    gate: subprocess.Popen[str] | None = None
     try:
         token = write_local_token()
-        served = with_token(config_path, scratch, token)
+        files = prepare(scratch, host_file, config_path, ports, token)
+        try:
+            host = SimulatedHostProcess(files["host"]).start()
+        except HostStartError as exc:
+            print(f"gpugate demo: {exc}", file=sys.stderr)
+            return 1
         assert host.environment is not None
         env = host.environment.apply()
         # `python3` in the whisper consumer's command is this interpreter.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         gate = subprocess.Popen(
-            [sys.executable, "-m", "gpugate", "serve", "--config", str(served)],
+            [sys.executable, "-m", "gpugate", "serve", "--config", str(files["config"])],
             env=env,
             stdout=subprocess.PIPE,
             text=True,
@@ -98,36 +168,116 @@ def run_demo(host_file: Path | None = None, config_path: Path | None = None) -> 
         else:
             print("gpugate demo: the gate did not start (see above)", file=sys.stderr)
             return 1
-        print(HOW_TO.format(config=config_path, wav=wav), flush=True)
-        threading.Thread(target=lambda: gate.wait() and stop.set(), daemon=True).start()
+        print(how_to(ports, scratch, files), flush=True)
+        running = gate
+        threading.Thread(target=lambda: (running.wait(), stop.set()), daemon=True).start()
         stop.wait()
         gate.send_signal(signal.SIGTERM)
         code = gate.wait(timeout=60)
         return 0 if code in (0, -signal.SIGTERM) else code
     finally:
-        host.stop()
+        if gate is not None and gate.poll() is None:
+            gate.terminate()
+            try:
+                gate.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gate.kill()
+                gate.wait()
+        if host is not None:
+            host.stop()
         if token is not None:
             remove_local_token(token)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def with_token(config_path: Path, scratch: Path, token: Path) -> Path:
-    """A copy of the demo's configuration whose control token is the local one, so the
-    operator commands (which present it to a gate on loopback) work against the demo."""
-    text = config_path.read_text()
-    line = f'  control_tokens: ["file:{token}"]\n'
-    copy = scratch / config_path.name
-    copy.write_text(text.replace("gate:\n", "gate:\n" + line, 1))
+def prepare(
+    scratch: Path, host_file: Path, config_path: Path, ports: Mapping[str, int], token: Path
+) -> dict[str, Path]:
+    """The demo's files in `scratch`, on `ports`: the host, the configuration, a WAV, the
+    FLUX prompt. Nothing is started."""
+    moves = {default: ports[name] for name, default in PORTS}
+    prompt = scratch / FLUX_PROMPT.name
+    shutil.copyfile(FLUX_PROMPT, prompt)
+    return {
+        "host": host_copy(host_file, scratch, moves),
+        "config": config_copy(config_path, scratch, token, moves),
+        "wav": write_wav(scratch / "hello.wav"),
+        "prompt": prompt,
+    }
+
+
+def how_to(ports: Mapping[str, int], scratch: Path, files: Mapping[str, Path]) -> str:
+    """What to try, with the demo's ports and absolute paths: it works from any directory."""
+    python = shlex.quote(sys.executable)
+    script = Path(sys.executable).parent / "gpugate"
+    gpugate = shlex.quote(str(script)) if script.is_file() else f"{python} -m gpugate"
+    client = (
+        OLLAMA_CLIENT.format(ollama=ports["ollama"], python=python)
+        if importlib.util.find_spec("ollama") is not None
+        else ""
+    )
+    return HOW_TO.format(
+        **ports,
+        scratch=scratch,
+        ollama_client=client,
+        gpugate=gpugate,
+        config=shlex.quote(str(files["config"])),
+        prompt=shlex.quote(str(files["prompt"])),
+        wav=shlex.quote(str(files["wav"])),
+    )
+
+
+def ports_in_use(ports: Mapping[str, int]) -> dict[str, int]:
+    """The ports something on 127.0.0.1 already listens on (their names)."""
+    busy = {}
+    for name, port in ports.items():
+        with socket.socket() as probe:
+            probe.settimeout(0.5)
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                busy[name] = port
+    return busy
+
+
+def config_copy(config_path: Path, scratch: Path, token: Path, moves: Mapping[int, int]) -> Path:
+    """The demo's configuration on the demo's ports, whose control token is the local one, so
+    the operator commands (which present it to a gate on loopback) work against the demo."""
+    config = move_ports(yaml.safe_load(config_path.read_text()), moves)
+    config.setdefault("gate", {})["control_tokens"] = [f"file:{token}"]
+    copy = scratch / "consumers.yaml"
+    header = f"# gpugate demo's configuration, from {config_path}\n"
+    copy.write_text(header + yaml.safe_dump(config, sort_keys=False))
     return copy
 
 
-def without_whisper(host_file: Path, scratch: Path) -> Path:
-    """The host file without its whisper-server: the gate runs that one (its `control`)."""
-    host = yaml.safe_load(host_file.read_text())
-    if host.pop("whisper", None) is None:
-        return host_file
-    copy = scratch / host_file.name
-    copy.write_text(yaml.safe_dump(host))
+def host_copy(host_file: Path, scratch: Path, moves: Mapping[int, int]) -> Path:
+    """The host file on the demo's ports, without its whisper-server: the gate runs that one
+    (its `control`)."""
+    host = move_ports(yaml.safe_load(host_file.read_text()), moves)
+    host.pop("whisper", None)
+    copy = scratch / "host.yaml"
+    copy.write_text(f"# gpugate demo's host, from {host_file}\n" + yaml.safe_dump(host))
     return copy
+
+
+_ADDRESS = re.compile(
+    r"^(?P<head>(?:[a-z][a-z0-9+.-]*://)?(?:\[[^\]]*\]|[^/\s:\[\]]*):)(?P<port>\d+)(?P<tail>/\S*)?$"
+)
+
+
+def move_ports(node: Any, moves: Mapping[int, int]) -> Any:
+    """`node` with every HOST:PORT, URL and `--port P` argument on a port in `moves` moved."""
+    if isinstance(node, dict):
+        return {key: move_ports(value, moves) for key, value in node.items()}
+    if isinstance(node, list):
+        moved = [move_ports(item, moves) for item in node]
+        for i in range(1, len(moved)):
+            if moved[i - 1] == "--port" and str(moved[i]).isdigit() and int(moved[i]) in moves:
+                port = moves[int(moved[i])]
+                moved[i] = str(port) if isinstance(moved[i], str) else port
+        return moved
+    if isinstance(node, str) and (match := _ADDRESS.match(node)) and int(match["port"]) in moves:
+        return f"{match['head']}{moves[int(match['port'])]}{match['tail'] or ''}"
+    return node
 
 
 def write_wav(path: Path, seconds: float = 2.0) -> Path:

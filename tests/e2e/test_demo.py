@@ -1,4 +1,5 @@
-"""`make run` as the README tells it: `gpugate demo`, its own suggestions, on its own ports.
+"""`make run` as the README tells it: `gpugate demo`, its own suggestions, on its own ports
+(moved together with `--port-base` to a free range, as the README shows beside a real Ollama).
 
 The demo's FLUX prompt renders through the gate; health stays 200 past the point where
 every consumer's listing would have gone stale; its whisper-server killed with SIGKILL is
@@ -14,19 +15,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 
-from gpugate.demo import ROOT
+from gpugate.demo import FLUX_PROMPT, demo_ports
 from gpugate.local_token import local_token_path
 from gpugate.runtimes.process_find import listening_pids
+from tests.e2e.test_installed_demo import free_port_base
 from tests.gate.test_process_start import wav_bytes
 from tests.sim.processes import LineReader, kill_quietly
 
-GATE_COMFY = "http://127.0.0.1:8188"
-GATE_WHISPER = "http://127.0.0.1:8080"
-CONTROL = "http://127.0.0.1:9411"
-WHISPER_PORT = 8081
+ROOT = Path(__file__).resolve().parents[2]
 STALE_AFTER = 20.0
 """Longer than a consumer's listing stays fresh without a refresh (16 s reported 503)."""
 
@@ -41,46 +41,54 @@ async def poll(check, timeout: float = 60.0, interval: float = 0.1):  # type: ig
 
 async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
     started = time.monotonic()
+    base = free_port_base()
+    ports = demo_ports(base)
+    gate_comfy = f"http://127.0.0.1:{ports['comfyui']}"
+    gate_whisper = f"http://127.0.0.1:{ports['whisper']}"
+    control = f"http://127.0.0.1:{ports['control']}"
+    whisper_port = ports["whisper_upstream"]
     demo = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "demo"],
+        [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        LineReader(demo.stdout).until("Events follow", timeout=60)
+        reader = LineReader(demo.stdout)
+        reader.until("Events follow", timeout=60)
         async with aiohttp.ClientSession() as session:
             # The gate finds the models loaded behind its back from Ollama's first listing.
 
             async def listed() -> bool | None:
-                async with session.get(CONTROL + "/gate/v1/status") as resp:
+                async with session.get(control + "/gate/v1/status") as resp:
                     models = {r["model"] for r in (await resp.json())["residents"]}
                 return True if {"gemma3:12b", "bge-m3:latest"} <= models else None
 
             await poll(listed)
         # An operator command of the README, as printed: the demo's token reaches it.
+        [config] = {line.split()[-1] for line in reader.seen if " evict ollama bge-m3 " in line}
         evict = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpugate", "evict", "ollama", "bge-m3", cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            sys.executable, "-m", "gpugate", "evict", "ollama", "bge-m3", "--config", config,
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         out, err = await evict.communicate()
         assert evict.returncode == 0, (out, err)
         async with aiohttp.ClientSession() as session:
-            prompt = (ROOT / "sim" / "flux-prompt.json").read_bytes()
-            async with session.post(GATE_COMFY + "/prompt", data=prompt) as resp:
+            prompt = FLUX_PROMPT.read_bytes()
+            async with session.post(gate_comfy + "/prompt", data=prompt) as resp:
                 assert resp.status == 200, await resp.text()
                 prompt_id = (await resp.json())["prompt_id"]
 
             async def rendered() -> str | None:
-                async with session.get(f"{GATE_COMFY}/history/{prompt_id}") as resp:
+                async with session.get(f"{gate_comfy}/history/{prompt_id}") as resp:
                     entry = (await resp.json()).get(prompt_id)
                 return None if entry is None else entry["status"]["status_str"]
 
             assert await poll(rendered) == "success"
 
             async def whisper_pid() -> int | None:
-                pids = listening_pids(WHISPER_PORT)
+                pids = listening_pids(whisper_port)
                 return pids[0] if len(pids) == 1 else None
 
             first = await poll(whisper_pid)
@@ -93,18 +101,18 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
             second = await poll(restarted)
             form = aiohttp.FormData()
             form.add_field("file", wav_bytes(0.5), filename="a.wav", content_type="audio/wav")
-            async with session.post(GATE_WHISPER + "/inference", data=form) as resp:
+            async with session.post(gate_whisper + "/inference", data=form) as resp:
                 assert resp.status == 200, await resp.text()
-            assert listening_pids(WHISPER_PORT) == [second], "started again once, not twice"
+            assert listening_pids(whisper_port) == [second], "started again once, not twice"
 
             await asyncio.sleep(max(0.0, STALE_AFTER - (time.monotonic() - started)))
-            async with session.get(CONTROL + "/gate/v1/health") as resp:
+            async with session.get(control + "/gate/v1/health") as resp:
                 body = await resp.json()
                 assert resp.status == 200, body
             assert body["ok"] is True, json.dumps(body)
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 0
-        assert listening_pids(WHISPER_PORT) == [], "the gate's whisper-server went with it"
+        assert listening_pids(whisper_port) == [], "the gate's whisper-server went with it"
         assert not local_token_path().exists(), "its token went with it"
     finally:
         if demo.poll() is None:

@@ -1,9 +1,9 @@
 """The incident of 2026-07-29, through the CLI: a model loaded while whisper-server restarts.
 
-The host is a copy of sim/incident-2026-07-10.yaml on free ports, with gemma3:12b at the
-size of the load that day (11,600 MiB with its context) and not preloaded: the client
-loads it. whisper-server is a systemd unit here as on the real host; there is no systemd,
-so a fake `systemctl` first on PATH (tests/e2e/fake_systemctl.py) runs the unit: its
+The host is a copy of gpugate/sim/data/incident-2026-07-10.yaml on free ports, with
+gemma3:12b at the size of the load that day (11,600 MiB with its context) and not preloaded:
+the client loads it. whisper-server is a systemd unit here as on the real host; there is no
+systemd, so a fake `systemctl` first on PATH (tests/e2e/fake_systemctl.py) runs the unit: its
 ExecStartPre (`gpugate admit whisper`, from the drop-in) and then the simulated
 whisper-server. The gate drives the same `systemctl` to start and stop it, so the unit
 path, and the admit of a start the gate runs itself, are what is tested.
@@ -41,7 +41,7 @@ from tests.sim.processes import LineReader
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-INCIDENT = ROOT / "sim" / "incident-2026-07-10.yaml"
+INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
 TOKEN = "incident-token"
 UNIT = "whisper-server.service"
 GEMMA_MIB = 11600

@@ -38,7 +38,7 @@ from tests.sim.processes import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-INCIDENT = REPO / "sim" / "incident-2026-07-10.yaml"
+INCIDENT = REPO / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
 TOTAL = 16 * GiB
 RESERVED = 434 * MiB
 RUN_TIMEOUT = 30.0
