@@ -22,9 +22,18 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gpugate.config.model import Config, default_classes
+from gpugate.config.model import (
+    ALL_SCOPES,
+    Config,
+    ControlToken,
+    RuntimeSettings,
+    Scope,
+    TokenEntry,
+    default_classes,
+)
 from gpugate.config.relations import check_relations
 from gpugate.config.scalars import SCALARS, Scalar, describe, is_null, nonblank
+from gpugate.runtimes.sections import SECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +188,68 @@ def _token_file(path: str) -> str:
     return token
 
 
+CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
+"""Where systemd puts a unit's credentials (`LoadCredential=ID:PATH`), readable by the
+unit's own user, DynamicUser= included."""
+
+
+class UnreadableCredential(UnreadableTokenFile):
+    """A `credential:` token that neither the unit's credentials nor its fallback file give
+    here: a warning from `gpugate check`; `gpugate serve` refuses."""
+
+    def __init__(self, where: str, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.name = f"file:{where}"
+
+
+def _credential_name(name: str) -> str:
+    if not name:
+        raise ValueError("expected a credential name after 'credential:'")
+    if "/" in name or name in (".", ".."):
+        raise ValueError(f"credential name {name!r} is not a file name (no '/')")
+    return name
+
+
+def _token_credential(spec: str, environ: Mapping[str, str]) -> str:
+    """`credential:NAME` or `credential:NAME:PATH`: the unit's credential NAME (systemd's
+    `LoadCredential=NAME:PATH` puts it in `$CREDENTIALS_DIRECTORY`, readable by the unit's
+    user, DynamicUser= included), else, with PATH, that file (a shell or `gpugate check`
+    outside the unit, run by a user who may read it)."""
+    name, _, fallback = spec.partition(":")
+    name, fallback = _credential_name(name.strip()), fallback.strip()
+    directory = environ.get(CREDENTIALS_DIRECTORY, "")
+    if directory:
+        path = Path(directory) / name
+        if path.exists():
+            return _token_file(str(path))
+        missing = f"credential {name} is not in ${CREDENTIALS_DIRECTORY} ({directory})"
+    else:
+        missing = f"credential {name}: ${CREDENTIALS_DIRECTORY} is not set"
+    load = f"LoadCredential={name}:{fallback or 'PATH'}"
+    if not fallback:
+        where = f"${CREDENTIALS_DIRECTORY}/{name}"
+        raise UnreadableCredential(where, f"{missing}; the unit needs {load}")
+    try:
+        return _token_file(fallback)
+    except UnreadableTokenFile as exc:
+        message = f"{missing}, and {exc}; the unit needs {load}"
+        raise UnreadableCredential(fallback, message) from None
+
+
+def _scope(text: str) -> Scope:
+    nonblank(text)
+    try:
+        return Scope.parse(text)
+    except ValueError as exc:
+        close = difflib.get_close_matches(text.strip().lower(), [s.value for s in Scope], n=1)
+        if close:
+            raise ValueError(f"{exc}; did you mean '{close[0]}'?") from None
+        raise
+
+
+_SCOPE = Scalar(f"a scope ({', '.join(s.value for s in Scope)})", (str,), _scope)
+
+
 _ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:(?![/?#@])[!-~])+")
 
 
@@ -194,6 +265,94 @@ def _cors_origin(text: str) -> str:
 
 
 _CORS_ORIGIN = Scalar("'*' or an origin like 'https://app.example'", (str,), _cors_origin)
+
+
+@attrs.define
+class RuntimeSection:
+    """A consumer's runtime section (`comfyui:` for `runtime: comfyui`), read as the type
+    its runtime registers (runtimes/sections.py). Its keys may also stand at the consumer's
+    top level, as they did before sections; a key only another runtime reads is a warning."""
+
+    field: attrs.Attribute
+    runtime: str | None
+    """The runtime's name as the mapping writes it (checked where `runtime:` is read)."""
+    cls: type
+    written: list[tuple[str, Node, Node]] = attrs.Factory(list)
+    """(path, key, value) of each setting given: at the top level, then in the section."""
+
+    @classmethod
+    def of(cls, by_key: Mapping[str, attrs.Attribute], node: MappingNode) -> RuntimeSection | None:
+        found = next((f for f in by_key.values() if "section_of" in f.metadata), None)
+        if found is None:
+            return None
+        named = str(found.metadata["section_of"])
+        runtime = None
+        for key_node, value_node in node.value:
+            if getattr(key_node, "value", None) == named and isinstance(value_node, ScalarNode):
+                runtime = str(value_node.value).strip().lower()
+        settings = SECTIONS.get(runtime or "", RuntimeSettings)
+        return cls(found, runtime, settings)
+
+    def takes(self, reader: _Walker, key: str, key_node: Node, value: Node, path: str) -> bool:
+        """Whether `key` of the consumer's mapping is a runtime's setting (taken, or warned
+        about when only another runtime reads it)."""
+        sub = _join(path, key)
+        if key in SECTIONS:
+            if key == self.runtime:
+                if not is_null(value):
+                    reader.lines[sub] = _line(key_node)
+                    self.written.append((sub, key_node, value))
+            else:
+                reader.warn(sub, f"only {_a(key)} consumer reads {_a(key)} section; "
+                            f"runtime {self.runtime} ignores it", _line(key_node))  # fmt: skip
+            return True
+        if key in _keys(self.cls):
+            self.written.append((path, key_node, _one(key_node, value)))
+            return True
+        readers = [name for name, other in SECTIONS.items() if key in _keys(other)]
+        if readers:
+            reader.warn(sub, f"only {_a(' or '.join(readers))} consumer reads {key}; "
+                        f"runtime {self.runtime} ignores it", _line(key_node))  # fmt: skip
+            return True
+        return False
+
+    def hints(self) -> list[str]:
+        """The keys of the runtime's section, and the section's own name."""
+        return [*sorted(_keys(self.cls)), *([self.runtime] if self.runtime in SECTIONS else [])]
+
+    def read(self, reader: _Walker, path: str) -> object:
+        """The section's settings: the defaults, then the top-level keys, then the section's."""
+        values: dict[str, object] = {}
+        where: dict[str, str] = {}
+        for sub, _, node in self.written:
+            got, ok = reader.fields(self.cls, node, sub, _line(node), {})
+            if not ok:
+                return _INVALID
+            for name, value in got.items():
+                if name in where:
+                    first = f"{where[name]}.{name}"
+                    reader.report(f"{sub}.{name}", f"also given as {first} (line "
+                                  f"{reader.line_of(first)}): give it once")  # fmt: skip
+                    return _INVALID
+                values[name], where[name] = value, sub
+        return self.cls(**values)
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def _keys(cls: type) -> set[str]:
+    return (
+        {yaml_key(f) for f in attrs.fields(attrs.resolve_types(cls))} if attrs.has(cls) else set()
+    )
+
+
+def _one(key_node: Node, value: Node) -> MappingNode:
+    """A top-level setting as a mapping of its own, read like the section's."""
+    return MappingNode(
+        "tag:yaml.org,2002:map", [(key_node, value)], key_node.start_mark, value.end_mark
+    )
 
 
 def _optional(tp: object) -> object:
@@ -227,6 +386,7 @@ class _Walker:
         self.scalars = {
             **SCALARS,
             "token": Scalar("a token", (str,), self._token),
+            "scope": _SCOPE,
             "cors_origin": _CORS_ORIGIN,
         }
         self._constructor = SafeConstructor()
@@ -297,6 +457,8 @@ class _Walker:
                 value_field = None if value_of is None else str(value_of)
                 return self.keyed(item, str(meta["keyed_by"]), node, path, value_field)
             return self.sequence(item, meta, node, path)
+        if meta.get("kind") == "control_token":
+            return self.control_token(node, path)
         spec = self.scalars.get(meta.get("kind", tp))
         if spec is not None:
             return self.scalar(spec, node, path)
@@ -329,12 +491,41 @@ class _Walker:
             self.report(path, str(exc), _line(node))
             return _INVALID
 
+    def control_token(self, node: Node, path: str):
+        """A `control_tokens` entry: a bare token (every scope) or `{token, scopes}`."""
+        if isinstance(node, ScalarNode):
+            token = self.scalar(self.scalars["token"], node, path)
+            if token is _INVALID or token is _ABSENT:
+                return token
+            return ControlToken(token, ALL_SCOPES)
+        if not isinstance(node, MappingNode):
+            self.report(
+                path,
+                f"expected a token or a mapping with keys token, scopes, got {describe(node)}",
+                _line(node),
+            )
+            return _INVALID
+        values, ok = self.fields(TokenEntry, node, path, _line(node), {})
+        if not ok:
+            return _INVALID
+        entry = TokenEntry(**values)
+        if entry.token is _ABSENT:
+            return _ABSENT  # its variable or file was reported (a warning)
+        if not entry.scopes:
+            known = ", ".join(s.value for s in Scope)
+            self.report(f"{path}.scopes", f"a token needs at least one scope ({known})")
+            return _INVALID
+        return ControlToken(entry.token, frozenset(entry.scopes))
+
     def _token(self, text: str) -> str:
-        """A bearer token: literal text, `env:NAME` for that environment variable's value, or
-        `file:PATH` for the file's first line."""
+        """A bearer token: literal text, `env:NAME` for that environment variable's value,
+        `file:PATH` for the file's first line, or `credential:NAME[:PATH]` for the unit's
+        credential NAME (`$CREDENTIALS_DIRECTORY/NAME`), else the file PATH."""
         nonblank(text)
         if text.startswith("file:"):
             return _token_file(text.removeprefix("file:").strip())
+        if text.startswith("credential:"):
+            return _token_credential(text.removeprefix("credential:"), self.environ)
         if not text.startswith("env:"):
             return text
         name = text.removeprefix("env:").strip()
@@ -379,10 +570,15 @@ class _Walker:
             self.report(path, message, _line(node))
             return {}, False
         values, given, ok = dict(fixed), set(), True
+        section = RuntimeSection.of(by_key, node)
+        if section is not None:
+            del by_key[yaml_key(section.field)]
         for key, key_node, value_node in self.pairs(node, path):
             sub, field = _join(path, key), by_key.get(key)
+            if field is None and section and section.takes(self, key, key_node, value_node, path):
+                continue
             if field is None:
-                self.unknown_key(key, sub, by_key)
+                self.unknown_key(key, sub, by_key, section.hints() if section else ())
                 ok = False
                 continue
             given.add(key)
@@ -400,16 +596,26 @@ class _Walker:
             if field.default is attrs.NOTHING and key not in given:
                 self.report(path, f"missing required field '{key}'", line)
                 ok = False
+        if section is not None:
+            settings = section.read(self, path)
+            if settings is _INVALID:
+                ok = False
+            else:
+                values[section.field.name] = settings
         return values, ok
 
-    def unknown_key(self, key: str, path: str, by_key: dict[str, attrs.Attribute]) -> None:
+    def unknown_key(
+        self, key: str, path: str, by_key: dict[str, attrs.Attribute], also: Sequence[str] = ()
+    ) -> None:
+        """`also`: more keys the mapping takes (a consumer's runtime section and its settings)."""
         # `priority:` where the file says `class:` is the likeliest slip; difflib misses it.
         renamed = [k for k, f in by_key.items() if f.name == key and k != key]
-        close = renamed or difflib.get_close_matches(key, list(by_key), n=1)
+        keys = [*by_key, *also]
+        close = renamed or difflib.get_close_matches(key, keys, n=1)
         if close:
             hint = f"did you mean '{close[0]}'?"
         else:
-            hint = f"expected one of {', '.join(by_key)}" if by_key else "nothing goes here"
+            hint = f"expected one of {', '.join(keys)}" if keys else "nothing goes here"
         self.report(path, f"unknown key '{key}'; {hint}")
 
     def keyed(

@@ -4,8 +4,10 @@ Every field's meaning is documented in docs/configuration.md. Field metadata tel
 loader (gpugate.config.loader) how the YAML is spelled:
 
 * `kind`: how to read a scalar: "size" ("7.5GiB", "1216348160"), "duration" ("15m", "901s"),
-  "token" (a literal, "env:NAME" or "file:PATH"), "cors_origin" (a header value: "*" or an
-  origin).
+  "token" (a literal, "env:NAME", "file:PATH", "credential:NAME" or "credential:NAME:PATH"),
+  "scope" (a control token's scope), "cors_origin" (a header value: "*" or an origin);
+  "control_token" is a token or a mapping `{token, scopes}` (TokenEntry), read as a
+  ControlToken.
 * `yaml`: the key's name in the file when it differs from the field's (`class:` for `priority`).
 * `keyed_by`: a tuple written as a YAML mapping whose keys fill this field of each entry
   (`consumers: {ollama: {...}}` fills `Consumer.name`).
@@ -21,19 +23,27 @@ import enum
 import ipaddress
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 import attrs
 
-from gpugate.config.filesizes import FilePattern, best_match
+from gpugate.config.filesizes import FilePattern
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import GiB
+
+if TYPE_CHECKING:
+    from gpugate.config.findings import Findings
 
 SIZE = {"kind": "size"}
 DURATION = {"kind": "duration"}
 TOKEN = {"kind": "token"}
+CONTROL_TOKEN = {"kind": "control_token"}
+SCOPE = {"kind": "scope"}
 STRING_MAP = {"kind": "string_map"}
 CORS_ORIGIN = {"kind": "cors_origin"}
+RUNTIME = {"kind": "runtime"}
+SECTION = {"section_of": "runtime"}
 CLASS_KEY = {"yaml": "class"}
 MAX_CLASS_KEY = {"yaml": "max_class"}
 BY_NAME = {"keyed_by": "name"}
@@ -47,26 +57,21 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 
 
-class RuntimeKind(enum.Enum):
-    """Which adapter speaks to a consumer's upstream."""
+@attrs.frozen
+class RuntimeSettings:
+    """A runtime's own section of a consumer: each runtime package that has settings of its
+    own subclasses it (an attrs class), and registers it by the runtime's name."""
 
-    OLLAMA = "ollama"
-    COMFYUI = "comfyui"
-    WHISPER = "whisper"
-    LLAMA_SERVER = "llama-server"
-    VLLM = "vllm"
-    HTTP = "http"
+    jobs: ClassVar[bool] = False
+    """Whether the runtime queues jobs (a consumer's `preempt` applies to them)."""
 
-    @classmethod
-    def parse(cls, text: str) -> RuntimeKind:
-        """Read a runtime name ("ollama", "comfyui", "whisper", "llama-server", "vllm",
-        "http"); ValueError otherwise."""
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            raise ValueError(
-                f"unknown runtime {text!r} (one of {', '.join(k.value for k in cls)})"
-            ) from None
+    def check(self, consumer: Consumer, path: str, findings: Findings) -> None:
+        """The runtime's own rules across its section and the consumer's other fields
+        (`path`: the consumer's)."""
+        return None
+
+
+S = TypeVar("S", bound=RuntimeSettings)
 
 
 def _check_host(host: str, written: object) -> str:
@@ -312,7 +317,8 @@ class Consumer:
     """A managed runtime: the gate listens on `listen` and forwards to `upstream`."""
 
     name: str
-    runtime: RuntimeKind
+    runtime: str = attrs.field(metadata=RUNTIME)
+    """The runtime's name, as runtimes/sections.py registers it."""
     listen: Address
     upstream: Upstream
     gpu: int = 0
@@ -329,29 +335,17 @@ class Consumer:
     models: tuple[ModelOverride, ...] = attrs.field(default=(), metadata=BY_NAME)
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
     limits: ListenerLimits = ListenerLimits()
-    origins: tuple[str, ...] = ()
-    """Extra origins browsers may call from (Ollama: OLLAMA_ORIGINS), `*` wildcards allowed."""
-    files: tuple[FileSize, ...] = attrs.field(default=(), metadata=BY_PATTERN)
-    """Job runtimes (ComfyUI): VRAM of each model file a job may load, by name or glob."""
-    working_set: int = attrs.field(default=GiB, metadata=SIZE)
-    """Job runtimes: bytes a job needs beyond its files' weights (activations, latents)."""
-    working_set_per_megapixel: int = attrs.field(default=0, metadata=SIZE)
-    """Job runtimes: more working set per megapixel (1024x1024) of a job's largest latent."""
     preempt: tuple[PriorityClass, ...] = ()
     """Job runtimes: classes whose requests may interrupt a running job (none by default)."""
-    validate_prompts: bool = True
-    """Job runtimes: apply the runtime's own validation (ComfyUI's, from its /object_info)
-    before a lease, so a prompt it will refuse evicts nothing. Off where custom nodes
-    rewrite prompts as they arrive (prompt handlers), which the gate cannot see."""
-    cors_header: str | None = attrs.field(default=None, metadata=CORS_ORIGIN)
-    """ComfyUI: the origin its `--enable-cors-header` names ("*" when the flag is given
-    bare); None: the flag is not given, so ComfyUI's Host/Origin check is on."""
-
     control: ProcessControlSettings | None = None
     """Start/stop of a runtime that frees its VRAM only by exiting (whisper-server)."""
-    sleep_level: int = 1
-    """vLLM: the sleep level an eviction asks for (1: weights kept in CPU memory, a quick
-    wake; 2: weights dropped, loaded again at wake)."""
+    settings: RuntimeSettings = attrs.field(factory=RuntimeSettings, metadata=SECTION)
+    """The runtime's own section (`comfyui:`, `ollama:`, `vllm:`), of the type its package
+    registers (runtimes/sections.py)."""
+
+    def settings_as(self, cls: type[S]) -> S:
+        """The runtime's section as `cls` (its defaults when the file has none)."""
+        return self.settings if isinstance(self.settings, cls) else cls()
 
     def body_limit(self, runtime_limit: int | None) -> int:
         """The most request body the gate reads: `max_body` when set, else the limit of the
@@ -359,11 +353,6 @@ class Consumer:
         if self.max_body is not None:
             return self.max_body
         return DEFAULT_MAX_BODY if runtime_limit is None else runtime_limit
-
-    def file_size(self, folder: str, name: str) -> int | None:
-        """The size `files` gives model file `name` of `folder` (most specific wins), if any."""
-        entry = best_match(self.files, folder, name)
-        return None if entry is None else entry.size
 
     def model(self, name: str) -> ModelOverride | None:
         """The override for model `name`, if this consumer has one."""
@@ -400,6 +389,59 @@ class Identity:
     tokens: tuple[str, ...] = attrs.field(default=(), metadata=TOKEN)
     max_priority: PriorityClass | None = attrs.field(default=None, metadata=MAX_CLASS_KEY)
     """Highest class the X-GPUGate-Priority header may ask for (default: `priority`)."""
+
+
+class Scope(enum.Enum):
+    """What a control token may do on the control API (gpugate.control.auth.ROUTE_SCOPES)."""
+
+    ADMIT = "admit"
+    """Ask for a process runtime's start lease (`gpugate admit`)."""
+    LEASE = "lease"
+    """Ask for, renew and release explicit leases (`gpugate lease`)."""
+    OPERATE = "operate"
+    """Evict, drain and undrain, pause and resume."""
+    READ = "read"
+    """Every GET (status, events, leases, metrics, the dashboard) when reads are not public."""
+
+    @classmethod
+    def parse(cls, text: str) -> Scope:
+        """Read a scope name; ValueError naming the known ones otherwise."""
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            known = ", ".join(s.value for s in cls)
+            raise ValueError(f"unknown scope {text!r} (one of {known})") from None
+
+
+ALL_SCOPES = frozenset(Scope)
+"""What a bare `control_tokens` entry grants: everything."""
+
+
+class ControlToken(str):
+    """A control token: the text a client presents as `Authorization: Bearer`, carrying the
+    scopes it grants. It is its text wherever a token is used as text (compared, sent,
+    checked for duplicates); a bare entry, or a plain str given in code, grants every scope.
+    """
+
+    scopes: frozenset[Scope]
+
+    def __new__(cls, text: str, scopes: frozenset[Scope] | tuple[Scope, ...] = ALL_SCOPES):
+        token = super().__new__(cls, text)
+        token.scopes = frozenset(scopes)
+        return token
+
+
+def token_scopes(token: str) -> frozenset[Scope]:
+    """The scopes a control token grants: its own, or all of them for a plain str."""
+    return getattr(token, "scopes", ALL_SCOPES)
+
+
+@attrs.frozen
+class TokenEntry:
+    """A `gate.control_tokens` entry written as a mapping: the token and what it may do."""
+
+    token: str = attrs.field(metadata=TOKEN)
+    scopes: tuple[Scope, ...] = attrs.field(default=tuple(Scope), metadata=SCOPE)
 
 
 @attrs.frozen
@@ -441,11 +483,15 @@ class GateSettings:
     """Where process attribution reads /proc/<pid>/{cgroup,cmdline,comm,status}."""
     nvml_library: Path | None = None
     """Load this libnvidia-ml.so.1 instead of the system one."""
-    control_tokens: tuple[str, ...] = attrs.field(default=(), metadata=TOKEN)
-    """Bearer tokens of the control API's state-changing routes (`env:NAME`, `file:PATH`)."""
+    control_tokens: tuple[ControlToken, ...] = attrs.field(default=(), metadata=CONTROL_TOKEN)
+    """Bearer tokens of the control API (`env:NAME`, `file:PATH`, `credential:NAME[:PATH]`),
+    each with the scopes it grants (every scope for a bare entry)."""
     control_public: bool | None = None
     """Read-only control routes and /metrics without a token; None: only on loopback."""
     history_retention: float = attrs.field(default=30 * 86400.0, metadata=DURATION)
+    agent_check: Address | None = None
+    """HAProxy agent-check responder: one line per connection (`up ready 75%`, `drain 0%`,
+    `maint 0%`) from the numbers of /gate/v1/capacity; None: not served."""
 
 
 DEFAULT_MAX_WAIT = {

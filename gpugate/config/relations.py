@@ -6,28 +6,11 @@ their defaults, so a rule here never reports a consequence of an error already r
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from gpugate.config.filesizes import DEFAULT_FILE_BYTES
-from gpugate.config.model import Address, Config, Consumer, Residency, RuntimeKind
+from gpugate.config.findings import Findings
+from gpugate.config.model import Address, Config, Consumer, Residency
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.units import format_duration, format_gib
-
-
-class Findings(Protocol):
-    """Where the rules report, by dotted field path; the file positions are known there."""
-
-    def report(self, path: str, message: str) -> None:
-        """An error at `path` (or its nearest written ancestor)."""
-
-    def warn(self, path: str, message: str) -> None:
-        """A warning at `path`."""
-
-    def line_of(self, path: str) -> int | None:
-        """The line `path` is written on; None when the file leaves it out."""
-
-    def has_errors_under(self, path: str) -> bool:
-        """Whether an error was already reported at `path` or inside it."""
+from gpugate.runtimes.sections import SECTIONS
 
 
 def _at(findings: Findings, path: str) -> str:
@@ -80,6 +63,15 @@ def _check_budget(config: Config, findings: Findings) -> None:
 def _check_consumers(config: Config, findings: Findings) -> None:
     control = config.gate.control
     listeners: dict[int, tuple[str, Address]] = {control.port: ("gate.control", control)}
+    agent = config.gate.agent_check
+    if agent is not None and agent.port:
+        if agent.port in listeners:
+            findings.report(
+                "gate.agent_check",
+                f"port {agent.port} is already used by {_at(findings, 'gate.control')}",
+            )
+        else:
+            listeners[agent.port] = ("gate.agent_check", agent)
     for consumer in config.consumers:
         path = f"consumers.{consumer.name}.listen"
         taken = listeners.get(consumer.listen.port)
@@ -117,10 +109,8 @@ def _check_consumers(config: Config, findings: Findings) -> None:
             listed = ", ".join(str(index) for index in sorted(gpus))
             findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {listed})")
         _check_residencies(consumer, path, findings)
-        _check_job_sizing(consumer, path, findings)
-        _check_cors_header(consumer, path, findings)
+        _check_runtime(consumer, path, findings)
         _check_control(consumer, path, findings)
-        _check_sleep(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
 
@@ -145,46 +135,26 @@ def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> Non
         )
 
 
-JOB_FIELDS = ("files", "working_set", "working_set_per_megapixel", "preempt", "validate_prompts")
-"""Consumer fields that only a job runtime (ComfyUI) reads."""
+JOB_RUNTIMES = [name for name, settings in SECTIONS.items() if settings.jobs]
+"""The runtimes that queue jobs (a consumer's `preempt` applies to them)."""
 
 
-def _check_job_sizing(consumer: Consumer, path: str, findings: Findings) -> None:
-    if consumer.runtime is not RuntimeKind.COMFYUI:
-        for key in JOB_FIELDS:
-            if findings.line_of(f"{path}.{key}") is not None:
-                findings.warn(
-                    f"{path}.{key}",
-                    f"only a comfyui consumer reads {key}; runtime {consumer.runtime.value} "
-                    "ignores it",
-                )
+def _check_runtime(consumer: Consumer, path: str, findings: Findings) -> None:
+    """The runtime's own rules (its section's `check`), and `preempt` only where it has jobs."""
+    consumer.settings.check(consumer, path, findings)
+    if not consumer.settings.jobs:
+        if findings.line_of(f"{path}.preempt") is not None:
+            findings.warn(
+                f"{path}.preempt",
+                f"only a {' or '.join(JOB_RUNTIMES)} consumer reads preempt; "
+                f"runtime {consumer.runtime} ignores it",
+            )
         return
-    if (
-        not consumer.files
-        and consumer.envelope is None
-        and not findings.has_errors_under(f"{path}.files")
-    ):
-        findings.warn(
-            path,
-            "no files and no envelope: every model file a prompt loads counts as "
-            f"{format_gib(DEFAULT_FILE_BYTES)} (give their sizes in files)",
-        )
     seen: set[object] = set()
     for index, priority in enumerate(consumer.preempt):
         if priority in seen:
             findings.warn(f"{path}.preempt[{index}]", f"{priority.label} is listed twice")
         seen.add(priority)
-
-
-def _check_cors_header(consumer: Consumer, path: str, findings: Findings) -> None:
-    # Only ComfyUI has the flag; another runtime's CORS rules are its own (Ollama: origins).
-    where = f"{path}.cors_header"
-    if consumer.runtime is not RuntimeKind.COMFYUI and findings.line_of(where) is not None:
-        findings.warn(
-            where,
-            "only a comfyui consumer reads cors_header (ComfyUI's --enable-cors-header); "
-            f"runtime {consumer.runtime.value} ignores it",
-        )
 
 
 def _check_control(consumer: Consumer, path: str, findings: Findings) -> None:
@@ -217,26 +187,6 @@ def _check_control(consumer: Consumer, path: str, findings: Findings) -> None:
         findings.report(
             f"{path}.envelope",
             "a process-controlled consumer needs an envelope: the bytes its start is admitted for",
-        )
-
-
-def _check_sleep(consumer: Consumer, path: str, findings: Findings) -> None:
-    where = f"{path}.sleep_level"
-    if consumer.runtime is not RuntimeKind.VLLM:
-        if findings.line_of(where) is not None:
-            findings.warn(
-                where,
-                f"only a vllm consumer reads sleep_level; runtime {consumer.runtime.value} "
-                "ignores it",
-            )
-        return
-    if consumer.sleep_level not in (1, 2):
-        findings.report(where, f"expected 1 or 2 (vLLM's sleep levels), got {consumer.sleep_level}")
-    if consumer.envelope is None:
-        findings.report(
-            f"{path}.envelope",
-            "a vllm consumer needs an envelope: the bytes a wake takes back (its weights and "
-            "KV cache: about gpu_memory_utilization of the card, less what it keeps asleep)",
         )
 
 

@@ -15,9 +15,10 @@ import attrs
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gpugate.config.filesizes import FilePattern
-from gpugate.config.model import Address, RuntimeKind, Upstream
+from gpugate.config.model import Address, Upstream
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import parse_duration, parse_size
+from gpugate.runtimes.sections import SECTIONS, runtime_name
 
 NULL_TAG = "tag:yaml.org,2002:null"
 NETWORK = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -71,9 +72,7 @@ SCALARS: dict[object, Scalar] = {
         (str,),
         ResidencyPolicy.parse,
     ),
-    RuntimeKind: Scalar(
-        _one_of("a runtime", [k.value for k in RuntimeKind]), (str,), RuntimeKind.parse
-    ),
+    "runtime": Scalar(_one_of("a runtime", list(SECTIONS)), (str,), runtime_name),
     Address: Scalar("an address like '0.0.0.0:11434'", (str, int), Address.parse),
     Upstream: Scalar("a URL like 'http://127.0.0.1:11435'", (str,), Upstream.parse),
     NETWORK: Scalar("a network like '192.168.1.0/24'", (str,), _network),

@@ -1,6 +1,6 @@
 """Which adapter speaks to a consumer's runtime.
 
-A runtime kind with no adapter here is not fronted: the gate observes its memory through
+A runtime with no adapter here is not fronted: the gate observes its memory through
 NVML and counts it, nothing more.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpugate.config.model import Consumer, RuntimeKind
+from gpugate.config.model import Consumer
 from gpugate.runtimes.base import RuntimeAdapter
 from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
 from gpugate.runtimes.http import HttpAdapter
@@ -21,19 +21,20 @@ AdapterFactory = Callable[[Consumer], RuntimeAdapter]
 """Builds a consumer's adapter: an adapter class, or a function choosing among a runtime's
 modes (llama-server's router or single model) by the consumer's configuration."""
 
-ADAPTERS: dict[RuntimeKind, AdapterFactory] = {
-    RuntimeKind.OLLAMA: OllamaAdapter,
-    RuntimeKind.COMFYUI: ComfyUIAdapter,
-    RuntimeKind.WHISPER: WhisperAdapter,
-    RuntimeKind.LLAMA_SERVER: llama_server_adapter,
-    RuntimeKind.VLLM: VllmAdapter,
-    RuntimeKind.HTTP: HttpAdapter,
+ADAPTERS: dict[str, AdapterFactory] = {
+    "ollama": OllamaAdapter,
+    "comfyui": ComfyUIAdapter,
+    "whisper": WhisperAdapter,
+    "llama-server": llama_server_adapter,
+    "vllm": VllmAdapter,
+    "http": HttpAdapter,
 }
+"""By the runtime's name, as runtimes/sections.py registers its configuration section."""
 
 
-def adapter_class(kind: RuntimeKind) -> AdapterFactory | None:
-    """What builds the adapters of a runtime kind; None when the gate only observes it."""
-    return ADAPTERS.get(kind)
+def adapter_class(runtime: str) -> AdapterFactory | None:
+    """What builds the adapters of a runtime; None when the gate only observes it."""
+    return ADAPTERS.get(runtime)
 
 
 def adapter_for(consumer: Consumer) -> RuntimeAdapter | None:

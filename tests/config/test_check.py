@@ -15,9 +15,10 @@ import pytest
 from gpugate.config import model
 from gpugate.config.check import EXIT_INVALID, EXIT_OK, run_check
 from gpugate.config.loader import load_config, yaml_key
-from gpugate.config.model import RuntimeKind
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import GiB, MiB
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
+from gpugate.runtimes.sections import SECTIONS
 from tests.config.helpers import ollama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def test_the_seed_file_describes_the_host(monkeypatch: pytest.MonkeyPatch) -> No
     assert [c.priority for c in config.classes] == PriorityClass.ordered()
 
     ollama_ = config.consumer("ollama")
-    assert ollama_.runtime is RuntimeKind.OLLAMA and ollama_.listen.port == 11434
+    assert ollama_.runtime == "ollama" and ollama_.listen.port == 11434
     assert ollama_.residency.idle_ttl == 15 * 60
     gemma, bge = ollama_.model("gemma3:12b"), ollama_.model("bge-m3")
     assert gemma is not None and bge is not None
@@ -93,23 +94,24 @@ def test_the_seed_file_describes_the_host(monkeypatch: pytest.MonkeyPatch) -> No
     comfyui = config.consumer("comfyui")
     assert comfyui.residency.policy is ResidencyPolicy.LOAD_ON_DEMAND
     assert comfyui.envelope == 12 * GiB
-    assert comfyui.file_size("diffusion_models", "flux1-dev-fp8.safetensors") == 11350 * MiB
-    assert comfyui.file_size("unet", "flux1-dev-fp8.safetensors") == 11350 * MiB
-    assert comfyui.file_size("text_encoders", "t5xxl_fp8_e4m3fn.safetensors") == 4667 * MiB
-    assert comfyui.file_size("clip", "clip_l.safetensors") == 235 * MiB
-    assert comfyui.file_size("vae", "ae.safetensors") == 320 * MiB
-    assert comfyui.file_size("checkpoints", "v1-5-pruned-emaonly-fp16.safetensors") == 2034 * MiB
-    assert comfyui.file_size("diffusion_models", "flux1-dev.safetensors") == round(11.9 * GiB)
-    assert comfyui.file_size("loras", "detail.safetensors") == 300 * MiB
-    assert comfyui.file_size("checkpoints", "sdxl.safetensors") is None  # the envelope's
-    assert (comfyui.working_set, comfyui.working_set_per_megapixel) == (GiB, GiB)
+    sizing = comfyui.settings_as(ComfyUISettings)
+    assert sizing.file_size("diffusion_models", "flux1-dev-fp8.safetensors") == 11350 * MiB
+    assert sizing.file_size("unet", "flux1-dev-fp8.safetensors") == 11350 * MiB
+    assert sizing.file_size("text_encoders", "t5xxl_fp8_e4m3fn.safetensors") == 4667 * MiB
+    assert sizing.file_size("clip", "clip_l.safetensors") == 235 * MiB
+    assert sizing.file_size("vae", "ae.safetensors") == 320 * MiB
+    assert sizing.file_size("checkpoints", "v1-5-pruned-emaonly-fp16.safetensors") == 2034 * MiB
+    assert sizing.file_size("diffusion_models", "flux1-dev.safetensors") == round(11.9 * GiB)
+    assert sizing.file_size("loras", "detail.safetensors") == 300 * MiB
+    assert sizing.file_size("checkpoints", "sdxl.safetensors") is None  # the envelope's
+    assert (sizing.working_set, sizing.working_set_per_megapixel) == (GiB, GiB)
     assert comfyui.preempt == ()
     whisper = config.consumer("whisper")
     assert (whisper.residency.policy, whisper.envelope) == (
         ResidencyPolicy.ALWAYS_WARM,
         2050 * MiB,
     )
-    assert config.consumer("mvoice").runtime is RuntimeKind.HTTP
+    assert config.consumer("mvoice").runtime == "http"
     assert all(c.upstream.is_loopback and not c.processes.empty for c in config.consumers)
 
     assert [e.name for e in config.external] == ["plex", "tdarr"]
@@ -187,12 +189,17 @@ def test_the_manual_names_every_field() -> None:
         if isinstance(value, type) and attrs.has(value) and value.__module__ == model.__name__
     ]
     assert model.Consumer in classes and model.Config in classes
+    # A runtime's section is written under the runtime's name, with its own fields.
+    sections = {name: cls for name, cls in SECTIONS.items() if attrs.fields(cls)}
+    classes += list(sections.values())
     missing = [
         f"{cls.__name__}.{name}"
         for cls in classes
         for field in attrs.fields(cls)
-        for name in {field.name, yaml_key(field)}
-        if f"`{name}`" not in manual
+        for name in (
+            set(sections) if "section_of" in field.metadata else {field.name, yaml_key(field)}
+        )
+        if f"`{name}`" not in manual and f"`{name}:`" not in manual
     ]
     assert missing == []
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 
 from gpugate.config.filesizes import FilePattern
-from gpugate.config.model import FileSize
+from gpugate.config.model import Consumer, FileSize
 from gpugate.core.classes import PriorityClass
 from gpugate.core.units import GiB, MiB
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from tests.config.helpers import Found, errors, load, warnings
+
+
+def comfy(consumer: Consumer) -> ComfyUISettings:
+    return consumer.settings_as(ComfyUISettings)
+
 
 COMFYUI = {
     "runtime": "comfyui",
@@ -46,20 +52,25 @@ def test_files_working_set_and_preempt_are_read() -> None:
         preempt="[production]",
     )
     consumer = load(text).config.consumer("comfyui")
-    assert consumer.files[0] == FileSize(
+    assert comfy(consumer).files[0] == FileSize(
         FilePattern(None, "flux1-dev-fp8.safetensors"), 11350 * MiB
     )
-    assert consumer.files[3] == FileSize(FilePattern("diffusion_models", "*"), 12 * GiB)
+    assert comfy(consumer).files[3] == FileSize(FilePattern("diffusion_models", "*"), 12 * GiB)
     # The legacy folder name is read as ComfyUI reads it.
-    assert consumer.files[4].pattern == FilePattern("diffusion_models", "flux1-schnell.safetensors")
-    assert (consumer.working_set, consumer.working_set_per_megapixel) == (1536 * MiB, GiB)
+    assert comfy(consumer).files[4].pattern == FilePattern(
+        "diffusion_models", "flux1-schnell.safetensors"
+    )
+    assert (comfy(consumer).working_set, comfy(consumer).working_set_per_megapixel) == (
+        1536 * MiB,
+        GiB,
+    )
     assert consumer.preempt == (PriorityClass.PRODUCTION,)
 
 
 def test_the_defaults_of_a_job_runtime() -> None:
     consumer = load(comfyui(envelope="12GiB")).config.consumer("comfyui")
-    assert (consumer.files, consumer.preempt) == ((), ())
-    assert (consumer.working_set, consumer.working_set_per_megapixel) == (GiB, 0)
+    assert (comfy(consumer).files, consumer.preempt) == ((), ())
+    assert (comfy(consumer).working_set, comfy(consumer).working_set_per_megapixel) == (GiB, 0)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +96,7 @@ def test_the_defaults_of_a_job_runtime() -> None:
 )
 def test_the_most_specific_size_wins(folder: str, name: str, size: int | None) -> None:
     consumer = load(comfyui(*FILES)).config.consumer("comfyui")
-    assert consumer.file_size(folder, name) == size
+    assert comfy(consumer).file_size(folder, name) == size
 
 
 def test_on_a_tie_a_folder_wins_then_the_first_written() -> None:
@@ -98,9 +109,9 @@ def test_on_a_tie_a_folder_wins_then_the_first_written() -> None:
         "      ?b*.safetensors: 5GiB",
     )
     consumer = load(text).config.consumer("comfyui")
-    assert consumer.file_size("vae", "ae.safetensors") == 2 * GiB
-    assert consumer.file_size("checkpoints", "ae.safetensors") == GiB
-    assert consumer.file_size("vae", "bb.safetensors") == 3 * GiB
+    assert comfy(consumer).file_size("vae", "ae.safetensors") == 2 * GiB
+    assert comfy(consumer).file_size("checkpoints", "ae.safetensors") == GiB
+    assert comfy(consumer).file_size("vae", "bb.safetensors") == 3 * GiB
 
 
 def test_bad_patterns_and_sizes_are_errors_at_their_line() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from gpugate.config.loader import load_config
 from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.registry import adapter_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,17 +32,17 @@ def test_a_shipped_configuration_passes_check(path: Path) -> None:
 
 
 def test_the_demo_fronts_comfyui() -> None:
-    config = load_config(ROOT / "sim" / "demo-consumers.yaml")
+    config = load_config(ROOT / "gpugate" / "sim" / "data" / "demo-consumers.yaml")
     [comfyui] = [c for c in config.consumers if c.name == "comfyui"]
     assert isinstance(adapter_for(comfyui), ComfyUIAdapter)
-    assert comfyui.files
+    assert comfyui.settings_as(ComfyUISettings).files
 
 
 def test_the_demos_flux_prompt_is_the_graph_the_gate_sizes():
     from gpugate.runtimes.comfyui.graph import PromptDemand, read_prompt
     from tests.sim.comfyui_helpers import flux
 
-    body = (ROOT / "sim" / "flux-prompt.json").read_bytes()
+    body = (ROOT / "gpugate" / "sim" / "data" / "flux-prompt.json").read_bytes()
     assert json.loads(body)["prompt"] == flux()
     demand = read_prompt(body)
     assert isinstance(demand, PromptDemand)

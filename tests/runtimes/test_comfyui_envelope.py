@@ -19,6 +19,7 @@ from gpugate.runtimes.comfyui.envelope import (
     prompt_key,
 )
 from gpugate.runtimes.comfyui.graph import ModelFile, PromptDemand, read_prompt
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.store.db import MeasuredEnvelope
 from tests.runtimes.comfyui_workflows import SD15, blank, body, flux, lora, txt2img, upscale
 
@@ -75,7 +76,10 @@ def test_lora_and_upscale_models_count_in_their_stages() -> None:
     with_lora = prompt_envelope(demand(lora("detail.safetensors")), sizing)
     working = GiB + GiB // 4
     assert with_lora.bytes == with_lora.floor == 2034 * MiB + 300 * MiB + working
-    sizing = PromptSizing(files=seed_comfyui().files + _sizes("upscale_models/*.pth: 64MiB"))
+    sizing = PromptSizing(
+        files=seed_comfyui().settings_as(ComfyUISettings).files
+        + _sizes("upscale_models/*.pth: 64MiB")
+    )
     upscaled = prompt_envelope(demand(upscale()), sizing)
     assert (upscaled.bytes, upscaled.floor) == (2034 * MiB + 64 * MiB + GiB, 2034 * MiB + GiB)
 
@@ -85,7 +89,9 @@ def _sizes(*lines: str) -> tuple:
         "consumers:\n  c:\n    runtime: comfyui\n    listen: 1\n    upstream: http://127.0.0.1:2\n"
         "    files:\n" + "".join(f"      {line}\n" for line in lines)
     )
-    return load_config_text(text, Path("c.yaml"), {}).consumer("c").files
+    return (
+        load_config_text(text, Path("c.yaml"), {}).consumer("c").settings_as(ComfyUISettings).files
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,14 @@ import attrs
 import pytest
 
 from gpugate.config.loader import ConfigError, load_config_text_with_warnings
-from gpugate.config.model import Address, Consumer, RuntimeKind, Upstream
+from gpugate.config.model import Address, Consumer, Upstream
 from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
 from gpugate.runtimes.comfyui.origin import Verdict, origin_verdict, request_path
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
 
 CONSUMER = Consumer(
     name="comfyui",
-    runtime=RuntimeKind.COMFYUI,
+    runtime="comfyui",
     listen=Address("127.0.0.1", 8188),
     upstream=Upstream("http", "127.0.0.1", 8189),
 )
@@ -33,7 +34,7 @@ CORS = (
 
 
 def cors_adapter(value: str = "*") -> ComfyUIAdapter:
-    return ComfyUIAdapter(attrs.evolve(CONSUMER, cors_header=value))
+    return ComfyUIAdapter(attrs.evolve(CONSUMER, settings=ComfyUISettings(cors_header=value)))
 
 
 @pytest.mark.parametrize("method", ["GET", "POST", "OPTIONS"])
@@ -194,14 +195,14 @@ def test_cors_header_is_read(value, read):
     loaded = load_config_text_with_warnings(
         CONFIG.format(runtime="comfyui", value=value), Path("c.yaml")
     )
-    assert loaded.config.consumer("comfyui").cors_header == read
+    assert loaded.config.consumer("comfyui").settings_as(ComfyUISettings).cors_header == read
     assert loaded.warnings == ()
 
 
 def test_cors_header_is_absent_by_default():
     text = CONFIG.format(runtime="comfyui", value="x").replace("    cors_header: x\n", "")
     loaded = load_config_text_with_warnings(text, Path("c.yaml"))
-    assert loaded.config.consumer("comfyui").cors_header is None
+    assert loaded.config.consumer("comfyui").settings_as(ComfyUISettings).cors_header is None
 
 
 @pytest.mark.parametrize(
@@ -230,5 +231,5 @@ def test_cors_header_on_another_runtime_is_a_warning():
     )
     assert [str(w) for w in loaded.warnings] == [
         "c.yaml:8: consumers.comfyui.cors_header: warning: only a comfyui consumer reads "
-        "cors_header (ComfyUI's --enable-cors-header); runtime ollama ignores it"
+        "cors_header; runtime ollama ignores it"
     ]

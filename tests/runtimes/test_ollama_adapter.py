@@ -11,7 +11,6 @@ from gpugate.config.model import (
     Consumer,
     ModelOverride,
     Residency,
-    RuntimeKind,
     Upstream,
 )
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
@@ -25,7 +24,7 @@ from gpugate.runtimes.ollama.models import kv_cache_bytes
 
 CONSUMER = Consumer(
     name="ollama",
-    runtime=RuntimeKind.OLLAMA,
+    runtime="ollama",
     listen=Address("0.0.0.0", 11434),
     upstream=Upstream("http", "127.0.0.1", 11435),
     residency=Residency(ResidencyPolicy.KEEP_WARM, 900.0),

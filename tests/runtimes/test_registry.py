@@ -10,12 +10,13 @@ import pytest
 from aiohttp import web
 
 from gpugate.config.loader import load_config
-from gpugate.config.model import RuntimeKind, Upstream
+from gpugate.config.model import Upstream
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import HealthSignal, ReclaimRule, RouteKind, RuntimeAdapter
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.ollama.adapter import OllamaAdapter
 from gpugate.runtimes.registry import ADAPTERS, adapter_class, adapter_for
+from gpugate.runtimes.sections import SECTIONS
 from gpugate.runtimes.whisper.adapter import WhisperAdapter
 from tests.runtimes.test_ollama_adapter import CONSUMER
 
@@ -27,17 +28,19 @@ def test_ollama_consumers_get_the_ollama_adapter():
     assert adapter.consumer is CONSUMER
 
 
-@pytest.mark.parametrize("kind", list(RuntimeKind))
+@pytest.mark.parametrize("kind", list(SECTIONS))
 def test_every_runtime_kind_is_fronted_by_an_adapter(kind):
     assert adapter_class(kind) is not None
     assert isinstance(adapter_for(attrs.evolve(CONSUMER, runtime=kind)), RuntimeAdapter)
 
 
-@pytest.mark.parametrize(
-    ("kind", "cls"), [(RuntimeKind.WHISPER, WhisperAdapter), (RuntimeKind.HTTP, HttpAdapter)]
-)
+@pytest.mark.parametrize(("kind", "cls"), [("whisper", WhisperAdapter), ("http", HttpAdapter)])
 def test_process_runtimes_have_adapters(kind, cls):
     assert isinstance(adapter_for(attrs.evolve(CONSUMER, runtime=kind)), cls)
+
+
+def test_the_runtimes_with_a_section_are_the_runtimes_with_an_adapter():
+    assert list(SECTIONS) == list(ADAPTERS)
 
 
 def test_every_registered_factory_builds_a_runtime_adapter():
@@ -83,7 +86,7 @@ async def test_ollama_health_is_api_version(aiohttp_server, status, healthy):
 
 def test_a_runtime_the_gate_only_fronts_never_fails_health_by_a_guessed_route():
     # The demo's mVoice: `runtime: http`, no control, no known health route.
-    config = load_config(Path(__file__).parents[2] / "sim" / "demo-consumers.yaml")
+    config = load_config(Path(__file__).parents[2] / "gpugate/sim/data/demo-consumers.yaml")
     signals = {
         c.name: adapter.health_signal
         for c in config.consumers

@@ -1,8 +1,10 @@
 """The gate and a listener serve a runtime they know only through its adapter.
 
-The adapter here exists only in this test: its runtime queues jobs (a POST answers at
-once with the job's id, the work runs later), so its demands have JOB scope. The lease
-outlives the HTTP call and ends on the job's event.
+The runtime here exists only in this test, registered by name as a runtime package would
+register itself (its adapter in `registry.ADAPTERS`, its own configuration section in
+`sections.SECTIONS`): nothing in config/, core/, gate/ or proxy/ knows it. It queues jobs (a
+POST answers at once with the job's id, the work runs later), so its demands have JOB
+scope. The lease outlives the HTTP call and ends on the job's event.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
+import attrs
 import pytest
 from aiohttp import web
 
 from gpugate.config.loader import load_config_text
-from gpugate.config.model import Consumer, RuntimeKind
+from gpugate.config.model import RuntimeSettings
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
@@ -33,17 +36,26 @@ from gpugate.runtimes.base import (
     RouteKind,
     RuntimeAdapter,
 )
-from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.registry import ADAPTERS, adapter_for
+from gpugate.runtimes.sections import SECTIONS
 from tests.gate.fakes import FakeAttributor, FakeGpu
 
 
+@attrs.frozen
+class QueueSettings(RuntimeSettings):
+    """The runtime's own section (`queue:`)."""
+
+    job_path: str = "/jobs"
+    """The route that queues a job."""
+
+
 class QueueAdapter(RuntimeAdapter):
-    """A runtime that queues work: POST /prompt starts a job, /free gives memory back."""
+    """A runtime that queues work: POST to its job path starts a job, /free gives memory back."""
 
     reconcilable = False
 
     def wants_body(self, method: str, path: str) -> bool:
-        return method == "POST" and path == "/prompt"
+        return method == "POST" and path == self.consumer.settings_as(QueueSettings).job_path
 
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
@@ -65,12 +77,6 @@ class QueueAdapter(RuntimeAdapter):
     async def health(self, session: aiohttp.ClientSession) -> bool:
         async with session.get(self.url("/health")) as resp:
             return resp.status == 200
-
-
-def adapters(consumer: Consumer) -> RuntimeAdapter | None:
-    if consumer.runtime is RuntimeKind.HTTP:
-        return QueueAdapter(consumer)
-    return adapter_for(consumer)
 
 
 def upstream_app(seen: list[Mapping[str, object]]) -> web.Application:
@@ -99,7 +105,8 @@ budget:
   stale_after: 5s
 consumers:
   queue:
-    runtime: http
+    runtime: queue
+    queue: {{job_path: /prompt}}
     listen: 127.0.0.1:2
     processes: {{commands: [queue-server]}}
     upstream: {url}
@@ -110,12 +117,15 @@ consumers:
 
 
 @pytest.fixture
-async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path):
+async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(SECTIONS, "queue", QueueSettings)
+    monkeypatch.setitem(ADAPTERS, "queue", QueueAdapter)
     seen: list[Mapping[str, object]] = []
     server = await aiohttp_server(upstream_app(seen))
     url = f"http://127.0.0.1:{server.port}"
     config = load_config_text(CONFIG.format(url=url), tmp_path / "consumers.yaml")
-    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), adapters=adapters)
+    assert config.consumer("queue").settings == QueueSettings(job_path="/prompt")
+    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), adapters=adapter_for)
     await gate.start()
     link = gate.links["queue"]
     listener = ConsumerListener(gate, link, IdentityResolver(config.identities))

@@ -52,6 +52,7 @@ from gpugate.runtimes.comfyui.origin import (
     request_path,
     server_error,
 )
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.comfyui.vetting import PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
@@ -84,7 +85,8 @@ class ComfyUIAdapter(RuntimeAdapter):
         super().__init__(consumer)
         self.sizing = PromptSizing.of(consumer)
         self.vetting = PromptVetting(consumer.upstream.url, consumer.timeouts.control)
-        self.vets = consumer.validate_prompts
+        self.settings = consumer.settings_as(ComfyUISettings)
+        self.vets = self.settings.validate_prompts
 
     # -- reading requests ------------------------------------------------------------------
 
@@ -98,7 +100,7 @@ class ComfyUIAdapter(RuntimeAdapter):
         middleware read the headers, never the request-target's authority; `target` gives
         only the path, for what ComfyUI's cache middleware adds to these answers.
         """
-        allowed = self.consumer.cors_header
+        allowed = self.settings.cors_header
         if allowed is not None:
             cors = cors_headers(allowed)
             if method == "OPTIONS":
@@ -157,7 +159,7 @@ class ComfyUIAdapter(RuntimeAdapter):
     ) -> Vetted | None:
         """ComfyUI's own 400 for a prompt it will refuse, from its node catalog."""
         demand = classified.reading
-        if not isinstance(demand, PromptDemand) or not self.consumer.validate_prompts:
+        if not isinstance(demand, PromptDemand) or not self.settings.validate_prompts:
             return None
         reply = await self.vetting.refusal(demand, session, now)
         return None if reply is None else Vetted(reply)

@@ -30,6 +30,7 @@ from gpugate.config.model import Consumer, FileSize
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB
 from gpugate.runtimes.comfyui.graph import ModelFile, PromptDemand
+from gpugate.runtimes.comfyui.settings import ComfyUISettings
 
 PROMPT_OPTIONS = ""
 """The options half of a prompt's lease key: the files alone decide what ComfyUI keeps loaded."""
@@ -80,11 +81,12 @@ class PromptSizing:
     @classmethod
     def of(cls, consumer: Consumer) -> PromptSizing:
         """The sizing a consumer's configuration gives."""
+        settings = consumer.settings_as(ComfyUISettings)
         return cls(
-            consumer.files,
+            settings.files,
             consumer.envelope,
-            consumer.working_set,
-            consumer.working_set_per_megapixel,
+            settings.working_set,
+            settings.working_set_per_megapixel,
         )
 
     def file_size(self, file: ModelFile) -> int | None:

@@ -52,6 +52,7 @@ from gpugate.runtimes.ollama.reading import (
     is_unload,
     zstd_syntax_error,
 )
+from gpugate.runtimes.ollama.settings import OllamaSettings
 from gpugate.runtimes.replies import BodyLimit
 
 ZSTD_BODY = BodyCoding("zstd", window_log_max=23, inflated_limit=20 << 20)
@@ -306,7 +307,9 @@ class OllamaAdapter(RuntimeAdapter):
 
     @functools.cached_property
     def host_check(self) -> OllamaHostCheck:
-        return OllamaHostCheck(self.consumer.listen.host, self.consumer.origins)
+        return OllamaHostCheck(
+            self.consumer.listen.host, self.consumer.settings_as(OllamaSettings).origins
+        )
 
     def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
         """Ollama's CORS and Host checks, as an Ollama on the consumer's `listen` runs them."""

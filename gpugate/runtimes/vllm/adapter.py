@@ -20,6 +20,7 @@ from gpugate.config.model import Consumer
 from gpugate.runtimes.base import ApiFamily, Classified, ReclaimRule, RouteKind
 from gpugate.runtimes.controlled import ProcessAdapter
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.vllm.settings import VllmSettings
 from gpugate.runtimes.vllm.sleep import SleepMode
 
 AWAKE_ROUTES = frozenset(
@@ -54,7 +55,11 @@ class VllmAdapter(ProcessAdapter):
         super().__init__(consumer)
         control = consumer.control
         timeout = control.start_timeout if control is not None else 120.0
-        self.process = SleepMode(consumer.upstream.url, level=consumer.sleep_level, timeout=timeout)
+        self.process = SleepMode(
+            consumer.upstream.url,
+            level=consumer.settings_as(VllmSettings).sleep_level,
+            timeout=timeout,
+        )
 
     def wants_body(self, method: str, path: str) -> bool:
         return False
