@@ -1,10 +1,18 @@
-"""A control token for a gate on this machine, kept where this user's commands find it.
+"""Tokens a command finds on this machine without being given one.
 
-`gpugate demo` makes one: a random token in a file only its user can read (in
-$XDG_RUNTIME_DIR/gpugate/, else /tmp/gpugate-UID/), named in the demo gate's
-`control_tokens` as `file:PATH`. A command whose configuration names no control token and
-whose gate listens on loopback presents it, so the operator commands work against the demo
-as the README prints them.
+* The unit's credential: a command run by a systemd unit with
+  `LoadCredential=gpugate-token:/etc/gpugate/admit.token` (whisper-server's
+  `ExecStartPre=gpugate admit`) finds it in `$CREDENTIALS_DIRECTORY/gpugate-token`,
+  readable by the unit's own user only. It comes before every other source.
+* The local token: `gpugate demo` makes one, a random token in a file only its user can
+  read (in $XDG_RUNTIME_DIR/gpugate/, else /tmp/gpugate-UID/), named in the demo gate's
+  `control_tokens` as `file:PATH`. A command whose configuration names no control token and
+  whose gate listens on loopback presents it, so the operator commands work against the
+  demo as the README prints them.
+
+The order a command looks in (gpugate.control_client): the unit's credential,
+`$GPUGATE_TOKEN`, the first of the configuration's `gate.control_tokens` it can read, then
+for a gate on loopback the local token.
 """
 
 from __future__ import annotations
@@ -17,6 +25,21 @@ import tempfile
 from pathlib import Path
 
 FILE_NAME = "control.token"
+CREDENTIAL = "gpugate-token"
+"""The credential name a unit gives the token its gpugate commands present."""
+
+
+def read_credential_token() -> str | None:
+    """The first line of `$CREDENTIALS_DIRECTORY/gpugate-token`, when the unit running this
+    command passes one (`LoadCredential=gpugate-token:PATH`)."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        # As a `file:` token is read: the first line, trimmed.
+        lines = (Path(directory) / CREDENTIAL).read_text(encoding="utf-8").strip().splitlines()
+        return lines[0].strip() if lines else None
+    return None
 
 
 def local_token_path() -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -15,17 +16,83 @@ ANALYZE = shutil.which("systemd-analyze")
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is part of every systemd host")
 def test_gpugate_unit_verifies(tmp_path):
-    unit = (ROOT / "systemd" / "gpugate.service").read_text()
-    # The unit names /usr/local/bin/gpugate; verify checks that the command exists.
-    gpugate = Path(sys.executable).with_name("gpugate")
-    unit = unit.replace("/usr/local/bin/gpugate", str(gpugate))
-    path = tmp_path / "gpugate.service"
-    path.write_text(unit)
+    path = _installed_gpugate_unit(tmp_path)
     result = subprocess.run(
         [ANALYZE, "verify", str(path)], capture_output=True, text=True, timeout=60
     )
     problems = [line for line in result.stderr.splitlines() if "gpugate.service" in line]
     assert result.returncode == 0 and problems == [], result.stderr
+
+
+EXPOSURE_LIMIT = 2.0
+"""`systemd-analyze security` rates the gate's unit at most this (1.8 now; 7.6 unsandboxed)."""
+
+
+def _analyze_version() -> str:
+    result = subprocess.run([ANALYZE, "--version"], capture_output=True, text=True, timeout=60)
+    return result.stdout.splitlines()[0] if result.stdout else "unknown version"
+
+
+def _installed_gpugate_unit(tmp_path: Path) -> Path:
+    # The unit names /usr/local/bin/gpugate; verify checks that the command exists.
+    unit = (ROOT / "systemd" / "gpugate.service").read_text()
+    gpugate = Path(sys.executable).with_name("gpugate")
+    path = tmp_path / "gpugate.service"
+    path.write_text(unit.replace("/usr/local/bin/gpugate", str(gpugate)))
+    return path
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is part of every systemd host")
+def test_gpugate_unit_is_rated_at_most_2_by_systemd_analyze_security(tmp_path):
+    path = _installed_gpugate_unit(tmp_path)
+    result = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--no-pager", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    if "--offline" in result.stderr and result.returncode != 0:
+        # The offline review came with systemd 250.
+        pytest.skip(f"{_analyze_version()} has no offline security review: {result.stderr}")
+    found = re.search(r"Overall exposure level for gpugate\.service: (\d+\.\d+)", result.stdout)
+    assert result.returncode == 0 and found is not None, result.stdout + result.stderr
+    assert float(found[1]) <= EXPOSURE_LIMIT, result.stdout
+
+
+def _directives(text: str, name: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(name + "=")]
+
+
+def test_gpugate_unit_s_sandbox_keeps_what_the_gate_reads_and_opens():
+    unit = (ROOT / "systemd" / "gpugate.service").read_text()
+    # Attribution reads every user's /proc/PID and /proc/net/tcp; NVML /proc/driver/nvidia.
+    assert _directives(unit, "ProtectProc") in ([], ["default"])
+    assert _directives(unit, "ProcSubset") in ([], ["all"])
+    # NVML's device nodes, by group name: nvidia-uvm may be made after the gate starts.
+    assert _directives(unit, "DevicePolicy") == ["closed"]
+    assert "char-nvidia* rw" in _directives(unit, "DeviceAllow")
+    assert _directives(unit, "PrivateDevices") in ([], ["no"])
+    # sd_notify and systemctl's bus (AF_UNIX), the listeners (AF_INET, AF_INET6).
+    (families,) = _directives(unit, "RestrictAddressFamilies")
+    assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= set(families.split())
+    assert _directives(unit, "CapabilityBoundingSet") == [""]
+    assert "@system-service" in _directives(unit, "SystemCallFilter")
+
+
+def test_gpugate_unit_passes_its_tokens_as_credentials():
+    unit = (ROOT / "systemd" / "gpugate.service").read_text()
+    assert _directives(unit, "LoadCredential") == [
+        "control.token:/etc/gpugate/control.token",
+        "admit.token:/etc/gpugate/admit.token",
+    ]
+    whisper = _drop_in("whisper-server")
+    # The admit token reaches `gpugate admit` as a credential, never through the environment.
+    assert _directives(whisper, "LoadCredential") == ["gpugate-token:/etc/gpugate/admit.token"]
+    for runtime in RUNTIMES:
+        text = _drop_in(runtime)
+        assert _directives(text, "EnvironmentFile") == [], runtime
+        assert "GPUGATE_TOKEN" not in "".join(_directives(text, "Environment")), runtime
 
 
 def test_ollama_drop_in_keeps_ollama_on_loopback():

@@ -1,10 +1,13 @@
 """Bearer tokens on the control API.
 
 Every route that changes state (any method but GET, HEAD and OPTIONS) needs a token, on
-any address. A control token (`gate.control_tokens`) may do everything; an identity's own
-token (`identities[].tokens`) may hold explicit leases as that identity and nothing else.
-Read-only routes and /metrics are public when `gate.control_public` says so (by default:
-when the control listener is on loopback). Tokens are compared in constant time.
+any address. A control token (`gate.control_tokens`) may do what its scopes allow (a bare
+entry: everything); each route needs one scope (ROUTE_SCOPES, `required_scopes`), and a
+known token without it is answered 403 naming the scope (401 stays for no token or an
+unknown one). An identity's own token (`identities[].tokens`) may hold explicit leases as
+that identity and nothing else. Read-only routes and /metrics are public when
+`gate.control_public` says so (by default: when the control listener is on loopback);
+otherwise they need the `read` scope. Tokens are compared in constant time.
 
 A control listener on loopback also refuses a request whose Host is not a local name or
 address (403, empty): a page that rebinds its own DNS name to 127.0.0.1 reaches the listener
@@ -15,14 +18,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
 from aiohttp import web
+
+from gpugate.config.model import Scope, token_scopes
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config
@@ -32,15 +38,42 @@ log = logging.getLogger(__name__)
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
 LEASE_ROUTES = "/gate/v1/leases"
 
+ASK_LEASE = ("POST", "/gate/v1/leases")
+"""Asks for an explicit lease (`lease`), or with `"purpose": "start"` a start lease (`admit`)."""
+ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
+    ASK_LEASE: Scope.LEASE,
+    ("POST", "/gate/v1/leases/{id}/renew"): Scope.LEASE,
+    ("DELETE", "/gate/v1/leases/{id}"): Scope.LEASE,
+    ("POST", "/gate/v1/residents/{consumer}/{model}/evict"): Scope.OPERATE,
+    ("POST", "/gate/v1/consumers/{name}/drain"): Scope.OPERATE,
+    ("POST", "/gate/v1/consumers/{name}/undrain"): Scope.OPERATE,
+    ("POST", "/gate/v1/gpus/{index}/pause"): Scope.OPERATE,
+    ("POST", "/gate/v1/gpus/{index}/resume"): Scope.OPERATE,
+}
+"""The scope each state-changing route needs, by method and route pattern. Every read-only
+route needs `read` (when reads are not public); a write route missing here needs `operate`."""
+
+
+def required_scopes(method: str, route: str) -> tuple[Scope, ...]:
+    """The scopes of which a control token needs one for `method` on the route pattern
+    `route` (`/gate/v1/leases/{id}`), before the request's body is known."""
+    if method in READ_ONLY:
+        return (Scope.READ,)
+    if (method, route) == ASK_LEASE:
+        return (Scope.LEASE, Scope.ADMIT)
+    return (ROUTE_SCOPES.get((method, route), Scope.OPERATE),)
+
 
 @attrs.frozen
 class Caller:
     """Who a control request is from, by the token it presented."""
 
     admin: bool = False
-    """A control token: every route, every consumer and identity."""
+    """A control token: every consumer and identity, on the routes its scopes allow."""
     identity: str | None = None
     """An identity's token: explicit leases as that identity only."""
+    scopes: frozenset[Scope] = frozenset()
+    """A control token's scopes: those of every `control_tokens` entry it matches."""
 
 
 CALLER = web.RequestKey("caller", Caller)
@@ -175,12 +208,24 @@ def _matches(token: str, candidates: tuple[str, ...]) -> bool:
     return found
 
 
+def _granted(token: str, candidates: tuple[str, ...]) -> frozenset[Scope]:
+    """The scopes of every control token `token` is (none: it is none of them)."""
+    encoded = token.encode()
+    granted: frozenset[Scope] = frozenset()
+    for candidate in candidates:
+        # Every candidate is compared, as in _matches.
+        same = hmac.compare_digest(encoded, candidate.encode())
+        granted |= token_scopes(candidate) if same else frozenset()
+    return granted
+
+
 def caller_of(token: str | None, config: Config) -> Caller | None:
     """The caller a token makes; None when it is no token the configuration knows."""
     if token is None:
         return None
-    if _matches(token, config.gate.control_tokens):
-        return Caller(admin=True)
+    scopes = _granted(token, config.gate.control_tokens)
+    if scopes:
+        return Caller(admin=True, scopes=scopes)
     for identity in config.identities:
         if _matches(token, identity.tokens):
             return Caller(identity=identity.name)
@@ -201,6 +246,57 @@ def refused(message: str) -> web.Response:
         status=401,
         headers={"WWW-Authenticate": 'Bearer realm="gpugate"'},
     )
+
+
+def forbidden(needed: tuple[Scope, ...], held: frozenset[Scope], what: str) -> web.Response:
+    """403 in the control API's error shape: the token is known, but lacks the scope."""
+    names = " or ".join(f"'{scope.value}'" for scope in needed)
+    has = ", ".join(sorted(scope.value for scope in held)) or "none"
+    message = f"this token's scopes ({has}) do not include {names}, which {what} needs"
+    challenge = (
+        'Bearer realm="gpugate", error="insufficient_scope", '
+        f'scope="{" ".join(scope.value for scope in needed)}"'
+    )
+    return web.json_response(
+        {"error": {"class": "FORBIDDEN", "message": message}},
+        status=403,
+        headers={"WWW-Authenticate": challenge},
+    )
+
+
+async def _purpose(request: web.Request) -> str | None:
+    """A lease request's `purpose` (default `hold`); None when the body is not an object.
+
+    The body is read here and kept by aiohttp for the handler, which reads it again.
+    """
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    purpose = body.get("purpose", "hold")
+    return purpose if isinstance(purpose, str) else None
+
+
+async def needed_scopes(request: web.Request) -> tuple[tuple[Scope, ...], str] | None:
+    """The scopes of which the request needs one, and the route as a message names it;
+    None for a request no route answers (aiohttp's 404 or 405 follows)."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return None
+    resource = match.route.resource
+    route = resource.canonical if resource is not None else request.path
+    what = f"{request.method} {route}"
+    needed = required_scopes(request.method, route)
+    if (request.method, route) == ASK_LEASE:
+        purpose = await _purpose(request)
+        if purpose == "start":
+            return (Scope.ADMIT,), f'{what} with "purpose": "start"'
+        if purpose == "hold":
+            return (Scope.LEASE,), what
+        # Not a lease request the handler can read: its 400 says why, to either scope.
+    return needed, what
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -241,6 +337,10 @@ def token_middleware(config: Callable[[], Config]) -> Callable[..., Awaitable[we
                 return refused("the bearer token is not valid here")
             if not caller.admin and not request.path.startswith(LEASE_ROUTES):
                 return refused("an identity's token may only hold explicit leases")
+            if caller.admin:
+                found = await needed_scopes(request)
+                if found is not None and not caller.scopes.intersection(found[0]):
+                    return forbidden(found[0], caller.scopes, found[1])
         request[CALLER] = caller if caller is not None else Caller()
         return await handler(request)
 
