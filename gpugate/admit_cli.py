@@ -6,9 +6,12 @@ Asks the running gate for a start lease for CONSUMER's envelope (waiting up to -
 default: the consumer's class's max_wait) and exits 0 once it is granted; the process
 started next then has its bytes. The lease needs no holder: the gate releases it once NVML
 shows the consumer's processes holding the envelope, or after the consumer's
-`control.start_admission_timeout` if they never do. When no lease can be had (or the gate
-cannot be asked) it exits 75 (EX_TEMPFAIL) with the failure class on stderr in one line,
-so systemd does not start the runtime into an allocation that cannot fit.
+`control.start_admission_timeout` if they never do. Otherwise it exits non-zero with one
+line on stderr, the failure class first, so systemd does not start the runtime into an
+allocation that cannot fit; the code (gpugate.exits) says whether trying again can help:
+75 only when no room came within the wait; 65 for a consumer the gate does not know or
+one with no envelope, 69 when no gate answers, 77 for a token it refuses, 64 and 78 for
+the command line and the configuration.
 """
 
 from __future__ import annotations
@@ -18,16 +21,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpugate.control_client import (
-    EX_TEMPFAIL,
-    ControlFailure,
-    ask_lease,
-    control_address,
-    control_session,
-)
+from gpugate.control_client import ControlFailure, ask_lease, control_address, control_session
 from gpugate.core.units import format_gib, parse_duration
-
-EX_USAGE = 2
+from gpugate.exits import Exit
 
 
 def add_admit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,18 +46,18 @@ def run_admit(args: argparse.Namespace, config_path: Path) -> int:
     """The `gpugate admit` command."""
     from gpugate.config.loader import ConfigError
 
-    try:
-        url, token = control_address(config_path)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EX_USAGE
     body: dict[str, object] = {"consumer": args.consumer, "purpose": "start"}
     if args.wait is not None:
         try:
             body["max_wait"] = parse_duration(args.wait)
         except ValueError as exc:
             _say(f"--wait: {exc}")
-            return EX_USAGE
+            return Exit.USAGE
+    try:
+        url, token = control_address(config_path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
     return asyncio.run(_admit(url, token, body))
 
 
@@ -71,11 +67,11 @@ async def _admit(url: str, token: str | None, body: dict[str, object]) -> int:
             lease = await ask_lease(session, url, body)
         except ControlFailure as exc:
             _say(str(exc))
-            return EX_TEMPFAIL
+            return exc.code
     print(
         f"gpugate admit: {body['consumer']}: start lease {lease['id']} for "
         f"{format_gib(int(lease['bytes']))} on GPU {lease['gpu']} (waited {lease['waited']:g}s, "
         f"released once its process holds it, or in {lease['expires_in']:g}s)",
         flush=True,
     )
-    return 0
+    return Exit.OK

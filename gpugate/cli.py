@@ -1,17 +1,33 @@
 """The `gpugate` command: check, status, serve, lease, admit, leases, events, envelopes,
-evict, drain, undrain, pause, resume, sim run, demo."""
+evict, drain, undrain, pause, resume, sim run, demo.
+
+Exit codes are gpugate.exits' (sysexits): 64 for a command line argparse refuses, 78 for
+a command that talks to the gate and finds no configuration file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from gpugate.config.paths import default_config_path
+from gpugate.config.paths import ConfigNotFound, default_config_path, required_config_path
+from gpugate.exits import Exit
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with EX_USAGE for a bad command line: argparse's own 2 means
+    nothing to a caller that reads sysexits codes. Subcommands' parsers are this class too
+    (add_subparsers takes the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpugate",
         description="VRAM admission gate for GPU runtimes (Ollama, ComfyUI, whisper.cpp, ...).",
     )
@@ -48,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_operator_parsers(sub)
 
+    from gpugate.init.command import add_init_parser
+
+    add_init_parser(sub)
+
     sim = sub.add_parser("sim", help="the simulated GPU host")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
     sim_run = sim_sub.add_parser("run", help="start a simulated host from HOST.yaml")
@@ -57,13 +77,32 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     demo = sub.add_parser("demo", help="a simulated host with the gate in front of it")
-    demo.add_argument("--host-file", type=Path, help="default: sim/demo-host.yaml")
-    demo.add_argument("--config", type=Path, help="default: sim/demo-consumers.yaml")
+    demo.add_argument(
+        "--host-file", type=Path, help="default: the incident card of 2026-07-10 (packaged)"
+    )
+    demo.add_argument("--config", type=Path, help="default: the demo's consumers.yaml (packaged)")
+    demo.add_argument(
+        "--port-base",
+        type=int,
+        metavar="N",
+        help="move every port of the demo to N..N+8, in this order: Ollama through the gate, "
+        "the simulated Ollama, ComfyUI through the gate, the simulated ComfyUI, whisper-server "
+        "through the gate, the simulated one, mVoice through the gate, its upstream, the "
+        "control listener (default: 11434 11435 8188 8189 8080 8081 7860 7861 9411)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return int(_dispatch(args))
+    except ConfigNotFound as exc:
+        print(f"gpugate {args.command}: {exc}", file=sys.stderr)
+        return Exit.CONFIG
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         from gpugate.config.check import run_check
 
@@ -71,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status" and args.watch:
         from gpugate.views_cli import run_watch
 
-        return run_watch(args.config or default_config_path(), as_json=args.json)
+        return run_watch(required_config_path(args.config), as_json=args.json)
     if args.command == "status":
         from gpugate.status import run_status
 
@@ -83,19 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "lease":
         from gpugate.lease_cli import run_lease
 
-        return run_lease(args, args.config or default_config_path())
+        return run_lease(args, required_config_path(args.config))
     if args.command == "admit":
         from gpugate.admit_cli import run_admit
 
-        return run_admit(args, args.config or default_config_path())
+        return run_admit(args, required_config_path(args.config))
     if args.command in ("leases", "events", "envelopes"):
         from gpugate.views_cli import run_view
 
-        return run_view(args, args.config or default_config_path())
+        return run_view(args, required_config_path(args.config))
     if args.command in ("evict", "drain", "undrain", "pause", "resume"):
         from gpugate.operator_cli import run_operator
 
-        return run_operator(args, args.config or default_config_path())
+        return run_operator(args, required_config_path(args.config))
     if args.command == "sim":
         from gpugate.sim.host import run_host
 
@@ -103,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from gpugate.demo import run_demo
 
-        return run_demo(host_file=args.host_file, config_path=args.config)
+        return run_demo(host_file=args.host_file, config_path=args.config, port_base=args.port_base)
+    if args.command == "init":
+        from gpugate.init.command import run_init
+
+        return run_init(args)
     raise AssertionError(args.command)
 
 

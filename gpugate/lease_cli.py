@@ -4,10 +4,13 @@
 
 The lease is asked for first (waiting up to --wait); CMD runs once it is granted, with
 GPUGATE_LEASE set to its id. The lease is renewed every ttl/3 and released when CMD exits;
-SIGINT, SIGTERM and SIGHUP are passed on to CMD. The exit status is CMD's (128 + the signal
-when a signal ended it), or 75 (EX_TEMPFAIL) when no lease could be had, with the failure
-class on stderr in one line. Killed without a chance to release (SIGKILL), the lease
-lapses by itself after its ttl.
+SIGINT, SIGTERM and SIGHUP are passed on to CMD. Once CMD ran, the exit status is CMD's
+(128 + the signal when a signal ended it; 126 or 127 when it could not be run). Without a
+lease CMD does not run, and the status says why (gpugate.exits, one line on stderr, the
+failure class first): 75 only when no room came within the wait, so a retry can succeed;
+64 for a command line that does not parse, 65 for a lease the gate refuses as asked, 69
+when no gate answers, 77 for a token it refuses, 78 without a configuration. Killed
+without a chance to release (SIGKILL), the lease lapses by itself after its ttl.
 """
 
 from __future__ import annotations
@@ -22,14 +25,10 @@ from pathlib import Path
 
 import aiohttp
 
-from gpugate.control_client import (
-    EX_TEMPFAIL,
-    ControlFailure,
-    ask_lease,
-    control_address,
-    control_session,
-)
-from gpugate.core.units import parse_duration
+from gpugate.control_client import ControlFailure, ask_lease, control_address, control_session
+from gpugate.core.classes import PriorityClass
+from gpugate.core.units import parse_duration, parse_size
+from gpugate.exits import Exit
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -54,9 +53,47 @@ def add_lease_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD", help="-- CMD [ARGS...]")
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: Exit) -> int:
     print(f"gpugate lease: {message}", file=sys.stderr, flush=True)
-    return EX_TEMPFAIL
+    return code
+
+
+def _duration(option: str, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def _terms(args: argparse.Namespace) -> dict[str, object]:
+    """The lease request from the options; ValueError naming the option that does not parse.
+
+    Checked here rather than left to the gate: a value that cannot parse is the command
+    line's fault (EX_USAGE), whatever the gate would call it."""
+    try:
+        nbytes = parse_size(args.bytes)
+    except ValueError as exc:
+        raise ValueError(f"--bytes: {exc}") from None
+    if nbytes <= 0:
+        raise ValueError(f"--bytes: a lease must be for more than 0 bytes, got {args.bytes!r}")
+    ttl = _duration("--ttl", args.ttl)
+    if ttl < 1:
+        raise ValueError("--ttl: at least 1s, so that a renewal can arrive in time")
+    body: dict[str, object] = {"bytes": nbytes, "ttl": ttl}
+    if args.wait is not None:
+        body["max_wait"] = _duration("--wait", args.wait)
+    if args.priority is not None:
+        try:
+            body["class"] = PriorityClass.parse(args.priority).label
+        except ValueError as exc:
+            raise ValueError(f"--class: {exc}") from None
+    if args.consumer is not None:
+        body["consumer"] = args.consumer
+    else:
+        body["identity"] = args.identity
+    if args.gpu is not None:
+        body["gpu"] = args.gpu
+    return body
 
 
 def run_lease(args: argparse.Namespace, config_path: Path) -> int:
@@ -65,31 +102,18 @@ def run_lease(args: argparse.Namespace, config_path: Path) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("gpugate lease: give the command to run after --", file=sys.stderr)
-        return 2
+        return _fail("give the command to run after --", Exit.USAGE)
+    try:
+        body = _terms(args)
+    except ValueError as exc:
+        return _fail(str(exc), Exit.USAGE)
     from gpugate.config.loader import ConfigError
 
     try:
         url, token = control_address(config_path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
-    try:
-        ttl = parse_duration(args.ttl)
-        body: dict[str, object] = {"bytes": args.bytes, "ttl": ttl}
-        if args.wait is not None:
-            body["max_wait"] = parse_duration(args.wait)
-    except ValueError as exc:
-        print(f"gpugate lease: {exc}", file=sys.stderr)
-        return 2
-    if args.consumer is not None:
-        body["consumer"] = args.consumer
-    else:
-        body["identity"] = args.identity
-    if args.priority is not None:
-        body["class"] = args.priority
-    if args.gpu is not None:
-        body["gpu"] = args.gpu
+        return Exit.CONFIG
     return asyncio.run(_lease_and_run(url, token, body, command))
 
 
@@ -126,7 +150,7 @@ async def _lease_and_run(url: str, token: str | None, body: dict, command: list[
             try:
                 answer = await ask_lease(session, url, body)
             except ControlFailure as exc:
-                return _fail(str(exc))
+                return _fail(str(exc), exc.code)
             lease_id = answer["id"]
             try:
                 if signals.early is not None:

@@ -2,7 +2,9 @@
 
 Each is one POST to the control API with the control token (found as `gpugate lease`
 finds it). It prints one line of what the gate did; an error is one line on stderr, the
-failure class first, with exit status 1 (2 for a bad configuration).
+failure class first, with the exit code for what it means (gpugate.exits): 65 for no
+such consumer, resident or GPU, or an `always_warm` one without --force; 75 for a
+resident busy now; 69 when no gate answers; 77 for a token it refuses.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from urllib.parse import quote
 
 import aiohttp
 
-from gpugate.control_client import ControlFailure, control_address, control_session
+from gpugate.control_client import (
+    ControlFailure,
+    call,
+    control_address,
+    control_session,
+    refusal,
+)
+from gpugate.exits import Exit
 
 COMMANDS = ("evict", "drain", "undrain", "pause", "resume")
 
@@ -40,19 +49,10 @@ def add_operator_parsers(sub: argparse._SubParsersAction) -> None:  # type: igno
 
 
 async def _call(session: aiohttp.ClientSession, url: str, path: str) -> dict[str, Any]:
-    try:
-        async with session.request("POST" if path else "GET", path or "/gate/v1/status") as resp:
-            answer = await resp.json(content_type=None)
-            status = resp.status
-    except (aiohttp.ClientError, OSError) as exc:
-        raise ControlFailure(f"cannot reach the gate at {url}: {exc}") from None
-    except ValueError:
-        raise ControlFailure(f"the gate at {url} did not answer with JSON") from None
+    method = "POST" if path else "GET"
+    status, answer = await call(session, url, method, path or "/gate/v1/status")
     if status >= 300 or not isinstance(answer, dict):
-        error = answer.get("error", {}) if isinstance(answer, dict) else {}
-        failure = error.get("class", f"HTTP {status}")
-        message = " ".join(str(error.get("message", "")).split())
-        raise ControlFailure(f"{failure}: {message}" if message else failure)
+        raise refusal(status, answer)
     return answer
 
 
@@ -98,12 +98,12 @@ def run_operator(args: argparse.Namespace, config_path: Path) -> int:
         url, token = control_address(config_path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return Exit.CONFIG
     try:
         lines = asyncio.run(_run(args, url, token))
     except ControlFailure as exc:
         print(f"gpugate {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exc.code
     for line in lines:
         print(line)
-    return 0
+    return Exit.OK

@@ -1,6 +1,8 @@
 """Read-only views of the running gate: `gpugate status --watch`, `leases`, `events`,
-`envelopes`. Tables for people, `--json` for scripts; an error is one line on stderr and
-exit status 1 (2 for a bad configuration).
+`envelopes`. Tables for people, `--json` for scripts; an error is one line on stderr with
+the exit code for what it means (gpugate.exits): 69 when no gate answers (or the gate
+ends a followed stream), 77 for a token it refuses, 64 for a filter that names no class,
+78 without a configuration.
 
 The gate is found as `gpugate lease` finds it: the control address in the configuration
 ($GPUGATE_CONFIG, ./consumers.yaml, /etc/gpugate/consumers.yaml, or --config), and a
@@ -20,16 +22,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
+import attrs
 
+from gpugate.control_client import ControlFailure, not_a_gate, refusal, unreachable
+from gpugate.core.classes import PriorityClass
+from gpugate.core.effects import EventKind
+from gpugate.core.explicit import IDENTITY_PREFIX
+from gpugate.core.failures import FailureClass
 from gpugate.core.units import GiB, MiB
+from gpugate.exits import INTERRUPTED, Exit
 
 TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=2.0)
 WATCH_INTERVAL = 1.0
 CLEAR = "\x1b[H\x1b[2J"
-
-
-class ViewError(Exception):
-    """Why a view could not be shown, in one line."""
 
 
 def add_view_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -80,27 +85,42 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 class Control:
     """The running gate's control API, read-only."""
 
-    def __init__(self, base: str, token: str | None) -> None:
+    def __init__(self, base: str, token: str | None, owners: Sequence[str] = ()) -> None:
         self.base = base
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.owners = tuple(owners)
+        """The configured consumers and identities, as events name them."""
 
     @classmethod
     def from_config(cls, path: Path) -> Control:
-        from gpugate.control_client import control_address
+        from gpugate.config.loader import load_config_with_warnings
+        from gpugate.control_client import control_endpoint
 
-        base, token = control_address(path)
-        return cls(base, token)
+        config = load_config_with_warnings(path).config
+        base, token = control_endpoint(config)
+        owners = [c.name for c in config.consumers]
+        owners += [IDENTITY_PREFIX + i.name for i in config.identities]
+        return cls(base, token, owners)
+
+    async def _refused(self, r: aiohttp.ClientResponse) -> ControlFailure:
+        try:
+            return refusal(r.status, await r.json(content_type=None))
+        except ValueError:
+            return not_a_gate(self.base, r.status)
 
     async def get(self, session: aiohttp.ClientSession, path: str, **query: str) -> Any:
         try:
             async with session.get(self.base + path, params=query, headers=self.headers) as r:
                 if r.status != 200:
-                    raise ViewError(f"{path} answered {r.status}: {(await r.text())[:200]}")
+                    raise await self._refused(r)
                 if r.content_type == "application/x-ndjson":
                     return [json.loads(line) for line in (await r.text()).splitlines() if line]
-                return await r.json()
-        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            raise ViewError(f"no gate answers at {self.base} ({exc.__class__.__name__})") from exc
+                try:
+                    return await r.json()
+                except (ValueError, aiohttp.ContentTypeError):
+                    raise not_a_gate(self.base, r.status) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise unreachable(self.base, exc) from exc
 
     async def follow(
         self, session: aiohttp.ClientSession, path: str, **query: str
@@ -114,7 +134,7 @@ class Control:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0),
             ) as r:
                 if r.status != 200:
-                    raise ViewError(f"{path} answered {r.status}: {(await r.text())[:200]}")
+                    raise await self._refused(r)
                 kind, data = "message", ""
                 async for raw in r.content:
                     line = raw.decode().rstrip("\r\n")
@@ -129,8 +149,8 @@ class Control:
                     elif not line and data:
                         yield kind, json.loads(data)
                         kind, data = "message", ""
-        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            raise ViewError(f"no gate answers at {self.base} ({exc.__class__.__name__})") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise unreachable(self.base, exc) from exc
 
 
 # -- the views --------------------------------------------------------------------------
@@ -197,6 +217,65 @@ def event_row(event: dict[str, Any]) -> tuple[object, ...]:
 
 
 EVENT_HEADERS = ("TIME", "EVENT", "CONSUMER", "MODEL", "CLASS", "DETAIL")
+MODEL_WIDTH = 24
+"""A followed table's MODEL column before a longer name widens it."""
+
+
+@attrs.define
+class Columns:
+    """A table printed a row at a time: each column as wide as any cell it will likely
+    hold, and wider (never narrower) from the row that needs it, so that a followed
+    table stays aligned. The last column is not padded."""
+
+    widths: list[int]
+
+    def line(self, cells: Sequence[object]) -> str:
+        texts = [str(cell) for cell in cells]
+        for i, text in enumerate(texts[:-1]):
+            self.widths[i] = max(self.widths[i], len(text))
+        padded = [text.ljust(width) for text, width in zip(texts, self.widths, strict=False)]
+        return "  ".join([*padded[:-1], texts[-1]]).rstrip()
+
+
+def event_columns(owners: Sequence[str]) -> Columns:
+    """EVENT_HEADERS' columns for `events --follow`: every value a closed vocabulary can
+    take (time, event, failure and priority class) fits from the first row; consumers as
+    configured; model names up to MODEL_WIDTH."""
+    events = [k.value for k in EventKind] + [f"FAILURE {f.value}" for f in FailureClass]
+    widths = [
+        len(_when(0.0)),
+        max(map(len, events)),
+        max(map(len, owners), default=0),
+        MODEL_WIDTH,
+        max(len(c.label) for c in PriorityClass),
+        0,
+    ]
+    return Columns([max(w, len(h)) for w, h in zip(widths, EVENT_HEADERS, strict=True)])
+
+
+def event_filters(args: argparse.Namespace) -> dict[str, str]:
+    """The events query's filters; ValueError for a class that names none (the gate would
+    match nothing, and say nothing about the typo)."""
+    query = {}
+    if args.priority:
+        try:
+            query["class"] = PriorityClass.parse(args.priority).label
+        except ValueError as exc:
+            raise ValueError(f"--class: {exc}") from None
+    if args.consumer:
+        query["consumer"] = args.consumer
+    if args.failure:
+        failure = args.failure.strip().upper()
+        known = {f.value for f in FailureClass}
+        if failure in ("ANY", "*"):
+            failure = "*"
+        elif failure not in known:
+            raise ValueError(
+                f"--failure: unknown failure class {args.failure!r} "
+                f"(`any`, or one of {', '.join(sorted(known))})"
+            )
+        query["failure"] = failure
+    return query
 
 
 def render_envelopes(rows: list[dict[str, Any]]) -> str:
@@ -228,22 +307,27 @@ def _run(
 
     try:
         control = Control.from_config(config_path)
-    except (ConfigError, OSError) as exc:
-        print(f"gpugate {name}: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:
+        # Every issue, warnings too, as `gpugate check` prints them: the first line may
+        # be a warning, and the error that stops the file further down.
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
+    except OSError as exc:
+        print(f"gpugate {name}: {exc}", file=sys.stderr)
+        return Exit.CONFIG
 
     async def main() -> int:
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
             await body(control, session)
-        return 0
+        return Exit.OK
 
     try:
         return asyncio.run(main())
-    except ViewError as exc:
+    except ControlFailure as exc:
         print(f"gpugate {name}: {exc}", file=sys.stderr)
-        return 1
+        return exc.code
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
 
 
 def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = None) -> int:
@@ -261,14 +345,7 @@ def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = N
         emit(json.dumps(rows, indent=2) if args.json else render_leases(rows))
 
     async def events(control: Control, session: aiohttp.ClientSession) -> None:
-        query = {"recent": str(max(0, args.last))}
-        for key, value in (
-            ("class", args.priority),
-            ("consumer", args.consumer),
-            ("failure", "*" if (args.failure or "").lower() == "any" else args.failure),
-        ):
-            if value:
-                query[key] = value
+        query = {"recent": str(max(0, args.last)), **filters}
         if not args.follow:
             rows = await control.get(session, "/gate/v1/events", **query)
             if args.json:
@@ -277,19 +354,27 @@ def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = N
             else:
                 emit(table(EVENT_HEADERS, [event_row(r) for r in rows]) if rows else "no event")
             return
+        columns = event_columns(control.owners)
         async for kind, data in control.follow(session, "/gate/v1/events", follow="1", **query):
             if kind == "open" and not args.json:
-                emit("  ".join(EVENT_HEADERS))
+                emit(columns.line(EVENT_HEADERS))
             elif kind == "event":
-                emit(json.dumps(data) if args.json else "  ".join(map(str, event_row(data))))
+                emit(json.dumps(data) if args.json else columns.line(event_row(data)))
             elif kind == "dropped" and not args.json:
                 emit(f"({data['events']} events were dropped: this terminal read too slowly)")
-        raise ViewError("the gate ended the stream (it stopped)")
+        raise ControlFailure("the gate ended the stream (it stopped)", Exit.UNAVAILABLE)
 
     async def envelopes(control: Control, session: aiohttp.ClientSession) -> None:
         rows = (await control.get(session, "/gate/v1/envelopes"))["envelopes"]
         emit(json.dumps(rows, indent=2) if args.json else render_envelopes(rows))
 
+    filters: dict[str, str] = {}
+    if args.command == "events":
+        try:
+            filters = event_filters(args)
+        except ValueError as exc:
+            print(f"gpugate events: {exc}", file=sys.stderr)
+            return Exit.USAGE
     bodies = {"leases": leases, "events": events, "envelopes": envelopes}
     return _run(args.command, config_path, bodies[args.command])
 
@@ -306,7 +391,7 @@ def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) ->
             try:
                 document = await control.get(session, "/gate/v1/status")
                 text = json.dumps(document) if as_json else render_text(document)
-            except ViewError as exc:
+            except ControlFailure as exc:
                 if first:
                     raise
                 text = f"gpugate status: {exc}; retrying"
@@ -321,4 +406,4 @@ def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) ->
 
     with contextlib.suppress(KeyboardInterrupt):
         return _run("status", config_path, watch)
-    return 130
+    return INTERRUPTED

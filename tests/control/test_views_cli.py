@@ -14,7 +14,9 @@ import ollama
 
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.units import GiB, MiB
+from gpugate.exits import Exit
 from gpugate.store.db import MeasuredEnvelope
+from gpugate.views_cli import EVENT_HEADERS, event_columns, event_row
 from tests.control.conftest import admin
 
 
@@ -99,9 +101,42 @@ async def test_events_follow_prints_each_event_as_it_happens(stack, tmp_path):
         stack.gate.report(Failure(FailureClass.GPU_OOM, "GPU_OOM: out of memory", gpu=0))
         line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
         assert "FAILURE GPU_OOM" in line and "out of memory" in line
+        assert cells_start_under_headers(header.decode(), line)
     finally:
         process.send_signal(signal.SIGINT)
         await asyncio.wait_for(process.wait(), 30)
+
+
+def cells_start_under_headers(header: str, line: str) -> bool:
+    """Whether every cell of `line` starts where its column's header starts (an empty
+    DETAIL, the last column, is no cell)."""
+    starts = [header.index(name) for name in EVENT_HEADERS]
+    if len(line.rstrip("\n")) <= starts[-1]:
+        starts.pop()
+    return all(
+        line[start] != " " and (start == 0 or line[start - 2 : start] == "  ") for start in starts
+    )
+
+
+def test_a_followed_event_table_keeps_its_columns_from_row_to_row():
+    columns = event_columns(["ollama", "whisper", "identity:trainer"])
+    header = columns.line(EVENT_HEADERS)
+    rows = [
+        columns.line(event_row(event))
+        for event in (
+            {"time": 1.0, "event": "lease_granted", "consumer": "ollama", "model": "gemma3:12b",
+             "priority": "interactive", "bytes": 7796 * MiB},
+            {"time": 2.0, "event": "out_of_band_resident", "consumer": "identity:trainer"},
+            {"time": 3.0, "event": "failure", "failure": "INSUFFICIENT_SCHEDULABLE_VRAM",
+             "consumer": "whisper", "priority": "maintenance", "message": "no room"},
+        )
+    ]  # fmt: skip
+    assert all(cells_start_under_headers(header, row) for row in rows), [header, *rows]
+    # A model name longer than any before widens its column from that row on, never back.
+    long = columns.line(event_row({"time": 4.0, "event": "x", "model": "m" * 40}))
+    after = columns.line(event_row({"time": 5.0, "event": "x", "model": "short"}))
+    # The CLASS cell ("-") is each row's last: it moved right once, and stays there.
+    assert long.rindex("-") == after.rindex("-") > header.index("CLASS")
 
 
 async def test_envelopes_show_when_and_an_unknown_runtime_version_as_a_dash(stack, tmp_path):
@@ -149,6 +184,6 @@ async def test_a_gate_that_does_not_answer_is_one_line_and_a_failure(stack, tmp_
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(process.communicate(), 60)
-        assert process.returncode == 1, command
+        assert process.returncode == Exit.UNAVAILABLE, command
         assert out == b"" and len(err.decode().splitlines()) == 1
         assert "no gate answers at http://127.0.0.1:1" in err.decode()

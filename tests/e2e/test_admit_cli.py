@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from gpugate.core.units import MiB
+from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from gpugate.sim.whisper import SimWhisper, WhisperServerSpec
 from tests.gate.harness import free_ports
@@ -202,7 +203,7 @@ async def test_admit_fails_with_75_and_the_class_when_higher_classes_fill_the_ca
 
     code, out, err = await served.admit("whisper", "--wait", "1s")
 
-    assert (code, out) == (75, "")
+    assert (code, out) == (Exit.TEMPFAIL, "")
     # The production residents stay for their 10m ttl, beyond the 1s wait.
     assert err.startswith("gpugate admit: DEADLINE_CANNOT_BE_MET: lease-")
     assert err.count("\n") == 1
@@ -226,7 +227,7 @@ async def test_a_start_lease_never_materialised_is_released_after_its_timeout(se
 
 async def test_admit_of_an_unknown_consumer_names_the_configured_ones(served):
     code, _, err = await served.admit("nobody")
-    assert code == 75
+    assert code == Exit.DATAERR  # a name the gate does not know: retrying cannot help
     assert err == (
         "gpugate admit: BAD_REQUEST: consumer: no consumer 'nobody' "
         "(configured: ollama, whisper, never)\n"

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from gpugate.core.units import GiB
+from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader, kill_quietly, pid_exists
@@ -206,7 +207,7 @@ async def test_no_lease_is_exit_75_with_the_failure_class_on_one_line(served):
         stderr=subprocess.PIPE,
     )
     out, err = await asyncio.to_thread(process.communicate, timeout=30)
-    assert process.returncode == 75
+    assert process.returncode == Exit.TEMPFAIL
     assert out == ""
     assert err.startswith("gpugate lease: INSUFFICIENT_SCHEDULABLE_VRAM: ")
     assert err.count("\n") == 1

@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
+from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.gate.harness import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-INCIDENT = ROOT / "sim" / "incident-2026-07-10.yaml"
+INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
 SEED_CONFIG = ROOT / "consumers.yaml"
 TOKENS = {"GPUGATE_BATCH_TOKEN": "batch-secret", "GPUGATE_OPS_TOKEN": "ops-secret"}
 
@@ -101,17 +102,20 @@ def test_status_without_nvml_says_why(tmp_path):
     }
     env["GPUGATE_NVML_LIBRARY"] = str(tmp_path / "missing" / "libnvidia-ml.so.1")
     config = tmp_path / "empty.yaml"
-    config.write_text(f"gate:\n  control: 127.0.0.1:{free_port()}\n")
+    port = free_port()
+    config.write_text(f"gate:\n  control: 127.0.0.1:{port}\n")
     result = status(env, config, "--json")
-    assert result.returncode == 1
-    assert result.stderr.startswith("gpugate status: DRIVER_ERROR: NVML ")
+    assert result.returncode == Exit.UNAVAILABLE
+    # No gate first: that is what an operator runs `status` to learn.
+    assert result.stderr.startswith(f"gpugate status: no gate answers at http://127.0.0.1:{port} ")
+    assert "and NVML cannot be read here: DRIVER_ERROR: NVML " in result.stderr
     assert result.stdout == ""
 
 
-def test_status_with_a_bad_config_exits_2(tmp_path, incident):
+def test_status_with_a_bad_config_exits_78(tmp_path, incident):
     env, _ = incident
     config = tmp_path / "bad.yaml"
     config.write_text("budget:\n  reserve: lots\n")
     result = status(env, config)
-    assert result.returncode == 2
+    assert result.returncode == Exit.CONFIG
     assert "bad.yaml:2: budget.reserve: expected a size" in result.stderr
