@@ -1,0 +1,11 @@
+"""`gpugate init`: read a GPU host and propose how to put the gate in front of it.
+
+* `scan`: what the host shows: NVML's devices and the processes holding memory on them,
+  every process's command line, environment, cgroup units and listening sockets from
+  /proc, and (for the units of what is recognised) `systemctl show`.
+* `recognise`: a table of small rules, one per runtime (Ollama, ComfyUI, whisper-server,
+  llama-server, vLLM) and per external GPU user (Plex, Tdarr), applied to the scan.
+* `plan`: names, the ports the gate takes and the loopback ports the runtimes move to.
+* `write`: the `consumers.yaml` text, one systemd drop-in per runtime unit, and the moves
+  (the commands an operator runs, in order). Nothing is ever run or installed by init.
+"""

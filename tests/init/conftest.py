@@ -1,0 +1,3 @@
+from tests.init.simhost import incident
+
+__all__ = ["incident"]

@@ -1,0 +1,486 @@
+"""What init proposes for hosts it cannot simulate whole: vLLM, llama-server, containers,
+hand-started runtimes, taken ports, units with drop-ins of their own. Every proposal must
+load as a consumers.yaml; the drop-ins must pass `systemd-analyze verify`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpugate.config.loader import load_config_text_with_warnings
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.init.plan import Options, Plan, make_plan
+from gpugate.init.recognise import recognise
+from gpugate.init.scan import Device, GpuProcess, HostScan, Listener, Process, UnitInfo
+from gpugate.init.write import render_files
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN_WARNINGS = {"gate.control_tokens[0]", "gate.control_tokens[1].token"}
+
+
+class Host:
+    """A host written as records: processes, their sockets, their memory on one card."""
+
+    def __init__(self, total: int = 24 * GiB) -> None:
+        self.processes: dict[int, Process] = {}
+        self.listeners: list[Listener] = []
+        self.gpu: list[GpuProcess] = []
+        self.units: dict[str, UnitInfo] = {}
+        self.device = Device(0, "NVIDIA GeForce RTX 4090", "GPU-0000", total, 500 * MiB, 0)
+        self._pid = 1000
+        self._inode = 5000
+
+    def add(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        listen: tuple[str, int] | None = None,
+        ppid: int = 1,
+        holds: int = 0,
+        unit: str | None = None,
+        exec_start: list[str] | None = None,
+        drop_ins: tuple[str, ...] = (),
+        environment_files: tuple[str, ...] = (),
+        unit_environment: dict[str, str] | None = None,
+        container: str | None = None,
+        user_unit: bool = False,
+        cwd: str = "/",
+    ) -> int:
+        self._pid += 1
+        pid = self._pid
+        sockets = set()
+        if listen is not None:
+            self._inode += 1
+            sockets.add(str(self._inode))
+            self.listeners.append(Listener(listen[0], listen[1], str(self._inode)))
+        self.processes[pid] = Process(
+            pid=pid,
+            ppid=ppid,
+            comm=os.path.basename(argv[0])[:15],
+            argv=tuple(argv),
+            env=env or {},
+            cwd=Path(cwd),
+            unit=unit,
+            user_unit=user_unit,
+            container=container,
+            sockets=frozenset(sockets),
+        )
+        if holds:
+            self.gpu.append(GpuProcess(pid, 0, holds))
+        if unit is not None and not user_unit and container is None:
+            self.units[unit] = UnitInfo(
+                unit,
+                load_state="loaded",
+                active_state="active",
+                exec_start=tuple(exec_start or argv),
+                drop_in_paths=drop_ins,
+                # What the unit's Environment= says: by default all of its environment.
+                environment=env or {} if unit_environment is None else unit_environment,
+                environment_files=environment_files,
+            )
+        return pid
+
+    def listen_elsewhere(self, port: int, host: str = "127.0.0.1") -> None:
+        """Something init does not know listens on `port`."""
+        self._inode += 1
+        self.listeners.append(Listener(host, port, str(self._inode)))
+
+    def plan(self, **options: object) -> Plan:
+        scan = HostScan(
+            hostname="gpuhost",
+            proc_root=Path("/proc"),
+            driver_version="550.54.15",
+            devices=(self.device,),
+            gpu_processes=tuple(self.gpu),
+            processes=self.processes,
+            listeners=tuple(self.listeners),
+        )
+        return make_plan(scan, recognise(scan), self.units, Options(**options))  # type: ignore[arg-type]
+
+
+def render(plan: Plan, tmp_path: Path) -> tuple[dict[str, str], object, set[str]]:
+    """The files, the loaded configuration, and the paths of its warnings."""
+    files = render_files(plan)
+    loaded = load_config_text_with_warnings(files["consumers.yaml"], tmp_path / "consumers.yaml")
+    return files, loaded.config, {w.path for w in loaded.warnings}
+
+
+def consumer(config: object, name: str):  # type: ignore[no-untyped-def]
+    return next(c for c in config.consumers if c.name == name)  # type: ignore[attr-defined]
+
+
+def exec_start(drop_in: str) -> list[str]:
+    (line,) = [x for x in drop_in.splitlines() if x.startswith("ExecStart=") and x != "ExecStart="]
+    return shlex.split(line.split("=", 1)[1])
+
+
+@pytest.fixture(autouse=True)
+def no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+
+
+def test_the_gate_takes_the_runtime_s_address_and_the_runtime_the_next_free_port(
+    tmp_path: Path,
+) -> None:
+    host = Host()
+    host.add(
+        ["/usr/local/bin/ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0"},
+        listen=("0.0.0.0", 11434),
+        unit="ollama.service",
+        exec_start=["/usr/local/bin/ollama", "serve"],
+    )
+    host.listen_elsewhere(11435)  # taken: Ollama moves to 11436
+    host.listen_elsewhere(9411)  # taken: the control listener moves on
+    plan = host.plan()
+    files, config, warnings = render(plan, tmp_path)
+    ollama = consumer(config, "ollama")
+    assert str(ollama.listen) == "0.0.0.0:11434"
+    assert (ollama.upstream.host, ollama.upstream.port) == ("127.0.0.1", 11436)
+    assert str(config.gate.control) == "127.0.0.1:9412"
+    assert "port 9411 is taken: the control listener is 127.0.0.1:9412" in files["moves.txt"]
+    assert warnings == {"gate.control_tokens[0]"}  # no start is admitted: one token
+    assert "Environment=OLLAMA_HOST=127.0.0.1:11436" in files["ollama.service.d/gpugate.conf"]
+    # OLLAMA_HOST came from the unit's Environment=, so the drop-in's wins: no note.
+    assert "EnvironmentFile" not in files["moves.txt"]
+
+
+def test_an_address_from_an_environment_file_is_named_where_to_change_it(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["/usr/local/bin/ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0:11434"},
+        listen=("0.0.0.0", 11434),
+        unit="ollama.service",
+        unit_environment={},
+        environment_files=("/etc/default/ollama",),
+    )
+    files, _, _ = render(host.plan(), tmp_path)
+    assert "comes from elsewhere (/etc/default/ollama)" in files["moves.txt"]
+
+
+def test_a_runtime_on_ipv6_any_is_fronted_on_ipv4_any_with_a_note(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["python3", "/opt/ComfyUI/main.py", "--listen", "::", "--port", "8188"],
+        listen=("::", 8188),
+        holds=210 * MiB,
+    )
+    files, config, warnings = render(host.plan(), tmp_path)
+    comfy = consumer(config, "comfyui")
+    assert str(comfy.listen) == "0.0.0.0:8188"
+    assert "IPv4 only" in files["moves.txt"]
+    # Its models folder could not be read (there is none): the check's own warning stays.
+    assert "consumers.comfyui" in warnings
+    assert "could not be sized" in files["moves.txt"]
+
+
+def test_vllm_is_sized_from_what_it_holds_or_its_share_of_the_card(tmp_path: Path) -> None:
+    host = Host(total=24 * GiB)
+    host.add(
+        ["/usr/bin/vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--port", "8000"],
+        listen=("0.0.0.0", 8000),
+        holds=20 * GiB,
+        unit="vllm.service",
+    )
+    sleepy = host.add(
+        ["/usr/bin/vllm", "serve", "BAAI/bge-m3", "--task", "embed", "--port", "8010",
+         "--gpu-memory-utilization", "0.25", "--enable-sleep-mode"],
+        listen=("0.0.0.0", 8010),
+        unit="vllm-embed.service",
+    )  # fmt: skip
+    files, config, _ = render(host.plan(), tmp_path)
+    chat = consumer(config, "vllm-8000")
+    assert chat.envelope == 20 * GiB
+    assert chat.residency.policy is ResidencyPolicy.ALWAYS_WARM
+    assert "without --enable-sleep-mode" in files["moves.txt"]
+    embed = consumer(config, "vllm-8010")
+    assert embed.envelope == 6 * GiB  # a quarter of the card: it holds nothing now
+    assert embed.residency.policy is ResidencyPolicy.KEEP_WARM
+    assert embed.priority is PriorityClass.BACKGROUND
+    drop_in = files["vllm-embed.service.d/gpugate.conf"]
+    assert "Environment=VLLM_SERVER_DEV_MODE=1" in drop_in
+    argv = exec_start(drop_in)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--port") + 1] == "8011"
+    assert sleepy in plan_pids(host)
+
+
+def plan_pids(host: Host) -> set[int]:
+    return {front.found.process.pid for front in host.plan().fronts}
+
+
+def test_llama_server_one_model_is_admitted_and_a_router_is_not(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["/usr/local/bin/llama-server", "-m", "/srv/gguf/qwen.gguf", "--port", "8090"],
+        listen=("127.0.0.1", 8090),
+        holds=5 * GiB,
+        unit="llama-qwen.service",
+    )
+    host.add(
+        ["/usr/local/bin/llama-server", "--models-dir", "/srv/gguf", "--port", "8095",
+         "--embeddings"],
+        listen=("0.0.0.0", 8095),
+        unit="llama-router.service",
+    )  # fmt: skip
+    plan = host.plan(gpugate="/opt/gpugate/bin/gpugate")
+    files, config, warnings = render(plan, tmp_path)
+    one = consumer(config, "llama-8090")
+    assert one.runtime == "llama-server"
+    assert one.envelope == 5 * GiB
+    assert one.control is not None and one.control.unit == "llama-qwen.service"
+    assert warnings == TOKEN_WARNINGS
+    pre = [
+        x
+        for x in files["llama-qwen.service.d/gpugate.conf"].splitlines()
+        if x.startswith("ExecStartPre")
+    ]
+    assert pre == [
+        "ExecStartPre=/opt/gpugate/bin/gpugate admit llama-8090 --wait 5m "
+        "--config /etc/gpugate/consumers.yaml"
+    ]
+    router = consumer(config, "llama-8095")
+    assert router.control is None
+    assert router.residency.policy is ResidencyPolicy.KEEP_WARM
+    assert router.priority is PriorityClass.BACKGROUND  # embeddings
+    assert "ExecStartPre" not in files["llama-router.service.d/gpugate.conf"]
+    assert router.processes.commands == ("/usr/local/bin/llama-server",)
+    moves = files["moves.txt"]
+    assert (
+        moves.index("systemctl restart llama-router.service")
+        < moves.index("enable --now gpugate.service")
+        < moves.index("systemctl start llama-qwen.service")
+    )
+
+
+def test_a_one_model_llama_server_outside_systemd_is_started_by_the_gate(tmp_path: Path) -> None:
+    host = Host()
+    pid = host.add(
+        ["llama-server", "-m", "/srv/gguf/qwen.gguf", "--host", "0.0.0.0", "--port", "8090"],
+        listen=("0.0.0.0", 8090),
+        holds=5 * GiB,
+    )
+    files, config, warnings = render(host.plan(), tmp_path)
+    llama = consumer(config, "llama")
+    assert llama.control is not None
+    assert llama.control.command == (
+        "llama-server", "-m", "/srv/gguf/qwen.gguf", "--host", "127.0.0.1", "--port", "8091"
+    )  # fmt: skip
+    assert llama.processes.commands == ("llama-server -m",)
+    assert f"kill {pid}" in files["moves.txt"]
+    assert warnings == {"gate.control_tokens[0]"}
+
+
+def test_a_runtime_started_by_hand_is_moved_by_hand(tmp_path: Path) -> None:
+    host = Host()
+    pid = host.add(
+        ["whisper-server", "-m", "models/ggml-base.en.bin", "--port", "8080"],
+        listen=("127.0.0.1", 8080),
+        holds=300 * MiB,
+    )
+    files, config, _ = render(host.plan(), tmp_path)
+    whisper = consumer(config, "whisper")
+    assert whisper.control is None and whisper.envelope == 300 * MiB
+    assert list(files) == ["consumers.yaml", "moves.txt"]
+    assert f"kill {pid}\n" in files["moves.txt"]
+    assert (
+        "whisper-server -m models/ggml-base.en.bin --port 8081 --host 127.0.0.1"
+        in files["moves.txt"]
+    )
+
+
+def test_a_container_s_runtime_is_fronted_without_a_drop_in(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["/bin/ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0:11434"},
+        holds=2 * GiB,
+        container="docker-3f2a9c.scope",
+    )
+    files, config, _ = render(host.plan(), tmp_path)
+    ollama = consumer(config, "ollama")
+    assert str(ollama.listen) == "0.0.0.0:11434"
+    assert ollama.processes.units == ()
+    assert list(files) == ["consumers.yaml", "moves.txt"]
+    assert "Publish ollama's container port on 127.0.0.1:11435" in files["moves.txt"]
+
+
+def test_a_drop_in_that_would_be_overridden_is_named_to_apply_last(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["/usr/local/bin/ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0"},
+        listen=("0.0.0.0", 11434),
+        unit="ollama.service",
+        drop_ins=("/etc/systemd/system/ollama.service.d/override.conf",),
+    )
+    files, _, _ = render(host.plan(), tmp_path)
+    drop_in = files["ollama.service.d/zz-gpugate.conf"]
+    assert "to apply after override.conf" in drop_in
+    assert "/etc/systemd/system/ollama.service.d/zz-gpugate.conf" in files["moves.txt"]
+
+
+def test_a_unit_that_runs_a_wrapper_gets_the_runtime_s_own_command(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["/opt/ComfyUI/venv/bin/python", "/opt/ComfyUI/main.py", "--port", "8188"],
+        listen=("127.0.0.1", 8188),
+        unit="comfyui.service",
+        exec_start=["/opt/ComfyUI/start.sh"],
+    )
+    files, _, _ = render(host.plan(), tmp_path)
+    assert exec_start(files["comfyui.service.d/gpugate.conf"]) == [
+        "/opt/ComfyUI/venv/bin/python", "/opt/ComfyUI/main.py", "--port", "8189",
+        "--listen", "127.0.0.1",
+    ]  # fmt: skip
+    assert "comfyui.service runs /opt/ComfyUI/start.sh" in files["moves.txt"]
+
+
+def test_two_of_a_kind_are_named_by_port(tmp_path: Path) -> None:
+    host = Host()
+    host.add(["ollama", "serve"], listen=("127.0.0.1", 11434))
+    host.add(["ollama", "serve"], env={"OLLAMA_HOST": "0.0.0.0:11500"}, listen=("0.0.0.0", 11500))
+    _, config, _ = render(host.plan(), tmp_path)
+    assert [c.name for c in config.consumers] == ["ollama-11434", "ollama-11500"]
+
+
+def test_a_host_with_nothing_to_front_still_writes_a_loadable_file(tmp_path: Path) -> None:
+    host = Host()
+    host.add(["/usr/lib/plexmediaserver/Plex Media Server"], unit="plexmediaserver.service")
+    stray = host.add(["python3", "/opt/mvoice/mvoice_server.py"], holds=292 * MiB)
+    files, config, warnings = render(host.plan(), tmp_path)
+    assert config.consumers == ()
+    assert [e.name for e in config.external] == ["plex"]
+    assert "consumers" in warnings
+    assert (
+        f"unknown: pid {stray}, python3 /opt/mvoice/mvoice_server.py, 292 MiB" in files["moves.txt"]
+    )
+
+
+# -- the drop-ins, as systemd reads them -----------------------------------------------------
+
+ANALYZE = shutil.which("systemd-analyze")
+EXAMPLES = ROOT / "systemd" / "examples"
+
+
+def _example_exec_start(unit: str) -> list[str]:
+    text = (EXAMPLES / unit).read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.split("=", 1)[1])
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is part of every systemd host")
+def test_the_drop_ins_verify_against_the_shipped_example_units(tmp_path: Path) -> None:
+    true = shutil.which("true")
+    assert true is not None
+    host = Host()
+    for unit, listen, holds in (
+        ("ollama.service", ("0.0.0.0", 11434), 0),
+        ("comfyui.service", ("0.0.0.0", 8188), 210 * MiB),
+        ("whisper-server.service", ("0.0.0.0", 8080), 2050 * MiB),
+    ):
+        argv = _example_exec_start(unit)
+        host.add(argv, listen=listen, holds=holds, unit=unit, exec_start=argv, cwd="/opt/ComfyUI")
+    plan = host.plan(gpugate=true)
+    files = render_files(plan)
+    assert sorted(p for p in files if p.endswith(".conf")) == [
+        "comfyui.service.d/gpugate.conf",
+        "ollama.service.d/gpugate.conf",
+        "whisper-server.service.d/gpugate.conf",
+    ]
+    programs = ("/usr/local/bin/ollama", "/usr/local/bin/whisper-server",
+                "/opt/ComfyUI/venv/bin/python")  # fmt: skip
+
+    def runnable(text: str) -> str:
+        for program in programs:
+            text = text.replace(program, true)
+        return text
+
+    gate_unit = (
+        (ROOT / "systemd" / "gpugate.service").read_text().replace("/usr/local/bin/gpugate", true)
+    )
+    (tmp_path / "gpugate.service").write_text(gate_unit)
+    for unit in ("ollama.service", "comfyui.service", "whisper-server.service"):
+        (tmp_path / unit).write_text(runnable((EXAMPLES / unit).read_text()))
+        (tmp_path / f"{unit}.d").mkdir()
+        (tmp_path / f"{unit}.d" / "gpugate.conf").write_text(
+            runnable(files[f"{unit}.d/gpugate.conf"])
+        )
+    for unit in ("ollama.service", "comfyui.service", "whisper-server.service"):
+        result = subprocess.run(
+            [ANALYZE, "verify", str(tmp_path / unit)], capture_output=True, text=True, timeout=60
+        )
+        problems = [line for line in result.stderr.splitlines() if unit in line]
+        assert result.returncode == 0 and problems == [], result.stderr
+    whisper = files["whisper-server.service.d/gpugate.conf"]
+    assert exec_start(whisper) == [
+        "/usr/local/bin/whisper-server", "-m", "/var/lib/whisper/models/ggml-large-v3.bin",
+        "--host", "127.0.0.1", "--port", "8081",
+    ]  # fmt: skip
+    assert "LoadCredential=gpugate-token:/etc/gpugate/admit.token" in whisper
+    assert exec_start(files["comfyui.service.d/gpugate.conf"])[-4:] == [
+        "--listen", "127.0.0.1", "--port", "8189",
+    ]  # fmt: skip
+
+
+def test_secrets_on_a_command_line_are_not_copied_into_what_init_prints(tmp_path: Path) -> None:
+    host = Host()
+    host.add(
+        ["vllm", "serve", "m", "--api-key", "sk-live-123", "--hf-token=hf_abc", "--port", "8000"],
+        listen=("0.0.0.0", 8000),
+        holds=10 * GiB,
+    )
+    files, _, _ = render(host.plan(), tmp_path)
+    printed = "".join(files.values())
+    assert "sk-live-123" not in printed and "hf_abc" not in printed
+    assert "--api-key '***' '--hf-token=***'" in files["moves.txt"]
+    assert "(with your values for ***)" in files["moves.txt"]
+
+
+def test_a_gate_already_running_is_pointed_out(tmp_path: Path) -> None:
+    host = Host()
+    host.add(["/usr/local/bin/gpugate", "serve", "--config", "/etc/gpugate/consumers.yaml"])
+    host.add(
+        ["ollama", "serve"], env={"OLLAMA_HOST": "127.0.0.1:11435"}, listen=("127.0.0.1", 11435)
+    )
+    files, _, _ = render(host.plan(), tmp_path)
+    assert "a gate already runs here (pid 1001" in files["moves.txt"]
+
+
+def test_comfyui_s_flags_and_model_files_are_carried_over(tmp_path: Path) -> None:
+    from gpugate.runtimes.comfyui.settings import ComfyUISettings
+
+    base = tmp_path / "srv" / "comfy"
+    checkpoint = base / "models" / "checkpoints" / "[v2] sd.safetensors"
+    checkpoint.parent.mkdir(parents=True)
+    with open(checkpoint, "wb") as fh:
+        fh.truncate(2034 * MiB)
+    host = Host()
+    host.add(
+        ["python3", "main.py", "--enable-cors-header", "--max-upload-size", "200",
+         "--listen", "0.0.0.0"],
+        listen=("0.0.0.0", 8188),
+        cwd=str(base),
+    )  # fmt: skip
+    _, config, warnings = render(host.plan(), tmp_path)
+    comfy = consumer(config, "comfyui")
+    settings = comfy.settings_as(ComfyUISettings)
+    assert settings.cors_header == "*"
+    assert comfy.max_body == 200 * MiB
+    ((pattern, nbytes),) = [(f.pattern, f.size) for f in settings.files]
+    assert (pattern.folder, pattern.name, nbytes) == (
+        "checkpoints",
+        "[[]v2] sd.safetensors",
+        2034 * MiB,
+    )
+    assert settings.file_size("checkpoints", "[v2] sd.safetensors") == 2034 * MiB
+    assert warnings == {"gate.control_tokens[0]"}
