@@ -8,6 +8,7 @@ PROMTOOL := build/prom/usr/bin/promtool
 WRK    := build/wrk/usr/bin/wrk
 CHROMIUM := build/.chromium-installed
 NGINX  := build/nginx/usr/sbin/nginx
+HAPROXY := build/haproxy/usr/sbin/haproxy
 ORACLE := build/oracle/ollama-oracle
 LLAMA_SERVER := build/llama-server
 
@@ -51,10 +52,21 @@ oracle: $(ORACLE)
 $(LLAMA_SERVER): $(STAMP) tests/llamaserver/build.sh
 	sh tests/llamaserver/build.sh $(BIN)/pip
 
+# `make run PORT_BASE=40000` moves every port of the demo (beside a real Ollama on :11434).
 run: $(STAMP) $(SHIM)
-	$(BIN)/gpugate demo
+	$(BIN)/gpugate demo $(if $(PORT_BASE),--port-base $(PORT_BASE))
 
-test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(LLAMA_SERVER)
+# The two-host example (docs/scale-out.md) puts Debian's HAProxy in front of two gates. It is
+# unpacked like wrk, with the two libraries it links that a base system lacks (Lua 5.3,
+# OpenTracing): nothing is installed, and no haproxy service is started on the machine.
+HAPROXY_DEBS := haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1
+$(HAPROXY):
+	mkdir -p build/haproxy
+	cd build && apt-get download $(HAPROXY_DEBS) && \
+		for deb in $(HAPROXY_DEBS); do dpkg -x $${deb}_*.deb haproxy; done && \
+		for deb in $(HAPROXY_DEBS); do rm -f $${deb}_*.deb; done
+
+test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(LLAMA_SERVER) $(HAPROXY)
 	$(BIN)/python -m pytest -q
 
 # wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.

@@ -34,7 +34,7 @@ RESTART_CONSUMER_FIELDS = (
     "timeouts",
     "limits",
 )
-RESTART_GATE_FIELDS = ("control", "database", "proc_root", "nvml_library")
+RESTART_GATE_FIELDS = ("control", "database", "proc_root", "nvml_library", "agent_check")
 
 
 def unset_secrets(warnings: Sequence[ConfigIssue]) -> str | None:

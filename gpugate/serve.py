@@ -22,6 +22,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gpugate.config.model import Address, Config, ListenerLimits
+from gpugate.control.agent import AgentResponder
 from gpugate.control.app import control_app
 from gpugate.control.metrics import GateMetrics
 from gpugate.gate.gate import Gate, Link
@@ -162,6 +163,7 @@ async def serve(
     metrics = GateMetrics(gate)
     await gate.start()
     runners: list[Runner] = []
+    agent: AgentResponder | None = None
     lines = []
     try:
         resolver = IdentityResolver(config.identities)
@@ -185,7 +187,7 @@ async def serve(
         for consumer in config.consumers:
             if consumer.name not in gate.links:
                 lines.append(
-                    f"gpugate: {consumer.name} ({consumer.runtime.value}) is not fronted by this "
+                    f"gpugate: {consumer.name} ({consumer.runtime}) is not fronted by this "
                     "version; its memory is observed and counted"
                 )
         runner, bound = await _start_site(
@@ -195,6 +197,11 @@ async def serve(
         )
         runners.append(runner)
         lines.append(f"gpugate: control on {_url(*bound)} (/metrics, /gate/v1/status)")
+        if config.gate.agent_check is not None:
+            agent = await _start_agent(gate, config.gate.agent_check)
+            host, port = agent.bound
+            shown = f"[{host}]" if ":" in host else host
+            lines.append(f"gpugate: agent-check on {shown}:{port} (HAProxy agent-port)")
         lines.append("gpugate: ready")
         if on_ready is not None:
             on_ready(lines)
@@ -202,6 +209,9 @@ async def serve(
     finally:
         grace = gate.config.gate.shutdown_grace
         deadline = loop.time() + grace
+        if agent is not None:
+            # HAProxy keeps its last answer; its own check sees the listeners go.
+            await agent.close()
         await _shut_down(runners, grace)
         if gate.store is not None:
             # The store's last write gets what the drain left of the grace (and at least
@@ -211,6 +221,19 @@ async def serve(
             gate.store.close_timeout = min(CLOSE_TIMEOUT, max(STORE_LAST_WRITE, left))
         await gate.close()
         loop.set_exception_handler(previous_handler)
+
+
+async def _start_agent(gate: Gate, address: Address) -> AgentResponder:
+    """The agent-check responder on `address` (`gate.agent_check`)."""
+    agent = AgentResponder(gate, address)
+    try:
+        await agent.start()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ListenError(
+            f"cannot listen for agent checks on {address.host}:{address.port}: {reason}"
+        ) from exc
+    return agent
 
 
 async def _run_until(

@@ -334,6 +334,15 @@ class Scheduler:
         times = [t.deadline for t in self.tickets.values()] + list(self.wake.values())
         return min(times) if times else None
 
+    def left(self, gpu: int) -> tuple[int, int, frozenset[ResidentKey]] | None:
+        """What the last pass over the GPU's queue left for a ticket that sorts last:
+        (schedulable, pool, claimed). None when the books changed since that pass (the
+        next submit plans the queue again first). Read-only."""
+        tail = self._tails.get(gpu)
+        if tail is None or tail.version != self.books.version:
+            return None
+        return tail.schedulable, tail.pool, frozenset(tail.claimed)
+
     # -- the pass ------------------------------------------------------------------------
 
     def schedule(self, gpu: int, now: float, no_wait: Iterable[int] = ()) -> list[Effect]:

@@ -173,6 +173,22 @@ class LinkWork:
             return configured
         return self._measured.get(ResidentKey(link.consumer.name, model, options))
 
+    def envelope_known(self, link: Link, model: str, options: str) -> tuple[int, str] | None:
+        """The bytes a request for the model would lease, as far as the gate knows them
+        without asking the runtime, and where they come from: `configured`, `measured`, or
+        an `estimate` made in the last minute. None: only the runtime could say."""
+        configured = link.adapter.configured_envelope(model)
+        if configured is not None:
+            return configured, "configured"
+        measured = self._measured.get(ResidentKey(link.consumer.name, model, options))
+        if measured is not None:
+            return measured, "measured"
+        cached = self._estimates.get((link.consumer.name, model, options))
+        fresh = cached is not None and self.clock() - cached[0] < ESTIMATE_TTL
+        if fresh and cached is not None and cached[1] is not None:
+            return cached[1], "estimate"
+        return None
+
     def measured_envelope(self, key: ResidentKey) -> int | None:
         """What the gate measured of a model (or a process's memory) once it was loaded."""
         return self._measured.get(key)

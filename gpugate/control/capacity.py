@@ -1,0 +1,393 @@
+"""Capacity for routers: `GET /gate/v1/capacity` and the agent-check answer.
+
+One function (`capacity`) computes what both say: per GPU the schedulable bytes, the
+residents with their state and the queue's depth; per model the core's verdict
+(`gpugate.core.capacity`): `resident`, `fits`, `after_eviction`, `no_room` or `unknown`,
+with the bytes it needs and the bytes left for it. The route shows all of it as JSON; the
+agent-check responder (`gpugate.control.agent`) turns the same numbers into HAProxy's one
+line:
+
+* `maint 0%`: the gate is unhealthy (what `/gate/v1/health` says: stale NVML samples, a
+  consumer's signal gone quiet, ...);
+* `drain 0%`: every GPU is paused, or none has `FLOOR` bytes schedulable; for a model:
+  it would need an eviction, or there is no room for it now;
+* `up ready N%`: the host's schedulable share of its memory (at least 1 %); for a model:
+  100 % when it is resident, else the share left after loading it (1 to 99 %), so that a
+  router can tell a host that has the model from one it merely fits on.
+
+`ready` takes back a `drain` or `maint` the agent said before (HAProxy lets only the agent
+undo its own states) and `0%` takes the server's weight down with them, so a rule that picks
+the server holding a model by its weight never picks a drained one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from aiohttp import web
+
+from gpugate.control.health import health_document
+from gpugate.core.capacity import Ask, Assessment, Verdict, assess
+from gpugate.core.classes import PriorityClass
+from gpugate.core.residents import Resident, ResidentKey
+from gpugate.core.units import MiB
+from gpugate.logs import OncePerInterval
+
+if TYPE_CHECKING:
+    from gpugate.gate.gate import Gate, Link
+
+log = logging.getLogger("gpugate.control.capacity")
+_warnings = OncePerInterval(log, 60.0)
+
+FLOOR = 256 * MiB
+"""A host with less than this schedulable on every GPU is drained (nothing worth routing)."""
+FIT_WEIGHT_MAX = 99
+"""The most a model that only fits may weigh: 100 % is kept for one that is resident."""
+
+
+class QueryError(ValueError):
+    """A capacity question the gate cannot answer: an unknown consumer or class."""
+
+
+@attrs.frozen
+class Query:
+    """Which models to assess: every one the gate knows of (all None), or one of them."""
+
+    consumer: str | None = None
+    model: str | None = None
+    priority: PriorityClass | None = None
+    """The requests' class (None: the model's own, as a request without identity gets)."""
+
+
+@attrs.frozen
+class Answer:
+    """What the agent says: a state and a weight, and why."""
+
+    state: str
+    """`up`, `drain` or `maint`."""
+    weight: int
+    """Percent of the server's configured weight."""
+    reason: str
+
+    @property
+    def line(self) -> str:
+        if self.state == "up":
+            return f"up ready {self.weight}%"
+        return f"{self.state} 0%"
+
+
+@attrs.frozen
+class ModelCapacity:
+    """One model of one consumer: its verdict, the numbers behind it, its agent answer."""
+
+    consumer: str
+    model: str
+    gpu: int
+    priority: PriorityClass
+    envelope: int | None
+    envelope_source: str | None
+    assessment: Assessment
+    answer: Answer
+
+
+@attrs.frozen
+class Capacity:
+    """Everything `/gate/v1/capacity` shows and the agent answers from."""
+
+    ok: bool
+    failed: tuple[str, ...]
+    gpus: tuple[dict[str, Any], ...]
+    models: tuple[ModelCapacity, ...]
+    host: Answer
+
+    def answer(self) -> Answer:
+        """The agent's answer: for the models asked about (the best of them when several
+        consumers have the model), else for the host."""
+        if not self.models:
+            return self.host
+        return max(self.models, key=lambda m: _rank(m.answer)).answer
+
+
+def _rank(answer: Answer) -> tuple[int, int]:
+    return ({"up": 2, "drain": 1}.get(answer.state, 0), answer.weight)
+
+
+def parse_query(gate: Gate, params: Mapping[str, str]) -> Query:
+    """`consumer`, `model` and `class` of a capacity question; QueryError when unknown."""
+    consumer = (params.get("consumer") or "").strip() or None
+    if consumer is not None and consumer not in gate.links:
+        names = {c.name for c in gate.config.consumers}
+        fronted = ", ".join(sorted(gate.links)) or "none"
+        if consumer in names:
+            raise QueryError(
+                f"consumer {consumer} is not fronted by this gate (fronted: {fronted})"
+            )
+        raise QueryError(f"unknown consumer {consumer!r} (fronted: {fronted})")
+    model = params.get("model")
+    if model is not None and not model.strip():
+        raise QueryError("model is empty")
+    klass = params.get("class")
+    priority = None
+    if klass is not None:
+        try:
+            priority = PriorityClass.parse(klass)
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+    return Query(consumer, None if model is None else model.strip(), priority)
+
+
+def agent_query(gate: Gate, line: str) -> Query | None:
+    """What an agent-send line asks about: `MODEL`, with `consumer=NAME` and `class=CLASS`
+    in any order (`model=NAME` too). None: the host (an empty line). QueryError when the
+    line is not such a question."""
+    words = line.split()
+    if not words:
+        return None
+    params: dict[str, str] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if sep:
+            if key not in ("consumer", "model", "class") or key in params:
+                raise QueryError(f"cannot read {word!r}")
+            params[key] = value
+        elif "model" not in params:
+            params["model"] = word
+        else:
+            raise QueryError(f"more than one model: {word!r}")
+    if "model" not in params:
+        raise QueryError("no model named")
+    return parse_query(gate, params)
+
+
+def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> Capacity:
+    """Per GPU and per model (the query's, or every one the gate knows of; none with
+    `models` false), what this gate could take now. Read-only."""
+    core = gate.core
+    now = gate.clock()
+    health = health_document(gate)
+    ok = bool(health["ok"])
+    failed = tuple(str(name) for name in health["failed"])
+    paused = set(core.paused())
+    gpus = []
+    totals: dict[int, int] = {}
+    for index in core.gpus():
+        budget = core.budget(index)
+        if budget is None:
+            continue
+        totals[index] = budget.total
+        age = core.sample_age(index, now)
+        gpus.append(
+            {
+                "gpu": index,
+                "total": budget.total,
+                "schedulable": budget.schedulable,
+                "paused": index in paused,
+                "pressure": core.in_pressure(index),
+                "sample_age_seconds": None if age is None else round(age, 3),
+                "queue_depth": len(core.waiting(index)),
+                "residents": [_resident(r, now) for r in core.residents(index)],
+            }
+        )
+    host = _host_answer(ok, failed, gpus)
+    rows = tuple(
+        _model(gate, link, name, query, ok, failed, totals, now)
+        for link, name in (_models(gate, query or Query()) if models else ())
+    )
+    return Capacity(ok, failed, tuple(gpus), rows, host)
+
+
+def _resident(resident: Resident, now: float) -> dict[str, Any]:
+    expires = resident.expires_at()
+    return {
+        "consumer": resident.key.consumer,
+        "model": resident.key.model,
+        "options": resident.key.options,
+        "bytes": resident.bytes,
+        "state": resident.state.value,
+        "class": resident.priority.label,
+        "policy": resident.policy.value,
+        "in_flight": resident.in_flight,
+        "idle_seconds": round(now - resident.last_used, 3) if resident.idle else 0.0,
+        "expires_in_seconds": None if expires is None else round(expires - now, 3),
+    }
+
+
+def _models(gate: Gate, query: Query) -> list[tuple[Link, str]]:
+    """(link, model key) pairs to assess: each fronted consumer's configured models and
+    residents, or the one model asked about."""
+    links = [gate.links[query.consumer]] if query.consumer else list(gate.links.values())
+    known: dict[str, list[str]] = {}
+    for link in links:
+        adapter = link.adapter
+        names = [adapter.model_key(m.name) for m in link.consumer.models]
+        names += [
+            r.key.model for r in gate.core.residents() if r.key.consumer == link.consumer.name
+        ]
+        known[link.consumer.name] = list(dict.fromkeys(names))
+    if query.model is None:
+        return [(link, name) for link in links for name in known[link.consumer.name]]
+    asked = [(link, link.adapter.model_key(query.model)) for link in links]
+    having = [(link, name) for link, name in asked if name in known[link.consumer.name]]
+    # A model no consumer knows of yet may still be one a runtime has: ask every one.
+    return having or asked
+
+
+def _model(
+    gate: Gate,
+    link: Link,
+    name: str,
+    query: Query | None,
+    ok: bool,
+    failed: tuple[str, ...],
+    totals: Mapping[int, int],
+    now: float,
+) -> ModelCapacity:
+    adapter = link.adapter
+    consumer = link.consumer
+    known = gate.envelope_known(link, name, "")
+    envelope, source = (None, None) if known is None else known
+    model_class = adapter.model_priority(name)
+    priority = model_class if query is None or query.priority is None else query.priority
+    residency = adapter.residency(name)
+    ask = Ask(
+        key=ResidentKey(consumer.name, name),
+        gpu=consumer.gpu,
+        envelope=envelope,
+        priority=priority,
+        resident_priority=model_class,
+        policy=residency.policy,
+        idle_ttl=residency.idle_ttl,
+        reload_seconds=adapter.reload_seconds(name, envelope or 0),
+    )
+    assessment = assess(gate.core, ask, now)
+    answer = _model_answer(ok, failed, assessment, totals.get(consumer.gpu))
+    return ModelCapacity(
+        consumer.name, name, consumer.gpu, priority, envelope, source, assessment, answer
+    )
+
+
+def _unhealthy(failed: tuple[str, ...]) -> Answer:
+    return Answer("maint", 0, "unhealthy: " + (", ".join(failed) or "not started"))
+
+
+def _host_answer(ok: bool, failed: tuple[str, ...], gpus: list[dict[str, Any]]) -> Answer:
+    if not ok:
+        return _unhealthy(failed)
+    usable = [g for g in gpus if not g["paused"]]
+    if not usable:
+        return Answer("drain", 0, "every GPU is paused")
+    best = max(g["schedulable"] for g in usable)
+    if best < FLOOR:
+        return Answer("drain", 0, f"no GPU has {FLOOR // MiB} MiB schedulable")
+    total = sum(g["total"] for g in gpus)
+    free = sum(max(0, g["schedulable"]) for g in usable)
+    return Answer("up", _percent(free, total, 100), "schedulable share of the memory")
+
+
+def _model_answer(
+    ok: bool, failed: tuple[str, ...], assessment: Assessment, total: int | None
+) -> Answer:
+    if not ok:
+        return _unhealthy(failed)
+    verdict = assessment.verdict
+    if verdict is Verdict.RESIDENT:
+        return Answer("up", 100, assessment.reason)
+    available = assessment.available
+    if verdict is Verdict.FITS and available is not None and total:
+        left = available - assessment.needed
+        return Answer("up", _percent(left, total, FIT_WEIGHT_MAX), "fits")
+    if verdict is Verdict.UNKNOWN and available is not None and total and available >= FLOOR:
+        return Answer("up", _percent(available, total, FIT_WEIGHT_MAX), "no envelope known")
+    reason = verdict.value
+    if assessment.blocked is not None:
+        reason = f"{reason}: {assessment.blocked.value}"
+    elif assessment.reason:
+        reason = f"{reason}: {assessment.reason}"
+    return Answer("drain", 0, reason)
+
+
+def _percent(part: int, total: int, ceiling: int) -> int:
+    if total <= 0:
+        return 1
+    return max(1, min(ceiling, round(100 * part / total)))
+
+
+def capacity_document(result: Capacity) -> dict[str, Any]:
+    """`/gate/v1/capacity` as JSON: bytes and seconds."""
+    return {
+        "ok": result.ok,
+        "failed": list(result.failed),
+        "floor": FLOOR,
+        "agent": _answer_document(result.host),
+        "gpus": list(result.gpus),
+        "models": [_model_document(m) for m in result.models],
+    }
+
+
+def _answer_document(answer: Answer) -> dict[str, Any]:
+    return {
+        "line": answer.line,
+        "state": answer.state,
+        "weight": answer.weight,
+        "reason": answer.reason,
+    }
+
+
+def _model_document(row: ModelCapacity) -> dict[str, Any]:
+    a = row.assessment
+    return {
+        "consumer": row.consumer,
+        "model": row.model,
+        "gpu": row.gpu,
+        "class": row.priority.label,
+        "verdict": a.verdict.value,
+        "plan": None if a.plan is None else a.plan.value,
+        "needed": a.needed,
+        "available": a.available,
+        "schedulable": a.schedulable,
+        "envelope": row.envelope,
+        "envelope_source": row.envelope_source,
+        "victims": [
+            {"consumer": k.consumer, "model": k.model, "options": k.options} for k in a.victims
+        ],
+        "freed": a.freed,
+        "blocked": None if a.blocked is None else a.blocked.value,
+        "reason": a.reason,
+        "agent": _answer_document(row.answer),
+    }
+
+
+def agent_answer(gate: Gate, line: str) -> Answer:
+    """The agent-check answer to one request line (empty: the host's)."""
+    try:
+        query = agent_query(gate, line)
+    except QueryError as exc:
+        _warnings.log(
+            logging.WARNING,
+            "agent-query",
+            "agent-check: answering for the host: %s in %r",
+            exc,
+            line[:80],
+        )
+        query = None
+    if query is None:
+        return capacity(gate, models=False).host
+    return capacity(gate, query).answer()
+
+
+def add_capacity_route(app: web.Application, gate: Gate) -> None:
+    """`GET /gate/v1/capacity[?consumer=&model=&class=]`."""
+
+    async def route(request: web.Request) -> web.Response:
+        try:
+            query = parse_query(gate, request.query)
+        except QueryError as exc:
+            return web.json_response(
+                {"error": {"class": "BAD_REQUEST", "message": str(exc)}}, status=400
+            )
+        return web.json_response(capacity_document(capacity(gate, query)))
+
+    app.router.add_get("/gate/v1/capacity", route)

@@ -1,0 +1,528 @@
+"""The worked example of docs/scale-out.md: two GPU hosts behind Debian's HAProxy.
+
+Each host is a network namespace of its own with a simulated 16 GiB GPU, a simulated
+Ollama and a gate (`gpugate sim run`, `gpugate serve`); a third namespace holds HAProxy
+(tests/scaleout/haproxy.py: routing by the model in the body, agent checks per model) and
+the test's client, linked to each host by a veth pair. Nothing is addressed outside them.
+
+1. A model resident on host B is served by B, although it fits on A.
+2. Filling host A (a batch job holds nearly all its memory in an explicit lease) moves
+   new loads to B.
+3. Stopping B's gate while requests keep coming fails over to A.
+Throughout, no request is lost: every one sent gets a 200 with the runtime's answer, from
+the host expected, and the two runtimes together answered exactly as many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import http.client
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+
+from gpugate.sim.children import ChildFailed, ReadyProcess
+from gpugate.sim.host import READY_COMMENT, HostEnvironment, HostStartError
+from gpugate.sim.hostprocess import SimulatedHostProcess
+from tests.scaleout import netns
+from tests.scaleout.haproxy import HAPROXY_LIBS, Host, backend, haproxy_config, model_map
+from tests.sim.processes import LineReader
+
+ROOT = Path(__file__).resolve().parents[2]
+UNPACKED = ROOT / "build" / "haproxy"
+TOKEN = "scale-out-control-token"
+MODELS = {"llama3.2:3b": 3200, "qwen2.5:7b": 5700, "bge-m3:latest": 2012, "gemma3:12b": 7796}
+"""The gate's name of each model → MiB (the runtime's size and the configured envelope)."""
+SPELLINGS = {"bge-m3:latest": ["bge-m3"]}
+OLLAMA = 11434
+CONTROL = 9411
+AGENT = 9412
+SIM = 11435
+T = TypeVar("T")
+
+
+@pytest.fixture
+def namespaces_allowed() -> None:
+    """Skips, saying why, where network namespaces cannot be made (not root, no iproute2)."""
+    reason = netns.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def haproxy_binary() -> tuple[Path, dict[str, str]]:
+    """Debian's HAProxy as `make test` unpacks it (or one installed), with its libraries."""
+    unpacked = UNPACKED / "usr" / "sbin" / "haproxy"
+    if unpacked.exists():
+        return unpacked, {"LD_LIBRARY_PATH": str(UNPACKED / HAPROXY_LIBS)}
+    installed = Path("/usr/sbin/haproxy")
+    if installed.exists():
+        return installed, {}
+    pytest.fail("no HAProxy: `make test` unpacks Debian's haproxy into build/haproxy first")
+
+
+# -- the hosts -----------------------------------------------------------------------------
+
+
+def host_yaml() -> str:
+    models = "".join(
+        f"    - {{name: '{name}', size: {mib}MiB, load_seconds: 0.05, "
+        f"embedding: {str(name.startswith('bge')).lower()}}}\n"
+        for name, mib in MODELS.items()
+    )
+    return (
+        textwrap.dedent(f"""\
+        gpus:
+          - {{name: NVIDIA GeForce RTX 4080, total: 16GiB, reserved: 434MiB}}
+        ollama:
+          listen: 127.0.0.1:{SIM}
+          tokens_per_second: 2000
+          keep_alive: 5m
+          models:
+        """)
+        + models
+    )
+
+
+def gate_yaml(address: str) -> str:
+    models = "".join(f"      {name}: {{envelope: {mib}MiB}}\n" for name, mib in MODELS.items())
+    return (
+        textwrap.dedent(f"""\
+        gate:
+          control: {address}:{CONTROL}
+          control_public: true
+          control_tokens: ["{TOKEN}"]
+          agent_check: {address}:{AGENT}
+          shutdown_grace: 5s
+        budget:
+          reserve: 1GiB
+          reserve_max: 1GiB
+          sample_interval: 100ms
+          stale_after: 5s
+          reclaim_timeout: 3s
+        consumers:
+          ollama:
+            runtime: ollama
+            listen: {address}:{OLLAMA}
+            upstream: http://127.0.0.1:{SIM}
+            class: interactive
+            residency: {{policy: keep_warm, ttl: 15m}}
+            processes: {{commands: ["ollama serve"]}}
+            models:
+        """)
+        + models
+    )
+
+
+class NamespacedHost(SimulatedHostProcess):
+    """`gpugate sim run` inside a network namespace."""
+
+    def __init__(self, namespace: netns.Namespace, host_file: Path, state_dir: Path) -> None:
+        super().__init__(host_file, state_dir)
+        self.namespace = namespace
+
+    def start(self) -> NamespacedHost:
+        assert self.state_dir is not None
+        argv = [sys.executable, "-m", "gpugate", "sim", "run", str(self.host_file)]
+        argv += ["--state-dir", str(self.state_dir)]
+        self.process = ReadyProcess(
+            "gpugate sim run",
+            self.namespace.argv(argv),
+            self.events,
+            prefix=READY_COMMENT,
+            forward_preamble=False,
+        )
+        self.process.start()
+        try:
+            self.ready_line = self.process.wait_ready(self.timeout)
+        except ChildFailed as exc:
+            self.stop()
+            raise HostStartError(str(exc)) from None
+        self.environment = HostEnvironment.from_lines(self.process.preamble)
+        return self
+
+
+@attrs.define
+class NamespacedProcess:
+    """A command inside a network namespace, its stderr in a log file."""
+
+    namespace: netns.Namespace
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen[str] | None = None
+    stdout: LineReader | None = None
+
+    def start(self, ready: str | None = None, timeout: float = 30.0) -> NamespacedProcess:
+        with self.log.open("w") as log:
+            self.popen = subprocess.Popen(
+                self.namespace.argv(self.argv),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        self.stdout = LineReader(self.popen.stdout)
+        if ready is not None:
+            try:
+                self.stdout.until(ready, timeout=timeout)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{self.log.read_text()[-3000:]}") from None
+        return self
+
+    def terminate(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int | None:
+        assert self.popen is not None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.terminate()
+        if self.wait(timeout) is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+# -- talking to them (from threads inside the namespaces) ------------------------------------
+
+
+@attrs.frozen
+class Reply:
+    model: str
+    status: int
+    served_by: str | None
+    body: bytes
+    started: float
+    ended: float
+    error: str = ""
+
+    def answered(self) -> bool:
+        """A 200 carrying the runtime's own answer for the model asked."""
+        if self.status != 200:
+            return False
+        try:
+            document = json.loads(self.body)
+        except ValueError:
+            return False
+        named = document.get("model") in (self.model, f"{self.model}:latest")
+        return named and (document.get("done") is True or bool(document.get("embeddings")))
+
+
+def call(
+    host: str, port: int, method: str, path: str, body: Any = None, token: str | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None if body is None else json.dumps(body)
+        connection.request(method, path, data, headers)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def generate(host: str, port: int, model: str, prompt: str) -> Reply:
+    """A generation, or for an embedding model an embedding, as an Ollama client asks."""
+    started = time.monotonic()
+    if model.startswith("bge-m3"):
+        path, body = "/api/embed", {"model": model, "input": prompt}
+    else:
+        path = "/api/generate"
+        body = {"model": model, "prompt": prompt, "stream": False, "options": {"num_predict": 4}}
+    try:
+        status, headers, data = call(host, port, "POST", path, body)
+    except (OSError, http.client.HTTPException) as exc:
+        return Reply(model, 0, None, b"", started, time.monotonic(), repr(exc))
+    return Reply(model, status, headers.get("x-served-by"), data, started, time.monotonic())
+
+
+def haproxy_stat(sock: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """`show stat` on HAProxy's socket: (backend, server) → its row."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    text = data.decode().lstrip("# ")
+    return {(row["pxname"], row["svname"]): row for row in csv.DictReader(io.StringIO(text))}
+
+
+async def until(
+    probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], what: str, timeout: float = 20.0
+) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if check(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}; last: {value!r}")
+        await asyncio.sleep(0.05)
+
+
+# -- the example ---------------------------------------------------------------------------
+
+
+@attrs.define
+class Example:
+    network: netns.Network
+    directory: Path
+    hosts: list[NamespacedHost] = attrs.field(factory=list)
+    gates: list[NamespacedProcess] = attrs.field(factory=list)
+    haproxy: NamespacedProcess | None = None
+    sent: list[Reply] = attrs.field(factory=list)
+    direct: int = 0
+    """Requests sent straight to a gate (not through HAProxy)."""
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / "haproxy.sock"
+
+    def address(self, i: int) -> str:
+        return self.network.addresses[i][1]
+
+    async def through_haproxy(self, model: str, prompt: str) -> Reply:
+        reply = await self.network.hub.run(generate, "127.0.0.1", OLLAMA, model, prompt)
+        self.sent.append(reply)
+        return reply
+
+    async def straight_to(self, i: int, model: str) -> Reply:
+        self.direct += 1
+        return await self.network.hub.run(generate, self.address(i), OLLAMA, model, "warm")
+
+    async def control(self, i: int, method: str, path: str, body: Any = None) -> Any:
+        status, _, data = await self.network.hub.run(
+            call, self.address(i), CONTROL, method, path, body, TOKEN
+        )
+        assert status in (200, 201), (status, data)
+        return json.loads(data)
+
+    async def sim_counters(self, i: int) -> dict[str, int]:
+        status, _, data = await self.network.hosts[i].run(
+            call, "127.0.0.1", SIM, "GET", "/sim/state"
+        )
+        assert status == 200
+        return json.loads(data)["counters"]
+
+    async def stat(self) -> dict[tuple[str, str], dict[str, str]]:
+        try:
+            return await asyncio.to_thread(haproxy_stat, self.socket)
+        except OSError:
+            return {}  # not listening yet
+
+    async def weights(self, model: str | None) -> dict[str, tuple[str, int]]:
+        """Per host (a, b): (status, weight) in the model's backend (None: `hosts`)."""
+        rows = await self.stat()
+        name = "hosts" if model is None else backend(model)
+        return {
+            server: (row["status"], int(row["weight"] or 0))
+            for (px, server), row in rows.items()
+            if px == name and server not in ("FRONTEND", "BACKEND")
+        }
+
+
+async def start_example(network: netns.Network, directory: Path) -> Example:
+    example = Example(network, directory)
+    for i, namespace in enumerate(network.hosts):
+        home = directory / f"host{i}"
+        home.mkdir()
+        (home / "host.yaml").write_text(host_yaml())
+        (home / "consumers.yaml").write_text(gate_yaml(example.address(i)))
+        host = NamespacedHost(namespace, home / "host.yaml", home / "state")
+        example.hosts.append(host)
+        await asyncio.to_thread(host.start)
+    for i, namespace in enumerate(network.hosts):
+        home = directory / f"host{i}"
+        assert example.hosts[i].environment is not None
+        gate = NamespacedProcess(
+            namespace,
+            [sys.executable, "-m", "gpugate", "serve", "--config", str(home / "consumers.yaml")],
+            example.hosts[i].environment.apply(),
+            home / "gate.log",
+        )
+        example.gates.append(gate)
+    await asyncio.gather(*(asyncio.to_thread(g.start, "gpugate: ready") for g in example.gates))
+    binary, env = haproxy_binary()
+    hosts = [Host(name, example.address(i)) for i, name in enumerate("ab")]
+    (directory / "models.map").write_text(model_map(SPELLINGS | {m: [] for m in MODELS}))
+    config = haproxy_config(
+        hosts,
+        list(MODELS),
+        bind=f"127.0.0.1:{OLLAMA}",
+        map_file=directory / "models.map",
+        stats_socket=example.socket,
+    )
+    (directory / "haproxy.cfg").write_text(config)
+    checked = subprocess.run(
+        [str(binary), "-c", "-f", str(directory / "haproxy.cfg")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    example.haproxy = NamespacedProcess(
+        network.hub,
+        [str(binary), "-db", "-f", str(directory / "haproxy.cfg")],
+        env,
+        directory / "haproxy.log",
+    ).start()
+    # Every server up, and its agent heard: each model fits on both hosts.
+    for model in (None, *MODELS):
+        await until(
+            lambda model=model: example.weights(model),
+            lambda w: set(w) == {"a", "b"} and all(s == "UP" and n > 0 for s, n in w.values()),
+            f"both hosts up in {model or 'hosts'}",
+        )
+    return example
+
+
+async def stop_example(example: Example) -> None:
+    if example.haproxy is not None:
+        await asyncio.to_thread(example.haproxy.stop)
+    await asyncio.gather(*(asyncio.to_thread(g.stop) for g in example.gates))
+    await asyncio.gather(*(asyncio.to_thread(h.stop) for h in example.hosts))
+
+
+@pytest.mark.usefixtures("namespaces_allowed")
+async def test_two_hosts_behind_haproxy(tmp_path):
+    began = time.monotonic()
+    with netns.star(2) as network:
+        example = await start_example(network, tmp_path)
+        try:
+            await scenario(example)
+        finally:
+            await stop_example(example)
+    print(f"two hosts behind HAProxy: {time.monotonic() - began:.1f}s")
+
+
+async def scenario(example: Example) -> None:
+    a, b = 0, 1
+    llama, qwen, bge = "llama3.2:3b", "qwen2.5:7b", "bge-m3:latest"
+
+    # 1. llama3.2:3b is resident on B: HAProxy sends every request for it there, though
+    #    it would fit on A too.
+    assert (await example.straight_to(b, llama)).answered()
+    await until(
+        lambda: example.weights(llama),
+        lambda w: w["b"] == ("UP", 100) and w["a"][0] == "UP" and 0 < w["a"][1] < 100,
+        "llama resident on B (100%), fits on A (< 100%)",
+    )
+    replies = [await example.through_haproxy(llama, f"one {n}") for n in range(8)]
+    assert [r.served_by for r in replies] == ["b"] * 8, replies
+    assert all(r.answered() for r in replies)
+    assert (await example.sim_counters(a))["loads"] == 0
+
+    # 2. A batch job holds nearly all of A's memory: A drains for every model it does not
+    #    have, and new loads go to B.
+    capacity = await example.control(a, "GET", "/gate/v1/capacity")
+    room = capacity["gpus"][0]["schedulable"]
+    lease = await example.control(
+        a,
+        "POST",
+        "/gate/v1/leases",
+        {"consumer": "ollama", "bytes": room - 64 * 2**20, "class": "production", "ttl": "10m"},
+    )
+    for model in (qwen, bge):
+        await until(
+            lambda model=model: example.weights(model),
+            lambda w: w["a"][1] == 0 and w["b"] == ("UP", w["b"][1]) and w["b"][1] > 0,
+            f"A drained for {model}",
+        )
+    await until(lambda: example.weights(None), lambda w: w["a"][1] == 0, "A drained as a host")
+    full = await example.control(a, "GET", f"/gate/v1/capacity?model={qwen}")
+    assert full["agent"]["state"] == "drain" and full["models"][0]["verdict"] == "no_room"
+    replies = []
+    for n in range(4):
+        replies.append(await example.through_haproxy(qwen, f"two {n}"))
+        replies.append(await example.through_haproxy("bge-m3", f"two {n}"))
+    assert [r.served_by for r in replies] == ["b"] * 8, replies
+    assert all(r.answered() for r in replies)
+    assert (await example.sim_counters(a))["loads"] == 0
+    on_b = await example.control(b, "GET", "/gate/v1/capacity")
+    verdicts = {row["model"]: row["verdict"] for row in on_b["models"]}
+    assert verdicts[qwen] == verdicts[bge] == verdicts[llama] == "resident"
+
+    # 3. The job ends; then B's gate stops while requests for llama keep coming: those
+    #    B was serving finish there, the rest go to A, none is lost.
+    await example.control(a, "DELETE", f"/gate/v1/leases/{lease['id']}")
+    await until(
+        lambda: example.weights(llama),
+        lambda w: w["b"] == ("UP", 100) and w["a"][0] == "UP" and 0 < w["a"][1] < 100,
+        "A has room for llama again",
+    )
+    stopping = asyncio.Event()
+    stopped_at: list[float] = []
+    replies = []
+
+    async def client(worker: int) -> None:
+        n = 0
+        while not stopping.is_set():
+            replies.append(await example.through_haproxy(llama, f"three {worker} {n}"))
+            n += 1
+
+    workers = [asyncio.create_task(client(w)) for w in range(3)]
+    try:
+        await until(
+            lambda: asyncio.sleep(0, len(replies)), lambda n: n >= 15, "requests served by B"
+        )
+        gate_b = example.gates[b]
+        signalled = time.monotonic()
+        gate_b.terminate()
+        assert await asyncio.to_thread(gate_b.wait, 30) == 0
+        stopped_at.append(time.monotonic())
+        await until(
+            lambda: asyncio.sleep(
+                0, sum(1 for r in replies if r.started > stopped_at[0] and r.served_by == "a")
+            ),
+            lambda n: n >= 15,
+            "requests served by A after B's gate stopped",
+        )
+    finally:
+        stopping.set()
+        await asyncio.gather(*workers)
+    before = [r for r in replies if r.ended < signalled]
+    after = [r for r in replies if r.started > stopped_at[0]]
+    assert before and after
+    assert {r.served_by for r in before} == {"b"}, before
+    assert {r.served_by for r in after} == {"a"}, after
+    assert all(r.answered() for r in replies), [r for r in replies if not r.answered()]
+
+    # No request lost, none answered twice: every request sent through HAProxy got the
+    # runtime's answer, and the two runtimes together generated exactly that many.
+    assert all(r.answered() for r in example.sent)
+    counters = [await example.sim_counters(i) for i in (a, b)]
+    generated = sum(c["generations_completed"] + c["embeddings"] for c in counters)
+    assert generated == len(example.sent) + example.direct, (counters, len(example.sent))
+    served = {h: sum(1 for r in example.sent if r.served_by == h) for h in "ab"}
+    rows = await example.stat()
+    retried = sum(int(row["wretr"] or 0) for row in rows.values() if row["svname"] == "BACKEND")
+    moved = sum(int(row["wredis"] or 0) for row in rows.values() if row["svname"] == "BACKEND")
+    print(
+        f"{len(example.sent)} requests through HAProxy, none lost: {served}; "
+        f"{retried} retried, {moved} sent to another host"
+    )
