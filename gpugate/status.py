@@ -17,7 +17,8 @@ import aiohttp
 from gpugate.config.model import Config
 from gpugate.config.paths import default_config_path
 from gpugate.core.budget import GpuBudget, compute_budget
-from gpugate.core.units import GiB
+from gpugate.core.units import GiB, format_duration
+from gpugate.exits import Exit
 
 SCHEMA = 1
 
@@ -56,15 +57,70 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / GiB:5.1f} GiB"
 
 
+def _since(since: float | None, seconds: float | None, by: str | None) -> str:
+    """When and by whom, as much as is known: ` since 2026-07-10 14:02:11 (12m30s ago) by
+    token`."""
+    text = ""
+    if since is not None:
+        text = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}"
+        if seconds is not None:
+            text += f" ({format_duration(seconds)} ago)"
+    elif seconds is not None:
+        text = f" for {format_duration(seconds)}"
+    if by:
+        text += f" by {by}"
+    return text
+
+
+def operator_lines(document: dict[str, Any]) -> list[str]:
+    """One line for each pause and drain in force: what it does, since when, by whom, and
+    the command that undoes it."""
+    lines = []
+    queue = document.get("queue") or []
+    for gpu in document["gpus"]:
+        if not gpu.get("paused"):
+            continue
+        index = gpu["index"]
+        waiting = sum(1 for ticket in queue if ticket.get("gpu") == index)
+        when = _since(gpu.get("paused_since"), gpu.get("paused_seconds"), gpu.get("paused_by"))
+        undo = gpu.get("undo") or f"gpugate resume --gpu {index}"
+        lines.append(
+            f"PAUSED    GPU {index}{when}: new loads wait in its queue ({waiting} waiting);"
+            f" undo: {undo}"
+        )
+    for consumer in document.get("consumers") or []:
+        if not consumer.get("draining"):
+            continue
+        name = consumer["consumer"]
+        state = "DRAINED" if consumer.get("drained") else "DRAINING"
+        leases = consumer.get("leases", 0)
+        held = f"{leases} lease(s) in flight" if leases else "no lease left"
+        when = _since(
+            consumer.get("draining_since"),
+            consumer.get("draining_seconds"),
+            consumer.get("draining_by"),
+        )
+        undo = consumer.get("undo") or f"gpugate undrain {name}"
+        lines.append(f"{state:<9} {name}{when}: admits nothing new, {held}; undo: {undo}")
+    return lines
+
+
 def render_text(document: dict[str, Any]) -> str:
-    """The budget table, one block per GPU."""
+    """The budget table, one block per GPU, after a line for each pause and drain."""
     lines = []
     if document.get("source") == "nvml":
         lines.append(document.get("note", "no gate running: sampled NVML directly"))
+    lines.extend(operator_lines(document))
+    drains = {
+        c["consumer"]: "DRAINED" if c.get("drained") else "DRAINING"
+        for c in document.get("consumers") or []
+        if c.get("draining")
+    }
     for gpu in document["gpus"]:
         age = gpu.get("sample_age_seconds")
         age_text = "" if age is None else f"  sample {age:.1f}s old"
-        lines.append(f"GPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}{age_text}")
+        paused = "  PAUSED" if gpu.get("paused") else ""
+        lines.append(f"GPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}{age_text}{paused}")
         lines.append(f"  {'total':<26}{_gib(gpu['total'])}")
         lines.append(f"  {'driver reserved':<26}{_gib(gpu['driver_reserved'])}")
         lines.append(f"  {'external':<26}{_gib(gpu['external_total'])}")
@@ -78,7 +134,8 @@ def render_text(document: dict[str, Any]) -> str:
                     f"   observed {row['observed'] / GiB:.1f}, resident "
                     f"{row['resident'] / GiB:.1f}, leased {row['pending'] / GiB:.1f}"
                 )
-            lines.append(f"    {name:<24}{_gib(row['committed'])}{detail}")
+            drain = f"   {drains[name]}" if name in drains else ""
+            lines.append(f"    {name:<24}{_gib(row['committed'])}{detail}{drain}")
         lines.append(f"  {'reserve':<26}{_gib(gpu['reserve'])}")
         lines.append(f"  {'schedulable':<26}{_gib(gpu['schedulable'])}")
     for section, title in (("leases", "leases"), ("queue", "waiting")):
@@ -124,26 +181,27 @@ def direct_document(config: Config) -> dict[str, Any]:
     }
 
 
-async def _from_gate(url: str) -> dict[str, Any] | None:
+async def _from_gate(base: str, token: str | None) -> dict[str, Any]:
+    """The running gate's status document; Unreachable when no gate answers at `base`, and
+    ControlFailure when one answers but refuses (an NVML budget in its place would show
+    none of the gate's leases, as if no gate ran)."""
+    from gpugate.control_client import call, refusal
+
     timeout = aiohttp.ClientTimeout(total=2.0, sock_connect=0.5)
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(url) as resp,
-        ):
-            if resp.status != 200:
-                return None
-            document: dict[str, Any] = await resp.json()
-            return document
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        status, document = await call(session, base, "GET", base + "/gate/v1/status")
+    if status != 200 or not isinstance(document, dict):
+        raise refusal(status, document)
+    return document
 
 
 def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Print the budget; 0 on success, 2 on a bad config, 1 when NVML cannot be read."""
+    """Print the budget: from the gate, else from NVML; the exit code is gpugate.exits'."""
     import asyncio
 
     from gpugate.config.loader import ConfigError, load_config_with_warnings
+    from gpugate.control_client import ControlFailure, Unreachable, control_endpoint
 
     out = out or sys.stdout
     path = config_path or default_config_path()
@@ -154,20 +212,22 @@ def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = 
         )
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
-    control = config.gate.control
-    host = "127.0.0.1" if control.host in ("0.0.0.0", "::", "") else control.host
-    url = f"http://{host}:{control.port}/gate/v1/status"
-    document = asyncio.run(_from_gate(url))
-    if document is None:
+        return Exit.CONFIG
+    base, token = control_endpoint(config)
+    try:
+        document = asyncio.run(_from_gate(base, token))
+    except Unreachable as nobody:
         try:
             document = direct_document(config)
         except RuntimeError as exc:
-            print(f"gpugate status: {exc}", file=sys.stderr)
-            return 1
+            print(f"gpugate status: {nobody}, and NVML cannot be read here: {exc}", file=sys.stderr)
+            return Exit.UNAVAILABLE
+    except ControlFailure as exc:
+        print(f"gpugate status: {exc}", file=sys.stderr)
+        return exc.code
     if as_json:
         json.dump(document, out, indent=2)
         out.write("\n")
     else:
         out.write(render_text(document) + "\n")
-    return 0
+    return Exit.OK

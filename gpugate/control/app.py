@@ -9,30 +9,41 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from gpugate.control.auth import token_middleware
+from gpugate.control.capacity import add_capacity_route
+from gpugate.control.health import consumer_check, health_document
 from gpugate.control.leases import add_lease_routes
+from gpugate.control.live import BadFilter
+from gpugate.control.marks import consumer_documents, pause_fields
 from gpugate.control.metrics import GateMetrics
-from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
+from gpugate.control.observe import (
+    add_observe_routes,
+    bad_request,
+    filtered_events,
+    follow_events,
+)
 from gpugate.control.operator import add_operator_routes
-from gpugate.gate.links import ConsumerHealth
-from gpugate.runtimes.base import HealthSignal
 from gpugate.status import SCHEMA, budget_document
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
+
+__all__ = ["consumer_check", "control_app", "gate_document", "health_document", "live_document"]
 
 FILTERS = frozenset({"consumer", "class", "failure", "recent"})
 """Query parameters of `GET /gate/v1/events`: with any of them, lines carry wall time too."""
 
 
 def gate_document(gate: Gate) -> dict[str, Any]:
-    """The gate's budget, residents, leases and queue, in bytes and seconds."""
+    """The gate's budget, residents, leases and queue, in bytes and seconds; each GPU says
+    whether it is paused and each consumer whether it is draining (since when, by whom)."""
     core = gate.core
     now = gate.clock()
     gpus = []
     for gpu in core.gpus():
         budget = core.budget(gpu)
         if budget is not None:
-            gpus.append(budget_document(budget, core.sample_age(gpu, now)))
+            document = budget_document(budget, core.sample_age(gpu, now))
+            gpus.append({**document, **pause_fields(gate, gpu)})
     fault = core.fault
     return {
         "schema": SCHEMA,
@@ -85,71 +96,8 @@ def gate_document(gate: Gate) -> dict[str, Any]:
             }
             for t in core.waiting()
         ],
+        "consumers": consumer_documents(gate),
     }
-
-
-def consumer_check(health: ConsumerHealth) -> dict[str, Any]:
-    """One consumer's health check, named by its signal (`listing` for a listed runtime)."""
-    check: dict[str, Any] = {
-        "check": health.signal.value,
-        "consumer": health.consumer,
-        "signal": health.signal.value,
-        "ok": health.ok,
-        "fresh": health.fresh,
-        "age_seconds": None if health.age is None else round(health.age, 3),
-        "limit_seconds": None if health.limit is None else round(health.limit, 3),
-    }
-    if health.signal is HealthSignal.PROCESS:
-        check["stopped"] = health.stopped
-    return check
-
-
-def health_document(gate: Gate) -> dict[str, Any]:
-    """Is the gate running on fresh data? One entry per check, with ages and limits.
-
-    NVML: each GPU's last good sample must be younger than `budget.stale_after`, and the
-    driver must not be failing. Consumers: each one's own signal (its listing, its health
-    route, its process) must have answered well within its bound; a consumer with no signal
-    is shown and never fails. The store must be open and writing. Health recovers by itself
-    as soon as the data is fresh again.
-    """
-    core = gate.core
-    now = gate.clock()
-    checks: list[dict[str, Any]] = [{"check": "started", "ok": gate.started}]
-    fault = core.fault
-    if fault is not None:
-        checks.append({"check": "nvml", "ok": False, "error": fault.name, "message": fault.message})
-    limit = gate.config.budget.stale_after
-    gpus = core.gpus()
-    if not gpus:
-        checks.append({"check": "nvml", "ok": False, "age_seconds": None, "limit_seconds": limit})
-    for gpu in gpus:
-        age = core.sample_age(gpu, now)
-        checks.append(
-            {
-                "check": "nvml",
-                "gpu": gpu,
-                "ok": age is not None and age <= limit,
-                "age_seconds": None if age is None else round(age, 3),
-                "limit_seconds": limit,
-            }
-        )
-    for link in gate.links.values():
-        checks.append(consumer_check(gate.consumer_health(link, now)))
-    store = gate.store
-    if store is not None:
-        # Admission does not wait on the store, but history, events and envelopes are not
-        # being kept while it is down: an operator must see that here, not only in /metrics.
-        checks.append(
-            {
-                "check": "store",
-                "ok": store.healthy,
-                "error": store.last_error,
-                "buffered_records": store.buffered,
-            }
-        )
-    ok = all(check["ok"] for check in checks)
-    return {"ok": ok, "failed": [c["check"] for c in checks if not c["ok"]], "checks": checks}
 
 
 def live_document(gate: Gate) -> dict[str, Any]:
@@ -174,7 +122,10 @@ def control_app(
         if request.query.get("follow", "0").lower() not in ("", "0", "false", "no"):
             return await follow_events(request, gate)
         if FILTERS.intersection(request.query):
-            lines = filtered_events(request, gate)
+            try:
+                lines = filtered_events(request, gate)
+            except BadFilter as exc:
+                return bad_request(str(exc))
         else:
             lines = [event_json(e) for e in gate.recent_events()]
         return web.Response(
@@ -195,6 +146,7 @@ def control_app(
     app.router.add_get("/gate/v1/status", status)
     app.router.add_get("/gate/v1/events", events)
     app.router.add_get("/gate/v1/health", health)
+    add_capacity_route(app, gate)
     add_lease_routes(app, gate)
     add_operator_routes(app, gate)
     add_observe_routes(app, gate, lambda: live_document(gate), history_interval=history_interval)

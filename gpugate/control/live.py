@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from aiohttp import web
 
+from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event
+from gpugate.core.failures import FailureClass
 from gpugate.gate.events import event_json
 
 if TYPE_CHECKING:
@@ -50,6 +52,10 @@ def event_document(event: Event, gate: Gate) -> dict[str, Any]:
     return document
 
 
+class BadFilter(ValueError):
+    """A query names a class or failure class that does not exist."""
+
+
 @attrs.frozen
 class EventFilter:
     """Which events a follower wants: all of the given fields must match."""
@@ -60,13 +66,22 @@ class EventFilter:
 
     @classmethod
     def from_query(cls, query: Any) -> EventFilter:
-        """`consumer`, `class` (priority class) and `failure` (failure class) query parameters."""
-        failure = query.get("failure")
-        return cls(
-            consumer=query.get("consumer") or None,
-            priority=query.get("class") or None,
-            failure=failure.upper() if failure else None,
-        )
+        """`consumer`, `class` (priority class) and `failure` (failure class) query
+        parameters; BadFilter for a class or failure class that does not exist (a filter
+        that can match nothing is a typo, not an empty answer)."""
+        failure = (query.get("failure") or "").strip().upper() or None
+        priority = (query.get("class") or "").strip().lower() or None
+        if priority is not None:
+            try:
+                priority = PriorityClass.parse(priority).label
+            except ValueError:
+                labels = ", ".join(c.label for c in PriorityClass.ordered())
+                raise BadFilter(f"class: unknown class {priority!r} (one of {labels})") from None
+        known = {c.value for c in FailureClass}
+        if failure is not None and failure not in known | {"*", "ANY"}:
+            names = ", ".join(sorted(known))
+            raise BadFilter(f"failure: unknown failure class {failure!r} (one of {names}, or *)")
+        return cls(consumer=query.get("consumer") or None, priority=priority, failure=failure)
 
     def __call__(self, event: Event) -> bool:
         if self.consumer is not None and event.consumer != self.consumer:

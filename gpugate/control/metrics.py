@@ -25,10 +25,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gpugate.control.health import health_document
+from gpugate.control.marks import paused_seconds
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind, UnloadReason
 from gpugate.core.explicit import identity_owner
 from gpugate.core.failures import FailureClass
+from gpugate.core.lifecycle import LifeState
 from gpugate.core.observation import OTHER, UNATTRIBUTED
 from gpugate.core.residents import ResidentState
 from gpugate.gate.events import WAIT_BUCKETS, label_of
@@ -166,7 +169,11 @@ class BudgetCollector(Collector):
         queued = GaugeMetricFamily(
             "gpugate_queue_tickets", "Requests waiting for a lease.", labels=["gpu", "class"]
         )
-        depth: dict[tuple[str, str], int] = {}
+        # Every GPU and class has a sample, 0 when nothing waits: an empty queue is a
+        # value, not a missing series (`absent` and `for` clauses need it).
+        depth: dict[tuple[str, str], int] = {
+            (str(gpu), klass.label): 0 for gpu in core.gpus() for klass in PriorityClass
+        }
         for ticket in core.waiting():
             label = (str(ticket.demand.gpu), ticket.demand.priority.label)
             depth[label] = depth.get(label, 0) + 1
@@ -248,6 +255,71 @@ class StoreCollector(Collector):
         yield from (up, buffered, failures, dropped)
 
 
+class OperatorCollector(Collector):
+    """What operators did that still holds (pauses, drains) and the gate's health, read at
+    scrape time."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self.gate
+        core = gate.core
+        paused = GaugeMetricFamily(
+            "gpugate_gpu_paused",
+            "1 while an operator has paused admission on the GPU (new loads wait).",
+            labels=["gpu"],
+        )
+        seconds = GaugeMetricFamily(
+            "gpugate_gpu_paused_seconds",
+            "How long the GPU has been paused (0 while it admits).",
+            labels=["gpu"],
+        )
+        held = set(core.paused())
+        for gpu in core.gpus():
+            paused.add_metric([str(gpu)], 1.0 if gpu in held else 0.0)
+            if gpu not in held:
+                seconds.add_metric([str(gpu)], 0.0)
+            elif (since := paused_seconds(gate, gpu)) is not None:
+                seconds.add_metric([str(gpu)], since)
+        yield paused
+        yield seconds
+        draining = GaugeMetricFamily(
+            "gpugate_consumer_draining",
+            "1 while an operator has the consumer draining (it admits nothing new).",
+            labels=["consumer"],
+        )
+        for consumer in gate.config.consumers:
+            draining.add_metric([consumer.name], 1.0 if core.draining(consumer.name)[0] else 0.0)
+        yield draining
+        healthy = GaugeMetricFamily(
+            "gpugate_healthy", "1 when every check of /gate/v1/health passes (it answers 200)."
+        )
+        healthy.add_metric([], 1.0 if health_document(gate)["ok"] else 0.0)
+        yield healthy
+        yield lifecycle_metric(gate)
+
+
+def lifecycle_metric(gate: Gate) -> GaugeMetricFamily:
+    """`gpugate_runtime_state`: 1 on the state each runtime with a lifecycle is in, 0 on
+    the others (every state has a sample, so a query by state never finds none)."""
+    family = GaugeMetricFamily(
+        "gpugate_runtime_state",
+        "1 on the lifecycle state the runtime is in (stopped, starting, up, asleep, stopping).",
+        labels=["consumer", "state"],
+    )
+    for consumer in gate.config.consumers:
+        life = gate.core.lifecycle(consumer.name)
+        if life is None:
+            continue
+        for state in LifeState:
+            family.add_metric([consumer.name, state.value], 1.0 if life.state is state else 0.0)
+    return family
+
+
 class GateMetrics:
     """The registry served at /metrics."""
 
@@ -258,6 +330,7 @@ class GateMetrics:
         self.registry.register(BudgetCollector(gate))
         self.registry.register(StoreCollector(gate))
         self.registry.register(LeaseCollector(gate))
+        self.registry.register(OperatorCollector(gate))
         r = self.registry
         self.failures = Counter(
             "gpugate_failures",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gpugate.control.history import SNAPSHOT_INTERVAL, HistoryRecorder, point_document
-from gpugate.control.live import EventFilter, LiveFeed, event_document
+from gpugate.control.live import BadFilter, EventFilter, LiveFeed, event_document
 from gpugate.control.openapi import openapi_document
 from gpugate.core.units import parse_duration
 
@@ -26,7 +26,8 @@ HISTORY_KEY = web.AppKey("history", HistoryRecorder)
 FEED_KEY = web.AppKey("live", LiveFeed)
 
 
-def _bad(message: str) -> web.Response:
+def bad_request(message: str) -> web.Response:
+    """400 in the control API's error shape."""
     return web.json_response({"error": {"class": "BAD_REQUEST", "message": message}}, status=400)
 
 
@@ -90,9 +91,13 @@ def add_observe_routes(
 
     async def stream(request: web.Request) -> web.StreamResponse:
         # A page that opens the stream sees the last events at once, then each as it happens.
+        try:
+            wanted = EventFilter.from_query(request.query)
+        except BadFilter as exc:
+            return bad_request(str(exc))
         return await feed.stream(
             request,
-            wanted=EventFilter.from_query(request.query),
+            wanted=wanted,
             snapshots=True,
             backlog=gate.recent_events()[-50:],
         )
@@ -106,9 +111,9 @@ def add_observe_routes(
             since = _since(query.get("since"), now)
             step = parse_duration(query["step"]) if query.get("step") else 60.0
         except ValueError as exc:
-            return _bad(f"gpu, since or step: {exc}")
+            return bad_request(f"gpu, since or step: {exc}")
         if step <= 0:
-            return _bad("step must be positive")
+            return bad_request("step must be positive")
         points = [] if store is None else await store.history(gpu, since, step)
         return web.json_response(
             {
@@ -152,17 +157,21 @@ def add_observe_routes(
 async def follow_events(request: web.Request, gate: Gate) -> web.StreamResponse:
     """`GET /gate/v1/events?follow=1`: the matching events as server-sent events."""
     feed = request.app[FEED_KEY]
-    wanted = EventFilter.from_query(request.query)
+    try:
+        wanted = EventFilter.from_query(request.query)
+    except BadFilter as exc:
+        return bad_request(str(exc))
     try:
         recent = max(0, int(request.query.get("recent", "0")))
     except ValueError:
-        return _bad("recent: expected a number of events")
+        return bad_request("recent: expected a number of events")
     backlog = [e for e in gate.recent_events() if wanted(e)][-recent:] if recent else []
     return await feed.stream(request, wanted=wanted, snapshots=False, backlog=backlog)
 
 
 def filtered_events(request: web.Request, gate: Gate) -> list[str]:
-    """The recent events that match the query's filters, one JSON line each."""
+    """The recent events that match the query's filters, one JSON line each (BadFilter for
+    a filter that names no class)."""
     wanted = EventFilter.from_query(request.query)
     lines = [json.dumps(event_document(e, gate)) for e in gate.recent_events() if wanted(e)]
     recent = request.query.get("recent", "")

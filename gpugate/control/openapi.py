@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpugate.control.auth import ASK_LEASE, required_scopes
+
 BYTES = {"type": "integer", "description": "bytes"}
 SECONDS = {"type": "number", "description": "seconds"}
 
@@ -40,6 +42,14 @@ ERROR = {
     },
 }
 UNAUTHORIZED = _json("no valid bearer token for this route", ERROR)
+FORBIDDEN = _json(
+    "FORBIDDEN: a control token without the scope this route needs (the message names it; "
+    'WWW-Authenticate says error="insufficient_scope")',
+    ERROR,
+)
+SCOPES = "x-gpugate-scopes"
+"""Per operation: the control token scopes of which one is needed (`read` only when reads
+are not public)."""
 LEASE = {
     "type": "object",
     "properties": {
@@ -98,6 +108,113 @@ HEALTH = {
     },
     "required": ["ok", "failed", "checks"],
 }
+AGENT_ANSWER = {
+    "type": "object",
+    "description": "what the agent-check responder (`gate.agent_check`) answers",
+    "properties": {
+        "line": {"type": "string", "description": "`up ready N%`, `drain 0%` or `maint 0%`"},
+        "state": {"type": "string", "enum": ["up", "drain", "maint"]},
+        "weight": {"type": "integer", "description": "percent of the server's weight"},
+        "reason": {"type": "string"},
+    },
+    "required": ["line", "state", "weight", "reason"],
+}
+NULL_BYTES = {**BYTES, "type": ["integer", "null"]}
+CAPACITY_MODEL = {
+    "type": "object",
+    "properties": {
+        "consumer": {"type": "string"},
+        "model": {"type": "string", "description": "as the gate keys it (`bge-m3:latest`)"},
+        "gpu": {"type": "integer"},
+        "class": {"type": "string", "description": "the requests' class it was asked for"},
+        "verdict": {
+            "type": "string",
+            "enum": ["resident", "fits", "after_eviction", "no_room", "unknown"],
+            "description": "resident: served by a loaded (or loading) copy; fits: granted at "
+            "once, nothing evicted; after_eviction: granted once idle residents its class may "
+            "take are unloaded; no_room: not now (it would wait or fail, or `blocked`); "
+            "unknown: no envelope known yet",
+        },
+        "plan": {
+            "type": ["string", "null"],
+            "enum": ["grant", "evict", "wait", "fail", None],
+            "description": "the planner's decision (null: not asked)",
+        },
+        "needed": {**BYTES, "description": "bytes it would add (0: resident or unknown)"},
+        "available": {
+            **NULL_BYTES,
+            "description": "bytes left for it: schedulable less what tickets ahead keep back",
+        },
+        "schedulable": NULL_BYTES,
+        "envelope": NULL_BYTES,
+        "envelope_source": {
+            "type": ["string", "null"],
+            "enum": ["configured", "measured", "estimate", None],
+        },
+        "victims": {
+            "type": "array",
+            "description": "after_eviction: the residents it would unload, in order",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "consumer": {"type": "string"},
+                    "model": {"type": "string"},
+                    "options": {"type": "string"},
+                },
+            },
+        },
+        "freed": {**BYTES, "description": "after_eviction: bytes the victims give back"},
+        "blocked": {
+            "type": ["string", "null"],
+            "enum": ["draining", "paused", "stale", "driver_error", "queue_full", None],
+        },
+        "reason": {"type": "string"},
+        "agent": AGENT_ANSWER,
+    },
+    "required": ["consumer", "model", "gpu", "class", "verdict", "needed", "agent"],
+}
+CAPACITY_RESIDENT = {
+    "type": "object",
+    "properties": {
+        "consumer": {"type": "string"},
+        "model": {"type": "string"},
+        "options": {"type": "string"},
+        "bytes": BYTES,
+        "state": {"type": "string", "enum": ["loading", "resident", "unloading", "suspect"]},
+        "class": {"type": "string"},
+        "policy": {"type": "string"},
+        "in_flight": {"type": "integer"},
+        "idle_seconds": SECONDS,
+        "expires_in_seconds": {**SECONDS, "type": ["number", "null"]},
+    },
+}
+CAPACITY = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean", "description": "what /gate/v1/health says"},
+        "failed": {"type": "array", "items": {"type": "string"}},
+        "floor": {**BYTES, "description": "below this schedulable on every GPU: drain"},
+        "agent": AGENT_ANSWER,
+        "gpus": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "gpu": {"type": "integer"},
+                    "total": BYTES,
+                    "schedulable": BYTES,
+                    "paused": {"type": "boolean"},
+                    "pressure": {"type": "boolean"},
+                    "sample_age_seconds": {**SECONDS, "type": ["number", "null"]},
+                    "queue_depth": {"type": "integer", "description": "tickets waiting"},
+                    "residents": {"type": "array", "items": CAPACITY_RESIDENT},
+                },
+            },
+        },
+        "models": {"type": "array", "items": CAPACITY_MODEL},
+    },
+    "required": ["ok", "failed", "floor", "agent", "gpus", "models"],
+}
 LEASE_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}
 EVENT_FILTERS = [
     _query("consumer", "only events of this consumer"),
@@ -114,18 +231,47 @@ def _path(name: str, kind: str = "string") -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": kind}}
 
 
+WALL = {"type": ["number", "null"], "description": "wall-clock seconds; null: not known"}
+WHO = {"type": ["string", "null"], "description": "who asked: an identity, or `token`"}
+UNDO = {"type": ["string", "null"], "description": "the command that undoes it"}
 CONSUMER_STATE = {
     "type": "object",
     "properties": {
         "consumer": {"type": "string"},
+        "gpu": {"type": ["integer", "null"]},
         "draining": {"type": "boolean"},
         "drained": {"type": "boolean", "description": "draining, and no lease of it is left"},
         "leases": {"type": "integer"},
+        "draining_since": WALL,
+        "draining_seconds": {**SECONDS, "type": ["number", "null"]},
+        "draining_by": WHO,
+        "undo": UNDO,
+        "lifecycle": {
+            "type": ["object", "null"],
+            "description": "a runtime whose memory is its process's: its lifecycle; "
+            "null for a runtime that loads and unloads models itself",
+            "properties": {
+                "state": {"enum": ["stopped", "starting", "up", "asleep", "stopping"]},
+                "since": WALL,
+                "seconds": SECONDS,
+                "failures": {
+                    "type": "integer",
+                    "description": "failed starts or crashes in a row (its start backoff)",
+                },
+            },
+        },
     },
 }
 GPU_STATE = {
     "type": "object",
-    "properties": {"gpu": {"type": "integer"}, "paused": {"type": "boolean"}},
+    "properties": {
+        "gpu": {"type": "integer"},
+        "paused": {"type": "boolean"},
+        "paused_since": WALL,
+        "paused_seconds": {**SECONDS, "type": ["number", "null"]},
+        "paused_by": WHO,
+        "undo": UNDO,
+    },
 }
 
 
@@ -195,13 +341,32 @@ def _operator_paths(secured: list[dict[str, list[str]]]) -> dict[str, Any]:
     }
 
 
+def _scoped(paths: dict[str, Any]) -> None:
+    """Each operation's scopes from gpugate.control.auth's table, and the 403 of a token
+    without them on every operation that needs a token."""
+    for path, item in paths.items():
+        for method, operation in item.items():
+            scopes = [scope.value for scope in required_scopes(method.upper(), path)]
+            operation[SCOPES] = scopes
+            if "security" not in operation:
+                continue
+            operation["security"] = [{"bearer": [scope]} for scope in scopes]
+            operation["responses"]["403"] = FORBIDDEN
+            if (method.upper(), path) == ASK_LEASE:
+                operation["description"] = (
+                    "`lease` for an explicit lease; `admit` for a start lease "
+                    '(`"purpose": "start"`)'
+                )
+
+
 def openapi_document() -> dict[str, Any]:
     """The document, built fresh (callers may change it)."""
     secured = [{"bearer": []}]
     paths: dict[str, Any] = {
         "/gate/v1/status": {
             "get": {
-                "summary": "budget per GPU, residents, leases and the queue",
+                "summary": "budget per GPU (paused or not), residents, leases, the queue "
+                "and each consumer's drain",
                 "responses": {"200": _json("the gate's books, in bytes and seconds")},
             }
         },
@@ -211,6 +376,27 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {
                     "200": _json("every check passed", HEALTH),
                     "503": _json("a check failed (`failed` names it)", HEALTH),
+                },
+            }
+        },
+        "/gate/v1/capacity": {
+            "get": {
+                "summary": "capacity for routers: per GPU schedulable bytes, residents and "
+                "queue depth; per model whether it is resident, fits, fits after an eviction, "
+                "has no room now, or is unknown; the agent-check answer for each",
+                "description": "The same numbers, one line at a time, on `gate.agent_check` "
+                "(HAProxy's agent-check, TCP): per connection one request line (HAProxy's "
+                "`agent-send`: empty for the host, or `MODEL` with optional `consumer=NAME` and "
+                "`class=CLASS`) is answered with one line, `up ready N%`, `drain 0%` or "
+                "`maint 0%`: each `agent.line` here is what it answers.",
+                "parameters": [
+                    _query("consumer", "only this fronted consumer's models"),
+                    _query("model", "only this model (as a client names it)"),
+                    _query("class", "ask as a request of this priority class would"),
+                ],
+                "responses": {
+                    "200": _json("the numbers, in bytes and seconds", CAPACITY),
+                    "400": _json("an unknown consumer or class, or an empty model", ERROR),
                 },
             }
         },
@@ -303,6 +489,13 @@ def openapi_document() -> dict[str, Any]:
                                     "ttl": {"type": ["number", "string"]},
                                     "max_wait": {"type": ["number", "string"]},
                                     "gpu": {"type": "integer"},
+                                    "purpose": {
+                                        "type": "string",
+                                        "enum": ["hold", "start"],
+                                        "description": "`start`: a consumer's start lease "
+                                        "(`gpugate admit`; the `admit` scope); `hold` "
+                                        "(default): the `lease` scope",
+                                    },
                                 },
                                 "required": ["bytes"],
                             }
@@ -343,13 +536,18 @@ def openapi_document() -> dict[str, Any]:
         },
     }
     paths.update(_operator_paths(secured))
+    _scoped(paths)
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "gpugate control API",
             "version": "1",
             "description": "Read-only routes answer without a token on loopback "
-            "(`gate.control_public`); every other method needs a bearer token.",
+            "(`gate.control_public`); every other method needs a bearer token. A control "
+            "token may carry scopes (`gate.control_tokens`): each operation names the one it "
+            f"needs in `{SCOPES}` and in its security requirement (`read` for every GET when "
+            "reads are not public, `lease`, `admit` for a start lease, `operate`); a token "
+            "without it is answered 403 FORBIDDEN, an unknown token 401.",
         },
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": paths,

@@ -2,8 +2,8 @@
 
     POST /gate/v1/residents/{consumer}/{model}/evict[?force=1]   202 {"key": ...}
     POST /gate/v1/consumers/{name}/drain | /undrain               200 consumer document
-    GET  /gate/v1/consumers/{name}                                draining, drained
-    POST /gate/v1/gpus/{index}/pause | /resume                    200 {"gpu", "paused"}
+    GET  /gate/v1/consumers/{name}                                draining, drained, since, by
+    POST /gate/v1/gpus/{index}/pause | /resume                    200 {"gpu", "paused", ...}
 
 Each action is an event naming who asked; an eviction's `eviction_done` follows when the
 unload runner is through.
@@ -12,12 +12,13 @@ unload runner is through.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gpugate.control.auth import CALLER
 from gpugate.control.leases import FAILURE_HEADER
+from gpugate.control.marks import consumer_document, pause_fields
 from gpugate.core.operator import EvictionRefused, Refusal
 from gpugate.core.residents import ResidentKey
 
@@ -36,13 +37,6 @@ def who(request: web.Request) -> str:
 def error(status: int, error_class: str, message: str) -> web.Response:
     body = {"error": {"class": error_class, "message": message}}
     return web.json_response(body, status=status, headers={FAILURE_HEADER: error_class})
-
-
-def consumer_document(gate: Gate, name: str) -> dict[str, Any]:
-    """A consumer's operator state: draining, and drained once it holds no lease."""
-    draining, drained = gate.core.draining(name)
-    leases = sum(1 for lease in gate.core.leases() if lease.key.consumer == name)
-    return {"consumer": name, "draining": draining, "drained": drained, "leases": leases}
 
 
 def add_operator_routes(app: web.Application, gate: Gate) -> None:
@@ -135,14 +129,14 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
         if isinstance(index, web.Response):
             return index
         gate.pause(index, who=who(request))
-        return web.json_response({"gpu": index, "paused": True})
+        return web.json_response({"gpu": index, **pause_fields(gate, index)})
 
     async def resume(request: web.Request) -> web.Response:
         index = gpu(request)
         if isinstance(index, web.Response):
             return index
         gate.resume(index, who=who(request))
-        return web.json_response({"gpu": index, "paused": False})
+        return web.json_response({"gpu": index, **pause_fields(gate, index)})
 
     app.router.add_post("/gate/v1/residents/{consumer}/{model}/evict", evict)
     app.router.add_get("/gate/v1/consumers/{name}", show)

@@ -43,6 +43,16 @@ class OperatorBook:
     drained: set[str] = attrs.field(factory=set)
     """Draining consumers whose `consumer_drained` event has been recorded."""
     paused: set[int] = attrs.field(factory=set)
+    marks: dict[int | str, Mark] = attrs.field(factory=dict)
+    """Since when, and by whom, each pause (by GPU) and drain (by consumer) in force."""
+
+
+@attrs.frozen
+class Mark:
+    """When an operator action took effect (the core's clock) and who asked for it."""
+
+    since: float
+    by: str
 
 
 def refuse_eviction(

@@ -23,7 +23,7 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.lifecycle import Eviction, Life, LifeReport, LifeState
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
-from gpugate.core.operator import action_event, drained_events, refuse_eviction
+from gpugate.core.operator import Mark, action_event, drained_events, refuse_eviction
 from gpugate.core.planner import PlannerSettings
 from gpugate.core.pressure import ReserveSettings
 from gpugate.core.relief import relieve_pressure
@@ -579,6 +579,7 @@ class GateCore:
             return []
         book.draining.add(consumer)
         book.drained.discard(consumer)
+        book.marks[consumer] = Mark(now, who)
         started = action_event(
             EventKind.CONSUMER_DRAINING,
             now,
@@ -595,6 +596,7 @@ class GateCore:
             return []
         book.draining.discard(consumer)
         book.drained.discard(consumer)
+        book.marks.pop(consumer, None)
         return [
             action_event(
                 EventKind.CONSUMER_UNDRAINED,
@@ -616,6 +618,7 @@ class GateCore:
         if gpu in book.paused:
             return []
         book.paused.add(gpu)
+        book.marks[gpu] = Mark(now, who)
         return [action_event(EventKind.GPU_PAUSED, now, who, "admission paused", gpu=gpu)]
 
     def resume(self, gpu: int, now: float, who: str = "token") -> list[Effect]:
@@ -624,11 +627,16 @@ class GateCore:
         if gpu not in book.paused:
             return []
         book.paused.discard(gpu)
+        book.marks.pop(gpu, None)
         resumed = action_event(EventKind.GPU_RESUMED, now, who, "admission resumed", gpu=gpu)
         return [resumed, *self.scheduler.schedule(gpu, now)]
 
     def paused(self) -> list[int]:
         return sorted(self.scheduler.operator.paused)
+
+    def operator_mark(self, target: int | str) -> Mark | None:
+        """Since when and by whom a GPU (by index) is paused or a consumer (by name) drains."""
+        return self.scheduler.operator.marks.get(target)
 
     def _drained(self, now: float) -> list[Effect]:
         book = self.scheduler.operator

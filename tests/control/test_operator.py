@@ -11,6 +11,7 @@ import pytest
 
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import EventKind
+from gpugate.exits import Exit
 from tests.control.conftest import admin
 
 ROUTES = (
@@ -121,12 +122,15 @@ async def test_a_drained_consumer_fails_new_demands_and_finishes_in_flight_ones(
         aiohttp.ClientSession() as session,
         session.get(stack.control_url + "/gate/v1/consumers/ollama") as resp,
     ):
-        assert await resp.json() == {
-            "consumer": "ollama",
-            "draining": True,
-            "drained": True,
-            "leases": 0,
-        }
+        state = await resp.json()
+    assert {k: state[k] for k in ("consumer", "gpu", "draining", "drained", "leases")} == {
+        "consumer": "ollama",
+        "gpu": 0,
+        "draining": True,
+        "drained": True,
+        "leases": 0,
+    }
+    assert state["draining_by"] == "token" and state["undo"] == "gpugate undrain ollama"
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
     started = events_of(stack, EventKind.CONSUMER_DRAINING)[-1]
     assert "asked by token" in started.detail
@@ -138,14 +142,14 @@ async def test_a_drained_consumer_fails_new_demands_and_finishes_in_flight_ones(
 
 async def test_a_paused_gpu_queues_demands_until_resume(stack):
     status, _, body = await post(stack, "/gate/v1/gpus/0/pause")
-    assert status == 200 and body == {"gpu": 0, "paused": True}
+    assert status == 200 and (body["gpu"], body["paused"], body["paused_by"]) == (0, True, "token")
     queued = stack.next_event(EventKind.TICKET_QUEUED)
     waiting = asyncio.create_task(embed(stack))
     await asyncio.wait_for(queued, 10)
     assert len(stack.gate.core.waiting(0)) == 1 and not waiting.done()
     granted = stack.next_event(EventKind.LEASE_GRANTED)
     status, _, body = await post(stack, "/gate/v1/gpus/0/resume")
-    assert status == 200 and body == {"gpu": 0, "paused": False}
+    assert status == 200 and (body["gpu"], body["paused"], body["paused_by"]) == (0, False, None)
     await asyncio.wait_for(granted, 10)
     await asyncio.wait_for(waiting, 10)
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
@@ -186,7 +190,7 @@ async def test_the_cli_pauses_resumes_drains_and_evicts(stack, tmp_path, monkeyp
     code, out, _ = await gpugate(stack, tmp_path, "undrain", "ollama")
     assert (code, out) == (0, "ollama: admitting (0 lease(s) in flight)\n")
     code, out, err = await gpugate(stack, tmp_path, "evict", "ollama", "bge-m3:latest")
-    assert code == 1 and out == ""
+    assert code == Exit.DATAERR and out == ""
     assert err.startswith("gpugate evict: NOT_FOUND: no resident") and err.count("\n") == 1
     await embed(stack)
     done = stack.next_event(EventKind.EVICTION_DONE, reason="operator")
@@ -201,6 +205,6 @@ async def test_the_cli_without_a_token_is_one_line_and_a_failure(stack, tmp_path
 
     monkeypatch.delenv("GPUGATE_TOKEN", raising=False)
     code, out, err = await gpugate(stack, tmp_path, "drain", "ollama")
-    assert code == 1 and out == "" and err.startswith("gpugate drain: UNAUTHORIZED: ")
+    assert code == Exit.NOPERM and out == "" and err.startswith("gpugate drain: UNAUTHORIZED: ")
     assert err.count("\n") == 1
     assert stack.gate.core.draining("ollama") == (False, False)

@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 import ollama
+import pytest
 
 from gpugate.core.effects import EventKind
 from gpugate.core.failures import Failure, FailureClass
@@ -124,3 +125,28 @@ async def test_a_resident_models_requests_are_followed_only_while_a_stream_is_op
         )
         assert (released["event"], released["reason"]) == ("lease_released", "done")
     assert hub.followers == 0
+
+
+@pytest.mark.parametrize("follow", ["0", "1"])
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [({"failure": "NOPE"}, "unknown failure class 'NOPE'"), ({"class": "vip"}, "unknown class")],
+)
+async def test_a_filter_that_names_no_class_is_a_400(
+    tmp_path, sim_host, fakenvml_path, follow, query, said
+):
+    async with (
+        running_stack(tmp_path, sim_host, fakenvml_path) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        for path in ("/gate/v1/events", "/gate/v1/stream"):
+            params = {**query, "follow": follow}
+            async with session.get(stack.control_url + path, params=params) as resp:
+                assert resp.status == 400, path
+                error = (await resp.json())["error"]
+            assert error["class"] == "BAD_REQUEST" and said in error["message"]
+        # Any case of a real class still filters.
+        async with session.get(
+            stack.control_url + "/gate/v1/events", params={"class": "Interactive"}
+        ) as resp:
+            assert resp.status == 200

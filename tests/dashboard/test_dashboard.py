@@ -21,8 +21,8 @@ from tests.dashboard.cdp import CHROMIUM, chromium_page
 from tests.gate.harness import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-INCIDENT = ROOT / "sim" / "incident-2026-07-10.yaml"
-DEMO_CONFIG = ROOT / "sim" / "demo-consumers.yaml"
+INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
+DEMO_CONFIG = ROOT / "gpugate" / "sim" / "data" / "demo-consumers.yaml"
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
 UPDATE_ENV = "GPUGATE_UPDATE_SCREENSHOT"
 

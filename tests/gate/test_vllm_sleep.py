@@ -127,6 +127,8 @@ async def test_a_request_wakes_a_sleeping_vllm_under_a_lease(
         gate.evict(KEY, who="test")
         await done
         assert await sleeping(sim)
+        # Its lifecycle is the core's: asleep, in the status document and the metrics.
+        assert await lifecycle_state(stack) == ("asleep", 1.0)
         granted = stack.next_event(EventKind.LEASE_GRANTED, key=KEY)
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         chat = await client.chat.completions.create(
@@ -141,7 +143,22 @@ async def test_a_request_wakes_a_sleeping_vllm_under_a_lease(
         resident = gate.core.resident(KEY)
         assert resident is not None and resident.state is ResidentState.RESIDENT
         assert sim_host.read().held_by(sim.pid, 0) == AWAKE
+        assert await lifecycle_state(stack) == ("up", 1.0)
         assert gate.core.leases() == [] and stack.host.ooms() == []
+
+
+async def lifecycle_state(stack: Stack) -> tuple[str, float]:
+    """The consumer's lifecycle state as /gate/v1/status says, and its metric's value."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(stack.control_url + "/gate/v1/status") as resp:
+            document = await resp.json()
+        async with session.get(stack.control_url + "/metrics") as resp:
+            metrics = await resp.text()
+    (entry,) = [c for c in document["consumers"] if c["consumer"] == "vllm"]
+    state = entry["lifecycle"]["state"]
+    sample = f'gpugate_runtime_state{{consumer="vllm",state="{state}"}} '
+    (line,) = [x for x in metrics.splitlines() if x.startswith(sample)]
+    return state, float(line.split()[-1])
 
 
 async def test_the_gates_refusal_is_in_vllms_error_shape(tmp_path, sim_host, fakenvml_path):

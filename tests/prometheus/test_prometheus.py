@@ -13,6 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpugate.core.effects import EventKind
+from tests.control.operated import operated_gate
 from tests.gate.harness import free_port, running_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +22,8 @@ PROM = ROOT / "build" / "prom" / "usr" / "bin"
 PROMETHEUS = PROM / "prometheus"
 PROMTOOL = PROM / "promtool"
 DOCS = ROOT / "docs"
+
+SUFFIXES = ("_bucket", "_sum", "_count")
 
 needs_prometheus = pytest.mark.skipif(
     not PROMETHEUS.exists(), reason="make test extracts Debian's prometheus first"
@@ -109,8 +113,15 @@ def test_the_alert_rules_pass_promtool_and_their_unit_tests():
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 8 rules found" in check.stdout
-    names = set(re.findall(r"^\s+- alert: (\w+)", (DOCS / "alerts.yml").read_text(), re.M))
+    assert "SUCCESS: 12 rules found" in check.stdout
+    rules = (DOCS / "alerts.yml").read_text()
+    names = set(re.findall(r"^\s+- alert: (\w+)", rules, re.M))
+    assert {"GpugatePaused", "GpugateDown", "GpugateStoreDown", "GpugateUnhealthy"} <= names
+    # Every metric a rule reads is one the gate documents (and so exports: tests/gate).
+    documented = (DOCS / "metrics.md").read_text()
+    for name in set(re.findall(r"\bgpugate_\w+", rules)):
+        base = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
+        assert f"`{base}`" in documented, name
     tested = set(re.findall(r"alertname: (\w+)", (DOCS / "alerts.test.yml").read_text()))
     assert names == tested, names ^ tested
     unit = subprocess.run(
@@ -122,9 +133,6 @@ def test_the_alert_rules_pass_promtool_and_their_unit_tests():
     )
     assert unit.returncode == 0, unit.stdout + unit.stderr
     assert "SUCCESS" in unit.stdout
-
-
-SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def exposed_names(text: str) -> set[str]:
@@ -163,3 +171,32 @@ async def test_the_grafana_dashboard_uses_only_exposed_and_documented_metrics(
     for name in used:
         base = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
         assert f"`{base}`" in documented, name
+
+
+@pytest.mark.skipif(not PROMTOOL.exists(), reason="make test extracts Debian's prometheus first")
+async def test_the_exposition_passes_promtool_with_a_paused_gpu_and_a_draining_consumer(tmp_path):
+    async with operated_gate(tmp_path) as op:
+        await op.post("/gate/v1/gpus/0/pause")
+        await op.post("/gate/v1/consumers/trainer/drain")
+        queued = op.gate.events.next(lambda e: e.kind is EventKind.TICKET_QUEUED)
+        ask = asyncio.ensure_future(
+            op.post("/gate/v1/leases", {"consumer": "render", "bytes": "1GiB", "max_wait": 600})
+        )
+        await asyncio.wait_for(queued, 10)
+        op.clock.now += 120
+        text = await op.exposition()
+        await op.post("/gate/v1/gpus/0/resume")
+        status, _ = await asyncio.wait_for(ask, 10)
+        assert status == 201
+    lint = subprocess.run(
+        [str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    for sample in (
+        'gpugate_gpu_paused{gpu="0"} 1.0',
+        'gpugate_gpu_paused_seconds{gpu="0"} 120.0',
+        'gpugate_consumer_draining{consumer="trainer"} 1.0',
+        'gpugate_consumer_draining{consumer="render"} 0.0',
+        'gpugate_queue_tickets{class="production",gpu="0"} 0.0',
+    ):
+        assert sample in text.splitlines(), sample

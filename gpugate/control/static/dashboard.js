@@ -75,11 +75,12 @@ function gpuCard(gpu) {
   return card;
 }
 
-function renderGpu(gpu, pressure) {
+function renderGpu(gpu, pressure, drains) {
   const card = gpuCard(gpu);
   const title = card.querySelector("h3");
   title.textContent = `GPU ${gpu.index} · ${gpu.name} · ${bytes(gpu.total)}`;
   if (pressure) title.append(" ", el("span", { class: "pressure", "data-pressure": "1" }, "PRESSURE"));
+  if (gpu.paused) title.append(" ", pausedBadge(gpu));
   card.querySelector(".meta").textContent =
     `sample ${gpu.sample_age_seconds === null ? "-" : gpu.sample_age_seconds.toFixed(1) + "s"} old · ` +
     `schedulable ${bytes(gpu.schedulable)} · NVML used ${bytes(gpu.used)}, free ${bytes(gpu.free)}`;
@@ -94,7 +95,8 @@ function renderGpu(gpu, pressure) {
     let seg = bar.querySelector(`[data-key="${CSS.escape(key)}"]`);
     if (!seg) {
       seg = el("div", { class: "seg" + (part.kind === "leased" ? " leased" : ""), "data-key": key });
-      seg.style.background = part.colour;
+      // The colour only: the `background` shorthand would reset the leased hatch's image.
+      seg.style.backgroundColor = part.colour;
     }
     bar.append(seg);
     seg.style.flexBasis = (100 * Math.max(0, part.bytes) / gpu.total).toFixed(3) + "%";
@@ -106,8 +108,39 @@ function renderGpu(gpu, pressure) {
     el("span", { class: "item", "data-kind": part.kind, "data-name": part.name, "data-bytes": part.bytes },
       el("span", { class: "sw" + (part.kind === "leased" ? " leased" : "") , style: "" }),
       part.kind === "leased" ? part.name + " (leased)" : part.name, " ",
-      el("span", { class: "bytes" }, bytes(part.bytes)))));
-  legend.querySelectorAll(".sw").forEach((sw, i) => { sw.style.background = parts[i].colour; });
+      el("span", { class: "bytes" }, bytes(part.bytes)),
+      part.kind === "consumer" ? drainBadge(drains[part.name]) : null)));
+  legend.querySelectorAll(".sw").forEach((sw, i) => { sw.style.backgroundColor = parts[i].colour; });
+}
+
+// When and by whom an operator action was taken, and the command that undoes it.
+function since(held, by, undo) {
+  const parts = [];
+  if (held !== null && held !== undefined) parts.push("for " + seconds(held));
+  if (by) parts.push("by " + by);
+  return parts.join(" ") + (undo ? " · undo: " + undo : "");
+}
+
+function pausedBadge(gpu) {
+  return el("span", { class: "badge warn operator", "data-paused": "1", title: since(gpu.paused_seconds, gpu.paused_by, gpu.undo) },
+    "PAUSED" + (gpu.paused_seconds === null || gpu.paused_seconds === undefined ? "" : " " + seconds(gpu.paused_seconds)));
+}
+
+function drainBadge(consumer) {
+  if (!consumer || !consumer.draining) return null;
+  const state = consumer.drained ? "drained" : "draining";
+  return el("span", { class: "badge warn operator", "data-draining": state, title: since(consumer.draining_seconds, consumer.draining_by, consumer.undo) },
+    state.toUpperCase());
+}
+
+// The header's summary of what operators did that still holds: paused GPUs, draining consumers.
+function renderOperator(doc) {
+  const badge = document.getElementById("operator");
+  const held = doc.gpus.filter((g) => g.paused).map((g) => `GPU ${g.index} paused`)
+    .concat((doc.consumers || []).filter((c) => c.draining).map((c) => `${c.consumer} ${c.drained ? "drained" : "draining"}`));
+  badge.textContent = held.join(" · ");
+  badge.hidden = held.length === 0;
+  badge.setAttribute("data-count", held.length);
 }
 
 function rows(tbody, items, render, empty) {
@@ -119,7 +152,9 @@ function render(doc) {
   const health = document.getElementById("health");
   health.textContent = doc.health.ok ? "healthy" : "unhealthy: " + doc.health.failed.join(", ");
   health.className = "badge" + (doc.health.ok ? "" : " bad");
-  for (const gpu of doc.gpus) renderGpu(gpu, doc.pressure[String(gpu.index)]);
+  const drains = Object.fromEntries((doc.consumers || []).map((c) => [c.consumer, c]));
+  renderOperator(doc);
+  for (const gpu of doc.gpus) renderGpu(gpu, doc.pressure[String(gpu.index)], drains);
   const counts = Object.fromEntries(CLASSES.map((c) => [c, 0]));
   for (const t of doc.queue) counts[t.class] = (counts[t.class] || 0) + 1;
   document.getElementById("queue-classes").replaceChildren(...Object.entries(counts).map(([c, n]) =>
