@@ -175,6 +175,12 @@ class EventHub:
         if kind is EventKind.LEASE_GRANTED or kind is EventKind.LEASE_RELEASED:
             if kind is EventKind.LEASE_GRANTED:
                 self.tally.count(event)
+                # A lease that brings memory (a load, a start, a job) is worth a line at
+                # INFO; the many 0-byte leases on resident models stay at DEBUG.
+                if event.bytes and log.isEnabledFor(logging.INFO):
+                    log.info(event_json(event))
+                    self._follow(event, logged=True)
+                    return
             self._follow(event)
             return
         if log.isEnabledFor(logging.INFO):
@@ -202,9 +208,9 @@ class EventHub:
         if self._every or self._waiters or log.isEnabledFor(logging.DEBUG):
             self._follow(released_event(lease, now, "failed" if failed else "done"))
 
-    def _follow(self, event: Event) -> None:
+    def _follow(self, event: Event, *, logged: bool = False) -> None:
         """A routine event to whoever follows them one by one."""
-        if log.isEnabledFor(logging.DEBUG):
+        if not logged and log.isEnabledFor(logging.DEBUG):
             log.debug(event_json(event))
         for callback in self._every:
             callback(event)

@@ -107,6 +107,16 @@ def test_routine_events_are_logged_at_debug_only(built, caplog):
     assert record.levelno == logging.DEBUG and '"event": "lease_granted"' in record.getMessage()
 
 
+def test_a_lease_that_brings_memory_is_logged_at_info_once(built, caplog):
+    hub = EventHub()
+    loading = Lease(9, demand("qwen", 5 << 30), granted=2.0, waited=0.5, pending=5 << 30, loads=True)
+    with caplog.at_level(logging.DEBUG, logger="gpugate.events"):
+        hub.publish(granted_event(loading))
+        hub.publish(granted_event(resident_lease(10)))
+    levels = [(r.levelno, '"lease": 9' in r.getMessage()) for r in caplog.records]
+    assert levels == [(logging.INFO, True), (logging.DEBUG, False)]
+
+
 def test_every_grant_is_counted_by_consumer_and_class_and_its_wait_if_any():
     hub = EventHub()
     hub.granted(resident_lease(1))
