@@ -319,7 +319,10 @@ def _operator_paths(secured: list[dict[str, list[str]]]) -> dict[str, Any]:
             "get": {
                 "summary": "a consumer's operator state: draining, drained",
                 "parameters": consumer,
-                "responses": {"200": _json("its state", CONSUMER_STATE)},
+                "responses": {
+                    "200": _json("its state", CONSUMER_STATE),
+                    "404": _json("no such consumer", ERROR),
+                },
             }
         },
         "/gate/v1/consumers/{name}/drain": action(
@@ -334,9 +337,13 @@ def _operator_paths(secured: list[dict[str, list[str]]]) -> dict[str, Any]:
             "pause admission on a GPU: new demands wait in its queue",
             gpu,
             _json("paused", GPU_STATE),
+            **{"400": _json("the index is not a whole number", ERROR)},
         ),
         "/gate/v1/gpus/{index}/resume": action(
-            "resume admission on a GPU", gpu, _json("resumed", GPU_STATE)
+            "resume admission on a GPU",
+            gpu,
+            _json("resumed", GPU_STATE),
+            **{"400": _json("the index is not a whole number", ERROR)},
         ),
     }
 

@@ -8,6 +8,7 @@ import aiohttp
 
 from gpugate.control.app import control_app
 from gpugate.control.metrics import GateMetrics
+from tests.control.conftest import CONTROL_TOKEN
 
 
 def routed(app) -> dict[str, set[str]]:
@@ -49,3 +50,24 @@ async def test_every_route_is_documented_and_every_documented_path_is_routed(
             assert operation["responses"], (path, method)
             # Whatever changes state needs a token, and says so.
             assert (method != "get") == ("security" in operation), (path, method)
+
+
+async def test_the_errors_routes_answer_for_bad_input_are_documented(stack):
+    headers = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.get(stack.control_url + "/gate/v1/openapi.json") as resp:
+            paths = (await resp.json())["paths"]
+        asked = [
+            ("get", "/gate/v1/consumers/nosuch", "/gate/v1/consumers/{name}"),
+            ("post", "/gate/v1/gpus/x/pause", "/gate/v1/gpus/{index}/pause"),
+            ("post", "/gate/v1/gpus/x/resume", "/gate/v1/gpus/{index}/resume"),
+            ("get", "/gate/v1/events?class=vip", "/gate/v1/events"),
+            ("get", "/gate/v1/events?failure=NOPE", "/gate/v1/events"),
+        ]
+        for method, url, path in asked:
+            async with session.request(method, stack.control_url + url) as resp:
+                status = resp.status
+                error = (await resp.json())["error"]
+            assert status in (400, 404), (url, status)
+            assert error["class"] and error["message"], url
+            assert str(status) in paths[path][method]["responses"], (url, status)
