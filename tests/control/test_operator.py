@@ -92,9 +92,7 @@ async def test_a_model_loaded_since_the_last_listing_is_listed_before_not_found(
     status, _, body = await post(stack, "/gate/v1/residents/ollama/bge-m3/evict")
     assert status == 202, body
     assert body["key"]["model"] == "bge-m3:latest"
-    assert any(
-        e.model == "bge-m3:latest" for e in events_of(stack, EventKind.OUT_OF_BAND_RESIDENT)
-    )
+    assert any(e.model == "bge-m3:latest" for e in events_of(stack, EventKind.OUT_OF_BAND_RESIDENT))
 
 
 async def test_a_drained_consumer_fails_new_demands_and_finishes_in_flight_ones(stack):

@@ -109,7 +109,9 @@ def test_routine_events_are_logged_at_debug_only(built, caplog):
 
 def test_a_lease_that_brings_memory_is_logged_at_info_once(built, caplog):
     hub = EventHub()
-    loading = Lease(9, demand("qwen", 5 << 30), granted=2.0, waited=0.5, pending=5 << 30, loads=True)
+    loading = Lease(
+        9, demand("qwen", 5 << 30), granted=2.0, waited=0.5, pending=5 << 30, loads=True
+    )
     with caplog.at_level(logging.DEBUG, logger="gpugate.events"):
         hub.publish(granted_event(loading))
         hub.publish(granted_event(resident_lease(10)))
