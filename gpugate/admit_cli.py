@@ -1,6 +1,6 @@
 """`gpugate admit`: admit a runtime's start against the VRAM budget, for a unit's ExecStartPre.
 
-    gpugate admit CONSUMER [--wait DURATION] [--config FILE]
+    gpugate admit CONSUMER [--wait DURATION] [--config FILE] [-- CMD [ARGS...]]
 
 Asks the running gate for a start lease for CONSUMER's envelope (waiting up to --wait,
 default: the consumer's class's max_wait) and exits 0 once it is granted; the process
@@ -12,12 +12,19 @@ allocation that cannot fit; the code (gpugate.exits) says whether trying again c
 75 only when no room came within the wait; 65 for a consumer the gate does not know or
 one with no envelope, 69 when no gate answers, 77 for a token it refuses, 64 and 78 for
 the command line and the configuration.
+
+With `-- CMD`, once the lease is granted `gpugate admit` becomes CMD (exec: the same
+process, so a unit's main PID does not change) and CMD's status is the unit's. As the
+unit's ExecStart it makes its refusals the main process's exit status, which
+`RestartPreventExitStatus=` judges (it never judges ExecStartPre=): a wrong token (77)
+stops the unit instead of restarting it forever, while no room (75) is retried.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -31,11 +38,12 @@ def add_admit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     admit = sub.add_parser(
         "admit",
         help="admit a runtime's start (a start lease for its envelope), for ExecStartPre",
-        usage="gpugate admit CONSUMER [--wait DURATION] [--config FILE]",
+        usage="gpugate admit CONSUMER [--wait DURATION] [--config FILE] [-- CMD [ARGS...]]",
     )
     admit.add_argument("consumer", metavar="CONSUMER", help="a configured consumer")
     admit.add_argument("--wait", help="the longest to wait for room (default: the class's)")
     admit.add_argument("--config", type=Path, help="consumers.yaml (the control address, token)")
+    admit.set_defaults(argv=[])
 
 
 def _say(message: str) -> None:
@@ -46,6 +54,7 @@ def run_admit(args: argparse.Namespace, config_path: Path) -> int:
     """The `gpugate admit` command."""
     from gpugate.config.loader import ConfigError
 
+    argv = list(args.argv)
     body: dict[str, object] = {"consumer": args.consumer, "purpose": "start"}
     if args.wait is not None:
         try:
@@ -58,7 +67,25 @@ def run_admit(args: argparse.Namespace, config_path: Path) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
-    return asyncio.run(_admit(url, token, body))
+    code = asyncio.run(_admit(url, token, body))
+    if code != Exit.OK or not argv:
+        return code
+    return _become(argv)
+
+
+def _become(argv: list[str]) -> int:
+    """Replace this process with `argv` (126/127 as a shell says, when it cannot run)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(argv[0], argv)
+    except FileNotFoundError:
+        _say(f"{argv[0]}: command not found")
+        return 127
+    except OSError as exc:
+        _say(f"{argv[0]}: {exc.strerror or exc}")
+        return 126
+    return 126  # not reached: execvp returns only by raising
 
 
 async def _admit(url: str, token: str | None, body: dict[str, object]) -> int:

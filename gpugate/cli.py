@@ -94,7 +94,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # `admit CONSUMER ... -- CMD ARGS`: what follows `--` is the command, whatever it holds
+    # (argparse cannot put a positional after options and a second positional list).
+    command: list[str] = []
+    if words[:1] == ["admit"] and "--" in words:
+        at = words.index("--")
+        words, command = words[:at], words[at + 1 :]
+    args = _parser().parse_args(words)
+    if args.command == "admit":
+        args.argv = command
     try:
         return int(_dispatch(args))
     except ConfigNotFound as exc:

@@ -168,7 +168,7 @@ def test_drop_ins_put_each_runtime_where_the_example_configuration_expects_it():
         assert first == "" and command.endswith(flags.format(host=address.host, port=address.port))
 
 
-def test_whisper_s_start_is_admitted_within_its_start_timeout():
+def test_whisper_s_start_is_admitted_and_a_refusal_that_repeats_stops_it():
     from gpugate.config.loader import load_config_text_with_warnings
     from gpugate.core.units import parse_duration
 
@@ -176,12 +176,20 @@ def test_whisper_s_start_is_admitted_within_its_start_timeout():
     whisper = load_config_text_with_warnings(seed.read_text(), seed, {}).config.consumer("whisper")
     assert whisper.control is not None and whisper.control.unit == "whisper-server.service"
     text = _drop_in("whisper-server")
-    (admit,) = _setting(text, "ExecStartPre")
+    # The admission is the unit's main process, which becomes whisper-server once admitted.
+    assert _setting(text, "ExecStartPre") == []
+    first, admit = _setting(text, "ExecStart")
     words = admit.split()
-    assert words[:3] == ["/usr/local/bin/gpugate", "admit", "whisper"]
-    wait = parse_duration(words[words.index("--wait") + 1])
-    (timeout,) = _setting(text, "TimeoutStartSec")
-    assert parse_duration(timeout) > wait
+    assert first == "" and words[:3] == ["/usr/local/bin/gpugate", "admit", "whisper"]
+    assert parse_duration(words[words.index("--wait") + 1]) > 0
+    assert words[words.index("--") + 1] == "/usr/local/bin/whisper-server"
+    # What a retry cannot mend stops the unit; no room (75) and no gate (69) are retried.
+    from gpugate.exits import Exit
+
+    (prevent,) = _setting(text, "RestartPreventExitStatus")
+    codes = {int(code) for code in prevent.split()}
+    assert codes == {Exit.USAGE, Exit.DATAERR, Exit.NOPERM, Exit.CONFIG}
+    assert Exit.TEMPFAIL not in codes and Exit.UNAVAILABLE not in codes
     # Ollama and ComfyUI hold nothing worth admitting at start (see their drop-ins).
     assert _setting(_drop_in("ollama"), "ExecStartPre") == []
     assert _setting(_drop_in("comfyui"), "ExecStartPre") == []

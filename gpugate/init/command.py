@@ -56,7 +56,7 @@ def add_init_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _gpugate_program() -> str:
-    """The gpugate program a drop-in's ExecStartPre should run: this one."""
+    """The gpugate program a drop-in's `gpugate admit` should run: this one."""
     argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
     if argv0 is not None and argv0.name == "gpugate" and argv0.exists():
         return str(argv0.absolute())

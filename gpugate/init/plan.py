@@ -4,7 +4,8 @@ The gate takes the address each runtime listens on now (its clients change nothi
 runtime moves to loopback, on the next port up that nothing listens on (11434 → 11435, as
 the shipped drop-ins do). A runtime that loads its model at start and holds it until it
 exits (whisper-server, llama-server with one model) is admitted at start, as the shipped
-whisper-server drop-in does: `ExecStartPre=gpugate admit`, and the gate controls its unit.
+whisper-server drop-in does (`gpugate admit ... -- COMMAND` as its ExecStart), and the gate
+controls its unit.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Options:
     nvml_library: Path | None = None
     """Written as gate.nvml_library when given."""
     gpugate: str = "/usr/local/bin/gpugate"
-    """The gpugate program a drop-in's ExecStartPre runs."""
+    """The gpugate program a drop-in's `gpugate admit` runs."""
     ask_runtimes: bool = True
     """Ask a found Ollama which models it holds (GET /api/ps on loopback)."""
 
@@ -109,7 +110,8 @@ class Front:
     unit: str | None = None
     unit_info: UnitInfo | None = None
     admitted: bool = False
-    """Its start is admitted (`gpugate admit` in ExecStartPre) and the gate controls the unit."""
+    """Its start is admitted (`gpugate admit` in its ExecStart, else its ExecStartPre) and the
+    gate controls the unit."""
     control_command: tuple[str, ...] = ()
     """The gate runs this itself (a one-model llama-server outside systemd)."""
     new_argv: tuple[str, ...] | None = None

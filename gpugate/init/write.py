@@ -142,7 +142,7 @@ def config_text(plan: Plan) -> str:
     if plan.admits:
         out.append(
             f'    - {{token: "credential:admit.token:{ADMIT_TOKEN}", scopes: [admit]}}'
-            "  # ExecStartPre's"
+            "  # gpugate admit's"
         )
     if options.proc_root is not None and str(options.proc_root) != "/proc":
         out.append(
@@ -244,9 +244,7 @@ def _consumer(front: Front) -> list[str]:
         assert front.unit is not None
         lines.append(_with_comment("    control:", "freed only by exiting: eviction is a stop"))
         lines.append(
-            _with_comment(
-                f"      unit: {scalar(front.unit)}", "its ExecStartPre runs `gpugate admit`"
-            )
+            _with_comment(f"      unit: {scalar(front.unit)}", "its ExecStart runs `gpugate admit`")
         )
         lines.append("      start_admission_timeout: 2m")
     elif front.control_command:
@@ -312,11 +310,23 @@ def drop_in_text(front: Front, options: Options) -> str:
             "OLLAMA_KEEP_ALIVE=-1: the gate sets keep_alive on every /api/* request and "
             "unloads /v1/* models itself, so Ollama's own timer must never fire first."
         )
+    admit = [
+        options.gpugate, "admit", front.name, "--wait", ADMIT_WAIT, "--config", CONFIG_PATH,
+    ]  # fmt: skip
+    # With the unit's command known, `gpugate admit ... -- COMMAND` is the main process (it
+    # becomes the command once admitted), so RestartPreventExitStatus= judges its refusals.
+    exec_form = front.admitted and front.new_argv is not None
     if front.admitted:
+        how = (
+            f"its ExecStart asks the gate for a start lease for the consumer's envelope, then "
+            f"becomes the runtime; when none comes within {ADMIT_WAIT} it exits 75 and is retried"
+            if exec_form
+            else "ExecStartPre asks the gate for a start lease for the consumer's envelope and "
+            f"fails (status 75) when none comes within {ADMIT_WAIT}"
+        )
         lines += _comment_lines(
             "It loads its model before it binds its port and holds it until it exits, so its "
-            "start is admitted like a load: ExecStartPre asks the gate for a start lease for "
-            f"the consumer's envelope and fails (status 75) when none comes within {ADMIT_WAIT}."
+            f"start is admitted like a load: {how}."
         )
         unit_lines = [
             "# The gate must be up to admit the start.",
@@ -326,19 +336,9 @@ def drop_in_text(front: Front, options: Options) -> str:
         service += [
             "# `gpugate admit` presents the admit-only token, passed as a credential.",
             f"LoadCredential=gpugate-token:{ADMIT_TOKEN}",
-            "ExecStartPre="
-            + systemd_command(
-                [
-                    options.gpugate,
-                    "admit",
-                    front.name,
-                    "--wait",
-                    ADMIT_WAIT,
-                    "--config",
-                    CONFIG_PATH,
-                ]
-            ),
         ]
+        if not exec_form:
+            service.append("ExecStartPre=" + systemd_command(admit))
     for key, value in front.new_env:
         service.append(f"Environment={systemd_word(f'{key}={value}')}")
     if front.new_argv is not None:
@@ -351,13 +351,22 @@ def drop_in_text(front: Front, options: Options) -> str:
             f"# {source[0].upper() + source[1:]}, with only its address changed. ExecStart= is a",
             "# list: the empty line clears the unit's own command before the new one.",
             "ExecStart=",
-            f"ExecStart={systemd_command(front.new_argv)}",
+            "ExecStart="
+            + systemd_command([*admit, "--", *front.new_argv] if exec_form else front.new_argv),
         ]
-    if front.admitted:
+    if exec_form:
+        service += [
+            "# No room yet (75) or no gate (69) is retried after RestartSec, like a crash; a",
+            "# refused token (77), a bad consumers.yaml or command line (78, 64, 65) stops it.",
+            "Restart=on-failure",
+            "RestartSec=10s",
+            "RestartPreventExitStatus=64 65 77 78",
+        ]
+    elif front.admitted:
         service += [
             "# The admission wait counts towards the start timeout: keep it above --wait.",
             "TimeoutStartSec=6m",
-            "# No admission (75) is retried after RestartSec, like a crash.",
+            "# A refused admission is retried after RestartSec, like a crash.",
             "Restart=on-failure",
             "RestartSec=10s",
         ]
@@ -469,7 +478,7 @@ def _steps(plan: Plan, out: str) -> list[tuple[str, list[str]]]:
         (
             "Make the control tokens, each in a file only root can read"
             + (
-                " (admit: for the ExecStartPre of the runtimes whose start is admitted):"
+                " (admit: for `gpugate admit` of the runtimes whose start is admitted):"
                 if plan.admits
                 else ":"
             ),

@@ -251,3 +251,36 @@ async def test_admit_while_whisper_runs_leases_none_of_what_it_holds(served):
         assert whisper_row(await served.status())["committed"] == WHISPER_BYTES
     events = await served.events()
     assert not [e for e in events if e["event"] in ("eviction_started", "failure")]
+
+
+async def test_admit_then_exec_becomes_the_command_in_the_same_process(served, tmp_path):
+    marker = tmp_path / "ran"
+    script = (
+        f"import os, pathlib, sys; pathlib.Path({str(marker)!r}).write_text(str(os.getpid())); "
+        "sys.exit(7)"
+    )
+    argv = [sys.executable, "-m", "gpugate", "admit", "whisper", "--wait", "10s",
+            "--config", str(served.config), "--", sys.executable, "-c", script]  # fmt: skip
+    child = subprocess.Popen(argv, env=served.env, stdout=subprocess.PIPE, text=True)
+    out, _ = await asyncio.to_thread(child.communicate, timeout=60)
+    # The command's status is the process's: the unit's main PID never changed.
+    assert child.returncode == 7
+    assert marker.read_text() == str(child.pid)
+    assert out.startswith("gpugate admit: whisper: start lease ")
+
+
+async def test_a_refused_admit_runs_nothing_and_exits_with_its_own_code(served, tmp_path):
+    marker = tmp_path / "ran"
+    argv = [sys.executable, "-m", "gpugate", "admit", "nobody", "--config", str(served.config),
+            "--", "touch", str(marker)]  # fmt: skip
+    done = await asyncio.to_thread(
+        subprocess.run, argv, env=served.env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == Exit.DATAERR and not marker.exists()
+    assert (await served.status())["leases"] == []
+    missing = [sys.executable, "-m", "gpugate", "admit", "whisper", "--config",
+               str(served.config), "--", str(tmp_path / "no-such-program")]  # fmt: skip
+    done = await asyncio.to_thread(
+        subprocess.run, missing, env=served.env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 127 and "command not found" in done.stderr

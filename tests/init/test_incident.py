@@ -179,10 +179,11 @@ def test_the_dry_run_prints_a_configuration_that_checks_clean_and_fronts_every_r
     assert _exec_start(whisper_dropin)[-4:] == [
         "--host", "127.0.0.1", "--port", str(upstreams["whisper"])
     ]  # fmt: skip
-    pre = [line for line in whisper_dropin.splitlines() if line.startswith("ExecStartPre=")]
-    assert len(pre) == 1 and pre[0].endswith(
-        "admit whisper --wait 5m --config /etc/gpugate/consumers.yaml"
-    )
+    admitted = _exec_start(whisper_dropin)
+    assert admitted[1 : admitted.index("--")] == [
+        "admit", "whisper", "--wait", "5m", "--config", "/etc/gpugate/consumers.yaml",
+    ]  # fmt: skip
+    assert "RestartPreventExitStatus=64 65 77 78" in whisper_dropin
 
     # The moves: mVoice named as unknown, and nothing was run.
     moves = files["moves.txt"]

@@ -239,15 +239,15 @@ def test_llama_server_one_model_is_admitted_and_a_router_is_not(tmp_path: Path) 
     assert one.envelope == 5 * GiB
     assert one.control is not None and one.control.unit == "llama-qwen.service"
     assert warnings == TOKEN_WARNINGS
-    pre = [
-        x
-        for x in files["llama-qwen.service.d/gpugate.conf"].splitlines()
-        if x.startswith("ExecStartPre")
-    ]
-    assert pre == [
-        "ExecStartPre=/opt/gpugate/bin/gpugate admit llama-8090 --wait 5m "
-        "--config /etc/gpugate/consumers.yaml"
-    ]
+    qwen = files["llama-qwen.service.d/gpugate.conf"]
+    # Admitted in its ExecStart, which becomes the runtime: its refusals are the unit's.
+    assert "ExecStartPre" not in qwen
+    admitted = exec_start(qwen)
+    assert admitted[: admitted.index("--") + 1] == [
+        "/opt/gpugate/bin/gpugate", "admit", "llama-8090", "--wait", "5m",
+        "--config", "/etc/gpugate/consumers.yaml", "--",
+    ]  # fmt: skip
+    assert "RestartPreventExitStatus=64 65 77 78" in qwen
     router = consumer(config, "llama-8095")
     assert router.control is None
     assert router.residency.policy is ResidencyPolicy.KEEP_WARM
@@ -422,10 +422,12 @@ def test_the_drop_ins_verify_against_the_shipped_example_units(tmp_path: Path) -
         problems = [line for line in result.stderr.splitlines() if unit in line]
         assert result.returncode == 0 and problems == [], result.stderr
     whisper = files["whisper-server.service.d/gpugate.conf"]
-    assert exec_start(whisper) == [
+    command = exec_start(whisper)
+    assert command[command.index("--") + 1 :] == [
         "/usr/local/bin/whisper-server", "-m", "/var/lib/whisper/models/ggml-large-v3.bin",
         "--host", "127.0.0.1", "--port", "8081",
     ]  # fmt: skip
+    assert command[1:3] == ["admit", "whisper"]
     assert "LoadCredential=gpugate-token:/etc/gpugate/admit.token" in whisper
     assert exec_start(files["comfyui.service.d/gpugate.conf"])[-4:] == [
         "--listen", "127.0.0.1", "--port", "8189",
