@@ -99,6 +99,10 @@ class Books:
         may still name it (the runtime reaps a runner after its memory is back)."""
         self.version = 0
         self.residents_version = 0
+        self._shared = 0
+        """Changes not tied to one GPU (any change to what holds memory is taken as such)."""
+        self._by_gpu: dict[int, int] = {}
+        """Changes to one GPU's queue or budget only."""
         self._ids = itertools.count(1)
         self.lives = Lifecycles()
         """The runtimes with a lifecycle: an eviction of theirs is a stop or a sleep."""
@@ -112,11 +116,22 @@ class Books:
         """An id for a ticket, and the lease it becomes."""
         return next(self._ids)
 
-    def touch(self, *, residents: bool = True) -> None:
-        """Record a change: to the queue only, or (the default) to what holds memory."""
+    def touch(self, *, residents: bool = True, gpu: int | None = None) -> None:
+        """Record a change: to the queue or budget only (of `gpu`, when it concerns only
+        that GPU), or (the default) to what holds memory."""
         self.version += 1
         if residents:
             self.residents_version += 1
+        if residents or gpu is None:
+            self._shared += 1
+        else:
+            self._by_gpu[gpu] = self._by_gpu.get(gpu, 0) + 1
+
+    def stamp(self, gpu: int) -> tuple[int, int]:
+        """Changes when anything a plan of `gpu`'s queue depends on changes: a change to
+        another GPU's queue alone leaves it (plans of one card are not redone for another's
+        arrivals)."""
+        return self._shared, self._by_gpu.get(gpu, 0)
 
     def on_gpu(self, gpu: int) -> list[Resident]:
         return self.residents.on_gpu(gpu)
@@ -152,6 +167,7 @@ class Books:
         fresh = self._usage_at == self.residents_version
         self.version += 1
         self.residents_version += 1
+        self._shared += 1
         if fresh:
             self._usage_at = self.residents_version
 

@@ -64,7 +64,8 @@ class Outcome(enum.Enum):
 class _Tail:
     """What a queue pass left: a ticket that sorts last can be planned from it alone."""
 
-    version: int
+    version: tuple[int, int]
+    """The books' stamp of its GPU when it was right (Books.stamp)."""
     schedulable: int
     pool: int
     claimed: set[ResidentKey]
@@ -199,13 +200,13 @@ class Scheduler:
         if queue.would_be_last(ticket):
             # Earlier tickets' plans do not depend on a later one: plan it from the tail.
             tail = self._tails.get(gpu)
-            if tail is None or tail.version != self.books.version:
+            if tail is None or tail.version != self.books.stamp(gpu):
                 effects.extend(self.schedule(gpu, now))
                 tail = self._tails[gpu]
             outcome = self._plan_one(ticket, tail, now, effects, may_wait=may_wait)
             if outcome is Outcome.WAITING:
                 self._enqueue(ticket)
-                tail.version = self.books.version
+                tail.version = self.books.stamp(gpu)
         else:
             self._enqueue(ticket)
             effects.extend(self.schedule(gpu, now, no_wait=() if may_wait else (ticket_id,)))
@@ -339,7 +340,7 @@ class Scheduler:
         (schedulable, pool, claimed). None when the books changed since that pass (the
         next submit plans the queue again first). Read-only."""
         tail = self._tails.get(gpu)
-        if tail is None or tail.version != self.books.version:
+        if tail is None or tail.version != self.books.stamp(gpu):
             return None
         return tail.schedulable, tail.pool, frozenset(tail.claimed)
 
@@ -353,7 +354,7 @@ class Scheduler:
         view = ResidentView(
             self._source(gpu), now, self.planner, version=self.books.residents_version
         )
-        tail = _Tail(self.books.version, schedulable, schedulable, set(), set(), view)
+        tail = _Tail(self.books.stamp(gpu), schedulable, schedulable, set(), set(), view)
         queue = self.queues.get(gpu)
         paused = gpu in self.operator.paused
         if queue and budget is not None and not paused and self._usable(gpu, now) is None:
@@ -366,7 +367,7 @@ class Scheduler:
                 )
                 if outcome is Outcome.FULL:
                     self._full.add(ticket.id)
-        tail.version = self.books.version
+        tail.version = self.books.stamp(gpu)
         self._tails[gpu] = tail
         return effects
 
@@ -405,7 +406,7 @@ class Scheduler:
             tail.pool -= decision.needed
             effects.append(Grant(ticket.id, lease))
             effects.append(granted_event(lease))
-            tail.version = self.books.version
+            tail.version = self.books.stamp(gpu)
             return Outcome.GRANTED
         if decision.kind is PlanKind.FAIL:
             assert decision.failure is not None
@@ -460,7 +461,7 @@ class Scheduler:
             tail.claimed.add(UNEXPLAINED)
         tail.riding.add(demand.key)
         tail.pool -= max(0, decision.needed - decision.eventual)
-        tail.version = self.books.version
+        tail.version = self.books.stamp(gpu)
         return Outcome.WAITING
 
     def _view(self, tail: _Tail, gpu: int, now: float) -> ResidentView:
@@ -548,10 +549,10 @@ class Scheduler:
     def _enqueue(self, ticket: Ticket) -> None:
         self.tickets[ticket.id] = ticket
         self.queues.setdefault(ticket.demand.gpu, TicketQueue()).add(ticket)
-        self.books.touch(residents=False)
+        self.books.touch(residents=False, gpu=ticket.demand.gpu)
 
     def _dequeue(self, ticket: Ticket) -> None:
         if self.tickets.pop(ticket.id, None) is not None:
             self.queues[ticket.demand.gpu].remove(ticket)
         self.wake.pop(ticket.id, None)
-        self.books.touch(residents=False)
+        self.books.touch(residents=False, gpu=ticket.demand.gpu)

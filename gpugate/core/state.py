@@ -320,7 +320,7 @@ class GateCore:
         """A new NVML sample, or a driver fault."""
         effects: list[Effect] = []
         for gpu in self.telemetry.observe(sample, self.books):
-            self.books.touch(residents=False)  # the budget moved; the residents did not
+            self.books.touch(residents=False, gpu=gpu)  # its budget moved; the residents did not
             effects.extend(self._observed_scopes(gpu, now))
             effects.extend(relieve_pressure(self.books, self.telemetry, gpu, now))
             effects.extend(self.scheduler.schedule(gpu, now))
