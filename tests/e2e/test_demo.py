@@ -66,6 +66,16 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
                 return True if {"gemma3:12b", "bge-m3:latest"} <= models else None
 
             await poll(listed)
+
+            # The demo's whisper-server (always_warm) is up: its start has settled in the
+            # books, as it has by the time a reader types the README's commands.
+            async def whisper_up() -> bool | None:
+                async with session.get(control + "/gate/v1/status") as resp:
+                    consumers = (await resp.json())["consumers"]
+                (whisper,) = [c for c in consumers if c["consumer"] == "whisper"]
+                return True if (whisper["lifecycle"] or {}).get("state") == "up" else None
+
+            await poll(whisper_up)
         # An operator command of the README, as printed: the demo's token reaches it.
         [config] = {line.split()[-1] for line in reader.seen if " evict ollama bge-m3 " in line}
         evict = await asyncio.create_subprocess_exec(
