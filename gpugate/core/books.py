@@ -73,6 +73,24 @@ class JobOpener(Protocol):
     def open(self, job_id: int, demand: Demand, now: float, arrived: float) -> Lease: ...
 
 
+def loading_resident(demand: Demand, nbytes: int, now: float) -> Resident:
+    """The resident a granted load makes: loading, busy with its request, `nbytes` for
+    planning (what it will free one day)."""
+    return Resident(
+        key=demand.key,
+        gpu=demand.gpu,
+        bytes=nbytes,
+        priority=demand.resident_priority,
+        policy=demand.policy,
+        idle_ttl=demand.idle_ttl,
+        state=ResidentState.LOADING,
+        in_flight=1,
+        last_used=now,
+        changed_at=now,
+        reload_seconds=demand.reload_seconds,
+    )
+
+
 EVICTIONS: dict[Eviction, type[Unload]] = {
     Eviction.UNLOAD: Unload,
     Eviction.STOP: Stop,
@@ -83,7 +101,8 @@ EVICTIONS: dict[Eviction, type[Unload]] = {
 class Books:
     """Mutable ledger owned by the core.
 
-    `version` changes with every change the queue's plans depend on; `residents_version`
+    `stamp(gpu)` changes with every change a GPU's queue plans depend on (`version` with
+    every change at all); `residents_version`
     only when residents or leases change (not when a ticket joins or leaves the queue).
     Every change to what holds memory is followed by `touch()`; the per-GPU sums a budget
     is computed from are recounted after a change made elsewhere, and carried forward
@@ -97,7 +116,6 @@ class Books:
         self.unloaded_at: dict[tuple[str, str], float] = {}
         """(consumer, model) → when its last unload finished: a listing asked before that
         may still name it (the runtime reaps a runner after its memory is back)."""
-        self.version = 0
         self.residents_version = 0
         self._shared = 0
         """Changes not tied to one GPU (any change to what holds memory is taken as such)."""
@@ -119,13 +137,17 @@ class Books:
     def touch(self, *, residents: bool = True, gpu: int | None = None) -> None:
         """Record a change: to the queue or budget only (of `gpu`, when it concerns only
         that GPU), or (the default) to what holds memory."""
-        self.version += 1
         if residents:
             self.residents_version += 1
         if residents or gpu is None:
             self._shared += 1
         else:
             self._by_gpu[gpu] = self._by_gpu.get(gpu, 0) + 1
+
+    @property
+    def version(self) -> int:
+        """How many changes the books have seen (every `touch`, whatever it concerned)."""
+        return self._shared + sum(self._by_gpu.values())
 
     def stamp(self, gpu: int) -> tuple[int, int]:
         """Changes when anything a plan of `gpu`'s queue depends on changes: a change to
@@ -165,7 +187,6 @@ class Books:
     def _touch_kept(self) -> None:
         """Record a change that moves no bytes: the sums stay right if they were."""
         fresh = self._usage_at == self.residents_version
-        self.version += 1
         self.residents_version += 1
         self._shared += 1
         if fresh:
@@ -248,19 +269,7 @@ class Books:
             old = self.residents.get(demand.key)
             if sums is not None and old is not None:
                 sums.count_resident(old, -1)
-            self.residents[demand.key] = Resident(
-                key=demand.key,
-                gpu=demand.gpu,
-                bytes=needed,
-                priority=demand.resident_priority,
-                policy=demand.policy,
-                idle_ttl=demand.idle_ttl,
-                state=ResidentState.LOADING,
-                in_flight=1,
-                last_used=now,
-                changed_at=now,
-                reload_seconds=demand.reload_seconds,
-            )
+            self.residents[demand.key] = loading_resident(demand, needed, now)
             if sums is not None:
                 sums.count_resident(self.residents[demand.key], 1)
         self._touch_counted(sums is not None)

@@ -23,6 +23,7 @@ import enum
 
 import attrs
 
+from gpugate.core.books import loading_resident
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.planner import Plan, PlanKind, plan, reusable
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
@@ -267,7 +268,7 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
             if decision.needed and earlier.loads_model and books.reusable(earlier.key) is None:
                 # The pass would grant it: its model is loading from then on.
                 residents = [r for r in residents if r.key != earlier.key]
-                residents.append(_loading(earlier, decision.needed, now))
+                residents.append(loading_resident(earlier, decision.needed, now))
                 view = ResidentView(residents, now, settings)
             continue
         if decision.kind is PlanKind.FAIL:
@@ -278,22 +279,6 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
         riding.add(earlier.key)
         pool -= max(0, decision.needed - decision.eventual)
     return _Left(schedulable, pool, frozenset(claimed), view)
-
-
-def _loading(demand: Demand, nbytes: int, now: float) -> Resident:
-    return Resident(
-        key=demand.key,
-        gpu=demand.gpu,
-        bytes=nbytes,
-        priority=demand.resident_priority,
-        policy=demand.policy,
-        idle_ttl=demand.idle_ttl,
-        state=ResidentState.LOADING,
-        in_flight=1,
-        last_used=now,
-        changed_at=now,
-        reload_seconds=demand.reload_seconds,
-    )
 
 
 def _queue_full(core: GateCore, consumer: str, gpu: int) -> str | None:

@@ -40,14 +40,18 @@ class SimulatedHostProcess:
         assert self.process is not None, "not started"
         return self.process.pid
 
-    def start(self) -> SimulatedHostProcess:
-        """Start `gpugate sim run`; HostStartError when it exits or stays silent instead."""
+    def command(self) -> list[str]:
+        """The command line of `gpugate sim run` (a subclass may run it elsewhere)."""
         argv = [sys.executable, "-m", "gpugate", "sim", "run", str(self.host_file)]
         if self.state_dir is not None:
             argv += ["--state-dir", str(self.state_dir)]
+        return argv
+
+    def start(self) -> SimulatedHostProcess:
+        """Start `gpugate sim run`; HostStartError when it exits or stays silent instead."""
         self.process = ReadyProcess(
             "gpugate sim run",
-            argv,
+            self.command(),
             self.events,
             prefix=READY_COMMENT,
             env=self.env,

@@ -33,8 +33,6 @@ from typing import Any, TypeVar
 import attrs
 import pytest
 
-from gpugate.sim.children import ChildFailed, ReadyProcess
-from gpugate.sim.host import READY_COMMENT, HostEnvironment, HostStartError
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.scaleout import netns
 from tests.scaleout.haproxy import HAPROXY_LIBS, Host, backend, haproxy_config, model_map
@@ -132,25 +130,8 @@ class NamespacedHost(SimulatedHostProcess):
         super().__init__(host_file, state_dir)
         self.namespace = namespace
 
-    def start(self) -> NamespacedHost:
-        assert self.state_dir is not None
-        argv = [sys.executable, "-m", "gpugate", "sim", "run", str(self.host_file)]
-        argv += ["--state-dir", str(self.state_dir)]
-        self.process = ReadyProcess(
-            "gpugate sim run",
-            self.namespace.argv(argv),
-            self.events,
-            prefix=READY_COMMENT,
-            forward_preamble=False,
-        )
-        self.process.start()
-        try:
-            self.ready_line = self.process.wait_ready(self.timeout)
-        except ChildFailed as exc:
-            self.stop()
-            raise HostStartError(str(exc)) from None
-        self.environment = HostEnvironment.from_lines(self.process.preamble)
-        return self
+    def command(self) -> list[str]:
+        return self.namespace.argv(super().command())
 
 
 @attrs.define
