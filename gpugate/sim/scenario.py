@@ -13,8 +13,9 @@ holders:                      # processes that hold VRAM, like Plex or whisper-s
     children: []              # holders started as this one's children
     pulse_period: 2s          # optional: hold pulse_bytes more for 2 s, rest 2 s, repeat
     pulse_bytes: 1GiB
-ollama:                       # a simulated Ollama (see gpugate.sim.ollama)
+ollama:                       # a simulated Ollama (gpugate.sim.ollama.spec)
   listen: 127.0.0.1:11435
+  gpus: [0, 1]                # the GPUs it sees (or gpu: N; neither: all of them)
   ...
 whisper:                      # a simulated whisper.cpp whisper-server (gpugate.sim.whisper)
   listen: 127.0.0.1:8081
@@ -49,12 +50,25 @@ import attrs
 import yaml
 
 from gpugate.core.units import GiB, MiB, parse_duration
-from gpugate.sim.faultspec import FaultSpec, parse_faults
+from gpugate.sim.ollama.spec import OllamaModelSpec, OllamaSpec, PreloadSpec, parse_ollama
 from gpugate.sim.specfields import duration as _duration
 from gpugate.sim.specfields import field_size as _field_size
 from gpugate.sim.specfields import number as _number
 from gpugate.sim.specfields import only as _only
 from gpugate.sim.specfields import record_path
+
+__all__ = [
+    "ComfyModelFile",
+    "ComfyUISpec",
+    "GpuSpec",
+    "HolderSpec",
+    "HostSpec",
+    "OllamaModelSpec",
+    "OllamaSpec",
+    "PreloadSpec",
+    "ScenarioError",
+    "load_host",
+]
 
 if TYPE_CHECKING:
     from gpugate.sim.llamaserver.spec import LlamaServerSpec
@@ -87,70 +101,6 @@ class HolderSpec:
 
 
 @attrs.frozen
-class OllamaModelSpec:
-    """A model the simulated Ollama has on disk."""
-
-    name: str
-    size: int
-    """VRAM the runner holds with default options (weights + default KV cache + overhead)."""
-    load_seconds: float = 0.5
-    context_length: int = 8192
-    """Training context; num_ctx above it is capped."""
-    default_num_ctx: int = 4096
-    kv_bytes_per_token: int = 0
-    """KV cache bytes per token of context; num_ctx changes the runner's size by this."""
-    embedding: bool = False
-    family: str = "llama"
-    parameter_size: str = ""
-    quantization_level: str = "Q4_K_M"
-    digest: str = ""
-    file_size: int = 0
-    """Bytes on disk (/api/tags `size`); 0: the runner size without the default KV cache."""
-    embedding_length: int = 16
-    """Dimension of the deterministic embedding vectors."""
-    block_count: int = 32
-    """Layers; `num_gpu: N` below this puts N/block_count of the model on the GPU."""
-    head_count: int = 0
-    """Attention heads, in /api/show's model_info (0: left out, as for a model whose shape
-    the gate cannot read); with `head_count_kv` and `vocab_size` what Ollama sizes a load by."""
-    head_count_kv: int = 0
-    vocab_size: int = 0
-    tokens_per_second: float | None = None
-    """Overrides the server's token rate for this model."""
-
-
-@attrs.frozen
-class PreloadSpec:
-    model: str
-    keep_alive: str = "5m"
-    options: dict[str, Any] = attrs.field(factory=dict)
-
-
-@attrs.frozen
-class OllamaSpec:
-    listen: str = "127.0.0.1:11435"
-    gpu: int = 0
-    keep_alive: str = "5m"
-    """OLLAMA_KEEP_ALIVE: the duration a load gets when the request carries none."""
-    tokens_per_second: float = 200.0
-    version: str = "0.33.0"
-    max_queue: int = 512
-    """OLLAMA_MAX_QUEUE: pending loads beyond this are answered 503."""
-    num_parallel: int = 4
-    """OLLAMA_NUM_PARALLEL: requests one loaded model serves at once (embedding models: 1)."""
-    max_loaded_models: int = 3
-    """OLLAMA_MAX_LOADED_MODELS: loading one more evicts one first."""
-    fit_margin: int = 256 * MiB
-    """VRAM left free when a model only partly fits (llama-server's fit target)."""
-    origins: tuple[str, ...] = ()
-    """OLLAMA_ORIGINS: extra CORS origins (`*` wildcards allowed)."""
-    models: tuple[OllamaModelSpec, ...] = ()
-    preload: tuple[PreloadSpec, ...] = ()
-    faults: FaultSpec = attrs.field(factory=FaultSpec)
-    """Faults switched on from the start (gpugate.sim.ollama.faults)."""
-
-
-@attrs.frozen
 class ComfyModelFile:
     """A model file the simulated ComfyUI has under models/FOLDER."""
 
@@ -165,7 +115,9 @@ class ComfyUISpec:
     """A simulated ComfyUI: one Python process holding its own VRAM (gpugate.sim.comfyui)."""
 
     listen: str = "127.0.0.1:8188"
-    gpu: int = 0
+    gpu: int | None = None
+    """`--cuda-device N`: ComfyUI sets CUDA_VISIBLE_DEVICES=N itself. None: not given, so
+    the CUDA_VISIBLE_DEVICES it inherits decides (GPU 0 without one)."""
     context: int = 210 * MiB
     """What the process holds while idle: the CUDA context and PyTorch's own allocations."""
     models: tuple[ComfyModelFile, ...] = ()
@@ -229,7 +181,12 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
     holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
     for i, holder in enumerate(holders):
         _check_gpus(holder, f"holders[{i}]", len(gpus))
-    ollama = _ollama(data["ollama"]) if data.get("ollama") is not None else None
+    ollama = parse_ollama(data["ollama"]) if data.get("ollama") is not None else None
+    if ollama is not None:
+        for i, gpu in enumerate(ollama.devices(len(gpus))):
+            if gpu >= len(gpus):
+                where = "ollama.gpu" if ollama.gpus is None else f"ollama.gpus[{i}]"
+                raise ValueError(f"{where}: no GPU {gpu} (the host has {len(gpus)})")
     whisper = None
     if data.get("whisper") is not None:
         from gpugate.sim.whisper.spec import parse_whisper
@@ -242,7 +199,7 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
         from gpugate.sim.vllm.spec import parse_vllm
 
         vllm = parse_vllm(data["vllm"], path.parent)
-        if vllm.gpu >= len(gpus):
+        if vllm.gpu is not None and vllm.gpu >= len(gpus):
             raise ValueError(f"vllm.gpu: no GPU {vllm.gpu} (the host has {len(gpus)})")
     llamaserver = None
     if data.get("llamaserver") is not None:
@@ -329,131 +286,6 @@ def _check_gpus(holder: HolderSpec, where: str, count: int) -> None:
         _check_gpus(child, f"{where}.children[{i}]", count)
 
 
-def _ollama(data: dict[str, Any]) -> OllamaSpec:
-    # Imported here: the simulated Ollama's package imports this module.
-    from gpugate.sim.ollama.duration import DurationError, parse_keep_alive_setting
-    from gpugate.sim.ollama.names import ModelName
-
-    simple = {"listen", "gpu", "keep_alive", "tokens_per_second", "version", "max_queue"}
-    knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins"}
-    _only(data, "ollama", simple | knobs | {"models", "preload", "faults"})
-
-    def keep_alive(value: Any, where: str) -> str:
-        try:
-            parse_keep_alive_setting(value)
-        except DurationError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        return str(value)
-
-    models = tuple(
-        _ollama_model(m, f"ollama.models[{i}]") for i, m in enumerate(data.get("models") or [])
-    )
-    keys: list[str] = []
-    for i, m in enumerate(models):
-        name = ModelName.parse(m.name)
-        if name is None:
-            raise ValueError(f"ollama.models[{i}].name: invalid model name {m.name!r}")
-        if name.key in keys:
-            raise ValueError(f"ollama.models[{i}].name: {m.name!r} is listed twice")
-        keys.append(name.key)
-    preload = []
-    for i, p in enumerate(data.get("preload") or []):
-        where = f"ollama.preload[{i}]"
-        _only(p, where, {"model", "keep_alive", "options"})
-        if "model" not in p:
-            raise ValueError(f"{where}.model: missing")
-        wanted = ModelName.parse(str(p["model"]))
-        if wanted is None or wanted.key not in keys:
-            raise ValueError(f"{where}.model: {p['model']!r} is not one of ollama.models")
-        options = p.get("options") or {}
-        if not isinstance(options, dict):
-            raise ValueError(f"{where}.options: expected a mapping")
-        preload.append(
-            PreloadSpec(
-                str(p["model"]),
-                keep_alive(p.get("keep_alive", "5m"), f"{where}.keep_alive"),
-                dict(options),
-            )
-        )
-    default = {f.name: f.default for f in attrs.fields(OllamaSpec)}
-    origins = data.get("origins") or ()
-    if isinstance(origins, str):
-        origins = [o.strip() for o in origins.split(",") if o.strip()]
-    if not isinstance(origins, list | tuple) or not all(isinstance(o, str) for o in origins):
-        raise ValueError("ollama.origins: expected a list of origins or a comma-separated string")
-    return OllamaSpec(
-        listen=str(data.get("listen", default["listen"])),
-        gpu=_number(data, "gpu", "ollama", int, 0, minimum=0),
-        keep_alive=keep_alive(data.get("keep_alive", "5m"), "ollama.keep_alive"),
-        tokens_per_second=_number(
-            data, "tokens_per_second", "ollama", float, default["tokens_per_second"], positive=True
-        ),
-        version=str(data.get("version", default["version"])),
-        max_queue=_number(data, "max_queue", "ollama", int, default["max_queue"], minimum=0),
-        num_parallel=_number(
-            data, "num_parallel", "ollama", int, default["num_parallel"], minimum=1
-        ),
-        max_loaded_models=_number(
-            data, "max_loaded_models", "ollama", int, default["max_loaded_models"], minimum=1
-        ),
-        fit_margin=_field_size(data, "fit_margin", "ollama", default["fit_margin"]),
-        origins=tuple(origins),
-        models=models,
-        preload=tuple(preload),
-        faults=parse_faults(data.get("faults")),
-    )
-
-
-def _ollama_model(data: Any, where: str) -> OllamaModelSpec:
-    _only(data, where, {f.name for f in attrs.fields(OllamaModelSpec)})
-    if "name" not in data or "size" not in data:
-        raise ValueError(f"{where}: 'name' and 'size' are required")
-    default = {f.name: f.default for f in attrs.fields(OllamaModelSpec)}
-    load_seconds = data.get("load_seconds", default["load_seconds"])
-    try:
-        load_seconds = parse_duration(load_seconds)
-    except ValueError as exc:
-        raise ValueError(f"{where}.load_seconds: {exc}") from None
-    rate = data.get("tokens_per_second")
-    embedding = data.get("embedding", False)
-    if not isinstance(embedding, bool):
-        raise ValueError(f"{where}.embedding: expected true or false, got {embedding!r}")
-    spec = OllamaModelSpec(
-        name=str(data["name"]),
-        size=_field_size(data, "size", where, 0),
-        load_seconds=load_seconds,
-        context_length=_number(
-            data, "context_length", where, int, default["context_length"], minimum=1
-        ),
-        default_num_ctx=_number(
-            data, "default_num_ctx", where, int, default["default_num_ctx"], minimum=1
-        ),
-        kv_bytes_per_token=_field_size(data, "kv_bytes_per_token", where, 0),
-        embedding=embedding,
-        family=str(data.get("family", default["family"])),
-        parameter_size=str(data.get("parameter_size", "")),
-        quantization_level=str(data.get("quantization_level", default["quantization_level"])),
-        digest=str(data.get("digest", "")),
-        file_size=_field_size(data, "file_size", where, 0),
-        embedding_length=_number(
-            data, "embedding_length", where, int, default["embedding_length"], minimum=1
-        ),
-        block_count=_number(data, "block_count", where, int, default["block_count"], minimum=1),
-        head_count=_number(data, "head_count", where, int, 0, minimum=0),
-        head_count_kv=_number(data, "head_count_kv", where, int, 0, minimum=0),
-        vocab_size=_number(data, "vocab_size", where, int, 0, minimum=0),
-        tokens_per_second=None
-        if rate is None
-        else _number(data, "tokens_per_second", where, float, 0.0, positive=True),
-    )
-    if spec.default_num_ctx > spec.context_length:
-        raise ValueError(
-            f"{where}.default_num_ctx: {spec.default_num_ctx} is above context_length "
-            f"{spec.context_length}"
-        )
-    return spec
-
-
 def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
     from gpugate.sim.comfyui.nodes import MODEL_FOLDERS
 
@@ -477,7 +309,7 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
         raise ValueError(f"comfyui.disable_smart_memory: expected true or false, got {smart!r}")
     spec = ComfyUISpec(
         listen=str(data.get("listen", default["listen"])),
-        gpu=_number(data, "gpu", "comfyui", int, 0, minimum=0),
+        gpu=None if data.get("gpu") is None else _number(data, "gpu", "comfyui", int, 0, minimum=0),
         context=_field_size(data, "context", "comfyui", default["context"]),
         models=tuple(files),
         steps_per_second=_number(
@@ -497,6 +329,6 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
         version=str(data.get("version", default["version"])),
         record=record_path(data, "comfyui", base),
     )
-    if spec.gpu >= gpus:
+    if spec.gpu is not None and spec.gpu >= gpus:
         raise ValueError(f"comfyui.gpu: no GPU {spec.gpu} (the host has {gpus})")
     return spec

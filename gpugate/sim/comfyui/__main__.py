@@ -3,7 +3,9 @@
 Serves the `comfyui:` part of HOST.yaml against the simulated GPU in DIR. The process
 takes ComfyUI's name and command line (`python3 ComfyUI/main.py --listen H --port P`) and
 holds the VRAM under its own PID, as the one Python process of a real ComfyUI does. Prints
-`READY http://HOST:PORT` once listening and runs until SIGTERM or SIGINT.
+`READY http://HOST:PORT` once listening and runs until SIGTERM or SIGINT. `--cuda-device N`
+(else `comfyui.gpu`) picks the card as ComfyUI's own option does; without either, the
+CUDA_VISIBLE_DEVICES it inherits decides.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+import attrs
 
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import die_with_parent
@@ -27,12 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host-file", type=Path, required=True, help="HOST.yaml")
     serve.add_argument("--state-dir", type=Path, required=True, help="the simulated GPU's dir")
     serve.add_argument("--listen", help="HOST:PORT, overriding comfyui.listen")
+    serve.add_argument(
+        "--cuda-device", type=int, help="ComfyUI's --cuda-device N, overriding comfyui.gpu"
+    )
     return parser
 
 
-async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
+async def _serve(
+    host_file: Path, state_dir: Path, listen: str | None, cuda_device: int | None
+) -> int:
     from gpugate.sim.comfyui.memory import TorchOutOfMemory
-    from gpugate.sim.comfyui.server import SimComfyUI, split_listen
+    from gpugate.sim.comfyui.server import NoCudaDevice, SimComfyUI, split_listen
 
     try:
         spec = load_host(host_file).comfyui
@@ -42,6 +51,8 @@ async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
     if spec is None:
         print(f"error: {host_file}: no `comfyui:` section", file=sys.stderr)
         return 2
+    if cuda_device is not None:
+        spec = attrs.evolve(spec, gpu=cuda_device)
     gpu = SimulatedGpuHost(state_dir)
     if not gpu.state_path.exists():
         print(
@@ -65,6 +76,9 @@ async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
     except ValueError as exc:
         print(f"error: {host_file}: {exc}", file=sys.stderr)
         return 2
+    except NoCudaDevice as exc:
+        print(f"RuntimeError: {exc}", file=sys.stderr)
+        return 1
     except (OSError, RuntimeError, TorchOutOfMemory) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -79,7 +93,7 @@ async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     die_with_parent()
-    return asyncio.run(_serve(args.host_file, args.state_dir, args.listen))
+    return asyncio.run(_serve(args.host_file, args.state_dir, args.listen, args.cuda_device))
 
 
 if __name__ == "__main__":

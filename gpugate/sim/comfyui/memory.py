@@ -161,8 +161,10 @@ class Vram:
         capacity = device.total - device.reserved
         in_use = self.gpu.read().held_by(self.pid, self.index)
         reserved = self.torch_reserved
+        # PyTorch names its own device: ComfyUI's is cuda:0 of the GPUs it sees, whichever
+        # card that is.
         return (
-            f"CUDA out of memory. Tried to allocate {format_size(requested)}. GPU {self.index} "
+            f"CUDA out of memory. Tried to allocate {format_size(requested)}. GPU 0 "
             f"has a total capacity of {format_size(capacity)} of which {format_size(free)} is "
             f"free. Including non-PyTorch memory, this process has {format_size(in_use)} memory "
             f"in use. Of the allocated memory {format_size(reserved)} is allocated by PyTorch, "

@@ -131,7 +131,7 @@ class Routes:
     async def system_stats(self, request: web.Request) -> web.StreamResponse:
         sim = self.sim
         state = sim.gpu.read()
-        device = state.device(sim.spec.gpu)
+        device = state.device(sim.device)
         ram_total, ram_free = _meminfo()
         stats = {
             "system": {
@@ -149,11 +149,12 @@ class Routes:
             },
             "devices": [
                 {
-                    "name": f"cuda:{sim.spec.gpu} {device.name} : cudaMallocAsync",
+                    # PyTorch's device: ordinal 0 of the GPUs it sees, whichever card.
+                    "name": f"cuda:0 {device.name} : cudaMallocAsync",
                     "type": "cuda",
-                    "index": sim.spec.gpu,
+                    "index": 0,
                     "vram_total": device.total,
-                    "vram_free": state.free(sim.spec.gpu),
+                    "vram_free": state.free(sim.device),
                     "torch_vram_total": sim.vram.torch_reserved,
                     "torch_vram_free": 0,
                 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from gpugate.sim.comfyui.memory import Vram
 from gpugate.sim.comfyui.promptqueue import PromptQueue
 from gpugate.sim.comfyui.record import PromptRecords
 from gpugate.sim.comfyui.routes import Routes
+from gpugate.sim.cuda import NO_DEVICE_TORCH, VISIBLE_ENV, parse_visible
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import holder_argv, set_cmdline, set_comm
 from gpugate.sim.scenario import ComfyUISpec, HolderSpec
@@ -36,9 +37,32 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def comfyui_argv(host: str, port: int) -> list[str]:
+def comfyui_argv(host: str, port: int, cuda_device: int | None = None) -> list[str]:
     """The command line the process shows, as a ComfyUI started from its checkout."""
-    return [PROCESS_NAME, "ComfyUI/main.py", "--listen", host, "--port", str(port)]
+    argv = [PROCESS_NAME, "ComfyUI/main.py", "--listen", host, "--port", str(port)]
+    if cuda_device is not None:
+        argv += ["--cuda-device", str(cuda_device)]
+    return argv
+
+
+class NoCudaDevice(RuntimeError):
+    """PyTorch sees no CUDA device: ComfyUI stops at start (a traceback ending in this)."""
+
+    def __init__(self) -> None:
+        super().__init__(NO_DEVICE_TORCH.removeprefix("RuntimeError: "))
+
+
+def cuda_device(spec: ComfyUISpec, gpu: SimulatedGpuHost, environ: Mapping[str, str]) -> int:
+    """The host GPU that is ComfyUI's `cuda:0`; NoCudaDevice when it sees none.
+
+    main.py sets CUDA_VISIBLE_DEVICES to `--cuda-device N` before PyTorch starts, so N is
+    a host GPU whatever the environment said; without it the inherited variable decides.
+    """
+    value = str(spec.gpu) if spec.gpu is not None else environ.get(VISIBLE_ENV)
+    device = parse_visible(value, gpu.read().devices).host_gpu(0)
+    if device is None:
+        raise NoCudaDevice()
+    return device
 
 
 class SimComfyUI:
@@ -57,9 +81,13 @@ class SimComfyUI:
         *,
         pid: int | None = None,
         data_dir: Path | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = spec
         self.gpu = gpu
+        self.environ = os.environ if environ is None else environ
+        self.device = 0
+        """The host GPU it runs on (its `cuda:0`), known once started."""
         self.data_dir = data_dir or gpu.directory / "comfyui"
         self.output_dir = (self.data_dir / "output").resolve()
         self.input_dir = (self.data_dir / "input").resolve()
@@ -76,7 +104,7 @@ class SimComfyUI:
         self._holder: asyncio.subprocess.Process | None = None
         self.hub = Hub(self.server_features)
         self.queue = PromptQueue(self._queue_updated)
-        self.vram = Vram(gpu, spec.gpu, pid or 0, load_seconds_per_gib=spec.load_seconds_per_gib)
+        self.vram = Vram(gpu, 0, pid or 0, load_seconds_per_gib=spec.load_seconds_per_gib)
         self.executor = Executor(
             spec, self.queue, self.hub, self.vram, self.output_dir, self.temp_dir
         )
@@ -125,13 +153,7 @@ class SimComfyUI:
         spec_host, spec_port = split_listen(self.spec.listen)
         host = spec_host if host is None else host
         port = spec_port if port is None else port
-        try:
-            self.gpu.read().device(self.spec.gpu)
-        except KeyError:
-            raise ValueError(
-                f"comfyui.gpu: the simulated host in {self.gpu.directory} "
-                f"has no GPU {self.spec.gpu}"
-            ) from None
+        self.device = self.vram.index = cuda_device(self.spec, self.gpu, self.environ)
         for directory in (self.output_dir, self.input_dir, self.temp_dir):
             directory.mkdir(parents=True, exist_ok=True)
         if self.spec.record is not None and self.prompt_records is None:
@@ -146,7 +168,7 @@ class SimComfyUI:
             bound = self._runner.addresses[0]
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             self.url = f"http://{shown}:{bound[1]}"
-            self.argv = comfyui_argv(host, int(bound[1]))
+            self.argv = comfyui_argv(host, int(bound[1]), self.spec.gpu)
             await self._take_context()
             self._worker = asyncio.ensure_future(self.executor.worker())
         except BaseException:
@@ -163,7 +185,7 @@ class SimComfyUI:
             self.vram.pid = self._own_pid
             self.vram.create_context(self.spec.context)
             return
-        spec = HolderSpec(PROCESS_NAME, self.spec.context, self.spec.gpu, tuple(self.argv))
+        spec = HolderSpec(PROCESS_NAME, self.spec.context, self.device, tuple(self.argv))
         self._holder = await asyncio.create_subprocess_exec(
             *holder_argv(spec, self.gpu.directory),
             stdin=asyncio.subprocess.DEVNULL,

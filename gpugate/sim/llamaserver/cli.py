@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from gpugate.core.units import parse_duration, parse_size
+from gpugate.sim.cuda import CudaDevices
 from gpugate.sim.llamaserver.memory import FIT_MIN_CTX, FIT_TARGET, NGL_ALL, NGL_AUTO
 
 PROGRAM = "llama-server"
@@ -161,18 +162,39 @@ class Args:
     """`--sim-model-size NAME=SIZE` (repeatable): a model file's weights on the simulated
     GPU, by its path as given or its file name (model.with_weights)."""
 
-    @property
-    def gpu(self) -> int | None:
-        """The simulated GPU the model goes to; None for `-dev none`.
+    visible: CudaDevices | None = None
+    """The GPUs CUDA shows this process (set from the simulated host and
+    CUDA_VISIBLE_DEVICES once it is known); None: CUDA device n is host GPU n."""
 
-        `-dev CUDA<n>` names it; without `-dev` it is the first GPU (or `--sim-gpu`)."""
+    @property
+    def named_device(self) -> str | None:
+        """The device `-dev` names (its first), unless `none`; None without `-dev`."""
+        if self.device is None:
+            return None
+        first = self.device.split(",")[0].strip()
+        return None if first == "none" else first
+
+    @property
+    def ordinal(self) -> int | None:
+        """The CUDA device the model goes to; None for `-dev none`.
+
+        `-dev CUDA<n>` names it; without `-dev` it is the first one (or `--sim-gpu`)."""
         if self.device is None:
             return self.sim_gpu or 0
-        first = self.device.split(",")[0].strip()
-        if first == "none":
+        first = self.named_device
+        if first is None:
             return None
         digits = "".join(ch for ch in first if ch.isdigit())
         return int(digits) if digits else 0
+
+    @property
+    def gpu(self) -> int | None:
+        """The host GPU the model goes to; None when it stays in system memory (`-dev
+        none`, or CUDA shows the process no such device)."""
+        ordinal = self.ordinal
+        if ordinal is None or self.visible is None:
+            return ordinal
+        return self.visible.host_gpu(ordinal)
 
 
 def _set(args: Args, name: str, value: str) -> None:

@@ -124,10 +124,18 @@ class GpuHolding:
     """A process's part of the simulated GPU: taken in two steps, given back at once."""
 
     def __init__(
-        self, gpu_host: SimulatedGpuHost | None, gpu: int, *, err: TextIO = sys.stderr
+        self,
+        gpu_host: SimulatedGpuHost | None,
+        gpu: int,
+        *,
+        ordinal: int | None = None,
+        err: TextIO = sys.stderr,
     ) -> None:
         self.gpu_host = gpu_host
         self.gpu = gpu
+        """The host GPU."""
+        self.ordinal = gpu if ordinal is None else ordinal
+        """The CUDA device it is to the process, as llama.cpp's messages name it."""
         self.err = err
         self.pid = os.getpid()
         self.held = 0
@@ -147,8 +155,9 @@ class GpuHolding:
         except GpuOutOfMemory:
             raise LoadFailed([
                 f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {nbytes / MiB:.2f} MiB "
-                f"on device {self.gpu}: cudaMalloc failed: out of memory",
-                f"alloc_tensor_range: failed to allocate CUDA{self.gpu} buffer of size {nbytes}",
+                f"on device {self.ordinal}: cudaMalloc failed: out of memory",
+                f"alloc_tensor_range: failed to allocate CUDA{self.ordinal} buffer of size "
+                f"{nbytes}",
                 f"llama_model_load: error loading model: unable to allocate {what}",
             ]) from None  # fmt: skip
         self.held += nbytes

@@ -82,7 +82,7 @@ async def _serve(args: Args, state_dir: Path | None) -> int:
     records = Records(args.sim_record) if args.sim_record is not None else None
     gpu = args.gpu
     gpu_host = SimulatedGpuHost(state_dir) if state_dir is not None and gpu is not None else None
-    holding = GpuHolding(gpu_host, gpu or 0)
+    holding = GpuHolding(gpu_host, gpu or 0, ordinal=args.ordinal or 0)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 

@@ -29,7 +29,8 @@ class RunnerOptions:
     num_batch: int = DEFAULT_NUM_BATCH
     num_gpu: int = -1
     """-1: as many layers as fit; 0: CPU only; N: N layers on the GPU."""
-    main_gpu: int = 0
+    main_gpu: int | None = None
+    """None: not given; on several GPUs a given one picks the GPU (placement.select)."""
     use_mmap: bool | None = None
     num_thread: int = 0
 
@@ -39,7 +40,9 @@ class RunnerOptions:
         if requested.num_gpu < 0:
             # Ollama ignores num_gpu when the new request leaves it automatic.
             current = attrs.evolve(current, num_gpu=-1)
-        return current != requested
+        # v0.24.0's MainGPU is an int: an absent main_gpu and 0 are the same option.
+        current = attrs.evolve(current, main_gpu=current.main_gpu or 0)
+        return current != attrs.evolve(requested, main_gpu=requested.main_gpu or 0)
 
     def as_json(self) -> dict[str, object]:
         return attrs.asdict(self)
@@ -96,7 +99,7 @@ def parse_options(
         num_ctx=max(MIN_NUM_CTX, num_ctx if num_ctx is not None else model.spec.default_num_ctx),
         num_batch=num_batch if num_batch is not None else DEFAULT_NUM_BATCH,
         num_gpu=num_gpu if num_gpu is not None else -1,
-        main_gpu=main_gpu if main_gpu is not None else 0,
+        main_gpu=main_gpu,
         use_mmap=use_mmap,
         num_thread=num_thread if num_thread is not None else 0,
     )

@@ -29,27 +29,34 @@ class RunnerCommand:
     """What a runner is started with; `argv()` is its full command line."""
 
     state_dir: Path
-    gpu: int
-    vram_bytes: int
+    shares: tuple[tuple[int, int], ...]
+    """(host GPU, bytes) the runner holds on each GPU it was given, in its device order."""
     load_seconds: float
     blob_path: str
     num_ctx: int
     num_parallel: int
     num_batch: int
     gpu_layers: int
+    main_gpu: int | None = None
+    """Shown as `--split-mode none --main-gpu N`, as Ollama starts a runner it gave one GPU
+    of several (or a main_gpu beyond its GPUs)."""
     fail: str | None = None
+    """The load fails: this line on stderr, then exit status 1."""
 
     def argv(self, port: int) -> list[str]:
         argv = [
             sys.executable, "-m", "gpugate.sim.ollama.runner",
             "--state-dir", str(self.state_dir),
-            "--gpu", str(self.gpu),
-            "--bytes", str(self.vram_bytes),
             "--load-seconds", repr(self.load_seconds),
             "--name", RUNNER_NAME,
         ]  # fmt: skip
+        for gpu, nbytes in self.shares:
+            argv += ["--share", f"{gpu}:{nbytes}"]
         if self.fail is not None:
             argv += ["--fail", self.fail]
+        shown = []
+        if self.main_gpu is not None:
+            shown = ["--split-mode", "none", "--main-gpu", str(self.main_gpu)]
         return [
             *argv,
             "--",
@@ -60,6 +67,7 @@ class RunnerCommand:
             "--batch-size", str(self.num_batch),
             "--n-gpu-layers", str(self.gpu_layers),
             "--parallel", str(self.num_parallel),
+            *shown,
         ]  # fmt: skip
 
 

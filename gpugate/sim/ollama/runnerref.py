@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 import attrs
@@ -48,6 +49,9 @@ class Runner:
     context_length: int
     slots: asyncio.Semaphore
     keep_alive: int
+    shares: tuple[tuple[int, int], ...] = ()
+    """(host GPU, bytes) on each GPU it spans: what it reports per device once loaded, the
+    bytes Ollama's `updateFreeSpace` counts as its own on that GPU."""
     process: RunnerProcess | None = None
     phase: RunnerPhase = RunnerPhase.LOADING
     refcount: int = 0
@@ -84,6 +88,7 @@ class Runner:
             phase=self.phase,
             size=self.size,
             size_vram=self.size_vram,
+            vram_by_gpu=self.shares,
             context_length=self.context_length,
             refcount=self.refcount,
             draining=self.draining,
@@ -99,3 +104,29 @@ class Lease:
 
     runner: Runner
     load_ns: int
+
+
+_UINT64 = (1 << 64) - 1
+
+
+def find_runner_to_unload(runners: Sequence[Runner]) -> Runner:
+    """`findRunnerToUnload`: shortest keep_alive (compared as uint64, so forever is last)
+    first, then model path; an idle runner first, else the first busy one."""
+    ordered = sorted(runners, key=lambda r: (r.keep_alive & _UINT64, r.model.blob_path))
+    for wanted in (
+        lambda r: r.phase is RunnerPhase.READY and not r.draining and r.refcount == 0,
+        lambda r: r.phase is RunnerPhase.READY and not r.draining,
+    ):
+        for runner in ordered:
+            if wanted(runner):
+                return runner
+    return ordered[0]
+
+
+def own_bytes(runners: Iterable[Runner]) -> dict[int, int]:
+    """What runners hold on each GPU, added up (`updateFreeSpace`'s `predMap`)."""
+    own: dict[int, int] = {}
+    for runner in runners:
+        for gpu, nbytes in runner.shares:
+            own[gpu] = own.get(gpu, 0) + nbytes
+    return own

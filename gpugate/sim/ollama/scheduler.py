@@ -5,10 +5,12 @@ The rules follow Ollama's server/sched.go:
 * A request for a loaded model whose runner options match bypasses the queue and shares
   the runner (up to `num_parallel` generating at once; the rest wait for a slot).
 * Every other request joins the pending queue (at most `max_queue`, else 503) and the
-  scheduler serves it alone: reload on different runner options, evict to make room
-  (idle runners first, shortest keep_alive first, then by model path, as
-  `findRunnerToUnload`), and load. With nothing else loaded a model that does not fit
-  loads anyway with part of it in system memory (`size_vram < size`).
+  scheduler serves it alone: reload on different runner options, place it on the GPUs
+  Ollama sees (gpugate.sim.ollama.placement), evict to make room on them (idle runners
+  first, shortest keep_alive first, then by model path, as `findRunnerToUnload`), and
+  load; the runner lays the model over its GPUs (gpugate.sim.ollama.layout). With nothing
+  else loaded a model that does not fit loads anyway with part of it in system memory
+  (`size_vram < size`).
 * A runner's keep_alive counts down from the moment its last request ends; it is only
   replaced by a request that carries one. Duration 0 unloads right after that request.
 
@@ -32,18 +34,24 @@ from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.ollama.catalog import CatalogModel
 from gpugate.sim.ollama.duration import FOREVER, parse_keep_alive_setting, seconds
 from gpugate.sim.ollama.faults import SimFaults
+from gpugate.sim.ollama.loading import prepare
 from gpugate.sim.ollama.options import (
     RequestOptions,
-    effective_num_ctx,
     requested_gpu_share,
     runner_size,
 )
-from gpugate.sim.ollama.process import LoadOutcome, RunnerCommand, RunnerProcess
-from gpugate.sim.ollama.runnerref import Lease, LoadFailed, QueueFull, Runner
+from gpugate.sim.ollama.placement import LoadPlan, plan_load
+from gpugate.sim.ollama.process import LoadOutcome, RunnerProcess
+from gpugate.sim.ollama.runnerref import (
+    Lease,
+    LoadFailed,
+    QueueFull,
+    Runner,
+    find_runner_to_unload,
+    own_bytes,
+)
 from gpugate.sim.ollama.state import Counters, RunnerPhase, SimState
 from gpugate.sim.scenario import OllamaSpec
-
-_UINT64 = (1 << 64) - 1
 
 
 @attrs.define(eq=False)
@@ -78,6 +86,14 @@ class Scheduler:
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._devices: tuple[int, ...] | None = None
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The host GPUs this Ollama sees, in its device order."""
+        if self._devices is None:
+            self._devices = self._spec.devices(len(self._gpu.read().devices))
+        return self._devices
 
     # -- requests ------------------------------------------------------------------------
 
@@ -248,29 +264,24 @@ class Scheduler:
                 await self._evict(current)
                 continue
             others = list(self._runners.values())
-            if len(others) >= self._spec.max_loaded_models:
-                await self._evict(self._victim(others))
+            if len(others) >= self._spec.loaded_limit(len(self.devices)):
+                await self._evict(find_runner_to_unload(others))
                 continue
-            size = runner_size(pending.model, pending.options.runner)
-            explicit = requested_gpu_share(pending.model, pending.options.runner, size)
-            free = self._gpu.read().free(self._spec.gpu)
-            if explicit is None and size > free and others:
-                await self._evict(self._victim(others))
+            options = pending.options.runner
+            size = runner_size(pending.model, options)
+            explicit = requested_gpu_share(pending.model, options, size)
+            plan = plan_load(
+                self._gpu.read(), self.devices, own_bytes(self._runners.values()), size,
+                num_gpu=options.num_gpu, main_gpu=options.main_gpu,
+                spread=self._spec.sched_spread,
+            )  # fmt: skip
+            # sched.go `load`: beside other runners, the chosen GPUs must hold it all (Ollama
+            # at fb30760 asks 80 % of it; the full fit is v0.24.0's, kept for one GPU).
+            if explicit is None and size > plan.available and others and plan.placement.gpus:
+                await self._evict(find_runner_to_unload(others))
                 continue
-            await self._load(pending, size, explicit, free)
+            await self._load(pending, size, explicit, plan)
             return
-
-    def _victim(self, runners: list[Runner]) -> Runner:
-        """findRunnerToUnload: shortest keep_alive (as uint64) first, then model path."""
-        ordered = sorted(runners, key=lambda r: (r.keep_alive & _UINT64, r.model.blob_path))
-        for wanted in (
-            lambda r: r.phase is RunnerPhase.READY and not r.draining and r.refcount == 0,
-            lambda r: r.phase is RunnerPhase.READY and not r.draining,
-        ):
-            for runner in ordered:
-                if wanted(runner):
-                    return runner
-        return ordered[0]
 
     async def _evict(self, runner: Runner) -> None:
         if runner.phase is not RunnerPhase.READY:
@@ -284,40 +295,14 @@ class Scheduler:
             await runner.idle.wait()
         await self._unload(runner)
 
-    async def _load(self, pending: Pending, size: int, explicit: int | None, free: int) -> None:
-        model, options = pending.model, pending.options.runner
-        if explicit is not None:
-            vram = explicit
-        elif size <= free:
-            vram = size
-        else:
-            vram = max(0, free - self._spec.fit_margin)
-        blocks = model.spec.block_count
-        layers = blocks * vram // size if vram < size else blocks + 1
-        parallel = 1 if model.spec.embedding else self._spec.num_parallel
-        runner = Runner(
-            model=model,
-            options=options,
-            size=size,
-            size_vram=vram,
-            context_length=effective_num_ctx(model, options),
-            slots=asyncio.Semaphore(parallel),
-            keep_alive=self.default_keep_alive
-            if pending.keep_alive is None
-            else pending.keep_alive,
-        )
-        command = RunnerCommand(
-            state_dir=self._gpu.directory,
-            gpu=self._spec.gpu,
-            vram_bytes=vram,
-            load_seconds=model.spec.load_seconds,
-            blob_path=model.blob_path,
-            num_ctx=runner.context_length,
-            num_parallel=parallel,
-            num_batch=options.num_batch,
-            gpu_layers=layers,
-            fail="simulated load failure" if pending.options.load_fail else None,
-        )
+    async def _load(
+        self, pending: Pending, size: int, explicit: int | None, plan: LoadPlan
+    ) -> None:
+        keep_alive = self.default_keep_alive if pending.keep_alive is None else pending.keep_alive
+        runner, command = prepare(
+            self._spec, self._gpu.directory, pending.model, pending.options, keep_alive,
+            size=size, explicit=explicit, plan=plan,
+        )  # fmt: skip
         self._loading = runner
         try:
             runner.process = await RunnerProcess.spawn(command)

@@ -101,12 +101,15 @@ class SimOllama:
         spec_host, spec_port = split_listen(self.spec.listen)
         host = spec_host if host is None else host
         port = spec_port if port is None else port
-        try:
-            self.gpu.read().device(self.spec.gpu)
-        except KeyError:
-            raise ValueError(
-                f"ollama.gpu: the simulated host in {self.gpu.directory} has no GPU {self.spec.gpu}"
-            ) from None
+        state = self.gpu.read()
+        for gpu in self.spec.devices(len(state.devices)):
+            try:
+                state.device(gpu)
+            except KeyError:
+                field = "ollama.gpu" if self.spec.gpus is None else "ollama.gpus"
+                raise ValueError(
+                    f"{field}: the simulated host in {self.gpu.directory} has no GPU {gpu}"
+                ) from None
         self._guard.check_host = listens_on_loopback(host)
         self.scheduler.start()
         # Go's net/http never decodes a request's Content-Encoding: a gzip body reaches the

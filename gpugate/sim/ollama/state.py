@@ -64,6 +64,12 @@ class RunnerInfo:
     """Seconds; None means forever."""
     expires_at: datetime | None
     """When an idle runner unloads (None while loading or for forever)."""
+    vram_by_gpu: tuple[tuple[int, int], ...] = ()
+    """(host GPU, bytes) for each GPU it was given; the bytes add up to `size_vram`."""
+
+    def on(self, gpu: int) -> int:
+        """Its bytes on host GPU `gpu`."""
+        return sum(nbytes for index, nbytes in self.vram_by_gpu if index == gpu)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -72,6 +78,7 @@ class RunnerInfo:
             "phase": self.phase.value,
             "size": self.size,
             "size_vram": self.size_vram,
+            "vram_by_gpu": {str(gpu): nbytes for gpu, nbytes in self.vram_by_gpu},
             "context_length": self.context_length,
             "refcount": self.refcount,
             "draining": self.draining,

@@ -9,6 +9,9 @@ the free-memory check, then weights, activations and KV cache up to
 start prints vLLM's error and `RuntimeError: Engine core initialization failed...` and exits
 1. SIGTERM or SIGINT stops it (exit 0, memory freed).
 
+Its card is the first one CUDA_VISIBLE_DEVICES shows it (GPU 0 without it; `--sim-gpu N`
+overrides); shown none, it stops at start with PyTorch's "No CUDA GPUs are available".
+
 The sleep routes exist only when VLLM_SERVER_DEV_MODE=1 is in its environment; they free
 memory only with --enable-sleep-mode.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gpugate.core.units import parse_duration, parse_size
+from gpugate.sim.cuda import NO_DEVICE_TORCH, visible_devices
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import set_cmdline, set_comm
 from gpugate.sim.shim import STATE_ENV
@@ -98,11 +102,12 @@ def display_command(argv: Sequence[str]) -> list[str]:
     return shown
 
 
-def _gpu(args: argparse.Namespace) -> int:
+def _gpu(args: argparse.Namespace, host: SimulatedGpuHost) -> int | None:
+    """The host GPU that is its `cuda:0`: `--sim-gpu`, else the first one CUDA_VISIBLE_DEVICES
+    shows (GPU 0 without it); None when CUDA shows it no GPU."""
     if args.sim_gpu is not None:
         return int(args.sim_gpu)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
+    return visible_devices(host.read().devices).host_gpu(0)
 
 
 def dev_mode(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -158,8 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_cmdline(display_command(words))
     model = args.model_option or args.model
     max_model_len = args.max_model_len or args.sim_model_len
+    gpu = _gpu(args, SimulatedGpuHost(state_dir))
+    if gpu is None:
+        # PyTorch's first CUDA call in the engine core fails; the server never starts.
+        print(NO_DEVICE_TORCH, file=sys.stderr, flush=True)
+        return EXIT_FAILED
     plan = Plan(
-        gpu=_gpu(args),
+        gpu=gpu,
         utilization=args.gpu_memory_utilization,
         context=args.sim_context,
         overhead=args.sim_overhead,

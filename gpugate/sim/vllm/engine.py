@@ -125,8 +125,9 @@ class Engine:
         requested = total * plan.utilization
         if free < requested:
             self.free_all()
+            # PyTorch's device names count the GPUs the process sees: its card is cuda:0.
             raise StartupFailed([
-                f"ValueError: Free memory on device cuda:{plan.gpu} ({gib(free)}/{gib(total)} "
+                f"ValueError: Free memory on device cuda:0 ({gib(free)}/{gib(total)} "
                 f"GiB) on startup is less than desired GPU memory utilization "
                 f"({plan.utilization}, {gib(requested)} GiB). Decrease GPU memory "
                 "utilization or reduce GPU memory used by other processes.",
@@ -170,7 +171,7 @@ class Engine:
             self.free_all()
             raise StartupFailed([
                 f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                f"{gib(exc.requested)} GiB. GPU {self.plan.gpu} has a total capacity of "
+                f"{gib(exc.requested)} GiB. GPU 0 has a total capacity of "
                 f"{gib(self.gpu_host.read().device(self.plan.gpu).total)} GiB of which "
                 f"{gib(exc.free)} GiB is free.",
             ]) from None  # fmt: skip

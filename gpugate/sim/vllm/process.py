@@ -69,9 +69,10 @@ def vllm_argv(
         argv += ["--runner", spec.runner]
     if state_dir is not None:
         argv += ["--sim-state-dir", str(state_dir)]
+    if spec.gpu is not None:
+        argv += ["--sim-gpu", str(spec.gpu)]
     return [
         *argv,
-        "--sim-gpu", str(spec.gpu),
         "--sim-weights", str(spec.weights),
         "--sim-context", str(spec.context),
         "--sim-overhead", str(spec.overhead),

@@ -22,7 +22,9 @@ class VllmServerSpec:
     model: str = "Qwen/Qwen3-0.6B"
     served_model_names: tuple[str, ...] = ()
     """--served-model-name (empty: the model's path, as vLLM answers it)."""
-    gpu: int = 0
+    gpu: int | None = None
+    """The host GPU it runs on (`--sim-gpu`); None: the first one its CUDA_VISIBLE_DEVICES
+    shows (GPU 0 without one), as a real vLLM's `cuda:0`."""
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_sleep_mode: bool = False
@@ -87,7 +89,7 @@ def parse_vllm(data: Any, base: Path = Path()) -> VllmServerSpec:
         listen=listen,
         model=str(data.get("model", default.model)),
         served_model_names=tuple(names),
-        gpu=number(data, "gpu", "vllm", int, 0, minimum=0),
+        gpu=None if data.get("gpu") is None else number(data, "gpu", "vllm", int, 0, minimum=0),
         gpu_memory_utilization=util,
         max_model_len=None
         if max_len is None

@@ -16,6 +16,10 @@ the process with SIGABRT (`--sim-oom abort`: status 134 from a shell); `--sim-oo
 ends it as server.cpp does when `whisper_init_from_file_with_params` returns NULL:
 `error: failed to initialize whisper context` and exit status 3. Either way the simulated
 host records the OOM.
+
+`-dev N` counts the GPUs CUDA shows the process: under CUDA_VISIBLE_DEVICES device 0 is the
+first card listed (gpugate.sim.cuda). Shown no such device, it loads the model for the CPU
+and serves anyway, holding nothing on any GPU, as whisper.cpp does.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from aiohttp import web
 
 from gpugate.core.units import parse_duration, parse_size
+from gpugate.sim.cuda import NO_DEVICE_GGML, visible_devices
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import set_cmdline, set_comm
 from gpugate.sim.shim import STATE_ENV
@@ -105,10 +111,21 @@ def _unblock_stop_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
-def _gpu(args: argparse.Namespace) -> int:
+def _ordinal(args: argparse.Namespace) -> int:
+    """The CUDA device asked for: `-dev`, else WHISPER_ARG_DEVICE, else 0."""
     if args.device is not None:
         return int(args.device)
     return int(os.environ.get("WHISPER_ARG_DEVICE", "0") or 0)
+
+
+def _cuda(host: SimulatedGpuHost, ordinal: int, err: TextIO) -> int | None:
+    """The host GPU that CUDA device is, under this process's CUDA_VISIBLE_DEVICES; None
+    when it has no such device, and the model then goes to the CPU."""
+    seen = visible_devices(host.read().devices)
+    if seen.none:
+        err.write(NO_DEVICE_GGML + "\n")
+        err.flush()
+    return seen.host_gpu(ordinal)
 
 
 def _oom(lines: list[str], mode: str) -> int:
@@ -187,10 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode_seconds=args.sim_decode_seconds,
         decode_per_audio_second=args.sim_decode_per_audio_second,
     )
+    gpu_host = SimulatedGpuHost(state_dir)
+    ordinal = _ordinal(args)
     context = Context(
-        SimulatedGpuHost(state_dir),
+        gpu_host,
         ModelCatalog(dict(args.sim_model_size)),
-        gpu=_gpu(args),
+        gpu=_cuda(gpu_host, ordinal, err),
+        ordinal=ordinal,
         load_seconds=args.sim_load_seconds,
         err=err,
     )

@@ -92,13 +92,17 @@ class Context:
         gpu_host: SimulatedGpuHost,
         catalog: ModelCatalog,
         *,
-        gpu: int = 0,
+        gpu: int | None = 0,
+        ordinal: int | None = None,
         load_seconds: float = 0.0,
         err: TextIO = sys.stderr,
     ) -> None:
         self.gpu_host = gpu_host
         self.catalog = catalog
         self.gpu = gpu
+        """The host GPU the model goes to; None: the CPU (no CUDA device for it)."""
+        self.ordinal = (gpu or 0) if ordinal is None else ordinal
+        """The CUDA device it asked for (`-dev`), as its log lines name it."""
         self.load_seconds = load_seconds
         self.err = err
         self.pid = os.getpid()
@@ -128,7 +132,8 @@ class Context:
             "whisper_model_load: failed to allocate memory for the model",
             "whisper_init_with_params_no_state: failed to load model",
         ])  # fmt: skip
-        self._say(f"whisper_model_load:    CUDA0 total size = {weights / 1e6:8.2f} MB")
+        buffer = "CPU" if self.gpu is None else f"CUDA{self.ordinal}"
+        self._say(f"whisper_model_load: {buffer:>8} total size = {weights / 1e6:8.2f} MB")
         if sleep and self.load_seconds:
             time.sleep(self.load_seconds)
         self._allocate(size - weights, [
@@ -151,12 +156,14 @@ class Context:
         self.model = None
 
     def _allocate(self, nbytes: int, then: list[str]) -> None:
+        if self.gpu is None:
+            return  # in system memory: nothing on any GPU
         try:
             self.gpu_host.allocate(self.pid, nbytes, gpu=self.gpu, name=PROCESS_NAME)
         except GpuOutOfMemory:
             lines = [
                 f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {nbytes / MiB:.2f} MiB "
-                f"on device {self.gpu}: cudaMalloc failed: out of memory",
+                f"on device {self.ordinal}: cudaMalloc failed: out of memory",
                 *then,
             ]
             self.free()
@@ -165,7 +172,11 @@ class Context:
 
     def _say_init(self) -> None:
         self._say("whisper_init_with_params_no_state: use gpu    = 1")
-        self._say(f"whisper_init_with_params_no_state: gpu_device = {self.gpu}")
+        self._say(f"whisper_init_with_params_no_state: gpu_device = {self.ordinal}")
+        if self.gpu is None:
+            # whisper_backend_init_gpu: no GPU with that index among those CUDA shows, so
+            # the model is loaded for the CPU.
+            self._say("whisper_backend_init_gpu: no GPU found")
 
     def _say(self, line: str) -> None:
         self.err.write(line + "\n")
