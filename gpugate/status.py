@@ -136,6 +136,7 @@ def render_text(document: dict[str, Any]) -> str:
                 )
             drain = f"   {drains[name]}" if name in drains else ""
             lines.append(f"    {name:<24}{_gib(row['committed'])}{detail}{drain}")
+            lines.extend(_models_on(document, gpu["index"], name))
         lines.append(f"  {'reserve':<26}{_gib(gpu['reserve'])}")
         lines.append(f"  {'schedulable':<26}{_gib(gpu['schedulable'])}")
     for section, title in (("leases", "leases"), ("queue", "waiting")):
@@ -146,6 +147,19 @@ def render_text(document: dict[str, Any]) -> str:
                 + ", ".join(f"{r['consumer']}/{r['model']} ({r['class']})" for r in rows)
             )
     return "\n".join(lines)
+
+
+def _models_on(document: dict[str, Any], index: int, consumer: str) -> list[str]:
+    """The consumer's models on one GPU, a split model's part saying which GPUs it spans."""
+    lines = []
+    for r in document.get("residents") or []:
+        if r.get("gpu") != index or r.get("consumer") != consumer:
+            continue
+        spans = r.get("spans")
+        split = "" if not spans else "   split across GPUs " + ", ".join(map(str, spans))
+        state = "" if r.get("state") == "resident" else f"   {r.get('state')}"
+        lines.append(f"      {r['model']:<22}{_gib(r['bytes'])}{state}{split}")
+    return lines
 
 
 def direct_document(config: Config) -> dict[str, Any]:
@@ -168,7 +182,7 @@ def direct_document(config: Config) -> dict[str, Any]:
             device,
             sampled_at=sample.taken_at,
             reserve=config.reserve_for(device.index),
-            consumers=[c.name for c in config.consumers if c.gpu == device.index],
+            consumers=[c.name for c in config.consumers if device.index in c.cards],
         )
         gpus.append(budget_document(budget, 0.0))
     return {

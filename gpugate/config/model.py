@@ -64,6 +64,12 @@ class RuntimeSettings:
 
     jobs: ClassVar[bool] = False
     """Whether the runtime queues jobs (a consumer's `preempt` applies to them)."""
+    places_itself: ClassVar[bool] = False
+    """Whether the runtime spreads its loads over several GPUs by a rule of its own the gate
+    predicts (a consumer may list `gpus:` for it without a `control.command`)."""
+    one_device: ClassVar[bool] = False
+    """Whether the runtime runs on one device only, whoever starts it (ComfyUI's
+    --cuda-device): a consumer gives it one `gpu`."""
 
     def check(self, consumer: Consumer, path: str, findings: Findings) -> None:
         """The runtime's own rules across its section and the consumer's other fields
@@ -322,6 +328,11 @@ class Consumer:
     listen: Address
     upstream: Upstream
     gpu: int = 0
+    """The GPU its memory is on (0: the first)."""
+    gpus: tuple[int, ...] = ()
+    """Several GPUs it may use, instead of `gpu`: where a runtime places a model among
+    them is its own rule (Ollama) or the gate's choice at start (CUDA_VISIBLE_DEVICES for a
+    process runtime)."""
     priority: PriorityClass = attrs.field(default=PriorityClass.INTERACTIVE, metadata=CLASS_KEY)
     residency: Residency = Residency()
     envelope: int | None = attrs.field(default=None, metadata=SIZE)
@@ -342,6 +353,11 @@ class Consumer:
     settings: RuntimeSettings = attrs.field(factory=RuntimeSettings, metadata=SECTION)
     """The runtime's own section (`comfyui:`, `ollama:`, `vllm:`), of the type its package
     registers (runtimes/sections.py)."""
+
+    @property
+    def cards(self) -> tuple[int, ...]:
+        """The GPUs it may use, in the order given (`gpus`, else `gpu` alone)."""
+        return self.gpus or (self.gpu,)
 
     def settings_as(self, cls: type[S]) -> S:
         """The runtime's section as `cls` (its defaults when the file has none)."""

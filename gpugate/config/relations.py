@@ -105,14 +105,67 @@ def _check_consumers(config: Config, findings: Findings) -> None:
                 f"{path}.processes",
                 "no units, commands or names: its VRAM will be counted as external 'other'",
             )
-        if check_gpus and consumer.gpu not in gpus:
-            listed = ", ".join(str(index) for index in sorted(gpus))
-            findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {listed})")
+        _check_cards(consumer, path, findings, gpus if check_gpus else None)
         _check_residencies(consumer, path, findings)
         _check_runtime(consumer, path, findings)
         _check_control(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
+
+
+def _check_cards(
+    consumer: Consumer, path: str, findings: Findings, listed: set[int] | None
+) -> None:
+    """`gpu` or `gpus`, each GPU once, each one the budget lists (when it lists any)."""
+    if consumer.gpus and findings.line_of(f"{path}.gpu") is not None:
+        findings.report(
+            f"{path}.gpus",
+            f"give gpu (one GPU) or gpus (several), not both; gpu is at "
+            f"{_at(findings, f'{path}.gpu')}",
+        )
+    seen: set[int] = set()
+    for index, gpu in enumerate(consumer.gpus):
+        if gpu < 0:
+            findings.report(f"{path}.gpus[{index}]", f"a GPU index is 0 or more, got {gpu}")
+        elif gpu in seen:
+            findings.report(f"{path}.gpus[{index}]", f"GPU {gpu} is listed twice")
+        seen.add(gpu)
+    if findings.line_of(f"{path}.gpus") is not None and not consumer.gpus:
+        findings.report(f"{path}.gpus", "must list at least one GPU index")
+    if len(consumer.cards) > 1:
+        _check_placing(consumer, path, findings)
+    if listed is None:
+        return
+    names = ", ".join(str(index) for index in sorted(listed))
+    if not consumer.gpus and consumer.gpu not in listed:
+        findings.report(f"{path}.gpu", f"GPU {consumer.gpu} is not in gpus (listed: {names})")
+    for index, gpu in enumerate(consumer.gpus):
+        if gpu not in listed:
+            findings.report(f"{path}.gpus[{index}]", f"GPU {gpu} is not in gpus (listed: {names})")
+
+
+def _check_placing(consumer: Consumer, path: str, findings: Findings) -> None:
+    """Several GPUs: the runtime must place itself by a rule the gate knows, or be started
+    by the gate on the GPU it chooses."""
+    settings = consumer.settings
+    where = f"{path}.gpus"
+    if settings.one_device:
+        findings.report(
+            where, f"runtime {consumer.runtime} runs on one device: give one gpu, not several"
+        )
+    elif settings.places_itself:
+        return
+    elif consumer.control is None or not consumer.control.command:
+        how = (
+            "its unit's own Environment=CUDA_VISIBLE_DEVICES decides"
+            if consumer.control is not None and consumer.control.unit is not None
+            else "the gate does not start it"
+        )
+        findings.report(
+            where,
+            f"runtime {consumer.runtime} uses the GPU it is started on, and {how}: give one "
+            "gpu, or a control.command for the gate to start it on the GPU it chooses",
+        )
 
 
 def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> None:

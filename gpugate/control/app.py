@@ -58,6 +58,9 @@ def gate_document(gate: Gate) -> dict[str, Any]:
                 "model": r.key.model,
                 "options": r.key.options,
                 "gpu": r.gpu,
+                "spans": None
+                if r.key.part is None
+                else sorted(p.gpu for p in core.books.parts_of(r.key.whole)),
                 "bytes": r.bytes,
                 "state": r.state.value,
                 "class": r.priority.label,

@@ -32,9 +32,11 @@ from aiohttp import web
 from gpugate.control.health import health_document
 from gpugate.core.capacity import Ask, Assessment, Verdict, assess
 from gpugate.core.classes import PriorityClass
+from gpugate.core.placement import Share, place
 from gpugate.core.residents import Resident, ResidentKey
 from gpugate.core.units import MiB
 from gpugate.logs import OncePerInterval
+from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate, Link
@@ -91,6 +93,8 @@ class ModelCapacity:
     envelope_source: str | None
     assessment: Assessment
     answer: Answer
+    gpus: tuple[int, ...] = ()
+    """The GPUs a load of it would be leased on: one, or each one a split load spans."""
 
 
 @attrs.frozen
@@ -254,7 +258,7 @@ def _model(
     residency = adapter.residency(name)
     ask = Ask(
         key=ResidentKey(consumer.name, name),
-        gpu=consumer.gpu,
+        gpu=consumer.cards[0],
         envelope=envelope,
         priority=priority,
         resident_priority=model_class,
@@ -262,11 +266,61 @@ def _model(
         idle_ttl=residency.idle_ttl,
         reload_seconds=adapter.reload_seconds(name, envelope or 0),
     )
-    assessment = assess(gate.core, ask, now)
-    answer = _model_answer(ok, failed, assessment, totals.get(consumer.gpu))
+    shares = _placed(gate, link, ask, now)
+    split = len(shares) > 1
+    assessments = [
+        assess(
+            gate.core,
+            attrs.evolve(ask, gpu=share.gpu, envelope=share.bytes, key=ask.key.on(share.gpu))
+            if split
+            else attrs.evolve(ask, gpu=share.gpu),
+            now,
+        )
+        for share in shares
+    ]
+    # A split load is as good as its worst part.
+    assessment = max(assessments, key=lambda a: _WORSE[a.verdict])
+    gpu = shares[assessments.index(assessment)].gpu
+    answer = _model_answer(ok, failed, assessment, totals.get(gpu))
     return ModelCapacity(
-        consumer.name, name, consumer.gpu, priority, envelope, source, assessment, answer
+        consumer.name,
+        name,
+        gpu,
+        priority,
+        envelope,
+        source,
+        assessment,
+        answer,
+        tuple(s.gpu for s in shares),
     )
+
+
+_WORSE = {
+    Verdict.RESIDENT: 0,
+    Verdict.FITS: 1,
+    Verdict.AFTER_EVICTION: 2,
+    Verdict.UNKNOWN: 3,
+    Verdict.NO_ROOM: 4,
+}
+
+
+def _placed(gate: Gate, link: Link, ask: Ask, now: float) -> tuple[Share, ...]:
+    """Where a load of the model would be leased among the consumer's GPUs, as a request's
+    would be (gpugate.core.placement)."""
+    cards = link.consumer.cards
+    if len(cards) == 1 or ask.envelope is None:
+        return (Share(cards[0], ask.envelope or 0),)
+    adapter = link.adapter
+    asked = Classified(RouteKind.DEMAND, ApiFamily.PLAIN, ask.key.model)
+    placement = place(
+        gate.core,
+        attrs.evolve(ask, gpu=cards[0]).demand(),
+        cards,
+        now,
+        placing=adapter.placing,
+        rule=adapter.placement_rule(asked),
+    )
+    return placement.shares
 
 
 def _unhealthy(failed: tuple[str, ...]) -> Answer:
@@ -342,6 +396,7 @@ def _model_document(row: ModelCapacity) -> dict[str, Any]:
         "consumer": row.consumer,
         "model": row.model,
         "gpu": row.gpu,
+        "gpus": list(row.gpus) or [row.gpu],
         "class": row.priority.label,
         "verdict": a.verdict.value,
         "plan": None if a.plan is None else a.plan.value,

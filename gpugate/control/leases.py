@@ -40,8 +40,9 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
 from gpugate.core.units import parse_duration, parse_size
+from gpugate.gate.process_books import DEFAULT_START_ADMISSION_TIMEOUT
 from gpugate.gate.start_leases import StartLeases
-from gpugate.gate.starts import ADOPT_FLOOR, DEFAULT_START_ADMISSION_TIMEOUT
+from gpugate.gate.starts import ADOPT_FLOOR
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config
@@ -165,7 +166,11 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
         if consumer is None:
             names = ", ".join(c.name for c in config.consumers) or "none"
             raise BadRequest(f"consumer: no consumer {consumer_name!r} (configured: {names})")
-        owner, gpu, default_class = consumer.name, consumer.gpu, consumer.priority
+        gpu = body.get("gpu", consumer.cards[0])
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu not in consumer.cards:
+            cards = ", ".join(str(g) for g in consumer.cards)
+            raise BadRequest(f"gpu: consumer {consumer.name} uses GPU {cards}")
+        owner, default_class = consumer.name, consumer.priority
         max_class = PriorityClass.PRODUCTION
         label = {"consumer": consumer.name}
     else:

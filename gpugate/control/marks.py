@@ -61,7 +61,8 @@ def consumer_document(gate: Gate, name: str) -> dict[str, Any]:
     configured = next((c for c in gate.config.consumers if c.name == name), None)
     document: dict[str, Any] = {
         "consumer": name,
-        "gpu": None if configured is None else configured.gpu,
+        "gpu": None if configured is None else configured.cards[0],
+        "gpus": None if configured is None else list(configured.cards),
         "draining": draining,
         "drained": drained,
         "leases": leases,

@@ -181,14 +181,16 @@ class BudgetCollector(Collector):
             queued.add_metric([g, klass], count)
         yield queued
         residents = GaugeMetricFamily(
-            "gpugate_residents", "Models in VRAM by state.", labels=["consumer", "state"]
+            "gpugate_residents",
+            "Models in VRAM by GPU and state (a model split across GPUs counts on each).",
+            labels=["gpu", "consumer", "state"],
         )
-        states: dict[tuple[str, str], int] = {}
+        states: dict[tuple[str, str, str], int] = {}
         for resident in core.residents():
-            label = (resident.key.consumer, resident.state.value)
+            label = (str(resident.gpu), resident.key.consumer, resident.state.value)
             states[label] = states.get(label, 0) + 1
-        for (consumer, state), count in sorted(states.items()):
-            residents.add_metric([consumer, state], count)
+        for label, count in sorted(states.items()):
+            residents.add_metric(list(label), count)
         yield residents
 
 

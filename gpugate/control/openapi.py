@@ -125,7 +125,15 @@ CAPACITY_MODEL = {
     "properties": {
         "consumer": {"type": "string"},
         "model": {"type": "string", "description": "as the gate keys it (`bge-m3:latest`)"},
-        "gpu": {"type": "integer"},
+        "gpu": {
+            "type": "integer",
+            "description": "the GPU the verdict is for (a split load: its worst part's)",
+        },
+        "gpus": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "the GPUs a load would be leased on: one, or each a split spans",
+        },
         "class": {"type": "string", "description": "the requests' class it was asked for"},
         "verdict": {
             "type": "string",
@@ -238,7 +246,12 @@ CONSUMER_STATE = {
     "type": "object",
     "properties": {
         "consumer": {"type": "string"},
-        "gpu": {"type": ["integer", "null"]},
+        "gpu": {"type": ["integer", "null"], "description": "its first GPU"},
+        "gpus": {
+            "type": ["array", "null"],
+            "items": {"type": "integer"},
+            "description": "every GPU it may use (`gpus:`; its one `gpu` otherwise)",
+        },
         "draining": {"type": "boolean"},
         "drained": {"type": "boolean", "description": "draining, and no lease of it is left"},
         "leases": {"type": "integer"},

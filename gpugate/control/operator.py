@@ -52,9 +52,10 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
         if options is not None:
             return ResidentKey(consumer, model, options)
         # Without options: the one resident of that consumer and model, whatever its options.
-        found = [r.key for r in gate.core.residents() if r.key[:2] == (consumer, model)]
+        # A model split across GPUs is one resident per card: one model all the same.
+        found = {r.key.whole for r in gate.core.residents() if r.key[:2] == (consumer, model)}
         if len(found) == 1:
-            return found[0]
+            return found.pop()
         return ResidentKey(consumer, model) if not found else None
 
     async def evict(request: web.Request) -> web.Response:

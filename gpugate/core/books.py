@@ -6,7 +6,7 @@ import itertools
 from typing import Protocol
 
 from gpugate.core.budget import GpuUsage, usage_of
-from gpugate.core.effects import Sleep, Stop, Unload, UnloadReason
+from gpugate.core.effects import Effect, Event, EventKind, Sleep, Stop, Unload, UnloadReason
 from gpugate.core.lifecycle import Eviction, Lifecycles
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, Lease, LeaseScope
@@ -23,6 +23,8 @@ class ResidentTable(dict[ResidentKey, Resident]):
         super().__init__()
         self.by_gpu: dict[int, dict[ResidentKey, Resident]] = {}
         self.by_model: dict[tuple[int, str, str], dict[ResidentKey, Resident]] = {}
+        self.by_whole: dict[ResidentKey, dict[ResidentKey, Resident]] = {}
+        """The parts of each model split across GPUs."""
 
     def __setitem__(self, key: ResidentKey, resident: Resident) -> None:
         old = self.get(key)
@@ -32,6 +34,8 @@ class ResidentTable(dict[ResidentKey, Resident]):
             return
         self.by_gpu.setdefault(resident.gpu, {})[key] = resident
         self.by_model.setdefault((resident.gpu, key.consumer, key.model), {})[key] = resident
+        if key.part is not None:
+            self.by_whole.setdefault(key.whole, {})[key] = resident
 
     def __delitem__(self, key: ResidentKey) -> None:
         resident = self[key]
@@ -53,18 +57,29 @@ class ResidentTable(dict[ResidentKey, Resident]):
     def same_model(self, gpu: int, consumer: str, model: str) -> list[Resident]:
         return list(self.by_model.get((gpu, consumer, model), {}).values())
 
+    def parts_of(self, whole: ResidentKey) -> list[Resident]:
+        return list(self.by_whole.get(whole, {}).values())
+
     def _unindex(self, key: ResidentKey, resident: Resident) -> None:
-        for index, at in ((self.by_gpu, resident.gpu), (self.by_model, (resident.gpu, *key[:2]))):
-            rows = index[at]  # type: ignore[index]
+        indexes: list[tuple[dict, object]] = [  # type: ignore[type-arg]
+            (self.by_gpu, resident.gpu),
+            (self.by_model, (resident.gpu, *key[:2])),
+        ]
+        if key.part is not None:
+            indexes.append((self.by_whole, key.whole))
+        for index, at in indexes:
+            rows = index[at]
             del rows[key]
             if not rows:
-                del index[at]  # type: ignore[arg-type]
+                del index[at]
 
     def _reindex(self) -> None:
-        self.by_gpu, self.by_model = {}, {}
+        self.by_gpu, self.by_model, self.by_whole = {}, {}, {}
         for key, resident in self.items():
             self.by_gpu.setdefault(resident.gpu, {})[key] = resident
             self.by_model.setdefault((resident.gpu, key.consumer, key.model), {})[key] = resident
+            if key.part is not None:
+                self.by_whole.setdefault(key.whole, {})[key] = resident
 
 
 class JobOpener(Protocol):
@@ -157,6 +172,10 @@ class Books:
 
     def on_gpu(self, gpu: int) -> list[Resident]:
         return self.residents.on_gpu(gpu)
+
+    def parts_of(self, whole: ResidentKey) -> list[Resident]:
+        """The parts of a model split across GPUs (none for a model on one GPU)."""
+        return self.residents.parts_of(whole)
 
     def usage(self, gpu: int) -> GpuUsage:
         """Per consumer, what the residents and pending leases of a GPU hold."""
@@ -364,6 +383,33 @@ class Books:
         self.unloads[resident.key] = unload
         self._touch_counted(fresh)
         return unload
+
+    def unload_parts(
+        self, resident: Resident, reason: UnloadReason, ticket_id: int | None, now: float
+    ) -> list[Effect]:
+        """The other parts of a split model one part of which is being evicted: the runtime
+        unloads the model whole, so each part's GPU gets its bytes back (an unload and an
+        event for each part not already going)."""
+        if resident.key.part is None:
+            return []
+        effects: list[Effect] = []
+        for part in self.parts_of(resident.key.whole):
+            if part is resident or part.state is not ResidentState.RESIDENT:
+                continue
+            effects.append(self.start_unload(part, reason, ticket_id, now))
+            effects.append(
+                Event(
+                    EventKind.EVICTION_STARTED,
+                    now,
+                    key=part.key,
+                    gpu=part.gpu,
+                    bytes=part.bytes,
+                    reason=reason.value,
+                    detail=f"the runtime unloads the model whole: its part on GPU "
+                    f"{resident.gpu} is evicted",
+                )
+            )
+        return effects
 
     def finish_unload(self, key: ResidentKey) -> tuple[Unload, Resident | None] | None:
         fresh = self._counted()

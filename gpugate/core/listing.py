@@ -58,17 +58,21 @@ def resident_event(
 def apply_listing(
     books: Books,
     consumer: str,
-    gpu: int,
+    gpus: Sequence[int],
     listed: Sequence[ListedModel],
     *,
     asked_at: float,
     now: float,
+    found_on: int | None = None,
 ) -> list[Effect]:
-    """Change the books to agree with the listing; returns what to record."""
+    """Change the books to agree with the listing of a consumer on `gpus` (the runtime
+    does not say which GPU a model is on: one found without a lease is put on `found_on`,
+    the GPU whose memory the books do not explain, else the first); returns what to record."""
     for done in [k for k, at in books.unloaded_at.items() if k[0] == consumer and at < asked_at]:
         # A listing asked after an unload ended says the truth about that model again.
         del books.unloaded_at[done]
-    residents = [r for r in books.residents.values() if r.gpu == gpu]
+    cards = set(gpus)
+    residents = [r for r in books.residents.values() if r.gpu in cards]
     effects: list[Effect] = []
     names = {m.model for m in listed}
     for resident in residents:
@@ -94,7 +98,7 @@ def apply_listing(
         if not same:
             resident = Resident(
                 key=ResidentKey(consumer, model.model, ANY_OPTIONS),
-                gpu=gpu,
+                gpu=gpus[0] if found_on is None else found_on,
                 bytes=model.size if model.bytes is None else model.bytes,
                 priority=model.priority,
                 policy=model.policy,
@@ -111,24 +115,46 @@ def apply_listing(
                 )
             )
             same = [resident]
+        reported = _per_part(same, model.bytes)
         for resident in same:
             if resident.state is not ResidentState.RESIDENT or model.bytes is None:
                 continue
-            if resident.bytes != model.bytes:
+            nbytes = reported[resident.key]
+            if resident.bytes != nbytes:
                 effects.append(
                     resident_event(
                         EventKind.ENVELOPE_MEASURED,
                         now,
                         resident,
-                        f"accounted {resident.bytes} bytes, the runtime reports {model.bytes}",
-                        nbytes=model.bytes,
+                        f"accounted {resident.bytes} bytes, the runtime reports {nbytes}"
+                        + ("" if nbytes == model.bytes else f" of its {model.bytes}"),
+                        nbytes=nbytes,
                     )
                 )
-                resident.bytes = model.bytes
+                resident.bytes = nbytes
             if model.bytes < model.size and not resident.offload_reported:
                 resident.offload_reported = True
                 effects.append(_offload_event(model, resident, now))
     return effects
+
+
+def _per_part(same: Sequence[Resident], nbytes: int | None) -> dict[ResidentKey, int]:
+    """What the runtime's figure for a model means for each resident of it: all of it for
+    a model on one GPU; for a split one, shared among its parts as the books share it
+    (the listing gives one figure for all its GPUs)."""
+    if nbytes is None:
+        return {}
+    parts = [r for r in same if r.key.part is not None and r.state is ResidentState.RESIDENT]
+    if len(parts) < 2:
+        return {r.key: nbytes for r in same}
+    counted = sum(r.bytes for r in parts) or len(parts)
+    shares: dict[ResidentKey, int] = {}
+    left = nbytes
+    for index, part in enumerate(parts):
+        share = left if index == len(parts) - 1 else nbytes * (part.bytes or 1) // counted
+        shares[part.key] = share
+        left -= share
+    return {r.key: shares.get(r.key, nbytes) for r in same}
 
 
 def _offload_event(model: ListedModel, resident: Resident, now: float) -> Event:

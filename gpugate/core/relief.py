@@ -81,5 +81,6 @@ def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -
             reason=UnloadReason.PRESSURE.value,
         )
         effects.append(attrs.evolve(started, schedulable_before=budget.schedulable))
+        effects.extend(books.unload_parts(resident, UnloadReason.PRESSURE, None, now))
         deficit -= resident.bytes
     return effects

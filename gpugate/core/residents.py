@@ -24,10 +24,23 @@ class ResidentKey(NamedTuple):
     consumer: str
     model: str
     options: str = ""
+    part: int | None = None
+    """A model a runtime splits across GPUs is one resident per GPU, each its part there
+    (the GPU's index); None for a model on one GPU."""
 
     def __str__(self) -> str:
         suffix = "" if not self.options else f" [{self.options}]"
-        return f"{self.consumer}/{self.model}{suffix}"
+        part = "" if self.part is None else f" (part on GPU {self.part})"
+        return f"{self.consumer}/{self.model}{suffix}{part}"
+
+    @property
+    def whole(self) -> ResidentKey:
+        """The model this is a part of (itself for a model on one GPU)."""
+        return self if self.part is None else ResidentKey(self.consumer, self.model, self.options)
+
+    def on(self, gpu: int) -> ResidentKey:
+        """The part of this model on `gpu`."""
+        return ResidentKey(self.consumer, self.model, self.options, gpu)
 
 
 class ResidentState(enum.Enum):

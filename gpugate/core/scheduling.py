@@ -452,6 +452,7 @@ class Scheduler:
                         schedulable_before=before,
                     )
                 )
+                effects.extend(self.books.unload_parts(resident, reason, None, now))
         if decision.earliest is not None and decision.earliest > now:
             self.wake[ticket.id] = decision.earliest
         else:

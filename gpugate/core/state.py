@@ -58,7 +58,8 @@ class CoreSettings:
     reserve: ReserveSettings
     reserve_by_gpu: Mapping[int, ReserveSettings] = attrs.field(factory=dict)
     max_wait: Mapping[PriorityClass, float] = attrs.field(factory=dict)
-    consumer_gpus: Mapping[str, int] = attrs.field(factory=dict)
+    consumer_gpus: Mapping[str, int | tuple[int, ...]] = attrs.field(factory=dict)
+    """The GPUs each consumer may use: it has a row in each one's budget, even at 0."""
     queue_limit: Mapping[str, int] = attrs.field(factory=dict)
     default_queue_limit: int = 32
     stale_after: float = 5.0
@@ -298,19 +299,40 @@ class GateCore:
             return []
         if open_lease is not None and open_lease.job_of is not None:
             return self.job_done(open_lease.key.consumer, lease_id, now, failed=failed)
-        loading = open_lease is not None and open_lease.pending > 0
-        closed = self.books.close_lease(lease_id, now, failed=failed)
-        if closed is None:
+        return self.release_all((lease_id,), now, failed=failed)
+
+    def release_all(
+        self, lease_ids: Sequence[int], now: float, *, failed: bool = False
+    ) -> list[Effect]:
+        """A request's leases ended together: the parts of a load split across GPUs all end
+        before any card's queue is planned again, so no part is taken for an eviction while
+        another of the same request is still held."""
+        effects: list[Effect] = []
+        gpus: list[int] = []
+        for lease_id in lease_ids:
+            open_lease = self.books.leases.get(lease_id)
+            if lease_id in self.jobs.carriers or (
+                open_lease is not None and open_lease.job_of is not None
+            ):
+                continue  # a job's lease ends with its job, not its request (`release`)
+            loading = open_lease is not None and open_lease.pending > 0
+            closed = self.books.close_lease(lease_id, now, failed=failed)
+            if closed is None:
+                continue
+            lease, resident = closed
+            effects.append(released_event(lease, now, "failed" if failed else "done"))
+            if resident is not None and resident.idle and resident.idle_ttl == 0:
+                effects.extend(self._expire(resident, now))
+            if loading:
+                # A load ended (completed or not): what NVML shows means something else now.
+                self.telemetry.explain(lease.gpu, self.books)
+            if lease.gpu not in gpus:
+                gpus.append(lease.gpu)
+        if not effects:
             return []
-        lease, resident = closed
-        effects: list[Effect] = [released_event(lease, now, "failed" if failed else "done")]
-        if resident is not None and resident.idle and resident.idle_ttl == 0:
-            effects.extend(self._expire(resident, now))
-        if loading:
-            # A load ended (completed or not): what NVML shows means something else now.
-            self.telemetry.explain(lease.gpu, self.books)
-        if self.scheduler.queues.get(lease.gpu):
-            effects.extend(self.scheduler.schedule(lease.gpu, now))
+        for gpu in gpus:
+            if self.scheduler.queues.get(gpu):
+                effects.extend(self.scheduler.schedule(gpu, now))
         effects.extend(self._drained(now))
         return effects
 
@@ -329,24 +351,33 @@ class GateCore:
     def reconcile(
         self,
         consumer: str,
-        gpu: int,
+        gpus: int | Sequence[int],
         listed: Sequence[ListedModel],
         *,
         asked_at: float,
         now: float,
     ) -> list[Effect]:
-        """A runtime listed what it has loaded (asked at `asked_at`, answered by `now`).
+        """A runtime on `gpus` listed what it has loaded (asked at `asked_at`, answered by
+        `now`).
 
         Residents it no longer lists are gone; models it lists that the books do not know
-        were loaded behind the gate's back and become residents like any other; measured
-        sizes replace envelopes.
+        were loaded behind the gate's back and become residents like any other (on the GPU
+        where its memory is unexplained); measured sizes replace envelopes.
         """
+        cards = (gpus,) if isinstance(gpus, int) else tuple(gpus)
         names = {m.model for m in listed}
-        effects = listed_scopes(self.books, consumer, gpu, names, asked_at=asked_at, now=now)
-        effects += apply_listing(self.books, consumer, gpu, listed, asked_at=asked_at, now=now)
+        effects: list[Effect] = []
+        for gpu in cards:
+            effects += listed_scopes(self.books, consumer, gpu, names, asked_at=asked_at, now=now)
+        unexplained = {g: self.telemetry.unexplained.get(g, {}).get(consumer, 0) for g in cards}
+        found_on = max(cards, key=lambda g: (unexplained[g], -cards.index(g)))
+        effects += apply_listing(
+            self.books, consumer, cards, listed, asked_at=asked_at, now=now, found_on=found_on
+        )
         self.books.touch()
-        self.telemetry.explain(gpu, self.books)
-        effects.extend(self.scheduler.schedule(gpu, now))
+        for gpu in cards:
+            self.telemetry.explain(gpu, self.books)
+            effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 
     def unloaded(
@@ -551,8 +582,11 @@ class GateCore:
     # -- events: operator actions ----------------------------------------------------------
 
     def evict(self, key: ResidentKey, now: float, force: bool, who: str = "token") -> list[Effect]:
-        """An operator unloads an idle resident; raises `EvictionRefused` when it may not."""
+        """An operator unloads an idle resident (a split model: all its parts); raises
+        `EvictionRefused` when it may not."""
         resident = self.books.residents.get(key)
+        if resident is None and key.part is None:
+            resident = next(iter(self.books.parts_of(key)), None)
         refused = refuse_eviction(
             key,
             None if resident is None else resident.policy,
@@ -570,7 +604,8 @@ class GateCore:
         started = resident_event(
             EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.OPERATOR.value
         )
-        return [unload, attrs.evolve(started, schedulable_before=before)]
+        parts = self.books.unload_parts(resident, UnloadReason.OPERATOR, None, now)
+        return [unload, attrs.evolve(started, schedulable_before=before), *parts]
 
     def drain(self, consumer: str, now: float, who: str = "token") -> list[Effect]:
         """A consumer admits nothing new; its in-flight leases finish."""
@@ -685,7 +720,8 @@ class GateCore:
         started = resident_event(
             EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.TTL.value
         )
-        return [unload, attrs.evolve(started, schedulable_before=before)]
+        parts = self.books.unload_parts(resident, UnloadReason.TTL, None, now)
+        return [unload, attrs.evolve(started, schedulable_before=before), *parts]
 
     def _unusable(self, gpu: int, now: float) -> FailureClass | None:
         if self.telemetry.fault is not None:

@@ -17,11 +17,14 @@ class Telemetry:
         self,
         reserve: ReserveSettings,
         reserve_by_gpu: dict[int, ReserveSettings] | None = None,
-        consumer_gpus: Mapping[str, int] | None = None,
+        consumer_gpus: Mapping[str, int | tuple[int, ...]] | None = None,
     ) -> None:
         self._reserve = reserve
         self._reserve_by_gpu = dict(reserve_by_gpu or {})
-        self.consumer_gpus = dict(consumer_gpus or {})
+        self.consumer_gpus = {
+            name: (cards,) if isinstance(cards, int) else tuple(cards)
+            for name, cards in (consumer_gpus or {}).items()
+        }
         self.observations: dict[int, GpuObservation] = {}
         self.observed_at: dict[int, float] = {}
         self.fault: DriverFault | None = None
@@ -73,7 +76,7 @@ class Telemetry:
             sampled_at=self.observed_at[gpu],
             reserve=self.reserve(gpu),
             unexplained=self.unexplained.get(gpu, {}),
-            consumers=[c for c, g in self.consumer_gpus.items() if g == gpu],
+            consumers=[c for c, cards in self.consumer_gpus.items() if gpu in cards],
         )
 
     def gauge(self, gpu: int) -> PressureGauge:

@@ -5,19 +5,26 @@ explicit lease's holder (or its ttl), a process lease's appearance in NVML."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+import attrs
 
 from gpugate.core.effects import Effect, Grant
 from gpugate.core.explicit import LeaseTerms
 from gpugate.core.lifecycle import LifeReport
+from gpugate.core.placement import PlacementRule, Placing, place
 from gpugate.core.residents import ResidentKey
 from gpugate.core.scheduling import Admission
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.events import EventHub
 from gpugate.gate.links import GateFailure
+from gpugate.logs import OncePerInterval
 from gpugate.store.db import Store
+
+placed = OncePerInterval(logging.getLogger("gpugate.placement"), 60.0)
 
 
 class AdmissionWork:
@@ -57,6 +64,42 @@ class AdmissionWork:
             self._apply(admission.effects, timers=admission.lease.pending > 0)
             return admission.lease
         return await self._wait(admission)
+
+    async def acquire_on(
+        self,
+        demand: Demand,
+        gpus: Sequence[int],
+        *,
+        placing: Placing = Placing.GATE,
+        rule: PlacementRule | None = None,
+    ) -> tuple[Lease, ...]:
+        """Leases for a demand that may go to any of `gpus`: one, on the GPU the placement
+        chooses, or one per GPU a split load spans (acquired in GPU order; all or none)."""
+        if len(gpus) <= 1:
+            gpu = gpus[0] if gpus else demand.gpu
+            return (
+                await self.acquire(demand if gpu == demand.gpu else attrs.evolve(demand, gpu=gpu)),
+            )
+        placement = place(self.core, demand, gpus, self.clock(), placing=placing, rule=rule)
+        if placement.split and placement.predicted:
+            # Said once a minute per model: the runtime splits it, the gate leases each part.
+            placed.log(
+                logging.INFO,
+                str(demand.key),
+                "%s: leased on GPUs %s: %s",
+                demand.key,
+                ", ".join(str(s.gpu) for s in placement.shares),
+                placement.why,
+            )
+        leases: list[Lease] = []
+        try:
+            for part in placement.demands(demand):
+                leases.append(await self.acquire(part))
+        except BaseException:
+            if leases:
+                self.release_all(leases, failed=True)
+            raise
+        return tuple(leases)
 
     async def hold(self, terms: LeaseTerms) -> Lease:
         """Wait for an explicit lease; raises GateFailure when it cannot have one.
@@ -105,6 +148,17 @@ class AdmissionWork:
     def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None:
         """What the lifecycle interface saw of the runtime (started, failed, stopped, ...)."""
         self._apply(self.core.reported(consumer, report, self.clock(), detail))
+
+    def release_all(self, leases: Sequence[Lease], *, failed: bool = False) -> None:
+        """A request's leases are over together (a split load's parts: `GateCore.release_all`)."""
+        if len(leases) == 1:
+            self.release(leases[0], failed=failed)
+            return
+        now = self.clock()
+        self._apply(self.core.release_all([lease.id for lease in leases], now, failed=failed))
+        if self.store is not None:
+            for lease in leases:
+                self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 
     def release(self, lease: Lease, *, failed: bool = False) -> None:
         """The lease's request is over."""

@@ -9,7 +9,7 @@ tells the exchange what the runtime answered and how the forwarding ended.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import aiohttp
@@ -18,6 +18,7 @@ import attrs
 from gpugate.config.model import Identity
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.placement import PlacementRule, Placing
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.gate.links import GateFailure, Link
@@ -73,6 +74,9 @@ class Exchange:
     """The runtime's own refusal, written by the gate: answer it, forward nothing."""
     lease: Lease | None = None
     """The request's lease for what it may load (a DEMAND), if it got one."""
+    parts: tuple[Lease, ...] = ()
+    """A load the runtime splits across GPUs: the leases of its parts on the GPUs after
+    the first (`lease` is the first part's); they end as `lease` does."""
     busy: Lease | None = None
     """The 0-byte lease keeping a process runtime's process from eviction meanwhile."""
     failed: bool = False
@@ -111,6 +115,8 @@ class Exchange:
         gate = self.gate
         if status < 400:
             gate.loaded(lease)
+            for part in self.parts:
+                gate.loaded(part)
             self.failed = False
             if lease.scope is LeaseScope.JOB:
                 job = self.link.adapter.job_key(self.classified, prefix)
@@ -161,7 +167,7 @@ class Exchange:
         """The request is over: its leases end (unless kept), an unload is listed."""
         gate = self.gate
         if self.lease is not None and not self.kept:
-            gate.release(self.lease, failed=self.failed)
+            gate.release_all((self.lease, *self.parts), failed=self.failed)
         if self.busy is not None:
             gate.release(self.busy)
         if self.classified.kind is RouteKind.UNLOAD:
@@ -186,7 +192,7 @@ class Exchange:
     def _report(self, cls: FailureClass, message: str) -> Failure:
         consumer = self.link.consumer
         failure = Failure(
-            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.gpu
+            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.cards[0]
         )
         self.gate.report(failure)
         return failure
@@ -203,7 +209,7 @@ class Exchange:
             f"{text.strip()[:300]}",
             consumer=consumer.name,
             model=self.classified.model,
-            gpu=consumer.gpu,
+            gpu=consumer.cards[0],
         )
 
 
@@ -216,6 +222,15 @@ class ExchangeWork:
         processes: ProcessFront
 
         async def acquire(self, demand: Demand) -> Lease: ...
+
+        async def acquire_on(
+            self,
+            demand: Demand,
+            gpus: Sequence[int],
+            *,
+            placing: Placing = Placing.GATE,
+            rule: PlacementRule | None = None,
+        ) -> tuple[Lease, ...]: ...
 
         def release(self, lease: Lease, *, failed: bool = False) -> None: ...
 
@@ -252,12 +267,14 @@ class ExchangeWork:
             exchange.busy = await processes.serve_lease(link, caller.priority(default))
         if classified.kind is RouteKind.DEMAND:
             try:
-                exchange.lease = await self._lease(link, classified, caller)
+                leases = await self._lease(link, classified, caller)
             except GateFailure:
                 if exchange.busy is not None:
                     self.release(exchange.busy)
                 raise
-            exchange.failed = exchange.lease is not None and exchange.lease.pending > 0
+            if leases:
+                exchange.lease, exchange.parts = leases[0], leases[1:]
+            exchange.failed = any(lease.pending > 0 for lease in leases)
         return exchange
 
     async def _vet(self, link: Link, classified: Classified) -> Vetted | None:
@@ -279,8 +296,9 @@ class ExchangeWork:
             )
             return None
 
-    async def _lease(self, link: Link, classified: Classified, caller: Caller) -> Lease | None:
-        """A lease for a request that may load a model (None: the runtime will refuse it)."""
+    async def _lease(self, link: Link, classified: Classified, caller: Caller) -> tuple[Lease, ...]:
+        """The leases for a request that may load a model: one, or one per GPU a split
+        load spans (none: the runtime will refuse it)."""
         assert classified.model is not None
         adapter = link.adapter
         consumer = link.consumer
@@ -290,18 +308,19 @@ class ExchangeWork:
         model_class = adapter.model_priority(model)
         priority = caller.priority(model_class)
         if adapter.sizes_requests:
-            ceiling = self.ceiling(consumer.name, consumer.gpu, priority)
-            envelope = adapter.size(classified, self.measured_job(key), ceiling)
+            ceilings = [self.ceiling(consumer.name, gpu, priority) for gpu in consumer.cards]
+            known = [c for c in ceilings if c is not None]
+            envelope = adapter.size(classified, self.measured_job(key), max(known, default=None))
         if envelope is None:
             envelope = self.known_envelope(link, model, classified.options_key)
         if envelope is None:
             envelope = await self.envelope(link, model, classified.options_key)
         if envelope is None:
-            return None
+            return ()
         residency = adapter.residency(model)
         demand = Demand(
             key=key,
-            gpu=consumer.gpu,
+            gpu=consumer.cards[0],
             envelope=envelope,
             priority=priority,
             resident_priority=model_class,
@@ -315,4 +334,9 @@ class ExchangeWork:
                 ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
             ),
         )
-        return await self.acquire(demand)
+        return await self.acquire_on(
+            demand,
+            consumer.cards,
+            placing=adapter.placing,
+            rule=adapter.placement_rule(classified),
+        )

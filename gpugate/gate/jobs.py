@@ -129,7 +129,7 @@ class JobWork:
             return
         for link in self.links.values():
             name = link.consumer.name
-            device = sample.device(link.consumer.gpu)
+            device = sample.device(link.consumer.cards[0])
             if device is None:
                 continue
             held = device.managed.get(name, 0)
@@ -193,7 +193,7 @@ class JobWork:
 
     async def _track_once(self, link: Link) -> None:
         name = link.consumer.name
-        gpu = link.consumer.gpu
+        gpu = link.consumer.cards[0]
         observation = self.core.observation(gpu)
         if link.seen_holding and observation is not None and observation.managed.get(name, 0) == 0:
             message = (

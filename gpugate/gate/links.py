@@ -128,7 +128,7 @@ def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> Cor
         reserve=reserve,
         reserve_by_gpu=by_gpu,
         max_wait={c.priority: c.max_wait for c in config.classes},
-        consumer_gpus={c.name: c.gpu for c in config.consumers},
+        consumer_gpus={c.name: c.cards for c in config.consumers},
         queue_limit={c.name: c.queue_limit for c in config.consumers},
         stale_after=budget.stale_after,
         planner=PlannerSettings(),
@@ -252,7 +252,7 @@ class LinkWork:
             )
         self._apply(
             self.core.reconcile(
-                link.consumer.name, link.consumer.gpu, listed, asked_at=asked_at, now=self.clock()
+                link.consumer.name, link.consumer.cards, listed, asked_at=asked_at, now=self.clock()
             )
         )
         self._learn_envelopes(link, listed)
@@ -321,8 +321,12 @@ class LinkWork:
     def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
         # Only what the runtime said: an adapter's estimate is not a measurement.
         sizes = {m.model: m.size for m in listed if m.bytes is not None}
-        for resident in self.core.residents(link.consumer.gpu):
-            key = resident.key
+        cards = set(link.consumer.cards)
+        for resident in self.core.residents():
+            # The whole model's size is its measure: a split model's parts share it.
+            key = resident.key.whole
+            if resident.gpu not in cards:
+                continue
             size = sizes.get(key.model)
             if (
                 key.consumer != link.consumer.name

@@ -6,7 +6,7 @@ builds them and satisfies this.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gpugate.config.model import Config
@@ -54,6 +54,8 @@ class ExchangeOwner(Protocol):
     def released_by_caller(self, lease: Lease) -> bool: ...
 
     def release(self, lease: Lease, *, failed: bool = False) -> None: ...
+
+    def release_all(self, leases: Sequence[Lease], *, failed: bool = False) -> None: ...
 
     def report(self, failure: Failure) -> None: ...
 

@@ -38,12 +38,12 @@ import attrs
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Start, Wake
-from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
-from gpugate.core.residents import Resident, ResidentKey, ResidentState
-from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.core.tickets import Lease
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
+from gpugate.gate.process_books import ProcessBooks
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.runtimes.process import (
     Exit,
@@ -59,8 +59,6 @@ from gpugate.runtimes.process_ready import port_open, wait_ready
 
 log = logging.getLogger("gpugate.starts")
 
-DEFAULT_START_ADMISSION_TIMEOUT = 120.0
-"""For a consumer without `control:` (its config default is the same)."""
 POLL_INTERVAL = 0.05
 """How often a start waits for an unload or another start to end."""
 ADOPT_FLOOR = 1024**2
@@ -93,6 +91,7 @@ class ProcessStarts:
         self._outcomes: dict[str, asyncio.Future[None]] = {}
         """The start each consumer's waiting request awaits: done once reported."""
         self.envelopes = ProcessEnvelopes(gate)
+        self.books = ProcessBooks(gate)
         for link in gate.links.values():
             process = link.adapter.process
             if process is None:
@@ -110,7 +109,7 @@ class ProcessStarts:
     def fronts(self, link: Link) -> bool:
         """Whether requests to `link` need its process running (a controlled process
         runtime with an envelope)."""
-        return link.adapter.process is not None and self._envelope(link) is not None
+        return link.adapter.process is not None and self.books.envelope(link) is not None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -119,17 +118,19 @@ class ProcessStarts:
         gate = self.gate
         for _ in range(ATTEMPTS):
             await self.ensure_running(link, priority)
-            resident = self._live(link)
+            resident = self.books.live(link)
             if resident is None:
                 continue
             # No await between finding the resident and submitting the demand on it.
-            lease = await gate.acquire(self._demand(link, priority, resident.key))
+            lease = await gate.acquire(
+                self.books.demand(link, priority, resident.key, resident.gpu)
+            )
             if not lease.pending:
                 return lease
             # The process went (evicted, crashed) while this request waited on it.
             gate.release(lease, failed=True)
         raise GateFailure(
-            self._failure(link, FailureClass.RUNTIME_CRASH, "it kept stopping while starting")
+            self.books.failure(link, FailureClass.RUNTIME_CRASH, "it kept stopping while starting")
         )
 
     async def ensure_running(self, link: Link, priority: PriorityClass) -> None:
@@ -138,13 +139,13 @@ class ProcessStarts:
         gate = self.gate
         name = link.consumer.name
         async with self._locks.setdefault(name, asyncio.Lock()):
-            deadline = gate.clock() + self._admission_timeout(link)
-            while self._live(link) is None:
-                if not self._going(link) and not self._admitted_elsewhere(link):
+            deadline = gate.clock() + self.books.admission_timeout(link)
+            while self.books.live(link) is None:
+                if not self.books.going(link) and not self.books.admitted_elsewhere(link):
                     break
                 if gate.clock() >= deadline:
                     what = "its stop or another start did not end in time"
-                    raise GateFailure(self._failure(link, FailureClass.TIMEOUT, what))
+                    raise GateFailure(self.books.failure(link, FailureClass.TIMEOUT, what))
                 await asyncio.sleep(POLL_INTERVAL)
             else:
                 return
@@ -153,13 +154,20 @@ class ProcessStarts:
             running = process is None or await self._found(link, process) is LifeReport.FOUND_UP
             if not running:
                 self._check_backoff(link)
-            demand = self._demand(link, priority)
+            demand = self.books.demand(link, priority)
             if running:
                 # Adopted: what NVML already shows of it is counted (as unexplained); the
-                # lease covers the rest, so nothing is counted twice.
-                shown = gate.core.telemetry.unexplained.get(demand.gpu, {}).get(name, 0)
-                demand = attrs.evolve(demand, envelope=max(ADOPT_FLOOR, demand.envelope - shown))
-            lease = await gate.acquire(demand)
+                # lease covers the rest, so nothing is counted twice. It is on the GPU
+                # where NVML shows it.
+                gpu = self.books.shown_on(link)
+                shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
+                demand = attrs.evolve(
+                    demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
+                )
+                lease = await gate.acquire(demand)
+            else:
+                # The gate chooses its GPU among the consumer's, and starts it there.
+                (lease,) = await gate.acquire_on(demand, link.consumer.cards)
             if running:
                 log.info("%s is running: adopted, its memory counted from the next sample", name)
                 if process is not None:
@@ -221,7 +229,7 @@ class ProcessStarts:
             await wait_ready(link.consumer.upstream.url, None, timeout, process=process)
         except ProcessControlError as exc:
             self.gate.release(lease, failed=True)
-            failure = self._failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
+            failure = self.books.failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
             self.gate.report(failure)
             raise GateFailure(failure) from exc
         self.gate.process_ready(lease)
@@ -252,7 +260,7 @@ class ProcessStarts:
             self.gate.release(lease, failed=True)
             state = life.state.value if life is not None else "without a lifecycle"
             what = f"it could not be started: it is {state}"
-            raise GateFailure(self._failure(link, FailureClass.RUNTIME_CRASH, what))
+            raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what))
         await outcome
 
     def carry_out(self, effect: Start | Wake) -> None:
@@ -276,6 +284,8 @@ class ProcessStarts:
         try:
             if waking:
                 await process.wake()
+            elif len(link.consumer.cards) > 1:
+                await process.start(devices=self._devices(effect.lease))
             else:
                 await process.start()
             await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
@@ -289,7 +299,7 @@ class ProcessStarts:
             retry = gate.core.start_wait(name, gate.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
             what = f"its {verb} failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
-            failure = attrs.evolve(self._failure(link, cls, what), retry_after=retry)
+            failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
             gate.report(failure)
@@ -313,6 +323,17 @@ class ProcessStarts:
         if outcome is not None and not outcome.done():
             outcome.set_result(None)
 
+    def _devices(self, lease_id: int) -> str | None:
+        """CUDA_VISIBLE_DEVICES for a start on the GPU its lease was placed on: the GPU's
+        UUID (the same card whatever order CUDA counts in), else its index."""
+        lease = self.gate.core.lease(lease_id)
+        if lease is None:
+            return None
+        observation = self.gate.core.observation(lease.gpu)
+        if observation is not None and observation.uuid:
+            return observation.uuid
+        return str(lease.gpu)
+
     # -- backoff ---------------------------------------------------------------------------
 
     def _check_backoff(self, link: Link) -> None:
@@ -327,7 +348,7 @@ class ProcessStarts:
             f"the next start is in {wait:.0f}s"
         )
         failure = attrs.evolve(
-            self._failure(link, FailureClass.START_BACKOFF, what), retry_after=wait
+            self.books.failure(link, FailureClass.START_BACKOFF, what), retry_after=wait
         )
         raise GateFailure(failure)
 
@@ -336,7 +357,7 @@ class ProcessStarts:
     def on_gate_start(self) -> None:
         """Start always_warm processes, adopt running ones, reserve uncontrolled ones."""
         for link in self.gate.links.values():
-            if self._envelope(link) is not None:
+            if self.books.envelope(link) is not None:
                 self._spawn(self._at_start(link), f"process-{link.consumer.name}")
 
     async def _at_start(self, link: Link) -> None:
@@ -347,7 +368,8 @@ class ProcessStarts:
         priority = adapter.model_priority(model)
         try:
             if adapter.process is None:
-                await self.gate.acquire(self._demand(link, priority))
+                demand = self.books.demand(link, priority, gpu=self.books.shown_on(link))
+                await self.gate.acquire(demand)
                 return
             found = await self._found(link, adapter.process)
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
@@ -405,7 +427,7 @@ class ProcessStarts:
         gate.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
         retry = gate.core.start_wait(name, gate.clock())
         gate.report(
-            self._failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
+            self.books.failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
         )
         if self._always_warm(link):
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
@@ -422,87 +444,12 @@ class ProcessStarts:
         except (TimeoutError, ProcessControlError):
             return False
 
-    # -- the books -------------------------------------------------------------------------
-
-    def _envelope(self, link: Link) -> int | None:
-        model = link.adapter.process_model()
-        return None if model is None else link.adapter.configured_envelope(model)
-
-    def _live(self, link: Link) -> Resident | None:
-        """The consumer's process in the books (loading or resident), its current model first."""
-        current = link.adapter.process_model()
-        found = None
-        for resident in self.gate.core.residents(link.consumer.gpu):
-            if resident.key.consumer != link.consumer.name or resident.state not in (
-                ResidentState.RESIDENT,
-                ResidentState.LOADING,
-            ):
-                continue
-            if resident.key.model == current:
-                return resident
-            found = found or resident
-        return found
-
-    def _going(self, link: Link) -> bool:
-        return any(
-            r.key.consumer == link.consumer.name and r.state is ResidentState.UNLOADING
-            for r in self.gate.core.residents(link.consumer.gpu)
-        )
-
-    def _admitted_elsewhere(self, link: Link) -> bool:
-        """`gpugate admit` holds a start lease: the process is starting outside the gate."""
-        held = self.gate.starts.held(link.consumer.name)
-        return held is not None and held.demand.explicit
-
-    def _demand(
-        self, link: Link, priority: PriorityClass, key: ResidentKey | None = None
-    ) -> Demand:
-        """The process's start (PROCESS scope), or a request on its resident `key`."""
-        adapter = link.adapter
-        consumer = link.consumer
-        model = adapter.process_model() if key is None else key.model
-        assert model is not None
-        measured = self.gate.measured_envelope(ResidentKey(consumer.name, model))
-        envelope = measured or adapter.configured_envelope(model) or self._envelope(link) or 0
-        residency = adapter.residency(model)
-        start = key is None
-        return Demand(
-            key=key or ResidentKey(consumer.name, model),
-            gpu=consumer.gpu,
-            envelope=envelope,
-            priority=priority,
-            resident_priority=adapter.model_priority(model),
-            policy=residency.policy,
-            idle_ttl=residency.idle_ttl,
-            reload_seconds=adapter.reload_seconds(model, envelope),
-            scope=LeaseScope.PROCESS if start else LeaseScope.REQUEST,
-            appear_within=(
-                consumer.control.start_admission_timeout
-                if start and consumer.control is not None
-                else None
-            ),
-        )
-
-    def _admission_timeout(self, link: Link) -> float:
-        control = link.consumer.control
-        return control.start_admission_timeout if control else DEFAULT_START_ADMISSION_TIMEOUT
-
     async def _probe(self, link: Link, process: ProcessControl) -> LifeReport:
         try:
             return await process.probe()
         except Exception as exc:
             what = f"its state is unknown: {exc}"
-            raise GateFailure(self._failure(link, FailureClass.RUNTIME_CRASH, what)) from exc
-
-    def _failure(self, link: Link, cls: FailureClass, what: str) -> Failure:
-        consumer = link.consumer
-        return Failure(
-            cls,
-            f"{cls.value}: {consumer.name} ({consumer.upstream.url}): {what}",
-            consumer=consumer.name,
-            model=link.adapter.process_model(),
-            gpu=consumer.gpu,
-        )
+            raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what)) from exc
 
     def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")

@@ -38,7 +38,11 @@ def upstream_failure(
     else:
         why = f"{where} answered what the gate cannot use ({exc or type(exc).__name__})"
     return Failure(
-        cls, f"{cls.value}: {what}: {why}", consumer=consumer.name, model=model, gpu=consumer.gpu
+        cls,
+        f"{cls.value}: {what}: {why}",
+        consumer=consumer.name,
+        model=model,
+        gpu=consumer.cards[0],
     )
 
 

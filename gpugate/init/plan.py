@@ -97,6 +97,9 @@ class Front:
     klass: str
     policy: str
     ttl: str | None = None
+    gpus: tuple[int, ...] = ()
+    """Several cards the runtime places its loads on by its own rule (Ollama); empty:
+    it is on `gpu`."""
     envelope: int | None = None
     envelope_note: str = ""
     models: tuple[LoadedModel, ...] = ()
@@ -404,6 +407,16 @@ def make_plan(
     )
 
 
+def _ollama_gpus(found: Found, scan: HostScan) -> tuple[int, ...]:
+    """The cards an Ollama may load on when there are several: every card when its
+    environment hides none (no CUDA_VISIBLE_DEVICES), else those it holds memory on."""
+    if found.kind != "ollama":
+        return ()
+    if len(scan.devices) > 1 and "CUDA_VISIBLE_DEVICES" not in found.env:
+        return tuple(sorted(d.index for d in scan.devices))
+    return tuple(sorted(found.gpus)) if len(found.gpus) > 1 else ()
+
+
 def _front(
     name: str,
     found: Found,
@@ -421,7 +434,15 @@ def _front(
         notes.append(host_note)
     upstream_port = ports.next_free(address.port)
     gpu = found.gpus[0] if found.gpus else default_gpu
-    if len(found.gpus) > 1:
+    gpus = _ollama_gpus(found, scan)
+    if gpus:
+        notes.append(
+            "Ollama sees GPUs "
+            + ", ".join(map(str, gpus))
+            + " and places each model on one of them (or splits it) by its own rule; "
+            "the gate leases where Ollama will load"
+        )
+    elif len(found.gpus) > 1:
         notes.append(
             "it holds memory on GPUs "
             + ", ".join(map(str, found.gpus))
@@ -444,6 +465,7 @@ def _front(
         listen_port=address.port,
         upstream_port=upstream_port,
         gpu=gpu,
+        gpus=gpus,
         klass=klass,
         commands=_command_match(found),
         unit=unit if process.container is None else None,

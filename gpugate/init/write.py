@@ -216,7 +216,10 @@ def _consumer(front: Front) -> list[str]:
     lines.append(_with_comment(f"    listen: {front.listen}", "where its clients connect now"))
     moved = "its drop-in moves it here" if front.drop_in is not None else "it moves here"
     lines.append(_with_comment(f"    upstream: {front.upstream}", moved))
-    lines.append(f"    gpu: {front.gpu}")
+    if front.gpus:
+        lines.append(f"    gpus: [{', '.join(map(str, front.gpus))}]")
+    else:
+        lines.append(f"    gpu: {front.gpu}")
     klass_note = {
         "comfyui": "as the chat runtimes: a render may evict their idle models",
         "llama": "embeddings" if front.klass == "background" else "",

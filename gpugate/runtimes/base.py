@@ -30,6 +30,7 @@ from gpugate.runtimes.answers import (
     vllm_error_type,
 )
 from gpugate.runtimes.facets import (
+    GpuPlacement,
     HealthCheck,
     JobControl,
     ModelSettings,
@@ -70,7 +71,13 @@ __all__ = [
 
 
 class RuntimeAdapter(
-    ModelSettings, RequestReading, ResidentControl, JobControl, ProcessLife, HealthCheck
+    ModelSettings,
+    RequestReading,
+    ResidentControl,
+    JobControl,
+    ProcessLife,
+    GpuPlacement,
+    HealthCheck,
 ):
     """What the gate needs from one consumer's runtime; one instance per consumer.
 

@@ -13,6 +13,7 @@ import aiohttp
 
 from gpugate.config.model import Consumer, ModelOverride, Residency
 from gpugate.core.classes import PriorityClass
+from gpugate.core.placement import PlacementRule, Placing
 from gpugate.runtimes.answers import (
     Classified,
     HealthSignal,
@@ -224,6 +225,19 @@ class ProcessLife:
 
     def read_unit_command(self, argv: list[str]) -> None:
         """The command line the process's systemd unit runs, as systemd reports it."""
+        return None
+
+
+class GpuPlacement:
+    """Where the runtime's loads go among its consumer's GPUs (`gpus:`)."""
+
+    placing: ClassVar[Placing] = Placing.GATE
+    """GATE: the gate picks the GPU (a process runtime is started on it); RUNTIME: the
+    runtime picks by `placement_rule`."""
+
+    def placement_rule(self, classified: Classified) -> PlacementRule | None:
+        """The runtime's own rule for where this request's load goes (RUNTIME placing);
+        None: the gate cannot predict it."""
         return None
 
 

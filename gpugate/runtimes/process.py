@@ -135,8 +135,11 @@ class ProcessControl(abc.ABC):
     keeps its port while its memory is given back."""
 
     @abc.abstractmethod
-    async def start(self) -> None:
-        """Start it; returns once it was started (not once it is ready: see `wait_ready`)."""
+    async def start(self, devices: str | None = None) -> None:
+        """Start it; returns once it was started (not once it is ready: see `wait_ready`).
+
+        `devices`: the GPU the gate chose for it among its consumer's GPUs, as
+        CUDA_VISIBLE_DEVICES writes it (None: as its command says)."""
 
     @abc.abstractmethod
     async def stop(self) -> Exit | None:
@@ -199,8 +202,13 @@ class SystemdUnit(ProcessControl):
         counted as running, and stopped by signal with the unit."""
         self._foreign = pid
 
-    async def start(self) -> None:
-        """`systemctl start UNIT`: waits for the start job (ExecStartPre included)."""
+    async def start(self, devices: str | None = None) -> None:
+        """`systemctl start UNIT`: waits for the start job (ExecStartPre included). A
+        unit's GPU is its own Environment= (the configuration gives such a consumer one)."""
+        if devices is not None:
+            raise ProcessControlError(
+                f"{self.unit}: a unit's GPU is its own Environment=CUDA_VISIBLE_DEVICES"
+            )
         await self._run("start", self.start_timeout)
 
     async def stop(self) -> Exit | None:
@@ -270,6 +278,13 @@ class SystemdUnit(ProcessControl):
             ) from None
         assert process.returncode is not None
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def visible_devices(devices: str) -> dict[str, str]:
+    """The environment that shows a CUDA program only `devices` (a GPU's UUID, or its
+    index). CUDA numbers GPUs fastest first unless told PCI bus order, and NVML (the gate's
+    numbers) counts in bus order: an index is only meant that way with CUDA_DEVICE_ORDER."""
+    return {"CUDA_VISIBLE_DEVICES": devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def exec_start_argv(shown: str) -> list[str] | None:
@@ -357,11 +372,14 @@ class SupervisedCommand(ProcessControl):
     def running(self) -> bool:
         return self._ended is not None and not self._ended.done()
 
-    async def start(self) -> None:
-        """Run the command; ProcessControlError when it cannot be run or already runs."""
+    async def start(self, devices: str | None = None) -> None:
+        """Run the command (on `devices`: CUDA_VISIBLE_DEVICES); ProcessControlError when
+        it cannot be run or already runs."""
         if self.running:
             raise ProcessControlError(f"{self.argv[0]} is already running (pid {self.pid})")
         env = None if self.env is None else {**os.environ, **self.env}
+        if devices is not None:
+            env = {**(os.environ if env is None else env), **visible_devices(devices)}
         self._stderr.clear()
         self._stopping = False
         try:

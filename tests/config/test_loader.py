@@ -206,9 +206,9 @@ def test_load_config_reads_the_file_and_logs_warnings(
             Found(
                 7,
                 "consumers.ollama.colour",
-                "unknown key 'colour'; expected one of runtime, listen, upstream, gpu, class, "
-                "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
-                "preempt, control, origins, ollama",
+                "unknown key 'colour'; expected one of runtime, listen, upstream, gpu, gpus, "
+                "class, residency, envelope, queue_limit, max_body, processes, models, timeouts, "
+                "limits, preempt, control, origins, sched_spread, ollama",
             ),
         ),
         (
@@ -216,9 +216,9 @@ def test_load_config_reads_the_file_and_logs_warnings(
             Found(
                 7,
                 "consumers.ollama.name",
-                "unknown key 'name'; expected one of runtime, listen, upstream, gpu, class, "
-                "residency, envelope, queue_limit, max_body, processes, models, timeouts, limits, "
-                "preempt, control, origins, ollama",
+                "unknown key 'name'; expected one of runtime, listen, upstream, gpu, gpus, "
+                "class, residency, envelope, queue_limit, max_body, processes, models, timeouts, "
+                "limits, preempt, control, origins, sched_spread, ollama",
             ),
         ),
     ],

@@ -34,6 +34,7 @@ class Host:
         self.gpu: list[GpuProcess] = []
         self.units: dict[str, UnitInfo] = {}
         self.device = Device(0, "NVIDIA GeForce RTX 4090", "GPU-0000", total, 500 * MiB, 0)
+        self.more_devices: list[Device] = []
         self._pid = 1000
         self._inode = 5000
 
@@ -53,6 +54,7 @@ class Host:
         container: str | None = None,
         user_unit: bool = False,
         cwd: str = "/",
+        gpu: int = 0,
     ) -> int:
         self._pid += 1
         pid = self._pid
@@ -74,7 +76,7 @@ class Host:
             sockets=frozenset(sockets),
         )
         if holds:
-            self.gpu.append(GpuProcess(pid, 0, holds))
+            self.gpu.append(GpuProcess(pid, gpu, holds))
         if unit is not None and not user_unit and container is None:
             self.units[unit] = UnitInfo(
                 unit,
@@ -98,7 +100,7 @@ class Host:
             hostname="gpuhost",
             proc_root=Path("/proc"),
             driver_version="550.54.15",
-            devices=(self.device,),
+            devices=(self.device, *self.more_devices),
             gpu_processes=tuple(self.gpu),
             processes=self.processes,
             listeners=tuple(self.listeners),
@@ -486,3 +488,33 @@ def test_comfyui_s_flags_and_model_files_are_carried_over(tmp_path: Path) -> Non
     )
     assert settings.file_size("checkpoints", "[v2] sd.safetensors") == 2034 * MiB
     assert warnings == {"gate.control_tokens[0]"}
+
+
+def test_an_ollama_that_sees_two_cards_is_given_both(tmp_path: Path) -> None:
+    host = Host()
+    host.more_devices.append(Device(1, "NVIDIA GeForce RTX 4080", "GPU-0001", 16 * GiB, 0, 0))
+    server = host.add(
+        ["/usr/local/bin/ollama", "serve"],
+        listen=("127.0.0.1", 11434),
+        unit="ollama.service",
+    )
+    host.add(["/usr/local/bin/ollama", "runner"], ppid=server, holds=2 * GiB, gpu=1)
+    files, config, _ = render(host.plan(), tmp_path)
+    assert consumer(config, "ollama").cards == (0, 1)
+    assert "    gpus: [0, 1]" in files["consumers.yaml"]
+    assert "Ollama sees GPUs 0, 1" in files["consumers.yaml"]
+
+
+def test_an_ollama_shown_one_card_of_two_stays_on_it(tmp_path: Path) -> None:
+    host = Host()
+    host.more_devices.append(Device(1, "NVIDIA GeForce RTX 4080", "GPU-0001", 16 * GiB, 0, 0))
+    server = host.add(
+        ["/usr/local/bin/ollama", "serve"],
+        env={"CUDA_VISIBLE_DEVICES": "1"},
+        listen=("127.0.0.1", 11434),
+        unit="ollama.service",
+    )
+    host.add(["/usr/local/bin/ollama", "runner"], ppid=server, holds=2 * GiB, gpu=1)
+    files, config, _ = render(host.plan(), tmp_path)
+    assert consumer(config, "ollama").cards == (1,)
+    assert "    gpu: 1" in files["consumers.yaml"]

@@ -166,7 +166,8 @@ function render(doc) {
     el("td", {}, l.id), el("td", {}, l.consumer), el("td", {}, l.model), el("td", {}, l.class), el("td", {}, l.gpu),
     el("td", { class: "num" }, l.pending ? bytes(l.pending) : "-"), el("td", { class: "num" }, seconds(l.waited_seconds))), "no lease in flight");
   rows(document.querySelector("#residents tbody"), doc.residents, (r) => el("tr", { "data-model": r.model, "data-consumer": r.consumer },
-    el("td", {}, r.consumer), el("td", {}, r.model + (r.out_of_band ? " (out of band)" : "")), el("td", {}, r.gpu),
+    el("td", {}, r.consumer), el("td", {}, r.model + (r.out_of_band ? " (out of band)" : "")),
+    el("td", { "data-spans": r.spans ? r.spans.join(",") : "" }, r.spans ? `${r.gpu} (split: ${r.spans.join(" + ")})` : r.gpu),
     el("td", { class: "num", "data-bytes": r.bytes }, bytes(r.bytes)), el("td", {}, r.state), el("td", {}, r.policy),
     el("td", {}, r.class), el("td", { class: "num" }, r.in_flight), el("td", { class: "num" }, r.in_flight ? "busy" : seconds(r.idle_seconds)),
     el("td", { class: "num" }, seconds(r.expires_in_seconds))), "no model resident");

@@ -24,6 +24,7 @@ class ComfyUISettings(RuntimeSettings):
     """What sizes a ComfyUI prompt, and how ComfyUI reads requests where the gate listens."""
 
     jobs: ClassVar[bool] = True
+    one_device: ClassVar[bool] = True
 
     files: tuple[FileSize, ...] = attrs.field(default=(), metadata=BY_PATTERN)
     """VRAM of each model file a prompt may load, by name or glob."""

@@ -16,6 +16,7 @@ import aiohttp
 import attrs
 
 from gpugate.config.model import Consumer, Residency
+from gpugate.core.placement import Placing
 from gpugate.runtimes.base import (
     ApiFamily,
     Classified,
@@ -45,6 +46,7 @@ from gpugate.runtimes.ollama.multipart import read_transcription
 from gpugate.runtimes.ollama.names import Source, canonical_name, model_ref, written_name
 from gpugate.runtimes.ollama.needs import TRANSCRIPTION_NEEDS, Needs
 from gpugate.runtimes.ollama.needs import refused as model_refuses
+from gpugate.runtimes.ollama.placement import OllamaPlacement, from_options
 from gpugate.runtimes.ollama.reading import (
     READERS,
     ZSTD_ROUTES,
@@ -289,6 +291,21 @@ class OllamaAdapter(RuntimeAdapter):
                 found = show.get("model_info") if isinstance(show, dict) else None
                 info = found if isinstance(found, dict) else None
         return estimate_bytes(size, info, options)
+
+    # -- placement among GPUs --------------------------------------------------------------
+
+    placing = Placing.RUNTIME
+
+    def placement_rule(self, classified: Classified) -> OllamaPlacement | None:
+        """Ollama's own rule for where this request's load goes (placement.py)."""
+        settings = self.consumer.settings_as(OllamaSettings)
+        # The vetting before the lease asked /api/show: its block count is known by now.
+        facts = self.model_facts.known(classified.model or "")
+        return from_options(
+            classified.options_key,
+            spread=settings.sched_spread,
+            layers=facts.layers if facts is not None and facts.layers else None,
+        )
 
     async def health(self, session: aiohttp.ClientSession) -> bool:
         """Ollama answers GET /api/version with 200 once it serves."""

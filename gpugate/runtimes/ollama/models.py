@@ -90,13 +90,23 @@ class ModelFactsCache:
         remote = show.get("remote_host")
         details = show.get("details")
         families = details.get("families") if isinstance(details, dict) else None
+        info = show.get("model_info")
+        arch = info.get("general.architecture") if isinstance(info, dict) else None
         return ModelFacts(
             frozenset(c for c in capabilities if isinstance(c, str)),
             remote=isinstance(remote, str) and bool(remote),
             retired=isinstance(families, list)
             and "mllama" in families
             and bool(show.get("projector_info")),
+            layers=info_count(info.get(f"{arch}.block_count"))
+            if isinstance(info, dict) and isinstance(arch, str)
+            else 0,
         )
+
+    def known(self, model: str) -> ModelFacts | None:
+        """The last answer for `model`, however old (None: never asked, or not installed)."""
+        known = self._facts.get(model)
+        return None if known is None else known[0]
 
     @staticmethod
     async def _json(request: Any, *, missing: bool = False) -> Any:
@@ -156,16 +166,16 @@ class Geometry:
         arch = info.get("general.architecture")
         if not isinstance(arch, str):
             return None
-        layers = _count(info.get(f"{arch}.block_count"))
-        heads = _count(info.get(f"{arch}.attention.head_count"))
-        kv_heads = _count(info.get(f"{arch}.attention.head_count_kv")) or heads
-        width = _count(info.get(f"{arch}.embedding_length"))
+        layers = info_count(info.get(f"{arch}.block_count"))
+        heads = info_count(info.get(f"{arch}.attention.head_count"))
+        kv_heads = info_count(info.get(f"{arch}.attention.head_count_kv")) or heads
+        width = info_count(info.get(f"{arch}.embedding_length"))
         if not (layers and heads and kv_heads and width):
             return None
-        key_length = _count(info.get(f"{arch}.attention.key_length")) or width // heads
-        value_length = _count(info.get(f"{arch}.attention.value_length")) or key_length
+        key_length = info_count(info.get(f"{arch}.attention.key_length")) or width // heads
+        value_length = info_count(info.get(f"{arch}.attention.value_length")) or key_length
         tokens = info.get("tokenizer.ggml.tokens")
-        vocab = _count(info.get(f"{arch}.vocab_size")) or (
+        vocab = info_count(info.get(f"{arch}.vocab_size")) or (
             len(tokens) if isinstance(tokens, list) else 0
         )
         return cls(
@@ -176,9 +186,9 @@ class Geometry:
             kv_heads=kv_heads,
             key_length=key_length,
             value_length=value_length,
-            trained_ctx=_count(info.get(f"{arch}.context_length")),
+            trained_ctx=info_count(info.get(f"{arch}.context_length")),
             vocab=vocab,
-            sliding_window=_count(info.get(f"{arch}.attention.sliding_window")),
+            sliding_window=info_count(info.get(f"{arch}.attention.sliding_window")),
             embedding_model=f"{arch}.pooling_type" in info,
         )
 
@@ -224,7 +234,7 @@ class Geometry:
         return heads // self.kv_heads * kv // 6
 
 
-def _count(value: object) -> int:
+def info_count(value: object) -> int:
     """A positive count from model_info (a per-layer list counts as its largest)."""
     if isinstance(value, list):
         value = max((v for v in value if type(v) is int), default=0)

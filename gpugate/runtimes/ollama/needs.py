@@ -80,6 +80,9 @@ class ModelFacts:
     """The old llama3.2-vision (family `mllama` with a projector, `/api/show`'s
     `details.families` and `projector_info`): scheduleRunner refuses it on every route
     (server/routes.go:157)."""
+    layers: int = 0
+    """Its block count (`model_info`'s `<arch>.block_count`; 0: not said): llama-server
+    splits a model across GPUs in whole layers."""
 
 
 def refused(needs: Needs, facts: ModelFacts) -> bool:

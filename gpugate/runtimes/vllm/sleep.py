@@ -63,7 +63,7 @@ class SleepMode(ProcessControl):
 
     sleeps: ClassVar[bool] = True
 
-    async def start(self) -> None:
+    async def start(self, devices: str | None = None) -> None:
         raise ProcessControlError(NOT_OURS)
 
     async def stop(self) -> Exit | None:

@@ -1,0 +1,113 @@
+"""What the books say of a process runtime: its resident, whether it is going or starting
+elsewhere, the demand for its start or for a request on it, and its failures. Read-only:
+`ProcessStarts` (starts.py) acts on it."""
+
+from __future__ import annotations
+
+from gpugate.core.classes import PriorityClass
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
+from gpugate.core.tickets import Demand, LeaseScope
+from gpugate.gate.links import Link
+from gpugate.gate.owner import GateOwner
+
+DEFAULT_START_ADMISSION_TIMEOUT = 120.0
+"""For a consumer without `control:` (its config default is the same)."""
+
+
+class ProcessBooks:
+    """A process runtime as the gate's books hold it."""
+
+    def __init__(self, gate: GateOwner) -> None:
+        self.gate = gate
+
+    def envelope(self, link: Link) -> int | None:
+        model = link.adapter.process_model()
+        return None if model is None else link.adapter.configured_envelope(model)
+
+    def live(self, link: Link) -> Resident | None:
+        """The consumer's process in the books (loading or resident), its current model first."""
+        current = link.adapter.process_model()
+        found = None
+        for resident in self.residents(link):
+            if resident.key.consumer != link.consumer.name or resident.state not in (
+                ResidentState.RESIDENT,
+                ResidentState.LOADING,
+            ):
+                continue
+            if resident.key.model == current:
+                return resident
+            found = found or resident
+        return found
+
+    def going(self, link: Link) -> bool:
+        return any(
+            r.key.consumer == link.consumer.name and r.state is ResidentState.UNLOADING
+            for r in self.residents(link)
+        )
+
+    def admitted_elsewhere(self, link: Link) -> bool:
+        """`gpugate admit` holds a start lease: the process is starting outside the gate."""
+        held = self.gate.starts.held(link.consumer.name)
+        return held is not None and held.demand.explicit
+
+    def residents(self, link: Link) -> list[Resident]:
+        """The residents on the consumer's GPUs."""
+        cards = link.consumer.cards
+        return [r for r in self.gate.core.residents() if r.gpu in cards]
+
+    def shown_on(self, link: Link) -> int:
+        """The GPU of the consumer's where NVML shows memory the books do not explain (a
+        process found running), else its first."""
+        cards = link.consumer.cards
+        unexplained = self.gate.core.telemetry.unexplained
+        name = link.consumer.name
+        return max(cards, key=lambda g: (unexplained.get(g, {}).get(name, 0), -cards.index(g)))
+
+    def demand(
+        self,
+        link: Link,
+        priority: PriorityClass,
+        key: ResidentKey | None = None,
+        gpu: int | None = None,
+    ) -> Demand:
+        """The process's start (PROCESS scope), or a request on its resident `key` (on
+        `gpu`; a start's GPU is placed among the consumer's)."""
+        adapter = link.adapter
+        consumer = link.consumer
+        model = adapter.process_model() if key is None else key.model
+        assert model is not None
+        measured = self.gate.measured_envelope(ResidentKey(consumer.name, model))
+        envelope = measured or adapter.configured_envelope(model) or self.envelope(link) or 0
+        residency = adapter.residency(model)
+        start = key is None
+        return Demand(
+            key=key or ResidentKey(consumer.name, model),
+            gpu=consumer.cards[0] if gpu is None else gpu,
+            envelope=envelope,
+            priority=priority,
+            resident_priority=adapter.model_priority(model),
+            policy=residency.policy,
+            idle_ttl=residency.idle_ttl,
+            reload_seconds=adapter.reload_seconds(model, envelope),
+            scope=LeaseScope.PROCESS if start else LeaseScope.REQUEST,
+            appear_within=(
+                consumer.control.start_admission_timeout
+                if start and consumer.control is not None
+                else None
+            ),
+        )
+
+    def admission_timeout(self, link: Link) -> float:
+        control = link.consumer.control
+        return control.start_admission_timeout if control else DEFAULT_START_ADMISSION_TIMEOUT
+
+    def failure(self, link: Link, cls: FailureClass, what: str) -> Failure:
+        consumer = link.consumer
+        return Failure(
+            cls,
+            f"{cls.value}: {consumer.name} ({consumer.upstream.url}): {what}",
+            consumer=consumer.name,
+            model=link.adapter.process_model(),
+            gpu=consumer.cards[0],
+        )
