@@ -111,6 +111,9 @@ demo: $(STAMP) $(SHIM)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_incident_whisper.py
 	@echo "== A seeded trace of 2,000 operations on the incident host, direct then gated:"
 	$(BIN)/python -m tests.faults.trace --requests 2000 --seed 20260729
+	@echo "== The same server with a second card (24 GiB + 16 GiB): Ollama places and splits"
+	@echo "   models over both, ComfyUI renders on one, whisper restarts on the other:"
+	$(BIN)/python -m tests.faults.trace --requests 2000 --seed 20260729 --host two-cards
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate tests bench

@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--config", type=Path, help="default: the demo's consumers.yaml (packaged)")
     demo.add_argument(
+        "--two-cards",
+        action="store_true",
+        help="a host with two cards (24 GiB + 16 GiB): Ollama on both, models split over them",
+    )
+    demo.add_argument(
         "--port-base",
         type=int,
         metavar="N",
@@ -151,7 +156,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from gpugate.demo import run_demo
 
-        return run_demo(host_file=args.host_file, config_path=args.config, port_base=args.port_base)
+        return run_demo(
+            host_file=args.host_file,
+            config_path=args.config,
+            port_base=args.port_base,
+            two_cards=args.two_cards,
+        )
     if args.command == "init":
         from gpugate.init.command import run_init
 

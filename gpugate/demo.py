@@ -12,7 +12,8 @@ directory, prints absolute paths and full URLs, and removes that directory when 
 
 `--port-base N` moves every port, in the order of PORTS: N is the gate's Ollama listener,
 N+1 the simulated Ollama behind it, and so on up to N+8, the control listener. Without it
-the demo takes the ports its clients expect.
+the demo takes the ports its clients expect. `--two-cards` runs the same home server after
+it got a second card (two-cards.yaml): Ollama on both cards, models split over them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ DATA = Path(__file__).resolve().parent / "sim" / "data"
 """The demo's files, shipped in the package: the incident host, its gate, a FLUX prompt."""
 DEFAULT_HOST = DATA / "incident-2026-07-10.yaml"
 DEFAULT_CONFIG = DATA / "demo-consumers.yaml"
+TWO_CARDS_HOST = DATA / "two-cards.yaml"
+TWO_CARDS_CONFIG = DATA / "two-cards-consumers.yaml"
 FLUX_PROMPT = DATA / "flux-prompt.json"
 
 PORTS: tuple[tuple[str, int], ...] = (
@@ -96,6 +99,37 @@ when a request finds it stopped):
 Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.
 """
 
+HOW_TO_TWO_CARDS = """\
+gpugate demo --two-cards: two simulated GPUs, an RTX 4090 (24 GiB) and an RTX 4080 (16 GiB),
+with the gate in front.
+
+  Ollama, through the gate:  http://127.0.0.1:{ollama}  (it may load on either card)
+  the simulated Ollama:      http://127.0.0.1:{ollama_upstream}  (what the gate forwards to)
+  ComfyUI, through the gate: http://127.0.0.1:{comfyui}  (on the 4090; behind: :{comfyui_upstream})
+  whisper, through the gate: http://127.0.0.1:{whisper}  (the gate starts it on the card it chooses)
+  control:                   http://127.0.0.1:{control}/gate/v1/status  and  /metrics
+  the demo's files:          {scratch}  (removed when it stops)
+
+gemma3:12b and bge-m3 were loaded on the 4090 behind the gate's back; Plex transcodes on the
+4080. Both cards' budgets, each model on its card:
+
+  {gpugate} status --config {config}
+
+Ask for a model that fits neither card within Ollama's 80 %: Ollama splits it over both,
+and the gate leases the part on each card before it is loaded (status shows both parts):
+
+  curl -s http://127.0.0.1:{ollama}/api/generate -d '{{"model": "qwen2.5:32b", "prompt": "hi"}}'
+{ollama_client}\
+  curl -s http://127.0.0.1:{ollama}/api/ps
+
+Render FLUX on the 4090: the gate evicts what stands in its way on that card only:
+
+  curl -s http://127.0.0.1:{comfyui}/prompt -d @{prompt}
+  curl -s http://127.0.0.1:{whisper}/inference -F file=@{wav} -F response_format=json
+
+Events follow, one JSON line each. Ctrl-C stops the gate and the simulated host.
+"""
+
 OLLAMA_CLIENT = """\
   OLLAMA_HOST=127.0.0.1:{ollama} {python} -c \\
       "import ollama; print(ollama.generate('llama3.2:3b', 'hi', keep_alive='24h').response)"
@@ -115,10 +149,13 @@ def run_demo(
     host_file: Path | None = None,
     config_path: Path | None = None,
     port_base: int | None = None,
+    *,
+    two_cards: bool = False,
 ) -> int:
-    """Start the simulated host and `gpugate serve`; stop both on Ctrl-C."""
-    host_file = (host_file or DEFAULT_HOST).resolve()
-    config_path = (config_path or DEFAULT_CONFIG).resolve()
+    """Start the simulated host and `gpugate serve`; stop both on Ctrl-C. `two_cards`: the
+    host with a second card (two-cards.yaml) rather than the incident's one card."""
+    host_file = (host_file or (TWO_CARDS_HOST if two_cards else DEFAULT_HOST)).resolve()
+    config_path = (config_path or (TWO_CARDS_CONFIG if two_cards else DEFAULT_CONFIG)).resolve()
     try:
         ports = demo_ports(port_base)
     except ValueError as exc:
@@ -168,7 +205,7 @@ def run_demo(
         else:
             print("gpugate demo: the gate did not start (see above)", file=sys.stderr)
             return 1
-        print(how_to(ports, scratch, files), flush=True)
+        print(how_to(ports, scratch, files, two_cards=two_cards), flush=True)
         running = gate
         threading.Thread(target=lambda: (running.wait(), stop.set()), daemon=True).start()
         stop.wait()
@@ -206,7 +243,9 @@ def prepare(
     }
 
 
-def how_to(ports: Mapping[str, int], scratch: Path, files: Mapping[str, Path]) -> str:
+def how_to(
+    ports: Mapping[str, int], scratch: Path, files: Mapping[str, Path], *, two_cards: bool = False
+) -> str:
     """What to try, with the demo's ports and absolute paths: it works from any directory."""
     python = shlex.quote(sys.executable)
     script = Path(sys.executable).parent / "gpugate"
@@ -216,7 +255,7 @@ def how_to(ports: Mapping[str, int], scratch: Path, files: Mapping[str, Path]) -
         if importlib.util.find_spec("ollama") is not None
         else ""
     )
-    return HOW_TO.format(
+    return (HOW_TO_TWO_CARDS if two_cards else HOW_TO).format(
         **ports,
         scratch=scratch,
         ollama_client=client,

@@ -1,7 +1,8 @@
-"""A seeded random trace on the incident host: `python -m tests.faults.trace --requests N --seed S`.
+"""A seeded random trace: `python -m tests.faults.trace --requests N --seed S [--host H]`.
 
-One trace, replayed twice on a fresh incident host (tests/e2e/test_incident_whisper.py:
-the incident card, whisper-server as a systemd unit under a fake `systemctl`):
+One trace, replayed twice on a fresh host (tests/faults/trace_hosts.py: the incident card,
+or the same server with a second card; whisper-server as a systemd unit under a fake
+`systemctl`):
 
 * **direct**: every client at its runtime's own port; whisper-server's unit without the
   gpugate drop-in (no `gpugate admit`); leased work allocating without a lease;
@@ -14,9 +15,9 @@ its unit, explicit leases whose holder then allocates the bytes, ComfyUI prompts
 transcodes growing and shrinking (an external process, through the host's state).
 Gated, ComfyUI's prompts go through the gate too (job leases sized from their files).
 
-Counted: out-of-memory events on the simulated card (whisper aborts included) by who hit
-them; at the end of the gated run nothing may be left leased. Exits 1 when the gated run
-has an OOM of an admitted runtime or a lease left over.
+Counted: out-of-memory events on the simulated cards (whisper aborts included) by who hit
+them and on which card; at the end of the gated run nothing may be left leased. Exits 1
+when the gated run has an OOM of an admitted runtime or a lease left over.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
@@ -37,28 +37,17 @@ from pathlib import Path
 
 import aiohttp
 import attrs
-import yaml
 
 from gpugate.core.units import GiB, MiB
 from gpugate.sim.device import GpuOutOfMemory, SimulatedGpuHost
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from gpugate.sim.whisper.process import child_env
-from tests.e2e.test_incident_whisper import (
-    TOKEN,
-    UNIT,
-    consumers,
-    incident_host,
-    systemd_dir,
-    wav,
-)
-from tests.gate.harness import free_ports
-from tests.sim.comfyui_helpers import SD15, txt2img
+from tests.e2e.test_incident_whisper import TOKEN, UNIT, wav
+from tests.faults.trace_hosts import CLASSES, HOSTS, INCIDENT, HostName, TraceHost, setup
+from tests.sim.comfyui_helpers import txt2img
 from tests.sim.processes import LineReader
 
 CONCURRENCY = 8
-CLASSES = ("production", "interactive", "background", "benchmark", "maintenance")
-MODELS = {"gemma3:12b": 11600, "bge-m3": 2012, "llama3.2:3b": 3200, "qwen2.5:7b": 5700}
-PLEX = ["/usr/lib/plexmediaserver/Plex Transcoder", "-codec:0", "hevc"]
 OPS = (("ollama", 55), ("transcribe", 14), ("restart", 4), ("lease", 8), ("comfy", 6),
        ("plex", 13))  # fmt: skip
 
@@ -66,6 +55,7 @@ OPS = (("ollama", 55), ("transcribe", 14), ("restart", 4), ("lease", 8), ("comfy
 @attrs.define
 class Run:
     gated: bool
+    host: TraceHost
     rng: random.Random
     gpu: SimulatedGpuHost
     env: dict[str, str]
@@ -83,7 +73,7 @@ class Run:
             self.outcomes[f"{kind}: {type(exc).__name__}"] += 1
 
     async def ollama(self, session: aiohttp.ClientSession, rng: random.Random) -> None:
-        model = rng.choice(list(MODELS))
+        model = rng.choice(list(self.host.models))
         headers = {"X-GPUGate-Priority": rng.choice(CLASSES)} if rng.random() < 0.5 else {}
         stream = rng.random() < 0.5
         leave = stream and rng.random() < 0.15
@@ -120,10 +110,11 @@ class Run:
     async def lease(self, session: aiohttp.ClientSession, rng: random.Random) -> None:
         nbytes = rng.choice([1, 2, 3]) * GiB
         hold = rng.uniform(0.2, 1.5)
+        card = rng.choice(self.host.lease_gpus)
         lease = None
         if self.gated:
             ask = {"consumer": "ollama", "bytes": nbytes, "class": rng.choice(CLASSES[:3]),
-                   "ttl": 30, "max_wait": 20}  # fmt: skip
+                   "ttl": 30, "max_wait": 20, "gpu": card}  # fmt: skip
             headers = {"Authorization": f"Bearer {TOKEN}"}
             async with session.post(self.urls["control"] + "/gate/v1/leases", json=ask,
                                     headers=headers) as r:  # fmt: skip
@@ -133,12 +124,12 @@ class Run:
                 lease = (await r.json())["id"]
         try:
             # The leased work allocates its bytes (a batch job on the GPU), then frees them.
-            await asyncio.to_thread(self.gpu.allocate, os.getpid(), nbytes)
+            await asyncio.to_thread(self.gpu.allocate, os.getpid(), nbytes, gpu=card)
         except GpuOutOfMemory:
             self.outcomes["lease: work hit OOM"] += 1
         else:
             await asyncio.sleep(hold)
-            await asyncio.to_thread(self.gpu.release, os.getpid(), nbytes)
+            await asyncio.to_thread(self.gpu.release, os.getpid(), nbytes, gpu=card)
             self.outcomes["lease: work done"] += 1
         finally:
             if lease is not None:
@@ -157,12 +148,14 @@ class Run:
         """A transcode starts or ends: Plex grows or shrinks by up to 1 GiB (only growth
         that fits: the gate cannot stop an external process, it keeps a reserve)."""
         target = rng.choice([0, 0, 512 * MiB, GiB])
-        if target > self.plex_extra and self.gpu.free() - (target - self.plex_extra) > 256 * MiB:
+        card = self.host.plex_gpu
+        growth = target - self.plex_extra
+        if target > self.plex_extra and self.gpu.free(card) - growth > 256 * MiB:
             with contextlib.suppress(GpuOutOfMemory):
-                self.gpu.allocate(self.plex_pid, target - self.plex_extra)
+                self.gpu.allocate(self.plex_pid, growth, gpu=card)
                 self.plex_extra = target
         elif target < self.plex_extra:
-            self.gpu.release(self.plex_pid, self.plex_extra - target)
+            self.gpu.release(self.plex_pid, self.plex_extra - target, gpu=card)
             self.plex_extra = target
         self.outcomes["plex: pulse"] += 1
 
@@ -181,37 +174,13 @@ def trace_ops(requests: int, seed: int) -> list[tuple[str, int]]:
     return [(rng.choices(kinds, weights)[0], rng.randrange(2**32)) for _ in range(requests)]
 
 
-def setup(tmp: Path, *, gated: bool) -> tuple[dict, dict[str, int], Path, Path]:
-    names = ("ollama", "comfyui", "whisper", "mvoice", "listen", "comfyui_listen",
-             "whisper_listen", "mvoice_listen", "control")  # fmt: skip
-    ports = dict(zip(names, free_ports(len(names)), strict=True))
-    host, spec = incident_host(ports)
-    for model in host["ollama"]["models"]:
-        model["load_seconds"] = "200ms"
-    host["ollama"]["tokens_per_second"] = 400
-    host["holders"].append({"name": "Plex Transcoder", "command": PLEX, "bytes": "256MiB"})
-    (tmp / "host.yaml").write_text(yaml.safe_dump(host))
-    config = yaml.safe_load(consumers(ports))
-    models = config["consumers"]["ollama"]["models"]
-    for name, mib in MODELS.items():
-        models.setdefault(name, {})["envelope"] = f"{mib}MiB"
-    # Its prompts' checkpoint by size, as an operator writes it: unsized, a file counts 8 GiB.
-    config["consumers"]["comfyui"]["comfyui"] = {"files": {SD15: "2034MiB"}}
-    config["external"] = {"plex": {"processes": {"commands": ["Plex Transcoder"]}}}
-    config["classes"] = {c: {"max_wait": "20s"} for c in CLASSES}
-    (tmp / "consumers.yaml").write_text(yaml.safe_dump(config))
-    systemd_dir(tmp, spec, tmp / "state", tmp / "consumers.yaml")
-    if not gated:  # the unit as it was before the gpugate drop-in
-        unit = tmp / "systemd" / f"{UNIT}.json"
-        unit.write_text(json.dumps({"exec": json.loads(unit.read_text())["exec"]}))
-    return host, ports, tmp / "host.yaml", tmp / "consumers.yaml"
-
-
-async def replay(ops: list[tuple[str, int]], *, gated: bool, seed: int) -> dict[str, object]:
+async def replay(
+    ops: list[tuple[str, int]], *, gated: bool, seed: int, host: TraceHost = INCIDENT
+) -> dict[str, object]:
     """One run of the trace on a fresh host; its figures."""
     with tempfile.TemporaryDirectory(prefix="gpugate-trace-") as name:
         tmp = Path(name)
-        _, ports, host_file, config = setup(tmp, gated=gated)
+        ports, host_file, config = setup(host, tmp, gated=gated)
         with SimulatedHostProcess(host_file, tmp / "state") as sim:
             assert sim.environment is not None
             env = child_env({
@@ -242,7 +211,7 @@ async def replay(ops: list[tuple[str, int]], *, gated: bool, seed: int) -> dict[
             else:
                 urls |= {"ollama": f"{local}{ports['ollama']}",
                          "whisper": f"{local}{ports['whisper']}"}  # fmt: skip
-            run = Run(gated, random.Random(seed), gpu, env, urls, plex_pid=plex)
+            run = Run(gated, host, random.Random(seed), gpu, env, urls, plex_pid=plex)
             try:
                 await run.systemctl("start")
                 started = time.monotonic()
@@ -257,13 +226,21 @@ async def replay(ops: list[tuple[str, int]], *, gated: bool, seed: int) -> dict[
                     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
                     left = await leases_left(urls["control"]) if gated else []
                 elapsed = time.monotonic() - started
-                ooms = Counter(o.name for o in gpu.ooms())
+                events = gpu.ooms()
+                ooms = Counter(o.name for o in events)
+                by_card = Counter(o.gpu for o in events if not o.name.startswith("Plex"))
             finally:
                 await run.systemctl("stop")
                 if gate is not None:
                     gate.send_signal(signal.SIGTERM)
                     gate.wait(timeout=30)
-    return {"ooms": ooms, "outcomes": run.outcomes, "left": left, "seconds": elapsed}
+    return {
+        "ooms": ooms,
+        "by_card": by_card,
+        "outcomes": run.outcomes,
+        "left": left,
+        "seconds": elapsed,
+    }
 
 
 async def leases_left(control: str, settle: float = 15.0) -> list[dict]:
@@ -287,14 +264,20 @@ def comfyui_ooms(ooms: Counter[str]) -> int:
     return sum(n for name, n in ooms.items() if "ComfyUI" in name or "main.py" in name)
 
 
-def table(requests: int, seed: int, direct: dict, gated: dict) -> str:
+def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost = INCIDENT) -> str:
     """The figures of both runs side by side."""
     comfy = [comfyui_ooms(r["ooms"]) for r in (direct, gated)]
     rows = [
-        f"trace: {requests} operations, seed {seed}",
+        f"trace: {requests} operations, seed {seed}, on {host.name.value}",
         f"{'':28} {'direct':>10} {'gated':>10}",
         f"{'OOMs of admitted runtimes':28} {admitted_ooms(direct['ooms']):>10} "
         f"{admitted_ooms(gated['ooms']):>10}",
+        *(
+            f"{f'  on GPU {card}':28} {direct['by_card'].get(card, 0):>10} "
+            f"{gated['by_card'].get(card, 0):>10}"
+            for card in range(host.cards)
+            if host.cards > 1
+        ),
         f"{'  of which whisper aborts':28} {direct['ooms'].get('whisper-server', 0):>10} "
         f"{gated['ooms'].get('whisper-server', 0):>10}",
         f"{'  of which ComfyUI prompts':28} {comfy[0]:>10} {comfy[1]:>10}",
@@ -310,11 +293,11 @@ def table(requests: int, seed: int, direct: dict, gated: dict) -> str:
     return "\n".join(rows)
 
 
-async def main_async(requests: int, seed: int) -> int:
+async def main_async(requests: int, seed: int, host: TraceHost = INCIDENT) -> int:
     ops = trace_ops(requests, seed)
-    direct = await replay(ops, gated=False, seed=seed)
-    gated = await replay(ops, gated=True, seed=seed)
-    print(table(requests, seed, direct, gated), flush=True)
+    direct = await replay(ops, gated=False, seed=seed, host=host)
+    gated = await replay(ops, gated=True, seed=seed, host=host)
+    print(table(requests, seed, direct, gated, host), flush=True)
     ok = admitted_ooms(gated["ooms"]) == 0 and not gated["left"]
     return 0 if ok else 1
 
@@ -323,8 +306,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=20260729)
+    parser.add_argument(
+        "--host", choices=[h.value for h in HostName], default=HostName.INCIDENT.value
+    )
     args = parser.parse_args()
-    return asyncio.run(main_async(args.requests, args.seed))
+    return asyncio.run(main_async(args.requests, args.seed, HOSTS[HostName(args.host)]))
 
 
 if __name__ == "__main__":
