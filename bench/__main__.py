@@ -25,9 +25,16 @@ from bench.coldstart import measure_apart as measure_coldstart_apart
 from bench.coldstart import table as coldstart_table
 from bench.decisions import measure as measure_decisions
 from bench.decisions import table as decisions_table
+from bench.docfile import write_section
 from bench.holds import Results as HoldResults
 from bench.holds import measure as measure_holds
 from bench.holds import tables as holds_tables
+from bench.runtimes import measure_apart as measure_runtimes_apart
+from bench.runtimes import table as runtimes_table
+from bench.sampling import measure_apart as measure_sampling_apart
+from bench.sampling import table as sampling_table
+from bench.swaps import measure_apart as measure_swaps_apart
+from bench.swaps import table as swaps_table
 from bench.targets import (
     CEILING,
     DIRECT,
@@ -263,13 +270,7 @@ def table(
 
 
 def write_doc(text: str) -> None:
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-    doc = DOC.read_text() if DOC.exists() else f"# Benchmarks\n\n{begin}\n{end}\n"
-    if begin not in doc:
-        doc += f"\n{begin}\n{end}\n"
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    DOC.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+    write_section("results", text, DOC)
 
 
 def main() -> int:
@@ -320,11 +321,25 @@ def main() -> int:
     # process of its own: a gate does not carry the heap and threads of the runs before.
     coldstart = measure_coldstart_apart()
     print("coldstart", coldstart, flush=True)
+    # Each on processes of its own, with nothing else running (see each module).
+    sampling = measure_sampling_apart()
+    print("sampling", sampling, flush=True)
+    runtimes = measure_runtimes_apart()
+    print("runtimes", runtimes, flush=True)
+    swaps = measure_swaps_apart()
+    print("swaps", swaps, flush=True)
     decisions = measure_decisions()
     print("decisions", decisions, flush=True)
     text = table(results, decisions, holds, coldstart)
     write_doc(text)
     print(text)
+    for name, lines in (
+        ("sampling", sampling_table(sampling)),
+        ("runtimes", runtimes_table(runtimes, coldstart)),
+        ("swaps", swaps_table(swaps)),
+    ):
+        write_section(name, "\n".join(lines), DOC)
+        print("\n".join(lines))
     return 0
 
 
