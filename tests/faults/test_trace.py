@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.trace import admitted_ooms, replay, trace_ops
-from tests.faults.trace_hosts import TWO
 
 pytestmark = pytest.mark.e2e
 
