@@ -30,11 +30,17 @@ import attrs
 from aiohttp import web
 
 from gpugate.control.health import health_document
+from gpugate.control.weights import (
+    FLOOR,
+    Answer,
+    host_answer,
+    model_answer,
+    rank,
+)
 from gpugate.core.capacity import Ask, Assessment, Verdict, assess
 from gpugate.core.classes import PriorityClass
 from gpugate.core.placement import Share, place
 from gpugate.core.residents import Resident, ResidentKey
-from gpugate.core.units import MiB
 from gpugate.logs import OncePerInterval
 from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind
 
@@ -43,11 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpugate.control.capacity")
 _warnings = OncePerInterval(log, 60.0)
-
-FLOOR = 256 * MiB
-"""A host with less than this schedulable on every GPU is drained (nothing worth routing)."""
-FIT_WEIGHT_MAX = 99
-"""The most a model that only fits may weigh: 100 % is kept for one that is resident."""
 
 
 class QueryError(ValueError):
@@ -62,23 +63,6 @@ class Query:
     model: str | None = None
     priority: PriorityClass | None = None
     """The requests' class (None: the model's own, as a request without identity gets)."""
-
-
-@attrs.frozen
-class Answer:
-    """What the agent says: a state and a weight, and why."""
-
-    state: str
-    """`up`, `drain` or `maint`."""
-    weight: int
-    """Percent of the server's configured weight."""
-    reason: str
-
-    @property
-    def line(self) -> str:
-        if self.state == "up":
-            return f"up ready {self.weight}%"
-        return f"{self.state} 0%"
 
 
 @attrs.frozen
@@ -112,11 +96,7 @@ class Capacity:
         consumers have the model), else for the host."""
         if not self.models:
             return self.host
-        return max(self.models, key=lambda m: _rank(m.answer)).answer
-
-
-def _rank(answer: Answer) -> tuple[int, int]:
-    return ({"up": 2, "drain": 1}.get(answer.state, 0), answer.weight)
+        return max(self.models, key=lambda m: rank(m.answer)).answer
 
 
 def parse_query(gate: Gate, params: Mapping[str, str]) -> Query:
@@ -195,7 +175,7 @@ def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> 
                 "residents": [_resident(r, now) for r in core.residents(index)],
             }
         )
-    host = _host_answer(ok, failed, gpus)
+    host = host_answer(ok, failed, gpus)
     rows = tuple(
         _model(gate, link, name, query, ok, failed, totals, now)
         for link, name in (_models(gate, query or Query()) if models else ())
@@ -281,7 +261,7 @@ def _model(
     # A split load is as good as its worst part.
     assessment = max(assessments, key=lambda a: _WORSE[a.verdict])
     gpu = shares[assessments.index(assessment)].gpu
-    answer = _model_answer(ok, failed, assessment, totals.get(gpu))
+    answer = model_answer(ok, failed, assessment, totals.get(gpu))
     return ModelCapacity(
         consumer.name,
         name,
@@ -321,52 +301,6 @@ def _placed(gate: Gate, link: Link, ask: Ask, now: float) -> tuple[Share, ...]:
         rule=adapter.placement_rule(asked),
     )
     return placement.shares
-
-
-def _unhealthy(failed: tuple[str, ...]) -> Answer:
-    return Answer("maint", 0, "unhealthy: " + (", ".join(failed) or "not started"))
-
-
-def _host_answer(ok: bool, failed: tuple[str, ...], gpus: list[dict[str, Any]]) -> Answer:
-    if not ok:
-        return _unhealthy(failed)
-    usable = [g for g in gpus if not g["paused"]]
-    if not usable:
-        return Answer("drain", 0, "every GPU is paused")
-    best = max(g["schedulable"] for g in usable)
-    if best < FLOOR:
-        return Answer("drain", 0, f"no GPU has {FLOOR // MiB} MiB schedulable")
-    total = sum(g["total"] for g in gpus)
-    free = sum(max(0, g["schedulable"]) for g in usable)
-    return Answer("up", _percent(free, total, 100), "schedulable share of the memory")
-
-
-def _model_answer(
-    ok: bool, failed: tuple[str, ...], assessment: Assessment, total: int | None
-) -> Answer:
-    if not ok:
-        return _unhealthy(failed)
-    verdict = assessment.verdict
-    if verdict is Verdict.RESIDENT:
-        return Answer("up", 100, assessment.reason)
-    available = assessment.available
-    if verdict is Verdict.FITS and available is not None and total:
-        left = available - assessment.needed
-        return Answer("up", _percent(left, total, FIT_WEIGHT_MAX), "fits")
-    if verdict is Verdict.UNKNOWN and available is not None and total and available >= FLOOR:
-        return Answer("up", _percent(available, total, FIT_WEIGHT_MAX), "no envelope known")
-    reason = verdict.value
-    if assessment.blocked is not None:
-        reason = f"{reason}: {assessment.blocked.value}"
-    elif assessment.reason:
-        reason = f"{reason}: {assessment.reason}"
-    return Answer("drain", 0, reason)
-
-
-def _percent(part: int, total: int, ceiling: int) -> int:
-    if total <= 0:
-        return 1
-    return max(1, min(ceiling, round(100 * part / total)))
 
 
 def capacity_document(result: Capacity) -> dict[str, Any]:
