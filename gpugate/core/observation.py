@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import attrs
 
@@ -63,28 +65,45 @@ class GpuObservation:
     @property
     def managed(self) -> Mapping[str, int]:
         """Bytes observed per consumer."""
-        return _sum_by(p for p in self.processes if p.owner.managed)
+        return self._by_owner.managed
 
     @property
     def external(self) -> Mapping[str, int]:
         """Bytes per external service, plus `unattributed` (used − Σ processes)."""
-        rows = dict(_sum_by(p for p in self.processes if not p.owner.managed))
-        attributed = sum(p.used or 0 for p in self.processes)
-        remainder = max(0, self.used - attributed)
-        if remainder:
-            rows[UNATTRIBUTED] = rows.get(UNATTRIBUTED, 0) + remainder
-        return rows
+        return self._by_owner.external
 
     @property
     def unattributed(self) -> int:
-        return self.external.get(UNATTRIBUTED, 0)
+        return self._by_owner.external.get(UNATTRIBUTED, 0)
+
+    @functools.cached_property
+    def _by_owner(self) -> _OwnerSums:
+        # Summed once per observation: the budget and its readers ask for these sums
+        # dozens of times per sample, over hundreds of processes on a big host.
+        return _OwnerSums.of(self.processes, self.used)
 
 
-def _sum_by(processes: object) -> dict[str, int]:
-    rows: dict[str, int] = {}
-    for p in processes:  # type: ignore[attr-defined]
-        rows[p.owner.name] = rows.get(p.owner.name, 0) + (p.used or 0)
-    return rows
+@attrs.frozen
+class _OwnerSums:
+    """An observation's bytes by owner, read-only since every reader shares them."""
+
+    managed: Mapping[str, int]
+    external: Mapping[str, int]
+
+    @classmethod
+    def of(cls, processes: tuple[ProcessUsage, ...], used: int) -> _OwnerSums:
+        managed: dict[str, int] = {}
+        external: dict[str, int] = {}
+        attributed = 0
+        for p in processes:
+            nbytes = p.used or 0
+            attributed += nbytes
+            rows = managed if p.owner.kind is OwnerKind.CONSUMER else external
+            rows[p.owner.name] = rows.get(p.owner.name, 0) + nbytes
+        remainder = max(0, used - attributed)
+        if remainder:
+            external[UNATTRIBUTED] = external.get(UNATTRIBUTED, 0) + remainder
+        return cls(MappingProxyType(managed), MappingProxyType(external))
 
 
 @attrs.frozen

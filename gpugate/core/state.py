@@ -9,23 +9,21 @@ clock and the gate's event loop is the only caller.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
-from gpugate.core.classes import PriorityClass
-from gpugate.core.effects import Effect, Event, EventKind, Start, UnloadReason, Wake
+from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
 from gpugate.core.explain import make_failure
 from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events, next_expiry
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.lifecycle import Eviction, Life, LifeReport, LifeState
+from gpugate.core.job_events import JobEvents
+from gpugate.core.lifecycle_events import LifecycleEvents
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
-from gpugate.core.operator import Mark, action_event, drained_events, refuse_eviction
-from gpugate.core.planner import PlannerSettings
-from gpugate.core.pressure import ReserveSettings
+from gpugate.core.operator_actions import OperatorActions
 from gpugate.core.relief import relieve_pressure
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.reuse import ResidentReuse
@@ -34,7 +32,6 @@ from gpugate.core.scopes import (
     JobBook,
     accounted,
     job_demand,
-    left_behind,
     listed_scopes,
     never_appeared,
     next_appearance,
@@ -43,6 +40,7 @@ from gpugate.core.scopes import (
     process_overdue,
     released_event,
 )
+from gpugate.core.settings import CoreSettings
 from gpugate.core.suspects import clear_suspects
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, LeaseScope, Ticket
@@ -51,29 +49,7 @@ from gpugate.core.units import format_gib
 __all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
 
 
-@attrs.frozen
-class CoreSettings:
-    """Everything the core needs from the configuration, already resolved."""
-
-    reserve: ReserveSettings
-    reserve_by_gpu: Mapping[int, ReserveSettings] = attrs.field(factory=dict)
-    max_wait: Mapping[PriorityClass, float] = attrs.field(factory=dict)
-    consumer_gpus: Mapping[str, int | tuple[int, ...]] = attrs.field(factory=dict)
-    """The GPUs each consumer may use: it has a row in each one's budget, even at 0."""
-    queue_limit: Mapping[str, int] = attrs.field(factory=dict)
-    default_queue_limit: int = 32
-    stale_after: float = 5.0
-    planner: PlannerSettings = attrs.field(factory=PlannerSettings)
-    reconcilable: frozenset[str] = frozenset()
-    """Consumers whose runtime lists what it has loaded (their unknown memory gets a name)."""
-    preempt: Mapping[str, frozenset[PriorityClass]] = attrs.field(factory=dict)
-    """Job consumers → the classes whose demands may stop their jobs (none: never)."""
-
-    def wait_for(self, priority: PriorityClass) -> float:
-        return self.max_wait.get(priority, 120.0)
-
-
-class GateCore:
+class GateCore(LifecycleEvents, JobEvents, OperatorActions):
     """The single owner of the gate's books. Every public method is one event."""
 
     def __init__(self, settings: CoreSettings) -> None:
@@ -229,64 +205,7 @@ class GateCore:
                     effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 
-    # -- lifecycles: runtimes that are started, stopped, put to sleep and woken ----------
-
-    def register_lifecycle(self, consumer: str, eviction: Eviction, now: float) -> None:
-        """`consumer` has a lifecycle: its evictions are stops (or sleeps), its starts effects."""
-        self.books.lives.register(consumer, eviction, now)
-
-    def lifecycle(self, consumer: str) -> Life | None:
-        return self.books.lives.get(consumer)
-
-    def start_wait(self, consumer: str, now: float) -> float:
-        """Seconds until the runtime may be started again after failures (0: now)."""
-        return self.books.lives.backoff_remaining(consumer, now)
-
-    def start(self, consumer: str, lease_id: int, now: float) -> list[Effect]:
-        """The runtime's PROCESS lease `lease_id` is held: start it, or wake it when it
-        sleeps; nothing when it is starting or up already."""
-        lease = self.books.leases.get(lease_id)
-        if lease is None or lease.scope is not LeaseScope.PROCESS:
-            return []
-        before = self.books.lives.start(consumer, lease_id, now)
-        if before is None:
-            return []
-        how = Wake if before is LifeState.ASLEEP else Start
-        return [how(consumer, lease.gpu, lease_id), self._life_event(consumer, before, now)]
-
-    def reported(
-        self, consumer: str, report: LifeReport, now: float, detail: str = ""
-    ) -> list[Effect]:
-        """The lifecycle interface reports what became of the runtime: a start's lease
-        becomes its resident (UP) or is released (failed); a start that failed or a
-        process that ended takes its resident and its pending start leases with it."""
-        outcome = self.books.lives.report(consumer, report, now)
-        if outcome is None:
-            return []
-        effects: list[Effect] = []
-        if outcome.after is not outcome.before:
-            effects.append(self._life_event(consumer, outcome.before, now, detail))
-        if outcome.start_lease is not None:
-            if outcome.after is LifeState.UP:
-                effects.extend(self.process_ready(outcome.start_lease, now))
-            else:
-                effects.extend(self.release(outcome.start_lease, now, failed=True))
-        if report in (LifeReport.START_FAILED, LifeReport.EXITED):
-            effects.extend(self.process_ended(consumer, now, detail or report.value))
-        if report is LifeReport.EXITED:
-            for lease in list(self.books.leases.values()):
-                mine = lease.key.consumer == consumer and lease.scope is LeaseScope.PROCESS
-                if mine and lease.pending:
-                    effects.extend(self.release(lease.id, now, failed=True))
-        return effects
-
-    def _life_event(self, consumer: str, before: LifeState, now: float, detail: str = "") -> Event:
-        life = self.books.lives.get(consumer)
-        after = life.state.value if life is not None else "?"
-        why = f": {detail}" if detail else ""
-        return Event(
-            EventKind.LIFECYCLE, now, consumer=consumer, detail=f"{before.value} → {after}{why}"
-        )
+    # -- events: a request's leases end --------------------------------------------------
 
     def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]:
         """The lease's request ended: done, failed, or abandoned by its client.
@@ -474,211 +393,6 @@ class GateCore:
             if at is not None:
                 times.append(at)
         return min(times) if times else None
-
-    # -- events: jobs ----------------------------------------------------------------------
-
-    def job_started(self, lease_id: int, job: str) -> bool:
-        """The runtime queued a job's work under its own name for it (for `job_done`)."""
-        return self.jobs.name(lease_id, job)
-
-    def job_done(
-        self, consumer: str, job: int | str, now: float, *, failed: bool = False
-    ) -> list[Effect]:
-        """A job finished, failed, was interrupted or deleted (by lease id or its name).
-
-        Its consumer's job lease shrinks to the largest job left, or ends with the last;
-        what the runtime keeps afterwards is a resident: named by its listing, or, for a
-        runtime that cannot list, known from NVML.
-        """
-        job_id = self.jobs.find(consumer, job)
-        closed = None if job_id is None else self.jobs.close(job_id)
-        if closed is None:
-            return []
-        lease, pool, ended = closed
-        reason = "failed" if failed else "done"
-        effects: list[Effect] = [released_event(lease, now, reason)]
-        if ended:
-            effects.append(released_event(pool.lease, now, "jobs done"))
-            if consumer not in self.settings.reconcilable:
-                effects.extend(left_behind(self.books, pool, self.observation(lease.gpu), now))
-        self.jobs.resize_waiting(self.waiting(lease.gpu))
-        self.telemetry.explain(lease.gpu, self.books)
-        effects.extend(self.scheduler.schedule(lease.gpu, now))
-        effects.extend(self._drained(now))
-        return effects
-
-    def preempted(
-        self,
-        consumer: str,
-        gpu: int,
-        jobs: Collection[str],
-        now: float,
-        *,
-        failure: Failure | None = None,
-    ) -> list[Effect]:
-        """The consumer's jobs on a GPU were stopped (`Preempt`): each ends with a failure
-        event naming who stopped it, and the ticket it was for is planned again (it evicts
-        what the runtime kept). `jobs`: the runtime's names of the jobs stopped.
-        `failure`: the runtime could not be asked; the jobs go on and the ticket fails
-        with that class."""
-        pool = self.jobs.by_consumer.get((consumer, gpu))
-        if pool is None or pool.preempted_for is None:
-            return []
-        ticket = self.scheduler.tickets.get(pool.preempted_for)
-        effects: list[Effect] = []
-        if failure is not None:
-            pool.preempted_for = None
-            self.books.touch()
-            if ticket is not None:
-                extra = f"; {consumer}'s jobs could not be stopped: {failure.message}"
-                rejection = self._failure(
-                    failure.failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
-                )
-                effects.extend(self.scheduler.reject(ticket, rejection, now))
-            effects.extend(self.scheduler.schedule(gpu, now))
-            return effects
-        # The job lease stays marked until its last job ends with it: no second `Preempt`.
-        names = {job_id: name for name, ids in pool.names.items() for job_id in ids}
-        by = (
-            "a demand that is gone"
-            if ticket is None
-            else (f"{ticket.demand.key} ({ticket.demand.priority.label})")
-        )
-        for job_id in sorted(i for name in jobs if name in pool.names for i in pool.names[name]):
-            job = self.books.leases.get(job_id)
-            if job is None:
-                continue
-            label = job.demand.priority.label
-            message = (
-                f"RESIDENCY_CONFLICT: {consumer}'s job {names.get(job_id, job_id)} ({label}) "
-                f"was preempted for {by}: {consumer} lets that class stop its jobs"
-            )
-            stopped = Failure(
-                FailureClass.RESIDENCY_CONFLICT,
-                message,
-                consumer=consumer,
-                model=job.key.model,
-                gpu=gpu,
-            )
-            effects.append(
-                Event(
-                    EventKind.FAILURE,
-                    now,
-                    consumer=consumer,
-                    model=job.key.model,
-                    gpu=gpu,
-                    failure=stopped,
-                    detail=message,
-                )
-            )
-            effects.extend(self.job_done(consumer, job_id, now, failed=True))
-        if self.jobs.by_consumer.get((consumer, gpu)) is pool:
-            # A job that came after the decision keeps the job lease: it was not stopped.
-            pool.preempted_for = None
-            self.books.touch()
-            effects.extend(self.scheduler.schedule(gpu, now))
-        return effects
-
-    # -- events: operator actions ----------------------------------------------------------
-
-    def evict(self, key: ResidentKey, now: float, force: bool, who: str = "token") -> list[Effect]:
-        """An operator unloads an idle resident (a split model: all its parts); raises
-        `EvictionRefused` when it may not."""
-        resident = self.books.residents.get(key)
-        if resident is None and key.part is None:
-            resident = next(iter(self.books.parts_of(key)), None)
-        refused = refuse_eviction(
-            key,
-            None if resident is None else resident.policy,
-            None if resident is None else resident.state,
-            0 if resident is None else resident.in_flight,
-            force=force,
-        )
-        if refused is not None:
-            raise refused
-        assert resident is not None
-        budget = self.budget(resident.gpu)
-        before = None if budget is None else budget.schedulable
-        unload = self.books.start_unload(resident, UnloadReason.OPERATOR, None, now)
-        detail = f"asked by {who}" + (" (forced)" if force else "")
-        started = resident_event(
-            EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.OPERATOR.value
-        )
-        parts = self.books.unload_parts(resident, UnloadReason.OPERATOR, None, now)
-        return [unload, attrs.evolve(started, schedulable_before=before), *parts]
-
-    def drain(self, consumer: str, now: float, who: str = "token") -> list[Effect]:
-        """A consumer admits nothing new; its in-flight leases finish."""
-        book = self.scheduler.operator
-        if consumer in book.draining:
-            return []
-        book.draining.add(consumer)
-        book.drained.discard(consumer)
-        book.marks[consumer] = Mark(now, who)
-        started = action_event(
-            EventKind.CONSUMER_DRAINING,
-            now,
-            who,
-            f"{consumer} admits nothing new",
-            consumer=consumer,
-        )
-        return [started, *self._drained(now)]
-
-    def undrain(self, consumer: str, now: float, who: str = "token") -> list[Effect]:
-        """A drained consumer admits demands again."""
-        book = self.scheduler.operator
-        if consumer not in book.draining:
-            return []
-        book.draining.discard(consumer)
-        book.drained.discard(consumer)
-        book.marks.pop(consumer, None)
-        return [
-            action_event(
-                EventKind.CONSUMER_UNDRAINED,
-                now,
-                who,
-                f"{consumer} admits again",
-                consumer=consumer,
-            )
-        ]
-
-    def draining(self, consumer: str) -> tuple[bool, bool]:
-        """(draining, drained) for a consumer."""
-        book = self.scheduler.operator
-        return consumer in book.draining, consumer in book.drained
-
-    def pause(self, gpu: int, now: float, who: str = "token") -> list[Effect]:
-        """New demands on the GPU wait in its queue (until resume or their deadline)."""
-        book = self.scheduler.operator
-        if gpu in book.paused:
-            return []
-        book.paused.add(gpu)
-        book.marks[gpu] = Mark(now, who)
-        return [action_event(EventKind.GPU_PAUSED, now, who, "admission paused", gpu=gpu)]
-
-    def resume(self, gpu: int, now: float, who: str = "token") -> list[Effect]:
-        """Admission on the GPU runs again: its queue is planned at once."""
-        book = self.scheduler.operator
-        if gpu not in book.paused:
-            return []
-        book.paused.discard(gpu)
-        book.marks.pop(gpu, None)
-        resumed = action_event(EventKind.GPU_RESUMED, now, who, "admission resumed", gpu=gpu)
-        return [resumed, *self.scheduler.schedule(gpu, now)]
-
-    def paused(self) -> list[int]:
-        return sorted(self.scheduler.operator.paused)
-
-    def operator_mark(self, target: int | str) -> Mark | None:
-        """Since when and by whom a GPU (by index) is paused or a consumer (by name) drains."""
-        return self.scheduler.operator.marks.get(target)
-
-    def _drained(self, now: float) -> list[Effect]:
-        book = self.scheduler.operator
-        if not book.draining:
-            return []
-        holding = {lease.key.consumer for lease in self.books.leases.values()}
-        return drained_events(book, holding, now)
 
     # -- internals -----------------------------------------------------------------------
 

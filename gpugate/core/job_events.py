@@ -1,0 +1,148 @@
+"""The core's job events (a part of `GateCore`): a runtime's queued jobs, each under its
+consumer's job lease, and the jobs a higher class stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from gpugate.core.books import Books
+from gpugate.core.effects import Effect, Event, EventKind
+from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.observation import GpuObservation
+from gpugate.core.scheduling import Scheduler
+from gpugate.core.scopes import JobBook, left_behind, released_event
+from gpugate.core.settings import CoreSettings
+from gpugate.core.telemetry import Telemetry
+from gpugate.core.tickets import Demand, Ticket
+
+
+class JobEvents:
+    """Jobs' starts and ends, and their preemption."""
+
+    books: Books
+    scheduler: Scheduler
+    jobs: JobBook
+    telemetry: Telemetry
+    settings: CoreSettings
+
+    if TYPE_CHECKING:  # GateCore provides these
+
+        def observation(self, gpu: int) -> GpuObservation | None: ...
+
+        def waiting(self, gpu: int | None = None) -> list[Ticket]: ...
+
+        def _drained(self, now: float) -> list[Effect]: ...
+
+        def _failure(
+            self,
+            failure_class: FailureClass,
+            demand: Demand,
+            needed: int,
+            now: float,
+            *,
+            retry_after: float | None = None,
+            extra: str = "",
+        ) -> Failure: ...
+
+    def job_started(self, lease_id: int, job: str) -> bool:
+        """The runtime queued a job's work under its own name for it (for `job_done`)."""
+        return self.jobs.name(lease_id, job)
+
+    def job_done(
+        self, consumer: str, job: int | str, now: float, *, failed: bool = False
+    ) -> list[Effect]:
+        """A job finished, failed, was interrupted or deleted (by lease id or its name).
+
+        Its consumer's job lease shrinks to the largest job left, or ends with the last;
+        what the runtime keeps afterwards is a resident: named by its listing, or, for a
+        runtime that cannot list, known from NVML.
+        """
+        job_id = self.jobs.find(consumer, job)
+        closed = None if job_id is None else self.jobs.close(job_id)
+        if closed is None:
+            return []
+        lease, pool, ended = closed
+        reason = "failed" if failed else "done"
+        effects: list[Effect] = [released_event(lease, now, reason)]
+        if ended:
+            effects.append(released_event(pool.lease, now, "jobs done"))
+            if consumer not in self.settings.reconcilable:
+                effects.extend(left_behind(self.books, pool, self.observation(lease.gpu), now))
+        self.jobs.resize_waiting(self.waiting(lease.gpu))
+        self.telemetry.explain(lease.gpu, self.books)
+        effects.extend(self.scheduler.schedule(lease.gpu, now))
+        effects.extend(self._drained(now))
+        return effects
+
+    def preempted(
+        self,
+        consumer: str,
+        gpu: int,
+        jobs: Collection[str],
+        now: float,
+        *,
+        failure: Failure | None = None,
+    ) -> list[Effect]:
+        """The consumer's jobs on a GPU were stopped (`Preempt`): each ends with a failure
+        event naming who stopped it, and the ticket it was for is planned again (it evicts
+        what the runtime kept). `jobs`: the runtime's names of the jobs stopped.
+        `failure`: the runtime could not be asked; the jobs go on and the ticket fails
+        with that class."""
+        pool = self.jobs.by_consumer.get((consumer, gpu))
+        if pool is None or pool.preempted_for is None:
+            return []
+        ticket = self.scheduler.tickets.get(pool.preempted_for)
+        effects: list[Effect] = []
+        if failure is not None:
+            pool.preempted_for = None
+            self.books.touch()
+            if ticket is not None:
+                extra = f"; {consumer}'s jobs could not be stopped: {failure.message}"
+                rejection = self._failure(
+                    failure.failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
+                )
+                effects.extend(self.scheduler.reject(ticket, rejection, now))
+            effects.extend(self.scheduler.schedule(gpu, now))
+            return effects
+        # The job lease stays marked until its last job ends with it: no second `Preempt`.
+        names = {job_id: name for name, ids in pool.names.items() for job_id in ids}
+        by = (
+            "a demand that is gone"
+            if ticket is None
+            else (f"{ticket.demand.key} ({ticket.demand.priority.label})")
+        )
+        for job_id in sorted(i for name in jobs if name in pool.names for i in pool.names[name]):
+            job = self.books.leases.get(job_id)
+            if job is None:
+                continue
+            label = job.demand.priority.label
+            message = (
+                f"RESIDENCY_CONFLICT: {consumer}'s job {names.get(job_id, job_id)} ({label}) "
+                f"was preempted for {by}: {consumer} lets that class stop its jobs"
+            )
+            stopped = Failure(
+                FailureClass.RESIDENCY_CONFLICT,
+                message,
+                consumer=consumer,
+                model=job.key.model,
+                gpu=gpu,
+            )
+            effects.append(
+                Event(
+                    EventKind.FAILURE,
+                    now,
+                    consumer=consumer,
+                    model=job.key.model,
+                    gpu=gpu,
+                    failure=stopped,
+                    detail=message,
+                )
+            )
+            effects.extend(self.job_done(consumer, job_id, now, failed=True))
+        if self.jobs.by_consumer.get((consumer, gpu)) is pool:
+            # A job that came after the decision keeps the job lease: it was not stopped.
+            pool.preempted_for = None
+            self.books.touch()
+            effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
