@@ -21,8 +21,10 @@ Per host, measured in this process:
   BENCH_IDLE_SECONDS, as a percentage of one core.
 
 The simulated library parses its state file again on every call and reads
-/proc/PID/stat for every process it counts, work a driver does not do; the table gives
-the library's share so that what the gate itself spends can be read apart from it.
+/proc/PID/stat for every process it counts, work a driver does not do. It adds up the
+thread CPU time its calls take (in the file named by $GPUGATE_FAKE_NVML_CPU_FILE), so the
+table gives the library's share inside the serving gate, and what the gate itself spends
+apart from it.
 """
 
 from __future__ import annotations
@@ -92,12 +94,10 @@ class SamplingCost:
     loop_cpu_percent: float
     """Of the idle CPU, the event loop's thread (the rest: NVML reads and attribution in the
     worker thread, the store's thread)."""
+    library_percent: float
+    """Of the idle CPU, what the simulated library's calls took inside the serving gate (the
+    library adds up its own thread CPU time: $GPUGATE_FAKE_NVML_CPU_FILE)."""
     idle_seconds: float
-
-    @property
-    def library_percent(self) -> float:
-        """The simulated library's share of the idle CPU, from its time per sample."""
-        return self.library_ms / 1000 / self.interval_s * 100
 
     @property
     def own_percent(self) -> float:
@@ -260,13 +260,25 @@ def cpu_ticks(stat: Path) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def idle_cpu(host: SimulatedGpuHost, seconds: float) -> tuple[float, float, float]:
-    """A gate serving nothing on this host: % of one core in all and in its event loop's
-    thread (the main one), and its sampling interval."""
+def library_ns(counter: Path) -> int:
+    """The simulated library's own CPU time so far, in the process that maps `counter`."""
+    data = counter.read_bytes()
+    return int.from_bytes(data[:8], sys.byteorder) if len(data) >= 8 else 0
+
+
+def idle_cpu(host: SimulatedGpuHost, seconds: float) -> tuple[float, float, float, float]:
+    """A gate serving nothing on this host: % of one core in all, in its event loop's thread
+    (the main one) and inside the simulated library's calls, and its sampling interval."""
     listen, control, upstream = free_port(), free_port(), free_port()
     config = host.directory / "gate.yaml"
     config.write_text(config_text(listen, control, upstream, library_path()))
-    env = {**os.environ, STATE_ENV: str(host.state_path), "GPUGATE_LOG_LEVEL": "WARNING"}
+    counter = host.directory / "nvml-cpu"
+    env = {
+        **os.environ,
+        STATE_ENV: str(host.state_path),
+        "GPUGATE_LOG_LEVEL": "WARNING",
+        "GPUGATE_FAKE_NVML_CPU_FILE": str(counter),
+    }
     upstream_process = start(
         [sys.executable, "-m", "bench.upstream", "--port", str(upstream)], LOAD_CPU
     )
@@ -283,11 +295,18 @@ def idle_cpu(host: SimulatedGpuHost, seconds: float) -> tuple[float, float, floa
         process = Path(f"/proc/{gate.pid}/stat")
         main = Path(f"/proc/{gate.pid}/task/{gate.pid}/stat")
         before, loop_before, began = cpu_ticks(process), cpu_ticks(main), time.monotonic()
+        inside_before = library_ns(counter)
         time.sleep(seconds)
         spent, loop = cpu_ticks(process) - before, cpu_ticks(main) - loop_before
+        inside = library_ns(counter) - inside_before
         elapsed = time.monotonic() - began
         interval = load_config_text(config.read_text(), config).budget.sample_interval
-        return spent / tick / elapsed * 100, loop / tick / elapsed * 100, interval
+        return (
+            spent / tick / elapsed * 100,
+            loop / tick / elapsed * 100,
+            inside / 1e9 / elapsed * 100,
+            interval,
+        )
     finally:
         for process in (gate, upstream_process):
             process.terminate()
@@ -301,7 +320,7 @@ def measure_shape(gpus: int, processes: int, samples: int, idle_seconds: float) 
         with tempfile.TemporaryDirectory(prefix="gpugate-sampling-") as tmp:
             host = write_host(Path(tmp) / "gpu", gpus, [c.pid for c in children])
             figures = measure_in_process(host, samples)
-            percent, loop, interval = idle_cpu(host, idle_seconds)
+            percent, loop, library, interval = idle_cpu(host, idle_seconds)
     finally:
         stop_processes(children)
     return SamplingCost(
@@ -311,6 +330,7 @@ def measure_shape(gpus: int, processes: int, samples: int, idle_seconds: float) 
         interval_s=interval,
         idle_cpu_percent=percent,
         loop_cpu_percent=loop,
+        library_percent=library,
         idle_seconds=idle_seconds,
         **figures,  # type: ignore[arg-type]
     )
@@ -347,7 +367,8 @@ def table(results: list[SamplingCost]) -> list[str]:
         f"simulated NVML library and in attribution; idle CPU: `gpugate serve` at its "
         f"default interval ({first.interval_s:g} s), serving nothing, over "
         f"{first.idle_seconds:g} s, in per cent of one core: in all, in its event loop's "
-        f"thread, the simulated library's share (its time per sample, every interval) and "
+        f"thread, the simulated library's share (the CPU its calls took inside the serving "
+        f"gate, as the library counts it) and "
         f"what is left without it, which is held to the target (below "
         f"{TARGET_PERCENT:g} % of a core):",
         "",

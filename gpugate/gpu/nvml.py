@@ -1,4 +1,4 @@
-"""NVML through pynvml: the only module of gpugate that imports it.
+"""NVML through pynvml: with `errors.py` and `proclists.py`, the only code that imports it.
 
 `NvmlReader.read()` returns one synchronous sample of every device as plain records. The
 calls block in driver ioctls and take the driver's global lock, so callers run them in a
@@ -20,16 +20,21 @@ name, the C function that failed and a message; nothing else escapes (pynvml's
   `…RunningProcesses_v3` missing → the `_v2` call.
 * Per device, degraded: a process list that is not available (NotSupported,
   NoPermission, FunctionNotFound/library mismatch, ArgumentVersionMismatch, or a list
-  that grew beyond pynvml's buffer between its two calls) → the device is reported with
-  the processes of the other list, if any, and `process_fault` says what is missing.
-  Its memory figures are still right; only attribution suffers, and unattributed bytes
-  count as external, which errs on the safe side.
+  that outgrew even a buffer sized from the count NVML had just given) → the device is
+  reported with the processes of the other list, if any, and `process_fault` says what
+  is missing. Its memory figures are still right; only attribution suffers, and
+  unattributed bytes count as external, which errs on the safe side.
 * The whole sample fails on anything else: initialisation (DriverNotLoaded,
   LibRmVersionMismatch, NoPermission, LibraryNotFound), the device count, a device's
   handle, name, UUID or memory, and any other error of a process list (GpuIsLost,
   Unknown, ResetRequired, …). Memory the gate cannot read is memory it cannot budget,
   and a GPU that fell off the bus is a host-level emergency, not one missing row.
 * The driver version is informational: if it cannot be read it is "".
+
+A device's handle, name and UUID are read once per initialisation (handles stay valid
+until nvmlShutdown, and neither a name nor a UUID changes under them): a sample is the
+device count and, per device, its memory and its two process lists, one call each while
+their buffers are large enough (`proclists.py`).
 
 A lost GPU (GpuIsLost, ResetRequired, or NVML found uninitialised) invalidates what this
 process holds of NVML: the reader gives its initialisation back (nvmlShutdown once no
@@ -48,32 +53,36 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import attrs
 import pynvml
 
 from gpugate.core.observation import DriverFault
+from gpugate.gpu.errors import NvmlError
+from gpugate.gpu.errors import nvml_call as _call
+from gpugate.gpu.proclists import ContextKind, ProcessLists, ProcessSample
+
+__all__ = [
+    "ContextKind",
+    "DeviceSample",
+    "HostSample",
+    "MemoryApi",
+    "NvmlError",
+    "NvmlReader",
+    "ProcessSample",
+    "library_from",
+    "open_count",
+    "simulated_host",
+]
 
 LIBRARY_ENV = "GPUGATE_NVML_LIBRARY"
 """Path of the libnvidia-ml.so.1 to load when the configuration names none."""
-
-_T = TypeVar("_T")
 
 _MEMORY_V1_FALLBACK = frozenset(
     {
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
         pynvml.NVML_ERROR_NOT_SUPPORTED,
         pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-    }
-)
-_PROCESS_LIST_UNAVAILABLE = frozenset(
-    {
-        pynvml.NVML_ERROR_NOT_SUPPORTED,
-        pynvml.NVML_ERROR_NO_PERMISSION,
-        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-        pynvml.NVML_ERROR_INSUFFICIENT_SIZE,
     }
 )
 _REOPEN_AFTER = frozenset(
@@ -96,30 +105,6 @@ class MemoryApi(enum.Enum):
 
     V2 = "nvmlDeviceGetMemoryInfo_v2"
     V1 = "nvmlDeviceGetMemoryInfo"
-
-
-class ContextKind(enum.Flag):
-    """The process lists a PID appears in."""
-
-    COMPUTE = enum.auto()
-    GRAPHICS = enum.auto()
-
-    @property
-    def letters(self) -> str:
-        """The type as nvidia-smi prints it: "C", "G" or "CG"."""
-        return ("C" if self & ContextKind.COMPUTE else "") + (
-            "G" if self & ContextKind.GRAPHICS else ""
-        )
-
-
-@attrs.frozen
-class ProcessSample:
-    """One PID on one device, the compute and graphics lists merged."""
-
-    pid: int
-    used: int | None
-    """Bytes, or None where the driver cannot tell (NVML_VALUE_NOT_AVAILABLE)."""
-    kind: ContextKind
 
 
 @attrs.frozen
@@ -145,50 +130,6 @@ class HostSample:
 
     driver_version: str
     devices: tuple[DeviceSample, ...]
-
-
-class NvmlError(Exception):
-    """An NVML call failed: the code, pynvml's class name and the call say which and why."""
-
-    def __init__(
-        self, code: int, name: str, call: str, message: str, gpu: int | None = None
-    ) -> None:
-        where = f" on GPU {gpu}" if gpu is not None else ""
-        super().__init__(f"{call}{where}: {message} ({name}, NVML code {code})")
-        self.code = code
-        self.name = name
-        self.call = call
-        self.message = message
-        self.gpu = gpu
-
-    @classmethod
-    def of(cls, call: str, exc: Exception, gpu: int | None = None) -> NvmlError:
-        """Convert what pynvml raised."""
-        if isinstance(exc, pynvml.NVMLError):
-            code = int(exc.value)
-            try:
-                message = str(exc)
-            except Exception:  # str() may call nvmlErrorString in a broken library
-                message = f"NVML error {code}"
-            return cls(code, type(exc).__name__, call, message, gpu)
-        # NVMLLibraryMismatchError: pynvml's unversioned wrapper found no versioned symbol.
-        return cls(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, type(exc).__name__, call, str(exc), gpu)
-
-    def again(self) -> NvmlError:
-        """The same failure, raised anew."""
-        return NvmlError(self.code, self.name, self.call, self.message, self.gpu)
-
-    def fault(self) -> DriverFault:
-        """The failure as the gate records it (class DRIVER_ERROR)."""
-        where = f"GPU {self.gpu}: " if self.gpu is not None else ""
-        return DriverFault(self.code, self.name, where + self.message, self.call, self.gpu)
-
-
-def _call(call: str, fn: Callable[..., _T], *args: Any, gpu: int | None = None) -> _T:
-    try:
-        return fn(*args)
-    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
-        raise NvmlError.of(call, exc, gpu) from exc
 
 
 # -- one initialisation per process ----------------------------------------------------
@@ -296,6 +237,8 @@ class NvmlReader:
         self._lock = threading.Lock()
         self._open = False
         self._driver_version = ""
+        self._devices: list[_Device] = []
+        """By device index, for the current initialisation."""
         self._lost: NvmlError | None = None
         self._backoff = 0.0
         self._retry_at = 0.0
@@ -325,6 +268,8 @@ class NvmlReader:
     def _close_locked(self) -> None:
         if self._open:
             self._open = False
+            # Handles die with the initialisation; the next one fetches them afresh.
+            self._devices = []
             _release()
 
     @property
@@ -340,6 +285,9 @@ class NvmlReader:
             try:
                 self._open_locked()
                 count = _call("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount)
+                # Devices past the count are gone; a later one at their index may be
+                # another card.
+                del self._devices[count:]
                 devices = tuple(self._device(index) for index in range(count))
             except NvmlError as exc:
                 if self._lost is not None or exc.code in _REOPEN_AFTER:
@@ -375,17 +323,13 @@ class NvmlReader:
         self._driver_version = str(version)
 
     def _device(self, index: int) -> DeviceSample:
-        handle = _call(
-            "nvmlDeviceGetHandleByIndex_v2", pynvml.nvmlDeviceGetHandleByIndex, index, gpu=index
-        )
-        name = _call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle, gpu=index)
-        uuid = _call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle, gpu=index)
-        memory = _memory(handle, index)
-        processes, fault = _processes(handle, index)
+        device = self._known(index)
+        memory = _memory(device.handle, index)
+        processes, fault = device.lists.read(device.handle, index)
         return DeviceSample(
             index=index,
-            uuid=str(uuid),
-            name=str(name),
+            uuid=device.uuid,
+            name=device.name,
             total=memory.total,
             reserved=memory.reserved,
             used=memory.used,
@@ -394,6 +338,31 @@ class NvmlReader:
             processes=processes,
             process_fault=fault,
         )
+
+    def _known(self, index: int) -> _Device:
+        if index < len(self._devices):
+            return self._devices[index]
+        handle = _call(
+            "nvmlDeviceGetHandleByIndex_v2", pynvml.nvmlDeviceGetHandleByIndex, index, gpu=index
+        )
+        name = _call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle, gpu=index)
+        uuid = _call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle, gpu=index)
+        device = _Device(handle, str(name), str(uuid))
+        # Devices are read in index order, so a new one is always the next index.
+        if index == len(self._devices):
+            self._devices.append(device)
+        return device
+
+
+@attrs.frozen
+class _Device:
+    """A device for as long as NVML stays initialised: what does not change under its
+    handle, and its process lists' buffers and last rows."""
+
+    handle: object
+    name: str
+    uuid: str
+    lists: ProcessLists = attrs.field(factory=ProcessLists)
 
 
 @attrs.frozen
@@ -420,70 +389,3 @@ def _memory(handle: object, index: int) -> _Memory:
             raise
     m = _call(MemoryApi.V1.value, pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=index)
     return _Memory(int(m.total), 0, int(m.used), int(m.free), MemoryApi.V1)
-
-
-@attrs.frozen
-class _ProcessList:
-    """One process list: the current call and the older one that stands in for it."""
-
-    kind: ContextKind
-    call: str
-    fn: Callable[[object], list[Any]]
-    older_call: str
-    older_fn: Callable[[object], list[Any]]
-
-    def read(self, handle: object, index: int) -> list[Any]:
-        try:
-            return _call(self.call, self.fn, handle, gpu=index)
-        except NvmlError as exc:
-            if exc.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                raise
-        return _call(self.older_call, self.older_fn, handle, gpu=index)
-
-
-# The unversioned wrappers call _v3 and raise NVMLLibraryMismatchError when it is missing.
-_LISTS = (
-    _ProcessList(
-        ContextKind.COMPUTE,
-        "nvmlDeviceGetComputeRunningProcesses_v3",
-        pynvml.nvmlDeviceGetComputeRunningProcesses,
-        "nvmlDeviceGetComputeRunningProcesses_v2",
-        pynvml.nvmlDeviceGetComputeRunningProcesses_v2,
-    ),
-    _ProcessList(
-        ContextKind.GRAPHICS,
-        "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-        "nvmlDeviceGetGraphicsRunningProcesses_v2",
-        pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2,
-    ),
-)
-
-
-def _processes(handle: object, index: int) -> tuple[tuple[ProcessSample, ...], DriverFault | None]:
-    merged: dict[int, ProcessSample] = {}
-    fault: DriverFault | None = None
-    for process_list in _LISTS:
-        try:
-            rows = process_list.read(handle, index)
-        except NvmlError as exc:
-            if exc.code not in _PROCESS_LIST_UNAVAILABLE:
-                raise
-            fault = fault or exc.fault()
-            continue
-        for row in rows:
-            pid = int(row.pid)
-            used = None if row.usedGpuMemory is None else int(row.usedGpuMemory)
-            kind = process_list.kind
-            seen = merged.get(pid)
-            if seen is not None:
-                # A C+G process has one context: its bytes appear in both lists, once.
-                used = _larger(seen.used, used)
-                kind = seen.kind | kind
-            merged[pid] = ProcessSample(pid, used, kind)
-    return tuple(merged.values()), fault
-
-
-def _larger(a: int | None, b: int | None) -> int | None:
-    known = [x for x in (a, b) if x is not None]
-    return max(known) if known else None

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, cast
 
+import attrs
+
 from gpugate.config.model import Config
 from gpugate.core.observation import (
     OTHER,
@@ -75,6 +77,10 @@ class Sampler:
         """The most recent observation, whoever asked for it."""
         self._closing = threading.Lock()
         self._closed = False
+        self._observed: dict[int, _Observed] = {}
+        """By GPU index, the last sample's device and what it was observed as."""
+        self._owners: Mapping[int, Attribution] = {}
+        """The last sample's attributions."""
 
     @classmethod
     def from_config(cls, config: Config) -> Sampler:
@@ -95,6 +101,10 @@ class Sampler:
         if self._closed and self._closing.acquire(blocking=False):
             try:
                 self.reader.close()
+                # The attributor's pidfds; a fake attributor may hold nothing to close.
+                close = getattr(self.attributor, "close", None)
+                if close is not None:
+                    close()
             finally:
                 self._closing.release()
 
@@ -122,10 +132,32 @@ class Sampler:
             return failed
         pids = {p.pid for device in host.devices for p in device.processes}
         owners = self.attributor.attribute(pids)
-        devices = tuple(_observe(device, owners) for device in host.devices)
+        devices = self._observe_all(host, owners)
         observation = HostObservation(taken_at, wall_time, devices, host.driver_version)
         self.latest = observation
         return observation
+
+    def _observe_all(
+        self, host: HostSample, owners: Mapping[int, Attribution]
+    ) -> tuple[GpuObservation, ...]:
+        # An idle host reads the same as a sample ago (the reader hands back the very
+        # same process records then, and cached attributions are the same objects, so
+        # both compare at once): its last observation stands, sums by owner included.
+        same_owners = owners == self._owners
+        observed: dict[int, _Observed] = {}
+        for device in host.devices:
+            last = self._observed.get(device.index)
+            if (
+                same_owners
+                and last is not None
+                and last.device.processes is device.processes
+                and last.device == device
+            ):
+                observed[device.index] = last
+            else:
+                observed[device.index] = _Observed(device, _observe(device, owners))
+        self._observed, self._owners = observed, owners
+        return tuple(o.observation for o in observed.values())
 
     async def sample(self) -> HostObservation:
         """A sample whose read began after this call; concurrent calls share one read."""
@@ -232,6 +264,12 @@ def _observe(device: DeviceSample, owners: Mapping[int, Attribution]) -> GpuObse
         tuple(processes),
         device.process_fault,
     )
+
+
+@attrs.frozen
+class _Observed:
+    device: DeviceSample
+    observation: GpuObservation
 
 
 def _vanished(pid: int) -> Attribution:

@@ -40,6 +40,9 @@
  *     (`*`: every device, and the symbols that take no device).
  *   - `stall <gpu|*> <symbol> <milliseconds>` makes that symbol block that long before it
  *     answers, holding the library's lock as a hung driver call holds the driver's.
+ *   - With $GPUGATE_FAKE_NVML_CPU_FILE set, the thread CPU time every call took is added up
+ *     in that 8-byte file, mapped shared, so a benchmark can tell the library's cost (its
+ *     re-reading of the state file) apart from what its caller spends.
  *   - `lost <gpu|*>`: the device fell off the bus; every call on it returns
  *     NVML_ERROR_GPU_IS_LOST. Once a call has seen it lost, it stays lost for this
  *     initialisation even when the line is gone: only a full nvmlShutdown (count 0) and a
@@ -49,6 +52,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -56,7 +60,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- NVML types, declared here; layouts match nvml.h and pynvml's ctypes structures ---- */
 
@@ -833,10 +839,44 @@ static nvmlReturn_t enter_device_locked(const char *symbol, nvmlDevice_t device,
     return enter_locked(symbol, *gpu);
 }
 
+/* The CPU time spent inside the library, for a benchmark to tell it apart from its caller's:
+ * with $GPUGATE_FAKE_NVML_CPU_FILE set, an 8-byte file mapped shared holds the nanoseconds
+ * of thread CPU time all calls took so far (another process reads it while this one runs). */
+static volatile uint64_t *g_cpu_ns;
+static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
+
+static void cpu_counter_open(void)
+{
+    const char *path = getenv("GPUGATE_FAKE_NVML_CPU_FILE");
+    if (path == NULL || *path == '\0')
+        return;
+    int fd = open(path, O_RDWR | O_CREAT, 0600);
+    if (fd < 0)
+        return;
+    if (ftruncate(fd, sizeof(uint64_t)) == 0) {
+        void *map = mmap(NULL, sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map != MAP_FAILED)
+            g_cpu_ns = map;
+    }
+    close(fd);
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now) != 0)
+        return 0;
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
 #define LOCKED(expr)                                                                           \
     do {                                                                                       \
+        pthread_once(&g_cpu_once, cpu_counter_open);                                           \
+        uint64_t cpu_before_ = g_cpu_ns != NULL ? thread_cpu_ns() : 0;                         \
         pthread_mutex_lock(&g_lock);                                                           \
         nvmlReturn_t locked_result_ = (expr);                                                  \
+        if (g_cpu_ns != NULL)                                                                  \
+            *g_cpu_ns += thread_cpu_ns() - cpu_before_;                                        \
         pthread_mutex_unlock(&g_lock);                                                         \
         return locked_result_;                                                                 \
     } while (0)
