@@ -70,8 +70,10 @@ def same_model(resident: ResidentKey, demand: ResidentKey) -> bool:
 
 
 def reusable(resident: ResidentKey, demand: ResidentKey) -> bool:
-    """A request can use this loaded model without making the runtime reload it."""
-    if not same_model(resident, demand):
+    """A request can use this loaded model without making the runtime reload it (a part of
+    a split model serves only the same part: a demand for the whole model on one card
+    replaces it)."""
+    if not same_model(resident, demand) or resident.part != demand.part:
         return False
     return resident.options == demand.options or (
         resident.options == ANY_OPTIONS and demand.options == ""

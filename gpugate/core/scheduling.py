@@ -22,7 +22,7 @@ from gpugate.core.operator import OperatorBook
 from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
-from gpugate.core.residents import Resident, ResidentKey
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.scopes import JobBook, job_bytes
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
@@ -380,7 +380,8 @@ class Scheduler:
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
         # What the runtime frees itself for this load is this demand's, and no one else's.
         replaced = self.books.replaced_bytes(demand)
-        decision = plan(
+        elsewhere = self._elsewhere(demand, now)
+        decision = elsewhere or plan(
             demand,
             pool=tail.pool + replaced,
             schedulable=tail.schedulable + replaced,
@@ -392,7 +393,11 @@ class Scheduler:
             releasable_unexplained=releasable,
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
         )
-        if decision.kind in (PlanKind.WAIT, PlanKind.FAIL) and self.preempt is not None:
+        if (
+            elsewhere is None
+            and decision.kind in (PlanKind.WAIT, PlanKind.FAIL)
+            and self.preempt is not None
+        ):
             decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
         queued = ticket.id in self.tickets
         if decision.kind is PlanKind.GRANT:
@@ -464,6 +469,27 @@ class Scheduler:
         tail.pool -= max(0, decision.needed - decision.eventual)
         tail.version = self.books.stamp(gpu)
         return Outcome.WAITING
+
+    def _elsewhere(self, demand: Demand, now: float) -> Plan | None:
+        """The model is resident, or loading, on another of its consumer's GPUs (placed
+        there after this ticket queued here): the runtime holds one copy of it, so that copy
+        serves this request too — at once, or once it has loaded."""
+        if not demand.loads_model:
+            return None
+        copy = self.books.residents.get(demand.key)
+        if copy is None or copy.gpu == demand.gpu:
+            return None
+        if copy.state is ResidentState.RESIDENT:
+            return Plan(PlanKind.GRANT, 0, reason=f"{copy.key} is resident on GPU {copy.gpu}")
+        if copy.state is ResidentState.LOADING:
+            return Plan(
+                PlanKind.WAIT,
+                0,
+                counting_on=(copy.key,),
+                earliest=now,
+                reason=f"{copy.key} is loading on GPU {copy.gpu}",
+            )
+        return None
 
     def _view(self, tail: _Tail, gpu: int, now: float) -> ResidentView:
         """The pass's resident view, rebuilt when a grant or an eviction changed the books."""

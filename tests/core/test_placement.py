@@ -272,3 +272,38 @@ def test_parts_are_granted_in_card_order_and_the_grants_do_not_overcommit():
     for g in CARDS:
         budget = core.budget(g)
         assert budget is not None and budget.schedulable >= 0
+
+
+def test_a_part_is_not_served_by_the_whole_model_nor_the_whole_by_a_part():
+    """A ticket placed as a split that finds the model loaded whole (another request placed
+    it so while this one waited) must not take the whole one's place for 0 bytes: the books
+    would hold a load nobody leased. The whole copy is replaced, as a copy with other
+    options would be."""
+    core = core_on(*cards())
+    load(core, demand("model", 12 * GiB))
+    part = demand("model", 6 * GiB, gpu_index=0)
+    part = attrs.evolve(part, key=part.key.on(0))
+    admission = core.submit(part, 2.0)
+    assert admission.lease is None or admission.lease.pending > 0
+    leased = {lease.key for lease in core.books.leases.values() if lease.pending}
+    for resident in core.residents():
+        assert resident.state is not ResidentState.LOADING or resident.key in leased
+
+
+def test_a_ticket_queued_on_one_card_rides_on_its_model_loading_on_another():
+    """Two requests for one model placed on different cards (free memory moved between
+    them): the runtime loads it once, so the second rides on the first's load."""
+    core = core_on(*cards())
+    first = core.submit(demand("model", 8 * GiB, gpu_index=1), 1.0)
+    assert first.lease is not None and first.lease.pending == 8 * GiB
+    second = core.submit(demand("model", 8 * GiB, gpu_index=0), 1.0)
+    assert second.lease is None and second.failure is None  # it waits, adds nothing
+    assert core.budget(0).schedulable == BIG  # nothing leased for it on card 0
+    granted = core.loaded(first.lease.id, 2.0) + core.observe(host(*cards(), at=2.5), 2.5)
+    grants = [e for e in granted if isinstance(e, Grant) and e.ticket_id == second.ticket_id]
+    assert len(grants) == 1 and grants[0].lease.pending == 0
+    core.release(first.lease.id, 3.0)
+    core.release(grants[0].lease.id, 3.0)
+    (resident,) = core.residents()
+    assert (resident.gpu, resident.in_flight, resident.state) == (1, 0, ResidentState.RESIDENT)
+    assert not core.books.leases
