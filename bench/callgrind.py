@@ -56,7 +56,16 @@ def control(pid: int, *args: str) -> None:
 
 
 PARTS = (
-    ("forwarding", ("/gpugate/proxy/forward.py", "/gpugate/proxy/http1.py", "httptools")),
+    (
+        "forwarding",
+        (
+            "/gpugate/proxy/forward.py",
+            "/gpugate/proxy/http1.py",
+            "/gpugate/proxy/pool.py",
+            "/gpugate/proxy/relay.py",
+            "httptools",
+        ),
+    ),
     ("the listener", ("/gpugate/proxy/",)),
     ("classification", ("/gpugate/runtimes/",)),
     ("admission", ("/gpugate/gate/", "/gpugate/core/")),

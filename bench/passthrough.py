@@ -25,7 +25,7 @@ def llhttp_forward(upstream: str):  # type: ignore[no-untyped-def]
     from yarl import URL
 
     from gpugate.config.model import UpstreamTimeouts
-    from gpugate.proxy.http1 import UpstreamPool
+    from gpugate.proxy.pool import UpstreamPool
 
     url = URL(upstream)
     assert url.host is not None and url.port is not None

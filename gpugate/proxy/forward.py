@@ -1,4 +1,5 @@
-"""Forwarding one HTTP exchange to an upstream runtime, streamed both ways.
+"""Forwarding one HTTP exchange to an upstream runtime: the way up (relay.py writes the
+answer down).
 
 Request bodies the adapter did not need are streamed up untouched; responses are
 written down chunk by chunk as they arrive (NDJSON and SSE included) with no bytes
@@ -18,8 +19,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-from aiohttp import HttpVersion11, hdrs, web
-from aiohttp.abc import AbstractStreamWriter
+from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from gpugate.config.model import UpstreamTimeouts as Bounds
@@ -28,21 +28,19 @@ from gpugate.proxy.http1 import (
     Stall,
     UpstreamClosed,
     UpstreamInvalid,
-    UpstreamPool,
     UpstreamTimeout,
 )
+from gpugate.proxy.pool import UpstreamPool
 
 __all__ = [
+    "HOP_BYTES",
     "HOP_BY_HOP",
     "Bounds",
     "Stall",
-    "UpstreamBroken",
     "UpstreamClosed",
     "UpstreamInvalid",
     "UpstreamTimeout",
-    "cut_off",
     "open_upstream",
-    "stream_down",
     "upstream_headers",
 ]
 
@@ -61,13 +59,13 @@ HOP_BY_HOP = frozenset(
         "Upgrade",
     )
 )
-_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
+HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 """How a message's end is found. The gate frames what it sends itself, so the client's
 framing headers are never copied, and a `Connection` header naming them (a hop-by-hop
 list) changes nothing: a body the gate received always goes up framed by the gate."""
 # Expect: the listener already answered 100 Continue, and the body goes up with the head.
-_DROP_UP = _HOP_BYTES | FRAMING | {b"host", b"expect"}
+_DROP_UP = HOP_BYTES | FRAMING | {b"host", b"expect"}
 _KEPT_FROM_CONNECTION = FRAMING | {b"host"}
 """Never taken as hop-by-hop because `Connection` names them: the gate sets them itself."""
 
@@ -166,15 +164,6 @@ def request_head(
     return b"".join(parts)
 
 
-class UpstreamBroken(Exception):
-    """The upstream failed after the client's response had started: cut the client off."""
-
-    def __init__(self, cause: BaseException, response: web.StreamResponse) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.response = response
-
-
 async def open_upstream(
     pool: UpstreamPool,
     request: web.BaseRequest,
@@ -234,143 +223,3 @@ async def _relay_body(request: web.BaseRequest, length: int | None) -> AsyncIter
         yield chunk
     if length is not None and sent != length:
         raise asyncio.IncompleteReadError(b"", length - sent)
-
-
-def downstream_headers(
-    upstream: Response, *, keep_length: bool = True
-) -> tuple[list[tuple[str, str]], bool]:
-    """The upstream's response headers for the client (all but the hops; Content-Length
-    only if `keep_length`), and whether a Server header is among them."""
-    drop: frozenset[bytes] | set[bytes] = _HOP_BYTES if keep_length else _HOP_AND_LENGTH
-    connection = upstream.header(b"connection")
-    if connection is not None:
-        drop = drop | {t.strip().lower() for t in connection.split(b",") if t.strip()}
-    out = []
-    server = False
-    for name, value in upstream.raw_headers:
-        lowered = name.lower()
-        if lowered not in drop:
-            out.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
-            server = server or lowered == b"server"
-    return out, server
-
-
-_HOP_AND_LENGTH = _HOP_BYTES | {b"content-length"}
-
-
-WHOLE_BODY_LIMIT = 256 * 1024
-"""A response whose length the upstream announced and that is at most this big is sent
-down in one write with its headers (a non-streamed answer), instead of chunk by chunk."""
-
-UPSTREAM_SERVER = web.ResponseKey("gpugate.upstream_server", bool)
-"""Marks a response whose Server header came from the upstream (kept; any other is dropped)."""
-
-
-async def stream_down(
-    request: web.BaseRequest,
-    upstream: Response,
-    extra_headers: Iterable[tuple[str, str]],
-    idle: float,
-    *,
-    prefix: bytes = b"",
-) -> web.StreamResponse:
-    """Write the upstream's response to the client as it arrives.
-
-    NDJSON and SSE streams have no Content-Length and are relayed chunk by chunk; a small
-    answer of known length is already complete upstream, so it goes down in one piece (a
-    HEAD answer keeps the upstream's Content-Length). Raises UpstreamTimeout when the
-    upstream stalls before anything went down, UpstreamBroken when it stalls or fails after.
-    A client that goes while its answer is written only ends the answer (its transport
-    closed): nothing is raised for it.
-    """
-    length = upstream.content_length
-    whole = not prefix and length is not None and length <= WHOLE_BODY_LIMIT
-    head = request.method == hdrs.METH_HEAD
-    body = b""
-    if whole:
-        assert length is not None
-        body = await upstream.read(length + 1, idle) if length else b""
-        if (
-            request.version == HttpVersion11
-            and request.keep_alive
-            and (len(body) == length or head)
-        ):
-            return WholeAnswer(upstream, body, extra_headers)
-    # A whole body's length is the gate's to send (aiohttp sets it), except for HEAD.
-    headers, server = downstream_headers(upstream, keep_length=not whole or head)
-    headers += extra_headers
-    response: web.StreamResponse
-    if whole:
-        response = web.Response(
-            status=upstream.status, reason=upstream.reason, body=body, headers=CIMultiDict(headers)
-        )
-        if server:
-            response[UPSTREAM_SERVER] = True
-        return response
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    response.headers.extend(headers)
-    if server:
-        response[UPSTREAM_SERVER] = True
-    try:
-        await response.prepare(request)
-        if prefix:
-            await response.write(prefix)
-        while True:
-            try:
-                chunk = await upstream.chunk(idle)
-            except (UpstreamTimeout, OSError) as exc:
-                raise UpstreamBroken(exc, response) from None
-            if not chunk:
-                break
-            await response.write(chunk)
-        await response.write_eof()
-    except ConnectionError:
-        # A write to the client failed: its side closed (aiohttp says so with a
-        # ClientConnectionResetError, a ConnectionError like the upstream's own). That is
-        # the client leaving, as when its going cancels the handler, never the runtime's
-        # failure: the answer ends here, and the upstream connection, its body unread, is
-        # closed by the caller.
-        cut_off(request)
-    return response
-
-
-class WholeAnswer(web.StreamResponse):
-    """A complete answer sent as the runtime wrote it: its status line and header lines
-    byte for byte (less the hops), the gate's own headers after them, then the body, in
-    one write. For a keep-alive HTTP/1.1 exchange whose body arrived whole and exactly as
-    long as its Content-Length says; aiohttp adds nothing (no Date, Server or framing of
-    its own: the runtime's are right as they are)."""
-
-    def __init__(
-        self, upstream: Response, body: bytes, extra_headers: Iterable[tuple[str, str]]
-    ) -> None:
-        super().__init__(status=upstream.status, reason=upstream.reason)
-        drop: frozenset[bytes] | set[bytes] = _HOP_BYTES
-        connection = upstream.header(b"connection")
-        if connection is not None:
-            drop = drop | {t.strip().lower() for t in connection.split(b",") if t.strip()}
-        parts = [b"HTTP/1.1 %d %b\r\n" % (upstream.status, upstream.reason.encode("latin-1"))]
-        for name, value in upstream.raw_headers:
-            if name.lower() not in drop:
-                parts += (name, b": ", value, b"\r\n")
-        for name, value in extra_headers:
-            parts += (name.encode(), b": ", value.encode("utf-8", "surrogateescape"), b"\r\n")
-        parts += (b"\r\n", body)
-        self._block = b"".join(parts)
-
-    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        if self._payload_writer is not None or self._eof_sent:
-            return self._payload_writer
-        # As StreamResponse._start does, less the headers aiohttp would compose.
-        writer = self._payload_writer = request._payload_writer
-        self._req = request
-        self._keep_alive = True
-        await writer.write(self._block)
-        return writer
-
-
-def cut_off(request: web.BaseRequest) -> None:
-    """End the client's connection now: what was sent stays, nothing marks the body complete."""
-    transport = request.transport
-    if transport is not None:
-        transport.close()

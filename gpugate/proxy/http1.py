@@ -1,11 +1,11 @@
-"""The forwarding client: keep-alive HTTP/1.1 connections to one upstream, nothing more.
+"""The forwarding client's wire: one HTTP/1.1 connection to an upstream, nothing more.
 
 A forwarded exchange is the gate's hottest path, and a general HTTP client does work a
 proxy on loopback never needs: cookie jars, redirects, proxies, URL objects, per-request
 timer objects, a response object and a stream reader per exchange. Here a request is one
 `transport.write` of bytes the caller prepared, and the response is parsed by llhttp
 (httptools, the parser of Node.js) as its bytes arrive, into a small buffer the caller
-drains chunk by chunk.
+drains chunk by chunk. The connections are kept and handed out by pool.py.
 
 Bounds: connecting is bounded on its own; after the request went up, one deadline per
 connection covers the wait for the response headers, then the silence while the caller
@@ -13,8 +13,8 @@ waits for the next chunk. The deadline is a single timer that is moved lazily (w
 fires early it is set again for the current deadline), so a steady exchange creates no
 timer objects at all.
 
-A connection goes back to the pool only after a complete response the upstream agreed to
-keep alive; everything else (the caller gave up, the client went away, a HEAD answer whose
+A connection is reusable only after a complete response the upstream agreed to keep
+alive; everything else (the caller gave up, the client went away, a HEAD answer whose
 framing the parser cannot know) closes it, which is also how a runtime learns a
 generation was abandoned.
 """
@@ -25,6 +25,7 @@ import asyncio
 import collections
 import enum
 from collections.abc import AsyncIterable
+from typing import Protocol
 
 import httptools
 from multidict import CIMultiDict
@@ -33,8 +34,6 @@ from gpugate.config.model import UpstreamTimeouts as Bounds
 
 HIGH_WATER = 1 << 20
 """Bytes buffered from the upstream before reading from it pauses (the caller is slow)."""
-MAX_IDLE = 256
-"""Keep-alive connections kept per upstream; one more is closed when it comes back."""
 
 
 class Stall(enum.Enum):
@@ -63,139 +62,18 @@ class UpstreamInvalid(ConnectionError):
     """The upstream's answer is not HTTP/1.1 the parser accepts."""
 
 
-class UpstreamPool:
-    """Keep-alive connections to one upstream `host:port`."""
+class Owner(Protocol):
+    """What keeps a connection (pool.py): told when an exchange ends and when the
+    connection is gone."""
 
-    def __init__(self, host: str, port: int, *, keep_alive: bool = True, limit: int = 1024) -> None:
-        self.host = host
-        self.port = port
-        self.keep_alive = keep_alive
-        self.limit = limit
-        """Exchanges at once; one more waits for a slot, within the connect bound."""
-        self.in_flight = 0
-        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._idle: list[_Connection] = []
-        self._busy: set[_Connection] = set()
-        self.opened = 0
-        """Connections opened since start (reuse shows as requests per connection)."""
+    def give_back(self, connection: UpstreamConnection, reusable: bool) -> None:
+        """The exchange on `connection` is over; keep it if `reusable`, else close it."""
 
-    async def send(
-        self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds, *,
-        chunked: bool = False, head_only: bool = False, idempotent: bool = False,
-    ) -> Response:  # fmt: skip
-        """Send one request (`head`: request line and headers, framing included) and
-        return once the response headers arrived.
-
-        `body` bytes go up in the same write as the head; an iterable is written as it
-        yields, in chunks when `chunked` (the head says how it is framed). Raises
-        UpstreamTimeout, or an OSError (UpstreamClosed, UpstreamInvalid, a refused
-        connection) when there is no answer.
-        An `idempotent` request sent on a kept-alive connection the upstream had just
-        closed is sent once more on a new one, when nothing of an answer came back and
-        the body can be sent again (the rule of Go's and aiohttp's clients: a POST the
-        upstream may have acted on is never sent twice).
-        """
-        if self.in_flight < self.limit:
-            self.in_flight += 1
-        else:
-            await self._wait_for_slot(bounds.connect)
-        try:
-            return await self._send(head, body, bounds, chunked, head_only, idempotent)
-        except BaseException:
-            self.slot_freed()
-            raise
-
-    async def _send(
-        self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds,
-        chunked: bool, head_only: bool, idempotent: bool,
-    ) -> Response:  # fmt: skip
-        replayable = idempotent and not isinstance(body, AsyncIterable)
-        while True:
-            connection = self._take()
-            reused = connection is not None
-            if connection is None:
-                connection = await self._connect(bounds.connect)
-            self._busy.add(connection)
-            try:
-                return await connection.exchange(head, body, bounds, chunked, head_only)
-            except UpstreamClosed:
-                connection.close()
-                if reused and replayable and not connection.answered:
-                    continue
-                raise
-            except BaseException:
-                connection.close()
-                raise
-
-    async def _wait_for_slot(self, seconds: float) -> None:
-        """Wait until an ending exchange hands its slot over (first come, first served)."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._slot_waiters.append(waiter)
-        try:
-            async with asyncio.timeout(seconds):
-                await waiter
-        except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
-                self.slot_freed()  # handed over just as the wait ended: pass it on
-            else:
-                waiter.cancel()
-                self._slot_waiters.remove(waiter)
-            if isinstance(exc, TimeoutError):
-                raise UpstreamTimeout(Stall.SLOT, seconds) from None
-            raise
+    def forget(self, connection: UpstreamConnection) -> None:
+        """`connection` is closed: it is no longer kept."""
 
     def slot_freed(self) -> None:
-        """An exchange ended: its slot goes to the first request waiting, if any."""
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.in_flight -= 1
-
-    def close(self) -> None:
-        """Close every connection, idle or busy."""
-        for connection in [*self._idle, *self._busy]:
-            connection.close()
-        self._idle.clear()
-        self._busy.clear()
-
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
-
-    def _take(self) -> _Connection | None:
-        while self._idle:
-            connection = self._idle.pop()
-            transport = connection.transport
-            if not connection.lost and transport is not None and not transport.is_closing():
-                return connection
-            connection.close()
-        return None
-
-    async def _connect(self, seconds: float) -> _Connection:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(seconds):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port
-                )
-        except TimeoutError:
-            raise UpstreamTimeout(Stall.CONNECT, seconds) from None
-        self.opened += 1
-        return connection
-
-    def _done(self, connection: _Connection, reusable: bool) -> None:
-        self._busy.discard(connection)
-        if reusable and self.keep_alive and not connection.lost and len(self._idle) < MAX_IDLE:
-            self._idle.append(connection)
-        else:
-            connection.close()
-
-    def _lost(self, connection: _Connection) -> None:
-        self._busy.discard(connection)
-        if connection in self._idle:
-            self._idle.remove(connection)
+        """An exchange ended: its slot is free."""
 
 
 class Response:
@@ -214,7 +92,7 @@ class Response:
         "status",
     )
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: UpstreamConnection) -> None:
         self._connection = connection
         self.status = 0
         self.reason = ""
@@ -294,7 +172,8 @@ class Response:
         if connection.response is not self:
             return
         connection.response = None
-        connection.pool._done(connection, self._ended and not self._chunks and connection.reusable)
+        whole = self._ended and not self._chunks
+        connection.pool.give_back(connection, whole and connection.reusable)
         connection.pool.slot_freed()
 
     def close(self) -> None:
@@ -320,10 +199,10 @@ class Response:
             waiter.set_exception(error)
 
 
-class _Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     """One connection to the upstream: llhttp's callbacks fill the current response."""
 
-    def __init__(self, pool: UpstreamPool) -> None:
+    def __init__(self, pool: Owner) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -342,7 +221,11 @@ class _Connection(asyncio.Protocol):
         self._seconds = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
+        self.served = 0
+        """Requests sent on this connection."""
+        self.idle_since = 0.0
+        """When its last answer was complete (the loop's clock)."""
 
     # -- one exchange ----------------------------------------------------------------------
 
@@ -356,8 +239,9 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self.answered = False
         self._head_only = head_only
-        waiter = self._headers_waiter = self._loop.create_future()
+        waiter = self._headers_waiter = self.loop.create_future()
         self.sent_whole = False
+        self.served += 1
         if body is None or isinstance(body, bytes):
             transport.write(head + body if body else head)
             self.sent_whole = True
@@ -400,7 +284,7 @@ class _Connection(asyncio.Protocol):
 
     def arm(self, seconds: float, stall: Stall) -> None:
         """The current wait may last `seconds` from now (one lazily moved timer)."""
-        deadline = self._loop.time() + seconds
+        deadline = self.loop.time() + seconds
         self._deadline = deadline
         self._stall = stall
         self._seconds = seconds
@@ -408,16 +292,16 @@ class _Connection(asyncio.Protocol):
             if self._timer is not None:
                 self._timer.cancel()
             self._timer_at = deadline
-            self._timer = self._loop.call_at(deadline, self._expire)
+            self._timer = self.loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
         self._timer = None
         deadline = self._deadline
         if deadline is None or self.response is None:
             return
-        if self._loop.time() < deadline:
+        if self.loop.time() < deadline:
             self._timer_at = deadline
-            self._timer = self._loop.call_at(deadline, self._expire)
+            self._timer = self.loop.call_at(deadline, self._expire)
             return
         error = UpstreamTimeout(self._stall, self._seconds)
         headers_waiter = self._headers_waiter
@@ -430,7 +314,7 @@ class _Connection(asyncio.Protocol):
     async def _drain(self) -> None:
         """Wait until the upstream takes more of an upload; raises the exchange's error
         (a timeout) when one came first."""
-        self._write_waiter = self._loop.create_future()
+        self._write_waiter = self.loop.create_future()
         try:
             await self._write_waiter
         finally:
@@ -453,7 +337,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.lost:
             self.transport.close()
         self.lost = True
-        self.pool._lost(self)
+        self.pool.forget(self)
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -476,7 +360,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
-        self.pool._lost(self)
+        self.pool.forget(self)
         self._wake_writer()
         response = self.response
         if response is None or response._ended:

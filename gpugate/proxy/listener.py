@@ -28,15 +28,9 @@ from yarl import URL
 from gpugate.gate.exchange import ERROR_BODY_LIMIT, FAILURE_HEADER, Caller, Exchange
 from gpugate.gate.gate import Gate, GateFailure, Link
 from gpugate.identity import PRIORITY_HEADER, IdentityResolver
-from gpugate.proxy.forward import (
-    UPSTREAM_SERVER,
-    UpstreamBroken,
-    UpstreamTimeout,
-    cut_off,
-    open_upstream,
-    stream_down,
-)
-from gpugate.proxy.http1 import Response, UpstreamPool
+from gpugate.proxy.forward import UpstreamTimeout, open_upstream
+from gpugate.proxy.http1 import Response
+from gpugate.proxy.pool import UpstreamPool
 from gpugate.proxy.reading import (
     BodyTooLarge,
     Refused,
@@ -47,6 +41,7 @@ from gpugate.proxy.reading import (
     plain,
     read_body,
 )
+from gpugate.proxy.relay import UPSTREAM_SERVER, UpstreamBroken, cut_off, stream_down
 from gpugate.proxy.websocket import WebSocketRelay, is_upgrade
 from gpugate.runtimes.base import (
     ErrorReply,
@@ -55,6 +50,7 @@ from gpugate.runtimes.base import (
     error_reply,
     failure_reply,
 )
+from gpugate.runtimes.keepalive import keep_alive_of
 
 
 class _ListenerRequest(web.BaseRequest):
@@ -112,7 +108,7 @@ class ConsumerListener:
         self.pool = UpstreamPool(
             url.host,
             url.port,
-            keep_alive=link.adapter.pool_connections,
+            keep_alive=keep_alive_of(link.adapter),
             limit=upstream_connections or link.consumer.limits.upstream_connections,
         )
 

@@ -39,14 +39,8 @@ from yarl import URL
 
 from gpugate.config.model import UpstreamTimeouts
 from gpugate.gate.gate import UPSTREAM_SKIP_AUTO_HEADERS
-from gpugate.proxy.forward import (
-    HOP_BY_HOP,
-    UPSTREAM_SERVER,
-    Stall,
-    UpstreamTimeout,
-    cut_off,
-    upstream_headers,
-)
+from gpugate.proxy.forward import HOP_BY_HOP, Stall, UpstreamTimeout, upstream_headers
+from gpugate.proxy.relay import UPSTREAM_SERVER, cut_off
 
 HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Key",

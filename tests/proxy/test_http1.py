@@ -13,9 +13,9 @@ from gpugate.proxy.http1 import (
     Stall,
     UpstreamClosed,
     UpstreamInvalid,
-    UpstreamPool,
     UpstreamTimeout,
 )
+from gpugate.proxy.pool import UpstreamPool
 
 BOUNDS = UpstreamTimeouts(connect=2.0, first_byte=2.0, idle=2.0)
 GET = b"GET /x HTTP/1.1\r\nHost: up\r\n\r\n"

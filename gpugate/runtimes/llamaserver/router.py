@@ -38,6 +38,7 @@ from gpugate.runtimes.base import (
     Vetted,
 )
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
 from gpugate.runtimes.llamaserver.catalog import Catalog, LlamaServerError, parse_models
 from gpugate.runtimes.llamaserver.envelope import estimate_entry
 from gpugate.runtimes.llamaserver.reading import (
@@ -61,9 +62,12 @@ class LlamaRouterAdapter(RuntimeAdapter):
     # A child's memory goes when it exits; NVML may show part of it late.
     reclaim_rule = ReclaimRule(recovered_fraction=0.75)
     dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
-    # cpp-httplib closes an idle connection after 5 s (as whisper-server's): a request is
-    # never sent on a connection the server may be closing.
+    # cpp-httplib closes an idle connection after 5 s and after 100 requests (as
+    # whisper-server's): the listener reuses one only well inside both, so a request is
+    # never sent on a connection the server may be closing; the gate's own calls open one
+    # each (aiohttp's client keeps an idle connection 15 s).
     pool_connections: ClassVar[bool] = False
+    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
     body_limit = LLAMA_BODY_LIMIT
     vets = True
 

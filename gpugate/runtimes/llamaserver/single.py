@@ -18,6 +18,7 @@ from gpugate.config.model import Consumer
 from gpugate.runtimes.base import ApiFamily, Classified, RouteKind, Screening
 from gpugate.runtimes.controlled import ProcessAdapter
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
 from gpugate.runtimes.llamaserver.reading import is_proxied
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
 
@@ -25,7 +26,9 @@ from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screeni
 class LlamaSingleAdapter(ProcessAdapter):
     """One single-model llama-server the gate starts and stops."""
 
+    # cpp-httplib's keep-alive, as the router's (router.py).
     pool_connections: ClassVar[bool] = False
+    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
     dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
     body_limit = LLAMA_BODY_LIMIT
 

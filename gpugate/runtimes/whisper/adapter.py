@@ -11,11 +11,12 @@ What decides the adapter (reference/runtime-contracts.md §3):
   another: a demand for the new model's envelope (`models:` keyed by that path, else the
   consumer's `envelope`). A body without a `model` field, or the model already loaded,
   passes: whisper-server answers it without a new allocation.
-* cpp-httplib closes a connection idle for 5 s and after 100 requests. A pooled
-  connection can therefore be closed by the server just as the gate sends a POST on it,
-  which must not be sent again (it may have reached the server). The gate opens a new
-  connection for every request instead (`pool_connections = False`); on loopback that
-  costs well under a millisecond against a transcription's seconds (docs/reliability.md).
+* cpp-httplib closes a connection idle for 5 s and after 100 requests, and a POST on a
+  connection the server is closing must not be sent again (it may have reached the
+  server). The listener reuses a connection only within 2 s of its last answer and for
+  at most 100 requests (`keep_alive`, runtimes/keepalive.py), so that race cannot
+  arise; the gate's own calls open a connection each (`pool_connections = False`:
+  aiohttp's client keeps an idle one 15 s). docs/reliability.md.
 * Every response carries `Access-Control-Allow-Origin: *`: there is no origin check to
   run where the gate listens.
 """
@@ -33,6 +34,7 @@ from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
 from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
 from gpugate.runtimes.replies import BodyLimit, whisper_too_large
 
 LOAD_BODY_LIMIT = 64 * 1024
@@ -59,6 +61,7 @@ class WhisperAdapter(ProcessAdapter):
     """One whisper-server behind the gate."""
 
     pool_connections: ClassVar[bool] = False
+    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
     dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
     # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH is SIZE_MAX and server.cpp sets no
     # payload limit: the gate keeps its own bound, refused as whisper-server refuses.

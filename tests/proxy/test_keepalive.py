@@ -1,0 +1,208 @@
+"""Connections to a runtime whose server closes them on its own (cpp-httplib: after 5 s idle,
+after 100 requests) are reused only well inside both, so no request ever goes out on a
+connection the server is closing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from gpugate.config.model import UpstreamTimeouts
+from gpugate.proxy.pool import UpstreamPool
+from gpugate.runtimes.keepalive import HTTPLIB, KEEP, NEVER, KeepAlivePolicy, keep_alive_of
+from gpugate.runtimes.llamaserver.router import LlamaRouterAdapter
+from gpugate.runtimes.llamaserver.single import LlamaSingleAdapter
+from gpugate.runtimes.ollama.adapter import OllamaAdapter
+from gpugate.runtimes.whisper.adapter import WhisperAdapter
+from tests.proxy.test_http1 import read_request
+
+BOUNDS = UpstreamTimeouts(connect=2.0, first_byte=2.0, idle=2.0)
+POST = b"POST /inference HTTP/1.1\r\nHost: up\r\nContent-Length: 2\r\n\r\n"
+
+
+class Httplib:
+    """A server that keeps a connection as cpp-httplib does: it waits `timeout` seconds
+    for the next request, then closes; its `max_requests`th answer says
+    `Connection: close` and ends the connection."""
+
+    def __init__(self, timeout: float, max_requests: int) -> None:
+        self.timeout = timeout
+        self.max_requests = max_requests
+        self.connections = 0
+        self.served: list[int] = []
+        """Requests answered, per connection."""
+        self.timed_out = 0
+        """Connections the server closed on its idle timer."""
+        self.left = 0
+        """Connections the client closed."""
+        self.server: asyncio.Server | None = None
+
+    async def start(self, policy: KeepAlivePolicy) -> UpstreamPool:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return UpstreamPool("127.0.0.1", port, keep_alive=policy)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        index = len(self.served)
+        self.served.append(0)
+        try:
+            for count in range(self.max_requests, 0, -1):
+                try:
+                    await asyncio.wait_for(read_request(reader), self.timeout)
+                except TimeoutError:
+                    self.timed_out += 1
+                    return
+                except asyncio.IncompleteReadError:
+                    self.left += 1
+                    return
+                self.served[index] += 1
+                close = b"Connection: close" if count == 1 else b"Keep-Alive: timeout=5, max=100"
+                writer.write(b"HTTP/1.1 200 OK\r\n%b\r\nContent-Length: 2\r\n\r\nok" % close)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def exchange(pool: UpstreamPool, head: bytes = POST, body: bytes = b"{}") -> bytes:
+    response = await pool.send(head, body, BOUNDS)
+    data = await response.read(100, 1.0)
+    response.release()
+    return data
+
+
+async def settle() -> None:
+    """Let the server's side see what the gate did (a close, a request)."""
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+
+
+async def test_within_its_window_a_connection_carries_the_next_request():
+    server = Httplib(timeout=1.0, max_requests=100)
+    pool = await server.start(KeepAlivePolicy(idle_timeout=1.0))
+    for _ in range(3):
+        assert await exchange(pool) == b"ok"
+        await asyncio.sleep(0.05)
+    assert (server.connections, server.served, pool.idle) == (1, [3], 1)
+    pool.close()
+    server.close()
+
+
+async def test_an_idle_connection_past_its_window_is_closed_before_the_server_times_out():
+    server = Httplib(timeout=0.5, max_requests=100)
+    pool = await server.start(KeepAlivePolicy(idle_timeout=0.5))  # reused for 0.2 s
+    assert await exchange(pool) == b"ok"
+    await asyncio.sleep(0.3)
+    await settle()
+    assert pool.idle == 0, "the sweep closed it"
+    assert (server.left, server.timed_out) == (1, 0)
+    assert await exchange(pool) == b"ok"
+    assert (server.connections, pool.opened) == (2, 2)
+    pool.close()
+    server.close()
+
+
+async def test_a_connection_past_its_window_is_never_taken_even_before_the_sweep():
+    server = Httplib(timeout=5.0, max_requests=100)
+    pool = await server.start(KeepAlivePolicy(idle_timeout=5.0))
+    assert await exchange(pool) == b"ok"
+    assert await exchange(pool) == b"ok"
+    (idle,) = pool._idle
+    idle.idle_since -= 2.5  # as if it had waited 2.5 s: past the 2 s window
+    assert await exchange(pool) == b"ok"
+    await settle()
+    assert server.served == [2, 1]
+    assert server.left == 1 and idle.lost
+    pool.close()
+    server.close()
+
+
+async def test_no_connection_carries_more_requests_than_the_policy_allows():
+    # The server would take five on one connection; the runtime's policy says three.
+    server = Httplib(timeout=5.0, max_requests=5)
+    pool = await server.start(KeepAlivePolicy(idle_timeout=5.0, max_requests=3))
+    for _ in range(7):
+        assert await exchange(pool) == b"ok"
+    await settle()
+    assert server.served == [3, 3, 1]
+    pool.close()
+    server.close()
+
+
+async def test_the_servers_last_answer_on_a_connection_ends_it():
+    server = Httplib(timeout=5.0, max_requests=2)
+    pool = await server.start(KEEP)
+    for _ in range(5):
+        assert await exchange(pool) == b"ok"
+    assert server.served == [2, 2, 1]
+    pool.close()
+    server.close()
+
+
+async def test_only_max_idle_connections_are_kept_idle():
+    server = Httplib(timeout=5.0, max_requests=100)
+    pool = await server.start(KeepAlivePolicy(idle_timeout=5.0, max_idle=1))
+    first = await pool.send(POST, b"{}", BOUNDS)
+    second = await pool.send(POST, b"{}", BOUNDS)
+    for response in (first, second):
+        assert await response.read(100, 1.0) == b"ok"
+        response.release()
+    await settle()
+    assert (server.connections, pool.idle, server.left) == (2, 1, 1)
+    pool.close()
+    server.close()
+
+
+async def test_posts_at_every_pause_around_the_servers_timeout_all_arrive_once():
+    # The gate's window is 40 % of the server's timeout: a pause near the timeout, where a
+    # kept connection could be closing as the POST goes out, is always a new connection.
+    server = Httplib(timeout=0.3, max_requests=100)
+    pool = await server.start(KeepAlivePolicy(idle_timeout=0.3))
+    pauses = [0.0, 0.05, 0.1, 0.13, 0.2, 0.27, 0.29, 0.3, 0.31, 0.33, 0.05]
+    for pause in pauses:
+        await asyncio.sleep(pause)
+        assert await exchange(pool) == b"ok"
+    await settle()
+    assert sum(server.served) == len(pauses)
+    assert server.timed_out == 0, "the gate closed every connection before the server's timer"
+    pool.close()
+    server.close()
+
+
+async def test_a_policy_without_reuse_opens_a_connection_per_request():
+    server = Httplib(timeout=5.0, max_requests=100)
+    pool = await server.start(NEVER)
+    head = POST.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    for _ in range(3):
+        assert await exchange(pool, head) == b"ok"
+    assert (server.connections, pool.idle) == (3, 0)
+    pool.close()
+    server.close()
+
+
+async def test_connections_to_the_runtime_send_without_delay():
+    server = Httplib(timeout=5.0, max_requests=100)
+    pool = await server.start(KEEP)
+    assert await exchange(pool) == b"ok"
+    (connection,) = pool._idle
+    assert connection.transport is not None
+    sock = connection.transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    pool.close()
+    server.close()
+
+
+def test_cpp_httplib_runtimes_are_reused_well_inside_their_servers_keep_alive():
+    for adapter in (WhisperAdapter, LlamaRouterAdapter, LlamaSingleAdapter):
+        assert keep_alive_of(adapter) is HTTPLIB, adapter
+        # The gate's own calls (aiohttp's client keeps a connection 15 s) open one each.
+        assert adapter.pool_connections is False
+    assert (HTTPLIB.idle_timeout, HTTPLIB.max_requests) == (5.0, 100)
+    assert HTTPLIB.reuse_within == pytest.approx(2.0)
+    assert keep_alive_of(OllamaAdapter) is KEEP
