@@ -37,7 +37,7 @@ from gpugate.control.weights import (
     model_answer,
     rank,
 )
-from gpugate.core.capacity import Ask, Assessment, Verdict, assess
+from gpugate.core.capacity import Ask, Assessment, assess
 from gpugate.core.classes import PriorityClass
 from gpugate.core.placement import Share, place
 from gpugate.core.residents import Resident, ResidentKey
@@ -259,7 +259,7 @@ def _model(
         for share in shares
     ]
     # A split load is as good as its worst part.
-    assessment = max(assessments, key=lambda a: _WORSE[a.verdict])
+    assessment = max(assessments, key=lambda a: a.verdict.rank)
     gpu = shares[assessments.index(assessment)].gpu
     answer = model_answer(ok, failed, assessment, totals.get(gpu))
     return ModelCapacity(
@@ -273,15 +273,6 @@ def _model(
         answer,
         tuple(s.gpu for s in shares),
     )
-
-
-_WORSE = {
-    Verdict.RESIDENT: 0,
-    Verdict.FITS: 1,
-    Verdict.AFTER_EVICTION: 2,
-    Verdict.UNKNOWN: 3,
-    Verdict.NO_ROOM: 4,
-}
 
 
 def _placed(gate: Gate, link: Link, ask: Ask, now: float) -> tuple[Share, ...]:

@@ -42,6 +42,21 @@ class Verdict(enum.Enum):
     NO_ROOM = "no_room"
     UNKNOWN = "unknown"
 
+    @property
+    def rank(self) -> int:
+        """Best first: served as it is, loaded into free memory, after evictions, then the
+        ones that say nothing can be had now (not known before none at all)."""
+        return _VERDICT_RANKS[self]
+
+
+_VERDICT_RANKS = {
+    Verdict.RESIDENT: 0,
+    Verdict.FITS: 1,
+    Verdict.AFTER_EVICTION: 2,
+    Verdict.UNKNOWN: 3,
+    Verdict.NO_ROOM: 4,
+}
+
 
 class Blocked(enum.Enum):
     """Why nothing is admitted for the demand now, whatever the memory."""

@@ -111,9 +111,9 @@ def place(
     held = _held(core, demand)
     if held is not None:
         return held
-    assessments = {g: _assess(core, demand, g, now) for g in gpus}
     if placing is Placing.RUNTIME and rule is not None:
-        return _predicted(core, demand, gpus, assessments, rule, now)
+        return _predicted(core, demand, gpus, rule, now)
+    assessments = {g: _assess(core, demand, g, now) for g in gpus}
     best = _cheapest(core, gpus, assessments)
     if best is None:
         return Placement((Share(gpus[0], demand.envelope),), f"no GPU has room for {whole} now")
@@ -172,7 +172,8 @@ def _assess(core: GateCore, demand: Demand, gpu: int, now: float) -> Assessment:
     return assess(core, ask, now)
 
 
-_RANK = {Verdict.RESIDENT: 0, Verdict.FITS: 1, Verdict.AFTER_EVICTION: 2}
+_TAKES = (Verdict.RESIDENT, Verdict.FITS, Verdict.AFTER_EVICTION)
+"""The verdicts of a card that takes the load now (at once, or once its evictions are done)."""
 
 
 def _cost(core: GateCore, assessment: Assessment) -> tuple[int, float, int]:
@@ -194,9 +195,9 @@ def _cheapest(
     seconds reloading them would cost, their bytes), then the most room; None when none
     takes it now."""
     ranked = [
-        (_RANK[a.verdict], *_cost(core, a), -(a.available or 0), index, gpu)
+        (a.verdict.rank, *_cost(core, a), -(a.available or 0), index, gpu)
         for index, (gpu, a) in enumerate((g, assessments[g]) for g in gpus)
-        if a.verdict in _RANK
+        if a.verdict in _TAKES
     ]
     if ranked:
         return min(ranked)[-1]
@@ -279,7 +280,6 @@ def _predicted(
     core: GateCore,
     demand: Demand,
     gpus: Sequence[int],
-    assessments: dict[int, Assessment],
     rule: PlacementRule,
     now: float,
 ) -> Placement:
@@ -306,6 +306,8 @@ def _predicted(
     # whole on that card is best; a split, each part planned on its own card, next.
     if shares is not None and _fits_now(core, demand, shares, now):
         return _split(shares, "by the free memory it sees")
+    # Only now weigh each card whole: what the runtime does as it is needed no eviction.
+    assessments = {g: _assess(core, demand, g, now) for g in gpus}
     whole: list[tuple[tuple[int, float, int, int], int]] = []
     split_after: list[tuple[tuple[int, float, int, int], tuple[Share, ...]]] = []
     for index, gpu in enumerate(gpus):

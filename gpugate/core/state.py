@@ -288,8 +288,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         effects: list[Effect] = []
         for gpu in cards:
             effects += listed_scopes(self.books, consumer, gpu, names, asked_at=asked_at, now=now)
-        unexplained = {g: self.telemetry.unexplained.get(g, {}).get(consumer, 0) for g in cards}
-        found_on = max(cards, key=lambda g: (unexplained[g], -cards.index(g)))
+        found_on = self.telemetry.unexplained_card(consumer, cards)
         effects += apply_listing(
             self.books, consumer, cards, listed, asked_at=asked_at, now=now, found_on=found_on
         )

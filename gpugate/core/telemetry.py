@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget, budget_of, unexplained_of
@@ -34,6 +34,13 @@ class Telemetry:
 
     def reserve_settings(self, gpu: int) -> ReserveSettings:
         return self._reserve_by_gpu.get(gpu, self._reserve)
+
+    def unexplained_card(self, consumer: str, cards: Sequence[int]) -> int:
+        """Of `cards`, the one where the last samples show the most of `consumer`'s memory
+        that the books do not explain (something of it loaded unseen); the first when none."""
+        return max(
+            cards, key=lambda g: (self.unexplained.get(g, {}).get(consumer, 0), -cards.index(g))
+        )
 
     def observe(self, sample: HostObservation, books: Books) -> list[int]:
         """Take a sample in; returns the GPUs it updated."""

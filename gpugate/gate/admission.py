@@ -156,9 +156,8 @@ class AdmissionWork:
             return
         now = self.clock()
         self._apply(self.core.release_all([lease.id for lease in leases], now, failed=failed))
-        if self.store is not None:
-            for lease in leases:
-                self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
+        for lease in leases:
+            self._record(lease, now, failed)
 
     def release(self, lease: Lease, *, failed: bool = False) -> None:
         """The lease's request is over."""
@@ -170,6 +169,9 @@ class AdmissionWork:
             # Nothing to plan or unload: the one deadline it can bring is its resident's.
             self.events.released(lease, now, failed)
             self._deadline(resident.expires_at())
+        self._record(lease, now, failed)
+
+    def _record(self, lease: Lease, now: float, failed: bool) -> None:
         if self.store is not None:
             self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
 

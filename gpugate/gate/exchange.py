@@ -334,9 +334,8 @@ class ExchangeWork:
                 ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
             ),
         )
-        return await self.acquire_on(
-            demand,
-            consumer.cards,
-            placing=adapter.placing,
-            rule=adapter.placement_rule(classified),
-        )
+        cards = consumer.cards
+        # The runtime's rule matters only where there is a choice: not on a one-card consumer's
+        # every request.
+        rule = adapter.placement_rule(classified) if len(cards) > 1 else None
+        return await self.acquire_on(demand, cards, placing=adapter.placing, rule=rule)

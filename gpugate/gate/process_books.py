@@ -59,10 +59,7 @@ class ProcessBooks:
     def shown_on(self, link: Link) -> int:
         """The GPU of the consumer's where NVML shows memory the books do not explain (a
         process found running), else its first."""
-        cards = link.consumer.cards
-        unexplained = self.gate.core.telemetry.unexplained
-        name = link.consumer.name
-        return max(cards, key=lambda g: (unexplained.get(g, {}).get(name, 0), -cards.index(g)))
+        return self.gate.core.telemetry.unexplained_card(link.consumer.name, link.consumer.cards)
 
     def demand(
         self,

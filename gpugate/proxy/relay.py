@@ -157,10 +157,7 @@ def downstream_headers(
 ) -> tuple[list[tuple[str, str]], bool]:
     """The upstream's response headers for the client (all but the hops; Content-Length
     only if `keep_length`), and whether a Server header is among them."""
-    drop: frozenset[bytes] | set[bytes] = HOP_BYTES if keep_length else _HOP_AND_LENGTH
-    connection = upstream.header(b"connection")
-    if connection is not None:
-        drop = drop | {t.strip().lower() for t in connection.split(b",") if t.strip()}
+    drop = _dropped(upstream, HOP_BYTES if keep_length else _HOP_AND_LENGTH)
     out = []
     server = False
     for name, value in upstream.raw_headers:
@@ -174,16 +171,21 @@ def downstream_headers(
 _HOP_AND_LENGTH = HOP_BYTES | {b"content-length"}
 
 
+def _dropped(upstream: Response, base: frozenset[bytes]) -> frozenset[bytes] | set[bytes]:
+    """The header names not to pass down: `base` and what the runtime's `Connection` names."""
+    connection = upstream.header(b"connection")
+    if connection is None:
+        return base
+    return base | {t.strip().lower() for t in connection.split(b",") if t.strip()}
+
+
 def runtime_head(
     upstream: Response, extra_headers: Iterable[tuple[str, str]], framing: bytes = b""
 ) -> bytes:
     """The runtime's status line and header lines less the hops (and what its `Connection`
     header names), then the gate's headers and `framing` (a header line), then the blank
     line."""
-    drop: frozenset[bytes] | set[bytes] = HOP_BYTES
-    connection = upstream.header(b"connection")
-    if connection is not None:
-        drop = drop | {t.strip().lower() for t in connection.split(b",") if t.strip()}
+    drop = _dropped(upstream, HOP_BYTES)
     parts = [b"HTTP/1.1 %d %b\r\n" % (upstream.status, upstream.reason.encode("latin-1"))]
     for name, value in upstream.raw_headers:
         if name.lower() not in drop:

@@ -37,7 +37,17 @@ class Httplib:
         """Connections the server closed on its idle timer."""
         self.left = 0
         """Connections the client closed."""
+        self.ended = 0
+        """Connections over, whoever closed them."""
+        self._change = asyncio.Event()
         self.server: asyncio.Server | None = None
+
+    async def until_ended(self, count: int, timeout: float = 5.0) -> None:
+        """Return once `count` connections are over on the server's side."""
+        async with asyncio.timeout(timeout):
+            while self.ended < count:
+                self._change.clear()
+                await self._change.wait()
 
     async def start(self, policy: KeepAlivePolicy) -> UpstreamPool:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -64,6 +74,8 @@ class Httplib:
                 await writer.drain()
         finally:
             writer.close()
+            self.ended += 1
+            self._change.set()
 
     def close(self) -> None:
         assert self.server is not None
@@ -75,12 +87,6 @@ async def exchange(pool: UpstreamPool, head: bytes = POST, body: bytes = b"{}") 
     data = await response.read(100, 1.0)
     response.release()
     return data
-
-
-async def settle() -> None:
-    """Let the server's side see what the gate did (a close, a request)."""
-    for _ in range(5):
-        await asyncio.sleep(0.01)
 
 
 async def test_within_its_window_a_connection_carries_the_next_request():
@@ -98,8 +104,7 @@ async def test_an_idle_connection_past_its_window_is_closed_before_the_server_ti
     server = Httplib(timeout=0.5, max_requests=100)
     pool = await server.start(KeepAlivePolicy(idle_timeout=0.5))  # reused for 0.2 s
     assert await exchange(pool) == b"ok"
-    await asyncio.sleep(0.3)
-    await settle()
+    await server.until_ended(1)  # the sweep, 0.2 s after the answer, closed it
     assert pool.idle == 0, "the sweep closed it"
     assert (server.left, server.timed_out) == (1, 0)
     assert await exchange(pool) == b"ok"
@@ -116,7 +121,7 @@ async def test_a_connection_past_its_window_is_never_taken_even_before_the_sweep
     (idle,) = pool._idle
     idle.idle_since -= 2.5  # as if it had waited 2.5 s: past the 2 s window
     assert await exchange(pool) == b"ok"
-    await settle()
+    await server.until_ended(1)
     assert server.served == [2, 1]
     assert server.left == 1 and idle.lost
     pool.close()
@@ -129,7 +134,7 @@ async def test_no_connection_carries_more_requests_than_the_policy_allows():
     pool = await server.start(KeepAlivePolicy(idle_timeout=5.0, max_requests=3))
     for _ in range(7):
         assert await exchange(pool) == b"ok"
-    await settle()
+    await server.until_ended(2)
     assert server.served == [3, 3, 1]
     pool.close()
     server.close()
@@ -153,7 +158,7 @@ async def test_only_max_idle_connections_are_kept_idle():
     for response in (first, second):
         assert await response.read(100, 1.0) == b"ok"
         response.release()
-    await settle()
+    await server.until_ended(1)
     assert (server.connections, pool.idle, server.left) == (2, 1, 1)
     pool.close()
     server.close()
@@ -168,7 +173,8 @@ async def test_posts_at_every_pause_around_the_servers_timeout_all_arrive_once()
     for pause in pauses:
         await asyncio.sleep(pause)
         assert await exchange(pool) == b"ok"
-    await settle()
+    # Every connection over, the last one too: by the gate's sweep or the server's timer.
+    await server.until_ended(server.connections)
     assert sum(server.served) == len(pauses)
     assert server.timed_out == 0, "the gate closed every connection before the server's timer"
     pool.close()
