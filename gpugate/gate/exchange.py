@@ -8,8 +8,10 @@ tells the exchange what the runtime answered and how the forwarding ended.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import aiohttp
@@ -31,6 +33,8 @@ from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
+_withdrawals: set[asyncio.Task[None]] = set()
+"""Jobs being withdrawn from a runtime after their lease could not be had."""
 
 LEASE_HEADER = "X-GPUGate-Lease"
 WAIT_HEADER = "X-GPUGate-Wait"
@@ -82,6 +86,9 @@ class Exchange:
     failed: bool = False
     kept: bool = False
     """The lease outlives the request: the runtime accepted a job or a start."""
+    trial: Callable[[], Awaitable[tuple[Lease, ...]]] | None = None
+    """A job forwarded before its lease, for the runtime to judge (`Vetted.runtime_decides`):
+    what leases it once the runtime has accepted it."""
 
     @property
     def api(self) -> ApiFamily:
@@ -99,7 +106,8 @@ class Exchange:
         answer names the job, a failed load's says why."""
         lease = self.lease
         if lease is None:
-            return False
+            # A job on trial: the answer names the job, to be withdrawn without a lease.
+            return self.trial is not None and status < 400
         if status < 400:
             return lease.scope is LeaseScope.JOB
         return status >= 500 and lease.loads
@@ -134,6 +142,43 @@ class Exchange:
         else:
             self.failed = lease.pending > 0
         return extra
+
+    async def accepted(self, status: int, prefix: bytes) -> None:
+        """The runtime answered a job on trial: a refusal goes down as it is, with nothing
+        leased; an acceptance is leased now, as any job is (evicting if need be), before the
+        answer goes down. Raises GateFailure when it cannot be, with the job withdrawn from
+        the runtime, so that nothing runs there without a lease."""
+        trial, self.trial = self.trial, None
+        if trial is None or status >= 400:
+            return
+        try:
+            leases = await trial()
+        except BaseException:
+            # Its lease cannot be had, or its client left while it waited.
+            job = self.link.adapter.job_key(self.classified, prefix)
+            if job is not None:
+                task = asyncio.get_running_loop().create_task(self._withdraw(job))
+                _withdrawals.add(task)
+                task.add_done_callback(_withdrawals.discard)
+            raise
+        if leases:
+            self.lease, self.parts = leases[0], leases[1:]
+        self.failed = any(lease.pending > 0 for lease in leases)
+
+    async def _withdraw(self, job: str) -> None:
+        link = self.link
+        assert link.session is not None
+        try:
+            await link.adapter.preempt(link.session, job)
+        except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
+            unvetted.warning(
+                f"{link.consumer.name}:withdraw",
+                "%s: could not withdraw job %s, accepted without a lease (%s: %s)",
+                link.consumer.name,
+                job,
+                type(exc).__name__,
+                exc,
+            )
 
     @property
     def passes(self) -> bool:
@@ -249,13 +294,17 @@ class ExchangeWork:
         process it needs running and kept busy, and a lease for what it may load. Raises
         GateFailure, with nothing held, when either cannot be had."""
         gate = cast(ExchangeOwner, self)
+        trial = False
         if classified.kind is RouteKind.DEMAND and link.adapter.vets:
             vetted = await self._vet(link, classified)
             if vetted is not None:
                 if vetted.reply is not None:
                     return Exchange(gate, link, classified, method, path, vetted.reply)
-                # The runtime refuses it before loading: it goes up unleased.
-                classified = attrs.evolve(classified, kind=RouteKind.PASS)
+                if vetted.runtime_decides and classified.scope is LeaseScope.JOB:
+                    trial = True
+                else:
+                    # The runtime refuses it before loading: it goes up unleased.
+                    classified = attrs.evolve(classified, kind=RouteKind.PASS)
         adapter = link.adapter
         exchange = Exchange(gate, link, classified, method, path)
         processes = self.processes
@@ -265,7 +314,10 @@ class ExchangeWork:
             model = adapter.process_model()
             default = adapter.model_priority(model) if model else link.consumer.priority
             exchange.busy = await processes.serve_lease(link, caller.priority(default))
-        if classified.kind is RouteKind.DEMAND:
+        if classified.kind is RouteKind.DEMAND and trial:
+            # Nobody is evicted for it before the runtime has accepted it.
+            exchange.trial = functools.partial(self._lease, link, classified, caller)
+        elif classified.kind is RouteKind.DEMAND:
             try:
                 leases = await self._lease(link, classified, caller)
             except GateFailure:

@@ -227,6 +227,7 @@ class ConsumerListener:
             prefix = b""
             if exchange.wants_prefix(upstream.status):
                 prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
+            await exchange.accepted(upstream.status, prefix)
             extra = [*screening.response_headers, *exchange.answered(upstream.status, prefix)]
             response = await stream_down(request, upstream, extra, timeouts.idle, prefix=prefix)
             complete = True
@@ -235,6 +236,9 @@ class ConsumerListener:
             return reply(failure_reply(api, exchange.timed_out(exc)), screening)
         except OSError as exc:
             return reply(failure_reply(api, exchange.crashed(exc)), screening)
+        except GateFailure as exc:
+            # The runtime accepted a job whose lease cannot be had: it was withdrawn.
+            return reply(failure_reply(api, exc.failure), screening)
         except UpstreamBroken as exc:
             if isinstance(exc.cause, UpstreamTimeout):
                 exchange.timed_out(exc.cause)
