@@ -46,10 +46,13 @@ class Admission:
     lease: Lease | None = None
     failure: Failure | None = None
     effects: tuple[Effect, ...] = ()
+    deferred: bool = False
+    """Asked for at once only (`Scheduler.submit`'s `at_once`) and not grantable now:
+    nothing was queued, evicted or recorded for it."""
 
     @property
     def waiting(self) -> bool:
-        return self.lease is None and self.failure is None
+        return self.lease is None and self.failure is None and not self.deferred
 
 
 class Outcome(enum.Enum):
@@ -175,14 +178,25 @@ class Scheduler:
         """A ticket id (it becomes the lease's id) for a demand about to be submitted."""
         return self.books.new_id()
 
-    def submit(self, demand: Demand, now: float, *, ticket_id: int | None = None) -> Admission:
-        """A request needs VRAM: grant it, queue it, or fail it."""
+    def submit(
+        self,
+        demand: Demand,
+        now: float,
+        *,
+        ticket_id: int | None = None,
+        at_once: bool = False,
+    ) -> Admission:
+        """A request needs VRAM: grant it, queue it, or fail it. `at_once`: grant it only
+        from memory no waiting ticket keeps back, evicting nobody; otherwise it is
+        `deferred` (a draining consumer's or an unusable GPU's demand still fails)."""
         ticket_id = self.books.new_id() if ticket_id is None else ticket_id
         gpu = demand.gpu
         draining = self.refuse_draining(demand, ticket_id, now)
         if draining is not None:
             return draining
         if gpu in self.operator.paused:
+            if at_once:
+                return Admission(ticket_id, deferred=True)
             return self._hold(demand, ticket_id, now)
         resident = self.books.reusable(demand.key)
         if resident is not None:
@@ -195,6 +209,8 @@ class Scheduler:
         queue = self.queues.setdefault(gpu, TicketQueue())
         wait = self._max_wait(demand) if demand.max_wait is None else demand.max_wait
         ticket = Ticket(ticket_id, demand, arrived=now, deadline=now + wait)
+        if at_once:
+            return self._at_once(ticket, now)
         may_wait = queue.waiting_for(demand.consumer) < self._queue_limit(demand.consumer)
         effects: list[Effect] = []
         if queue.would_be_last(ticket):
@@ -244,6 +260,23 @@ class Scheduler:
         if isinstance(mine[0], Grant):
             return Admission(ticket_id, lease=mine[0].lease, effects=rest)
         return Admission(ticket_id, failure=mine[0].failure, effects=rest)
+
+    def _at_once(self, ticket: Ticket, now: float) -> Admission:
+        """Grant a ticket from what the queue's tail leaves, or defer it: it never goes
+        ahead of a waiting ticket, and nothing is queued or evicted for it."""
+        gpu = ticket.demand.gpu
+        effects: list[Effect] = []
+        tail = self._tails.get(gpu)
+        if tail is None or tail.version != self.books.stamp(gpu):
+            effects.extend(self.schedule(gpu, now))
+            tail = self._tails[gpu]
+        decision = self._decide(ticket, tail, now)
+        if decision.kind is not PlanKind.GRANT:
+            return Admission(ticket.id, effects=tuple(effects), deferred=True)
+        lease = self._grant(ticket, tail, decision, now, effects)
+        # Its own grant is the answer, not an effect for a waiter.
+        rest = tuple(e for e in effects if not (isinstance(e, Grant) and e.ticket_id == ticket.id))
+        return Admission(ticket.id, lease=lease, effects=rest)
 
     def refuse_draining(self, demand: Demand, ticket_id: int, now: float) -> Admission | None:
         """A draining consumer's new demand fails at once (None: the consumer is not draining)."""
@@ -371,17 +404,17 @@ class Scheduler:
         self._tails[gpu] = tail
         return effects
 
-    def _plan_one(
-        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
-    ) -> Outcome:
-        """Plan one ticket against what earlier tickets left, and apply the plan."""
+    def _decide(self, ticket: Ticket, tail: _Tail, now: float) -> Plan:
+        """The planner's decision for one ticket against what earlier tickets left."""
         demand = ticket.demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
         # What the runtime frees itself for this load is this demand's, and no one else's.
         replaced = self.books.replaced_bytes(demand)
         elsewhere = self._elsewhere(demand, now)
-        decision = elsewhere or plan(
+        if elsewhere is not None:
+            return elsewhere
+        return plan(
             demand,
             pool=tail.pool + replaced,
             schedulable=tail.schedulable + replaced,
@@ -393,25 +426,43 @@ class Scheduler:
             releasable_unexplained=releasable,
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
         )
+
+    def _grant(
+        self, ticket: Ticket, tail: _Tail, decision: Plan, now: float, effects: list[Effect]
+    ) -> Lease:
+        """Grant a ticket as planned."""
+        demand = ticket.demand
+        gpu = demand.gpu
+        if ticket.id in self.tickets:
+            self._dequeue(ticket)
+        ticket.state = TicketState.GRANTED
+        resident = self.books.reusable(demand.key)
+        lease = self.books.open_lease(
+            ticket.id, demand, now, ticket.arrived, decision.needed, resident
+        )
+        tail.pool -= decision.needed
+        effects.append(Grant(ticket.id, lease))
+        effects.append(granted_event(lease))
+        tail.version = self.books.stamp(gpu)
+        return lease
+
+    def _plan_one(
+        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
+    ) -> Outcome:
+        """Plan one ticket against what earlier tickets left, and apply the plan."""
+        demand = ticket.demand
+        gpu = demand.gpu
+        releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
+        decision = self._decide(ticket, tail, now)
         if (
-            elsewhere is None
+            self._elsewhere(demand, now) is None
             and decision.kind in (PlanKind.WAIT, PlanKind.FAIL)
             and self.preempt is not None
         ):
             decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
         queued = ticket.id in self.tickets
         if decision.kind is PlanKind.GRANT:
-            if queued:
-                self._dequeue(ticket)
-            ticket.state = TicketState.GRANTED
-            resident = self.books.reusable(demand.key)
-            lease = self.books.open_lease(
-                ticket.id, demand, now, ticket.arrived, decision.needed, resident
-            )
-            tail.pool -= decision.needed
-            effects.append(Grant(ticket.id, lease))
-            effects.append(granted_event(lease))
-            tail.version = self.books.stamp(gpu)
+            self._grant(ticket, tail, decision, now, effects)
             return Outcome.GRANTED
         if decision.kind is PlanKind.FAIL:
             assert decision.failure is not None

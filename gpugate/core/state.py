@@ -119,15 +119,16 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
 
     # -- events: demands and their requests ----------------------------------------------
 
-    def submit(self, demand: Demand, now: float) -> Admission:
-        """A request needs VRAM: a lease now, a ticket to wait on, or a failure."""
+    def submit(self, demand: Demand, now: float, *, at_once: bool = False) -> Admission:
+        """A request needs VRAM: a lease now, a ticket to wait on, or a failure. `at_once`:
+        a lease only from memory nobody waits for, evicting nobody, else `deferred`."""
         if demand.scope is LeaseScope.JOB:
             if demand.consumer in self.scheduler.operator.draining:
                 refused = self.scheduler.refuse_draining(demand, self.books.new_id(), now)
                 assert refused is not None
                 return refused
-            return self._submit_job(demand, now)
-        return self.scheduler.submit(demand, now)
+            return self._submit_job(demand, now, at_once=at_once)
+        return self.scheduler.submit(demand, now, at_once=at_once)
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client of a waiting ticket went away."""
@@ -395,7 +396,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _submit_job(self, demand: Demand, now: float) -> Admission:
+    def _submit_job(self, demand: Demand, now: float, *, at_once: bool) -> Admission:
         """A job is granted at once within its consumer's job lease, or grows it."""
         job_id = self.books.new_id()
         held = self.jobs.held(demand.consumer, demand.gpu)
@@ -403,7 +404,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         if held and queued.envelope == 0:
             lease = self.books.open_lease(job_id, queued, now, now, 0, None)
             return Admission(job_id, lease=lease, effects=(granted_event(lease),))
-        return self.scheduler.submit(queued, now, ticket_id=job_id)
+        return self.scheduler.submit(queued, now, ticket_id=job_id, at_once=at_once)
 
     def _observed_scopes(self, gpu: int, now: float) -> list[Effect]:
         obs = self.observation(gpu)
