@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
+from gpugate.core import early
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
@@ -74,6 +75,8 @@ class _Tail:
     claimed: set[ResidentKey]
     riding: set[ResidentKey]
     view: ResidentView
+    credited: dict[str, int] = attrs.field(factory=dict)
+    """Per consumer, its early bytes already credited to a job of the pass (`early`)."""
 
 
 class _GpuResidents(ResidentSource):
@@ -171,6 +174,9 @@ class Scheduler:
         self.operator = OperatorBook()
         """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
+        self.withdrawing: dict[tuple[str, int], int] = {}
+        """(consumer, GPU) → started jobs whose demand ended without a grant, until the gate
+        says their runtime was asked to drop them (`GateCore.withdrawn`)."""
 
     # -- demands -------------------------------------------------------------------------
 
@@ -204,6 +210,7 @@ class Scheduler:
             return Admission(ticket_id, lease=lease, effects=(granted_event(lease),))
         unusable = self._usable(gpu, now)
         if unusable is not None:
+            self.gave_up(demand)
             failure = self._fail(unusable, demand, demand.envelope, now)
             return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
         queue = self.queues.setdefault(gpu, TicketQueue())
@@ -233,6 +240,7 @@ class Scheduler:
                 effects.extend(self.schedule(gpu, now))
                 outcome = Outcome.FULL
         if outcome is Outcome.FULL:
+            self.gave_up(demand)
             failure = self._fail(
                 FailureClass.QUEUE_FULL,
                 demand,
@@ -282,6 +290,7 @@ class Scheduler:
         """A draining consumer's new demand fails at once (None: the consumer is not draining)."""
         if demand.consumer not in self.operator.draining:
             return None
+        self.gave_up(demand)
         failure = Failure(
             FailureClass.RESIDENCY_CONFLICT,
             f"RESIDENCY_CONFLICT: consumer {demand.consumer} is draining",
@@ -297,6 +306,7 @@ class Scheduler:
         """Queue a demand on a paused GPU without planning it: it waits for resume."""
         queue = self.queues.setdefault(demand.gpu, TicketQueue())
         if queue.waiting_for(demand.consumer) >= self._queue_limit(demand.consumer):
+            self.gave_up(demand)
             failure = self._fail(
                 FailureClass.QUEUE_FULL,
                 demand,
@@ -325,6 +335,7 @@ class Scheduler:
             return []
         self._dequeue(ticket)
         ticket.state = TicketState.CANCELLED
+        self.gave_up(ticket.demand)
         demand = ticket.demand
         cancelled = Event(
             EventKind.TICKET_CANCELLED,
@@ -340,7 +351,15 @@ class Scheduler:
         """Fail a waiting ticket."""
         self._dequeue(ticket)
         ticket.state = TicketState.FAILED
+        self.gave_up(ticket.demand)
         return [Reject(ticket.id, failure), failure_event(failure, now)]
+
+    def gave_up(self, demand: Demand) -> None:
+        """A demand ended without a grant: a started job's is marked, for its runtime is to
+        drop the job, and what the job took stays to be settled (`GateCore.withdrawn`)."""
+        if demand.started is not None:
+            key = (demand.consumer, demand.gpu)
+            self.withdrawing[key] = self.withdrawing.get(key, 0) + 1
 
     def expire(self, now: float) -> tuple[list[Effect], set[int]]:
         """Fail tickets past their deadline; returns effects and the GPUs to re-plan."""
@@ -414,8 +433,9 @@ class Scheduler:
         elsewhere = self._elsewhere(demand, now)
         if elsewhere is not None:
             return elsewhere
+        own = early.credit(demand, self.telemetry.unexplained.get(gpu, {}), tail.credited)
         return plan(
-            demand,
+            early.planned(demand, own),
             pool=tail.pool + replaced,
             schedulable=tail.schedulable + replaced,
             residents=self._view(tail, gpu, now),
@@ -427,6 +447,14 @@ class Scheduler:
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
         )
 
+    def _credited(self, ticket: Ticket, tail: _Tail) -> int:
+        """Count the ticket's early bytes as credited in this pass; returns them."""
+        demand = ticket.demand
+        own = early.credit(demand, self.telemetry.unexplained.get(demand.gpu, {}), tail.credited)
+        if own:
+            tail.credited[demand.consumer] = tail.credited.get(demand.consumer, 0) + own
+        return own
+
     def _grant(
         self, ticket: Ticket, tail: _Tail, decision: Plan, now: float, effects: list[Effect]
     ) -> Lease:
@@ -436,10 +464,14 @@ class Scheduler:
         if ticket.id in self.tickets:
             self._dequeue(ticket)
         ticket.state = TicketState.GRANTED
+        own = self._credited(ticket, tail)
         resident = self.books.reusable(demand.key)
         lease = self.books.open_lease(
             ticket.id, demand, now, ticket.arrived, decision.needed, resident
         )
+        if own:
+            # Its lease now explains what the samples showed of it.
+            self.telemetry.absorb(gpu, demand.consumer, own)
         tail.pool -= decision.needed
         effects.append(Grant(ticket.id, lease))
         effects.append(granted_event(lease))
@@ -481,6 +513,7 @@ class Scheduler:
                 effects.extend(self.reject(ticket, failure, now))
             else:
                 ticket.state = TicketState.FAILED
+                self.gave_up(demand)
                 effects.append(Reject(ticket.id, failure))
                 effects.append(failure_event(failure, now))
             return Outcome.FAILED
@@ -517,7 +550,8 @@ class Scheduler:
         if releasable and decision.kind is PlanKind.WAIT:
             tail.claimed.add(UNEXPLAINED)
         tail.riding.add(demand.key)
-        tail.pool -= max(0, decision.needed - decision.eventual)
+        self._credited(ticket, tail)
+        tail.pool -= early.kept_back(demand, decision)
         tail.version = self.books.stamp(gpu)
         return Outcome.WAITING
 

@@ -207,25 +207,35 @@ def left_behind(
     books: Books, pool: JobLease, observation: GpuObservation | None, now: float
 ) -> list[Event]:
     """What a runtime that cannot list kept after its last job, as a resident NVML tracks."""
-    demand = pool.last
+    kept = keep_held(books, pool.last, pool.lease.gpu, observation, now)
+    if kept is None:
+        return []
+    detail = "kept by its runtime after its last job"
+    return [resident_event(EventKind.OUT_OF_BAND_RESIDENT, now, kept, detail)]
+
+
+def keep_held(
+    books: Books, demand: Demand, gpu: int, observation: GpuObservation | None, now: float
+) -> Resident | None:
+    """What NVML shows `demand`'s consumer holding on `gpu` beyond the books, added to its
+    `<held>` resident (made with the demand's class and policy); None when there is none
+    (or its `<held>` is not idle in the books)."""
     if observation is None:
-        return []
-    held = observation.managed.get(demand.consumer, 0) - accounted(
-        books, demand.consumer, pool.lease.gpu
-    )
+        return None
+    held = observation.managed.get(demand.consumer, 0) - accounted(books, demand.consumer, gpu)
     if held <= 0:
-        return []
+        return None
     key = ResidentKey(demand.consumer, HELD_MODEL)
     resident = books.residents.get(key)
     if resident is not None:
         if resident.state is not ResidentState.RESIDENT:
-            return []
+            return None
         resident.bytes += held
         resident.last_used = resident.changed_at = now
     else:
         resident = books.residents[key] = Resident(
             key=key,
-            gpu=pool.lease.gpu,
+            gpu=gpu,
             bytes=held,
             priority=demand.resident_priority,
             policy=demand.policy,
@@ -236,8 +246,7 @@ def left_behind(
             tracks_observed=True,
         )
     books.touch()
-    detail = "kept by its runtime after its last job"
-    return [resident_event(EventKind.OUT_OF_BAND_RESIDENT, now, resident, detail)]
+    return resident
 
 
 def accounted(books: Books, consumer: str, gpu: int, *, but: ResidentKey | None = None) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from gpugate.core import early
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
@@ -264,7 +265,15 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         for gpu in self.telemetry.observe(sample, self.books):
             self.books.touch(residents=False, gpu=gpu)  # its budget moved; the residents did not
             effects.extend(self._observed_scopes(gpu, now))
-            effects.extend(relieve_pressure(self.books, self.telemetry, gpu, now))
+            settling = early.settling(
+                gpu,
+                self.scheduler.queues.get(gpu) or (),
+                self.telemetry.unexplained.get(gpu, {}),
+                self.scheduler.withdrawing,
+            )
+            effects.extend(
+                relieve_pressure(self.books, self.telemetry, gpu, now, settling=settling)
+            )
             effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 

@@ -24,6 +24,22 @@ class LeaseScope(enum.Enum):
 
 
 @attrs.frozen
+class Started:
+    """A job its runtime accepted before its lease (it alone could judge it), so it may be
+    running, and taking memory, while its lease is planned.
+
+    `unexplained` is, per GPU, what its consumer's last sample showed beyond the books when
+    the job went up: memory the samples show beyond that since is taken to be the job's
+    own (`gpugate.core.early`)."""
+
+    unexplained: tuple[tuple[int, int], ...] = ()
+
+    def before(self, gpu: int) -> int:
+        """What the consumer held beyond the books on `gpu` before the job went up."""
+        return next((nbytes for index, nbytes in self.unexplained if index == gpu), 0)
+
+
+@attrs.frozen
 class Demand:
     """What an adapter says a request needs before it may be forwarded."""
 
@@ -55,6 +71,9 @@ class Demand:
     job_bytes: int | None = None
     """JOB scope, set by the core: the job's own size, while `envelope` is what it must
     grow its consumer's job lease by."""
+    started: Started | None = None
+    """JOB scope: the runtime runs the job already (accepted before its lease); None: it
+    runs only once leased. See `gpugate.core.early`."""
 
     @property
     def consumer(self) -> str:
@@ -94,9 +113,11 @@ class Ticket:
     evicting: tuple[ResidentKey, ...] = ()
     """Residents being unloaded so that this ticket fits; their bytes are earmarked for it."""
 
-    def order(self) -> tuple[int, float, int]:
-        """Queue order: highest class first, then arrival, then id."""
-        return (-int(self.demand.priority), self.arrived, self.id)
+    def order(self) -> tuple[int, int, float, int]:
+        """Queue order: a job its runtime already runs first (`gpugate.core.early`), then
+        highest class first, then arrival, then id."""
+        demand = self.demand
+        return (int(demand.started is None), -int(demand.priority), self.arrived, self.id)
 
 
 @attrs.define
