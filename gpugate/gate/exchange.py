@@ -8,10 +8,8 @@ tells the exchange what the runtime answered and how the forwarding ended.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import aiohttp
@@ -22,7 +20,7 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.placement import PlacementRule, Placing
 from gpugate.core.residents import ResidentKey
-from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.core.tickets import Demand, Lease, LeaseScope, Started
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import ExchangeOwner, ProcessFront
 from gpugate.identity import IdentityResolver, resolve_priority
@@ -33,8 +31,6 @@ from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
-_withdrawals: set[asyncio.Task[None]] = set()
-"""Jobs being withdrawn from a runtime after their lease could not be had."""
 
 LEASE_HEADER = "X-GPUGate-Lease"
 WAIT_HEADER = "X-GPUGate-Wait"
@@ -65,6 +61,17 @@ class Caller:
         return resolve_priority(self._identity, default, self.asked)
 
 
+@attrs.frozen
+class Trial:
+    """A job forwarded before its lease, for the runtime to judge (`Vetted.runtime_decides`):
+    the demand leased once the runtime has accepted it (`Demand.started` set), and where."""
+
+    demand: Demand
+    gpus: tuple[int, ...]
+    placing: Placing
+    rule: PlacementRule | None
+
+
 @attrs.define
 class Exchange:
     """A request admitted by the gate, from its admission to its end."""
@@ -86,9 +93,8 @@ class Exchange:
     failed: bool = False
     kept: bool = False
     """The lease outlives the request: the runtime accepted a job or a start."""
-    trial: Callable[[], Awaitable[tuple[Lease, ...]]] | None = None
-    """A job forwarded before its lease, for the runtime to judge (`Vetted.runtime_decides`):
-    what leases it once the runtime has accepted it."""
+    trial: Trial | None = None
+    """A job forwarded with no lease, leased once the runtime has accepted it."""
 
     @property
     def api(self) -> ApiFamily:
@@ -152,33 +158,17 @@ class Exchange:
         if trial is None or status >= 400:
             return
         try:
-            leases = await trial()
+            leases = await self.gate.acquire_on(
+                trial.demand, trial.gpus, placing=trial.placing, rule=trial.rule
+            )
         except BaseException:
             # Its lease cannot be had, or its client left while it waited.
             job = self.link.adapter.job_key(self.classified, prefix)
-            if job is not None:
-                task = asyncio.get_running_loop().create_task(self._withdraw(job))
-                _withdrawals.add(task)
-                task.add_done_callback(_withdrawals.discard)
+            self.gate.withdraw(self.link, job, trial.demand)
             raise
         if leases:
             self.lease, self.parts = leases[0], leases[1:]
         self.failed = any(lease.pending > 0 for lease in leases)
-
-    async def _withdraw(self, job: str) -> None:
-        link = self.link
-        assert link.session is not None
-        try:
-            await link.adapter.preempt(link.session, job)
-        except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
-            unvetted.warning(
-                f"{link.consumer.name}:withdraw",
-                "%s: could not withdraw job %s, accepted without a lease (%s: %s)",
-                link.consumer.name,
-                job,
-                type(exc).__name__,
-                exc,
-            )
 
     @property
     def passes(self) -> bool:
@@ -277,6 +267,17 @@ class ExchangeWork:
             rule: PlacementRule | None = None,
         ) -> tuple[Lease, ...]: ...
 
+        def lease_now_on(
+            self,
+            demand: Demand,
+            gpus: Sequence[int],
+            *,
+            placing: Placing = Placing.GATE,
+            rule: PlacementRule | None = None,
+        ) -> tuple[Lease, ...] | None: ...
+
+        def early_start(self, consumer: str, gpus: Sequence[int]) -> Started: ...
+
         def release(self, lease: Lease, *, failed: bool = False) -> None: ...
 
         def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None: ...
@@ -314,12 +315,9 @@ class ExchangeWork:
             model = adapter.process_model()
             default = adapter.model_priority(model) if model else link.consumer.priority
             exchange.busy = await processes.serve_lease(link, caller.priority(default))
-        if classified.kind is RouteKind.DEMAND and trial:
-            # Nobody is evicted for it before the runtime has accepted it.
-            exchange.trial = functools.partial(self._lease, link, classified, caller)
-        elif classified.kind is RouteKind.DEMAND:
+        if classified.kind is RouteKind.DEMAND:
             try:
-                leases = await self._lease(link, classified, caller)
+                leases = await self._lease(link, classified, caller, exchange, trial=trial)
             except GateFailure:
                 if exchange.busy is not None:
                     self.release(exchange.busy)
@@ -348,9 +346,43 @@ class ExchangeWork:
             )
             return None
 
-    async def _lease(self, link: Link, classified: Classified, caller: Caller) -> tuple[Lease, ...]:
+    async def _lease(
+        self,
+        link: Link,
+        classified: Classified,
+        caller: Caller,
+        exchange: Exchange,
+        *,
+        trial: bool = False,
+    ) -> tuple[Lease, ...]:
         """The leases for a request that may load a model: one, or one per GPU a split
-        load spans (none: the runtime will refuse it)."""
+        load spans (none: the runtime will refuse it, or it goes up on `trial`).
+
+        On trial (a job only the runtime can judge), it is leased now only from memory
+        nobody waits for, evicting nobody; otherwise it goes up with no lease, marked with
+        what its consumer held beyond the books before it went up, and `Exchange.trial`
+        leases it once the runtime has accepted it (`gpugate.core.early`)."""
+        demand = await self._demand(link, classified, caller)
+        if demand is None:
+            return ()
+        consumer = link.consumer
+        cards = consumer.cards
+        # The runtime's rule matters only where there is a choice: not on a one-card consumer's
+        # every request.
+        rule = link.adapter.placement_rule(classified) if len(cards) > 1 else None
+        placing = link.adapter.placing
+        if not trial:
+            return await self.acquire_on(demand, cards, placing=placing, rule=rule)
+        leases = self.lease_now_on(demand, cards, placing=placing, rule=rule)
+        if leases is not None:
+            return leases
+        started = attrs.evolve(demand, started=self.early_start(consumer.name, cards))
+        exchange.trial = Trial(started, tuple(cards), placing, rule)
+        return ()
+
+    async def _demand(self, link: Link, classified: Classified, caller: Caller) -> Demand | None:
+        """What a request that may load a model demands (None: no envelope is known, the
+        runtime will refuse it)."""
         assert classified.model is not None
         adapter = link.adapter
         consumer = link.consumer
@@ -368,9 +400,9 @@ class ExchangeWork:
         if envelope is None:
             envelope = await self.envelope(link, model, classified.options_key)
         if envelope is None:
-            return ()
+            return None
         residency = adapter.residency(model)
-        demand = Demand(
+        return Demand(
             key=key,
             gpu=consumer.cards[0],
             envelope=envelope,
@@ -386,8 +418,3 @@ class ExchangeWork:
                 ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
             ),
         )
-        cards = consumer.cards
-        # The runtime's rule matters only where there is a choice: not on a one-card consumer's
-        # every request.
-        rule = adapter.placement_rule(classified) if len(cards) > 1 else None
-        return await self.acquire_on(demand, cards, placing=adapter.placing, rule=rule)

@@ -15,6 +15,7 @@ from gpugate.core.effects import Preempt
 from gpugate.core.failures import Failure
 from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import HostObservation
+from gpugate.core.placement import PlacementRule, Placing
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease
@@ -61,6 +62,17 @@ class ExchangeOwner(Protocol):
 
     def want_reconcile(self, consumer: str) -> None: ...
 
+    async def acquire_on(
+        self,
+        demand: Demand,
+        gpus: Sequence[int],
+        *,
+        placing: Placing = Placing.GATE,
+        rule: PlacementRule | None = None,
+    ) -> tuple[Lease, ...]: ...
+
+    def withdraw(self, link: Link, job: str | None, demand: Demand) -> None: ...
+
 
 class GateOwner(Protocol):
     """The owner of live state, as the effect runners see it."""
@@ -95,6 +107,8 @@ class GateOwner(Protocol):
     ) -> None: ...
 
     def preempted(self, effect: Preempt, failure: Failure | None) -> None: ...
+
+    def withdrawn(self, demand: Demand) -> None: ...
 
     def loop_failed(self, loop: str, failure: Failure) -> None: ...
 

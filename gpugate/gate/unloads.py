@@ -34,6 +34,7 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
+from gpugate.core.tickets import Demand
 from gpugate.gate.links import Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.upstream import upstream_failure
@@ -132,6 +133,27 @@ class UnloadRunner:
                 gate.loop_failed(f"preempt-{effect.consumer}", failure)
         finally:
             gate.preempted(effect, failure)
+
+    async def withdraw(self, link: Link, job: str | None, demand: Demand) -> None:
+        """Ask the runtime to drop a job it accepted before its lease, which could not be
+        had (or whose client left), within one control timeout; then what the job left is
+        given back, from what NVML shows now (`GateCore.withdrawn`)."""
+        gate = self.gate
+        name = link.consumer.name
+        try:
+            if job is not None:
+                if link.session is None:
+                    raise LookupError(f"no adapter can withdraw {name}'s job {job}")
+                async with asyncio.timeout(link.consumer.timeouts.control):
+                    await link.adapter.preempt(link.session, job)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(gate.config.budget.reclaim_timeout):
+                    gate.observe(await gate.sampler.sample())
+        except Exception as exc:
+            what = f"cannot withdraw {name}'s job {job}, accepted without a lease"
+            gate.loop_failed(f"withdraw-{name}", upstream_failure(link.consumer, exc, what))
+        finally:
+            gate.withdrawn(demand)
 
     async def _wait_for_reclaim(
         self,
