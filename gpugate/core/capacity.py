@@ -258,11 +258,11 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
         last = scheduler.left(gpu)
         if last is not None:
             return _Left(last[0], last[1], last[2], view)
-    pool = schedulable
+    unexplained = core.telemetry.unexplained.get(gpu, {})
+    pool = schedulable - early.withheld(gpu, unexplained, scheduler.withdrawing)
     claimed: set[ResidentKey] = set()
     riding: set[ResidentKey] = set()
     credited: dict[str, int] = {}
-    unexplained = core.telemetry.unexplained.get(gpu, {})
     for ticket in ahead:
         earlier = ticket.demand
         if earlier.key in riding:
@@ -293,6 +293,8 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
                 view = ResidentView(residents, now, settings)
             continue
         if decision.kind is PlanKind.FAIL:
+            if earlier.started is not None:
+                pool -= max(0, decision.needed)
             continue
         claimed.update(decision.counting_on)
         if releasable and decision.kind is PlanKind.WAIT:

@@ -18,10 +18,13 @@ memory, and a sample may already show some of it as its consumer's memory beyond
   than counting them twice. One pass credits those bytes once, to the first such job of the
   consumer.
 
-Until a started job is granted, or its runtime has been asked to drop it (`GateCore
-.withdrawn`), the memory it took is settling: pressure relief does not evict anyone for it
-(`settling`). A job whose lease cannot be had (or whose client left) is withdrawn, and what
-it left on the card becomes its consumer's `<held>` resident, given back at once.
+A job whose lease cannot be had (or whose client left) is withdrawn: its runtime is asked
+to drop it, and once the job has stopped, what it left on the card becomes its consumer's
+`<held>` resident, given back at once (`GateCore.withdrawn`). Until then it may still be
+running: every pass keeps back what it may still take (`withheld`), as its ticket did.
+
+Until a started job is granted or withdrawn, the memory it took is settling: pressure relief
+does not evict anyone for it (`settling`).
 """
 
 from __future__ import annotations
@@ -59,11 +62,26 @@ def kept_back(demand: Demand, decision: Plan) -> int:
     return max(0, decision.needed - decision.eventual)
 
 
+def withheld(
+    gpu: int, unexplained: Mapping[str, int], withdrawing: Mapping[tuple[str, int], list[Demand]]
+) -> int:
+    """What jobs being withdrawn from a GPU may still take there: per consumer, their needs
+    beyond what the samples already show of them (which the budget counts)."""
+    total = 0
+    for (consumer, card), demands in withdrawing.items():
+        if card != gpu or not demands:
+            continue
+        before = min(d.started.before(gpu) for d in demands if d.started is not None)
+        seen = max(0, unexplained.get(consumer, 0) - before)
+        total += max(0, sum(d.envelope for d in demands) - seen)
+    return total
+
+
 def settling(
     gpu: int,
     waiting: Iterable[Ticket],
     unexplained: Mapping[str, int],
-    withdrawing: Mapping[tuple[str, int], int],
+    withdrawing: Mapping[tuple[str, int], list[Demand]],
 ) -> int:
     """Bytes of a GPU's consumers' unexplained memory that started jobs took and that their
     grant or withdrawal settles: all of a consumer's whose job is being withdrawn, and the

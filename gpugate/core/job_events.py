@@ -61,14 +61,18 @@ class JobEvents:
         withdrawing = self.scheduler.withdrawing
         for gpu, before in started.unexplained:
             key = (demand.consumer, gpu)
-            count = withdrawing.get(key, 0)
-            if not count:
+            marked = withdrawing.get(key, [])
+            # The mark is the demand as queued (a job's own key and growth): the same trial.
+            mine = next((d for d in marked if d.started is started), None)
+            if mine is None:
                 continue
-            if count > 1:
-                withdrawing[key] = count - 1
+            marked.remove(mine)
+            self.books.touch(residents=False, gpu=gpu)
+            if marked:
                 continue
             del withdrawing[key]
             effects.extend(self._left_by_withdrawn(demand, gpu, before, now))
+            effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 
     def _left_by_withdrawn(self, demand: Demand, gpu: int, before: int, now: float) -> list[Effect]:
@@ -92,7 +96,7 @@ class JobEvents:
             EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.WITHDRAWN.value
         )
         self.telemetry.explain(gpu, self.books)
-        return [unload, evicted, *self.scheduler.schedule(gpu, now)]
+        return [unload, evicted]
 
     def job_started(self, lease_id: int, job: str) -> bool:
         """The runtime queued a job's work under its own name for it (for `job_done`)."""

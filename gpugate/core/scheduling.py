@@ -174,9 +174,9 @@ class Scheduler:
         self.operator = OperatorBook()
         """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
-        self.withdrawing: dict[tuple[str, int], int] = {}
-        """(consumer, GPU) → started jobs whose demand ended without a grant, until the gate
-        says their runtime was asked to drop them (`GateCore.withdrawn`)."""
+        self.withdrawing: dict[tuple[str, int], list[Demand]] = {}
+        """(consumer, GPU) → demands of started jobs that ended without a grant, until the
+        gate says their runtime dropped them (`GateCore.withdrawn`)."""
 
     # -- demands -------------------------------------------------------------------------
 
@@ -358,8 +358,8 @@ class Scheduler:
         """A demand ended without a grant: a started job's is marked, for its runtime is to
         drop the job, and what the job took stays to be settled (`GateCore.withdrawn`)."""
         if demand.started is not None:
-            key = (demand.consumer, demand.gpu)
-            self.withdrawing[key] = self.withdrawing.get(key, 0) + 1
+            self.withdrawing.setdefault((demand.consumer, demand.gpu), []).append(demand)
+            self.books.touch(residents=False, gpu=demand.gpu)
 
     def expire(self, now: float) -> tuple[list[Effect], set[int]]:
         """Fail tickets past their deadline; returns effects and the GPUs to re-plan."""
@@ -406,7 +406,10 @@ class Scheduler:
         view = ResidentView(
             self._source(gpu), now, self.planner, version=self.books.residents_version
         )
-        tail = _Tail(self.books.stamp(gpu), schedulable, schedulable, set(), set(), view)
+        # Jobs being withdrawn may still be running: what they may take is nobody's.
+        unexplained = self.telemetry.unexplained.get(gpu, {})
+        pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
+        tail = _Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
         paused = gpu in self.operator.paused
         if queue and budget is not None and not paused and self._usable(gpu, now) is None:
@@ -516,6 +519,9 @@ class Scheduler:
                 self.gave_up(demand)
                 effects.append(Reject(ticket.id, failure))
                 effects.append(failure_event(failure, now))
+            if demand.started is not None:
+                # Still running until its runtime drops it: the rest of the pass keeps off.
+                tail.pool -= max(0, decision.needed)
             return Outcome.FAILED
         if not may_wait:
             return Outcome.FULL

@@ -136,8 +136,9 @@ class UnloadRunner:
 
     async def withdraw(self, link: Link, job: str | None, demand: Demand) -> None:
         """Ask the runtime to drop a job it accepted before its lease, which could not be
-        had (or whose client left), within one control timeout; then what the job left is
-        given back, from what NVML shows now (`GateCore.withdrawn`)."""
+        had (or whose client left), within one control timeout, and wait (up to the reclaim
+        timeout) until it no longer has it: what the job left is then given back, from what
+        NVML shows (`GateCore.withdrawn`). Until then the job's memory is kept back."""
         gate = self.gate
         name = link.consumer.name
         try:
@@ -146,6 +147,8 @@ class UnloadRunner:
                     raise LookupError(f"no adapter can withdraw {name}'s job {job}")
                 async with asyncio.timeout(link.consumer.timeouts.control):
                     await link.adapter.preempt(link.session, job)
+                if link.adapter.tracks_jobs:
+                    await self._until_dropped(link, job)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(gate.config.budget.reclaim_timeout):
                     gate.observe(await gate.sampler.sample())
@@ -154,6 +157,21 @@ class UnloadRunner:
             gate.loop_failed(f"withdraw-{name}", upstream_failure(link.consumer, exc, what))
         finally:
             gate.withdrawn(demand)
+
+    async def _until_dropped(self, link: Link, job: str) -> None:
+        """Poll the runtime until it says the job ended (a running job stops at its next
+        step), within the reclaim timeout."""
+        assert link.session is not None
+        pause = FIRST_POLL
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.gate.config.budget.reclaim_timeout):
+                while True:
+                    async with asyncio.timeout(link.consumer.timeouts.control):
+                        ended = await link.adapter.track_jobs(link.session, frozenset({job}))
+                    if ended:
+                        return
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, POLL_INTERVAL)
 
     async def _wait_for_reclaim(
         self,

@@ -101,7 +101,8 @@ def test_a_withdrawn_jobs_leftovers_are_held_and_given_back_at_once():
     wanted = job(4 * GiB)
     admission = card.core.submit(wanted, card.now)
     assert admission.failure is not None  # nothing it may evict: it can never fit
-    assert card.core.scheduler.withdrawing == {(C, 0): 1}
+    [marked] = card.core.scheduler.withdrawing[(C, 0)]
+    assert marked.started is wanted.started
     card.comfy = 2 * GiB  # what it loaded before it was stopped
     card.sample()
     effects = card.core.withdrawn(wanted, card.now)
@@ -110,6 +111,36 @@ def test_a_withdrawn_jobs_leftovers_are_held_and_given_back_at_once():
     assert unload.bytes == 2 * GiB
     assert card.core.scheduler.withdrawing == {}
     assert [r.key.model for r in card.core.residents(0) if r.key.consumer == C] == [HELD_MODEL]
+
+
+def test_what_a_failed_job_may_still_take_is_kept_back_until_it_is_withdrawn():
+    card = Card(("c", 11 * GiB, P.PRODUCTION))
+    wanted = job(4 * GiB)
+    assert card.core.submit(wanted, card.now).failure is not None
+    # Its runtime is being asked to drop it; until then it may hold up to 4 GiB of the
+    # 3.6 GiB schedulable, unsampled: a request waits.
+    request = card.core.submit(demand("a", 2 * GiB), card.now)
+    assert request.waiting
+    # Dropped: a sample shows it left nothing, and the request is granted.
+    card.sample()
+    effects = card.core.withdrawn(wanted, card.now)
+    assert [e.ticket_id for e in effects if isinstance(e, Grant)] == [request.ticket_id]
+
+
+def test_a_job_failing_in_a_pass_keeps_its_memory_from_the_tickets_behind_it():
+    # 1.6 GiB schedulable; d (2 GiB, the job's class) serves a request: the job waits for it.
+    card = Card(("c", 11 * GiB, P.PRODUCTION), ("d", 2 * GiB, P.INTERACTIVE))
+    assert card.core.submit(demand("d", 2 * GiB), card.now).lease is not None
+    assert card.core.submit(job(3 * GiB), card.now).waiting
+    behind = card.core.submit(demand("a", 512 * MiB, priority=P.MAINTENANCE), card.now)
+    assert behind.waiting
+    # An external process grows: the job can never fit now and fails in this sample's pass,
+    # but it runs until its runtime drops it; the request behind it still waits.
+    card.external = 800 * MiB
+    effects = card.sample()
+    assert [e.kind for e in effects if getattr(e, "kind", None) is EventKind.FAILURE]
+    assert [e for e in effects if isinstance(e, Grant)] == []
+    assert [t.id for t in card.core.waiting(0)] == [behind.ticket_id]
 
 
 def test_a_withdrawn_job_that_left_nothing_beyond_what_was_there_evicts_nothing():
