@@ -26,7 +26,6 @@ the bytes still `pending`. `?scope=explicit` lists only what this route listed b
 from __future__ import annotations
 
 import enum
-import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ import attrs
 from aiohttp import web
 
 from gpugate.control.auth import CALLER, Caller
+from gpugate.control.bodies import BadRequest, bad_request, json_body
 from gpugate.core.classes import PriorityClass
 from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
 from gpugate.core.failures import Failure, FailureClass
@@ -80,10 +80,6 @@ class ShownScope(enum.Enum):
 START_LEASES = web.AppKey("start_leases", StartLeases)
 
 
-class BadRequest(ValueError):
-    """The request body is not a lease request the gate can act on (400)."""
-
-
 @attrs.frozen
 class Asked:
     """A lease request as read from its body."""
@@ -104,10 +100,6 @@ def failure_response(failure: Failure) -> web.Response:
     return web.json_response(body, status=failure.failure_class.http_status, headers=headers)
 
 
-def bad_request(message: str) -> web.Response:
-    return web.json_response({"error": {"class": "BAD_REQUEST", "message": message}}, status=400)
-
-
 def conflict(message: str) -> web.Response:
     return failure_response(Failure(FailureClass.LEASE_CONFLICT, f"LEASE_CONFLICT: {message}"))
 
@@ -119,12 +111,10 @@ def _seconds(body: dict[str, Any], key: str, default: float | None) -> float | N
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise BadRequest(f"{key}: expected seconds or a duration like '30s'")
     try:
-        seconds = float(value) if isinstance(value, int | float) else parse_duration(value)
+        # Refuses NaN, negatives and what no clock could add (gpugate.core.units).
+        return parse_duration(value)
     except ValueError as exc:
         raise BadRequest(f"{key}: {exc}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise BadRequest(f"{key}: expected 0 or more seconds, got {value!r}")
-    return seconds
 
 
 def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
@@ -185,6 +175,10 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
         gpu = body.get("gpu", config.gpus[0].index if config.gpus else 0)
         if isinstance(gpu, bool) or not isinstance(gpu, int):
             raise BadRequest("gpu: expected an NVML index")
+        known = {g.index for g in config.gpus} | set(gate.core.gpus())
+        if gpu not in known:
+            shown = ", ".join(str(g) for g in sorted(known)) or "none sampled yet"
+            raise BadRequest(f"gpu: no GPU {gpu} (this gate's: {shown})")
         owner, default_class = identity_owner(identity.name), identity.priority
         max_class = identity.max_priority or identity.priority
         label = {"identity": identity.name}
@@ -315,11 +309,7 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         from gpugate.gate.gate import GateFailure
 
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return bad_request("expected a JSON object")
-        try:
-            asked = read_request(body, gate, request[CALLER])
+            asked = read_request(await json_body(request), gate, request[CALLER])
         except BadRequest as exc:
             return bad_request(str(exc))
         terms = asked.terms
