@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpugate.core.units import (
-    GiB,
     MAX_DURATION,
     MAX_SIZE,
+    GiB,
     parse_duration,
     parse_size,
 )
