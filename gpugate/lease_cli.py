@@ -191,7 +191,9 @@ async def _run_under(
 
 
 async def _renew(session: aiohttp.ClientSession, lease_id: int, ttl: float) -> None:
-    """Renew every ttl/3; one lost renewal still leaves two more before the lease lapses."""
+    """Renew every ttl/3; one lost renewal still leaves two more before the lease lapses.
+    Each renewal's answer says the ttl from then on (shorter when `gate.max_lease_ttl` was
+    lowered since the grant)."""
     while True:
         await asyncio.sleep(ttl / 3)
         try:
@@ -205,5 +207,15 @@ async def _renew(session: aiohttp.ClientSession, lease_id: int, ttl: float) -> N
                         flush=True,
                     )
                     return
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                if resp.status == 200:
+                    ttl = _renewed_ttl(await resp.json(content_type=None), ttl)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             print(f"gpugate lease: renewal failed: {exc}", file=sys.stderr, flush=True)
+
+
+def _renewed_ttl(answer: object, ttl: float) -> float:
+    """The ttl a renewal's answer gives the lease (`ttl` unchanged when it says none)."""
+    given = answer.get("ttl") if isinstance(answer, dict) else None
+    if isinstance(given, int | float) and not isinstance(given, bool) and given >= 1:
+        return float(given)
+    return ttl

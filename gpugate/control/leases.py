@@ -39,7 +39,7 @@ from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
-from gpugate.core.units import parse_duration, parse_size
+from gpugate.core.units import format_duration, parse_duration, parse_size
 from gpugate.gate.process_books import DEFAULT_START_ADMISSION_TIMEOUT
 from gpugate.gate.start_leases import StartLeases
 from gpugate.gate.starts import ADOPT_FLOOR
@@ -197,6 +197,14 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
     assert ttl is not None
     if ttl < 1:
         raise BadRequest("ttl: at least 1s, so that a renewal can arrive in time")
+    longest = config.gate.max_lease_ttl
+    # A start lease's default is the configuration's own (start_admission_timeout).
+    if body.get("ttl") is not None and ttl > longest:
+        raise BadRequest(
+            f"ttl: at most {format_duration(longest)} (gate.max_lease_ttl), got "
+            f"{format_duration(ttl)}: a holder that dies leaves its bytes leased for the "
+            "ttl; ask for a shorter one and renew it"
+        )
     max_wait = _seconds(body, "max_wait", None)
     budget = gate.core.budget(gpu)
     if budget is not None and nbytes > budget.total - budget.reserved:
@@ -345,7 +353,8 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         found = held(request)
         if isinstance(found, web.Response):
             return found
-        lease = gate.renew(found.id)
+        # A ttl granted before gate.max_lease_ttl was lowered (a reload) is cut to it here.
+        lease = gate.renew(found.id, gate.config.gate.max_lease_ttl)
         if lease is None:
             return conflict(f"lease {found.id} lapsed before this renewal arrived")
         return web.json_response(lease_document(lease, gate.clock()))

@@ -533,7 +533,7 @@ def openapi_document() -> dict[str, Any]:
                         "Content-Encoding is not undone), NaN or Infinity, a number past a "
                         "double's range, nesting deeper than a request has, a key twice in one "
                         "object, an unknown field or name, a size or duration that does not "
-                        "parse, a `ttl` under 1s",
+                        "parse, a `ttl` under 1s or past `gate.max_lease_ttl`",
                         ERROR,
                     ),
                     "413": _json("PAYLOAD_TOO_LARGE: a body past 64 KiB", ERROR),

@@ -140,10 +140,12 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         lease_id = self.scheduler.new_id()
         return self.scheduler.submit(explicit_demand(terms, lease_id), now, ticket_id=lease_id)
 
-    def renew(self, lease_id: int, now: float) -> list[Effect]:
+    def renew(self, lease_id: int, now: float, longest: float | None = None) -> list[Effect]:
         """An explicit lease's holder is alive: its expiry moves to now + its ttl.
 
         A lease whose expiry has already come lapses here instead (the caller sees it gone).
+        `longest`: the longest ttl allowed now; a lease granted a longer one before it was
+        lowered keeps only that much from here on.
         """
         lease = self.books.leases.get(lease_id)
         if lease is None or lease.expires_at is None or lease.demand.lease_ttl is None:
@@ -153,6 +155,8 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
             if self.scheduler.queues.get(lease.gpu):
                 effects.extend(self.scheduler.schedule(lease.gpu, now))
             return effects
+        if longest is not None and lease.demand.lease_ttl > longest:
+            lease.demand = attrs.evolve(lease.demand, lease_ttl=longest)
         lease.expires_at = now + lease.demand.lease_ttl
         return []
 

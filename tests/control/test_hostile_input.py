@@ -73,6 +73,7 @@ BAD_BODIES = [
                  "longer than 1000 years", id="ttl-400-digit-integer"),
     pytest.param(lease(ttl="9" * 400), "longer than 1000 years", id="ttl-400-digits"),
     pytest.param(lease(ttl="99999999999999d"), "longer than 1000 years", id="ttl-8.64e18s"),
+    pytest.param(lease(ttl="2h"), "at most 1h (gate.max_lease_ttl)", id="ttl-past-the-max"),
     pytest.param(lease(max_wait="9" * 400 + "h"), "longer than 1000 years", id="max-wait-huge"),
     pytest.param(lease(ttl=[30]), "ttl: expected seconds", id="ttl-a-list"),
     pytest.param(lease(bytes={"GiB": 1}), "bytes: expected", id="bytes-an-object"),
