@@ -123,7 +123,7 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 0
         assert listening_pids(whisper_port) == [], "the gate's whisper-server went with it"
-        assert not local_token_path().exists(), "its token went with it"
+        assert not local_token_path(ports["control"]).exists(), "its token went with it"
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGTERM)
