@@ -280,3 +280,12 @@ async def until(served: Served, predicate, timeout: float = 20.0) -> None:
     while not predicate(await served.status()):
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+def test_the_wrapper_renews_by_the_ttl_each_renewal_answers():
+    from gpugate.lease_cli import _renewed_ttl
+
+    # A bound lowered by a reload shortens the ttl from a renewal on: renew by the new one.
+    assert _renewed_ttl({"id": 3, "ttl": 60.0, "expires_in": 60.0}, 1800.0) == 60.0
+    for answer in ({}, {"ttl": None}, {"ttl": "60"}, {"ttl": True}, {"ttl": 0.5}, [], None):
+        assert _renewed_ttl(answer, 30.0) == 30.0
