@@ -8,7 +8,10 @@
 
 A lease is asked for by a configured consumer (its bytes are that consumer's, on its GPU)
 or by a configured identity (its own budget row, `identity:NAME`, on `gpu`). The POST
-answers once the lease is granted, or with the failure that ended the wait.
+answers once the lease is granted, or with the failure that ended the wait. Its `ttl` is
+at most `gate.max_lease_ttl` (a longer one is a 400): the ttl is how long the bytes stay
+leased after a holder that died stops renewing. A renewal extends by the ttl, cut to that
+bound when a reload lowered it since the grant; its answer says the ttl from then on.
 
 `"purpose": "start"` asks for a consumer's **start lease** (`gpugate admit`): `bytes`
 default to the consumer's envelope and `ttl` to its `control.start_admission_timeout`; the
