@@ -1,7 +1,8 @@
 """The simulated Ollama's JSON reader: one value, without recursion, to Go's depth limit.
 
 Python's json scanner recurses once per nesting level and gives up near a thousand; Go's
-scanner takes 10000 levels and stops at the 10001st with "exceeded max depth". Syntax
+scanner takes 10000 levels and stops at the 10001st with "invalid character '[' exceeded
+max depth" (scanner.go pushParseState: a syntax error at the bracket). Syntax
 errors are raised as json.JSONDecodeError with the C scanner's messages and positions,
 so binding.py words them as Go does whatever reader found them.
 """
@@ -41,7 +42,7 @@ def scan(
         char = text[pos : pos + 1]
         if char in ("{", "["):
             if len(stack) >= MAX_DEPTH:
-                raise TooDeep("exceeded max depth")
+                raise TooDeep(f"invalid character '{char}' exceeded max depth")
             pos = _WS.match(text, pos + 1).end()
             closer = "}" if char == "{" else "]"
             if text.startswith(closer, pos):
