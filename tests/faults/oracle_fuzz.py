@@ -11,7 +11,10 @@ could load a model. Checked, for every case:
 * wrongful: a request a reader says its runtime refused was admitted as a demand (leased,
   or queued for capacity: either may have evicted someone's model);
 * no 5xx the gate originated except the runtimes' own answers it writes in their shape,
-  no traceback on its stderr, no lease or ticket left at the end.
+  no traceback on its stderr, no lease or ticket left at the end;
+* the simulated Ollama read every request as the oracle did (oracle_compare.py): whether it
+  could load, which model, keep_alive and runner options, what it refused once loaded,
+  whether its body was malformed.
 
 Prints a table and, on failure, the seed and each failing case's bytes; `--case ID` replays
 one case of a seed on a fresh stack. Exits 1 when a check fails.
@@ -34,6 +37,7 @@ import aiohttp
 import attrs
 import httptools
 
+from tests.faults.oracle_compare import Comparison, compare, read_readings
 from tests.faults.oracle_stack import OracleStack, oracle_stack
 from tests.faults.oraclegen import Case, Corpus, Listener
 from tests.faults.records import WhisperRoute, read_prompt_records, read_whisper_records
@@ -147,6 +151,8 @@ class Report:
     undecided: int = 0
     reasons: Counter[str] = attrs.field(factory=Counter)
     """Why the oracle said Ollama would not load, by the reason's first word."""
+    readings: Comparison = attrs.field(factory=Comparison)
+    """The simulated Ollama's reading of each request against the oracle's."""
     whisper_loads: int = 0
     prompts_queued: int = 0
     prompts_refused: int = 0
@@ -159,6 +165,7 @@ class Report:
             ("wrongful", self.wrongful),
             ("gate 5xx", self.gate_5xx),
             ("no answer", self.timeouts),
+            ("simulator reads otherwise", self.readings.disagreements),
         ):
             found += [f"{name}: {item}" for item in items[:20]]
         if self.tracebacks:
@@ -179,6 +186,13 @@ class Report:
             ("Ollama requests the oracle read as loads", str(self.loads_read)),
             ("Ollama requests the oracle read as refused", str(self.refusals_read)),
             ("Ollama requests the oracle could not decide", str(self.undecided)),
+            ("Ollama requests the simulator read too (compared)", str(self.readings.compared)),
+            (
+                "  of which loads / refused once loaded / malformed",
+                f"{self.readings.loads} / {self.readings.refused_after_load} / "
+                f"{self.readings.malformed}",
+            ),
+            ("simulator and oracle disagree", str(len(self.readings.disagreements))),
             (
                 "ComfyUI prompts queued / refused by ComfyUI",
                 f"{self.prompts_queued} / {self.prompts_refused}",
@@ -191,6 +205,10 @@ class Report:
             ("tracebacks on stderr", str(self.tracebacks)),
             ("leases / tickets left", f"{self.leases_left} / {self.tickets_left}"),
             ("events dropped", str(self.events_dropped)),
+        ]
+        rows += [
+            (f"  loads on a route not simulated: {k}", str(v))
+            for k, v in sorted(self.readings.unsimulated.items())
         ]
         rows += [(f"  refused: {k}", str(v)) for k, v in self.reasons.most_common()]
         rows += [(f"  {k}", str(v)) for k, v in sorted(self.outcomes.items())]
@@ -315,7 +333,9 @@ def judge(
 ) -> None:
     """Every reader's record against the gate's answers and grants."""
     forwarded: set[str] = set()
-    for record in read_records(s.ollama_records):
+    records = read_records(s.ollama_records)
+    report.readings = compare(records, read_readings(s.ollama_readings))
+    for record in records:
         if not record.case:
             continue  # the gate's own calls: listings, sizes, unloads
         forwarded.add(record.case)
