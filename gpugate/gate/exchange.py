@@ -128,6 +128,13 @@ class Exchange:
                 gate.job_started(lease, job, kind=kind, scale=self.classified.scale)
             self.kept = not gate.released_by_caller(lease)
         elif status >= 500 and lease.loads:
+            if self.link.adapter.refused_after_load(self.classified, status, prefix):
+                # The runtime loaded the model and then refused the request itself (an
+                # Ollama format or template): resident, and no load failed.
+                gate.loaded(lease)
+                for part in self.parts:
+                    gate.loaded(part)
+                return extra
             failure = self._load_failure(status, prefix)
             gate.report(failure)
             extra.append((FAILURE_HEADER, failure.failure_class.value))

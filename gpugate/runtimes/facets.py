@@ -219,6 +219,12 @@ class ProcessLife:
         """The runtime answered a request with `status` (a model switch took effect)."""
         return None
 
+    def refused_after_load(self, classified: Classified, status: int, body: bytes) -> bool:
+        """Whether the runtime's 5xx answer (`body`: its first bytes) to a request that
+        may load is its own refusal of the request once the model was loaded: the model is
+        resident and nothing failed to load. False (the default): the load failed."""
+        return False
+
     def process_ended(self) -> None:
         """The process stopped or died: the next one starts as its command says."""
         return None

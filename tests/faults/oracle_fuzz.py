@@ -12,6 +12,8 @@ could load a model. Checked, for every case:
   or queued for capacity: either may have evicted someone's model);
 * no 5xx the gate originated except the runtimes' own answers it writes in their shape,
   no traceback on its stderr, no lease or ticket left at the end;
+* mislabelled: a request Ollama refuses only once its model is loaded (a format or a
+  template it cannot use) was answered as a failed load (MODEL_LOAD_FAILED, GPU_OOM);
 * the simulated Ollama read every request as the oracle did (oracle_compare.py): whether it
   could load, which model, keep_alive and runner options, what it refused once loaded,
   whether its body was malformed.
@@ -47,6 +49,7 @@ from tests.oracle.oracle import read_records
 CONCURRENCY = 16
 ANSWER_TIMEOUT = 20.0
 UPSTREAM_CLASSES = {"RUNTIME_CRASH", "TIMEOUT", "MODEL_LOAD_FAILED", "GPU_OOM", "START_BACKOFF"}
+LOAD_FAILURES = {"MODEL_LOAD_FAILED", "GPU_OOM"}
 RUNTIME_SHAPED = (
     b"Unsupported transfer encoding",  # Go's net/http, for a coding it does not frame
     b"500 Internal Server Error\n\nServer got itself in trouble",  # aiohttp, ComfyUI
@@ -138,6 +141,7 @@ class Report:
     outcomes: Counter[str] = attrs.field(factory=Counter)
     bypasses: list[str] = attrs.field(factory=list)
     wrongful: list[str] = attrs.field(factory=list)
+    mislabelled: list[str] = attrs.field(factory=list)
     gate_5xx: list[str] = attrs.field(factory=list)
     timeouts: list[str] = attrs.field(factory=list)
     tracebacks: int = 0
@@ -163,6 +167,7 @@ class Report:
         for name, items in (
             ("bypass", self.bypasses),
             ("wrongful", self.wrongful),
+            ("mislabelled", self.mislabelled),
             ("gate 5xx", self.gate_5xx),
             ("no answer", self.timeouts),
             ("simulator reads otherwise", self.readings.disagreements),
@@ -200,6 +205,7 @@ class Report:
             ("whisper /load switches", str(self.whisper_loads)),
             ("bypasses (a load without its lease)", str(len(self.bypasses))),
             ("wrongful (a refused request admitted)", str(len(self.wrongful))),
+            ("mislabelled (a refusal once loaded as a failed load)", str(len(self.mislabelled))),
             ("gate-originated 5xx", str(len(self.gate_5xx))),
             ("cases without an answer", str(len(self.timeouts))),
             ("tracebacks on stderr", str(self.tracebacks)),
@@ -354,6 +360,10 @@ def judge(
                 )
             elif grant.wall > record.t + 0.002:
                 report.bypasses.append(f"case {case_id} reached Ollama before its grant")
+            if record.after_load and answer is not None and answer.failure in LOAD_FAILURES:
+                report.mislabelled.append(
+                    f"case {case_id}: {answer.status} {answer.failure} for {record.after_load!r}"
+                )
         else:
             report.refusals_read += 1
             report.reasons[record.reason.split(":")[0].split(" ")[0]] += 1
