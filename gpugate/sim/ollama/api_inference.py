@@ -7,13 +7,14 @@ import contextlib
 from aiohttp import web
 
 from gpugate.sim.ollama.afterload import format_refusal, generate_refusal
-from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
+from gpugate.sim.ollama.binding import BindError, bind, text_field
 from gpugate.sim.ollama.catalog import Capability, CatalogModel
 from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
 from gpugate.sim.ollama.gofold import go_quote
 from gpugate.sim.ollama.names import go_trim_space
 from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
 from gpugate.sim.ollama.record import reading
+from gpugate.sim.ollama.requests import CHAT, EMBED, EMBEDDINGS, GENERATE
 from gpugate.sim.ollama.runnerref import Lease, ScheduleError
 from gpugate.sim.ollama.services import Services, bind_message, keep_alive_of, services
 from gpugate.sim.ollama.wire import (
@@ -24,73 +25,6 @@ from gpugate.sim.ollama.wire import (
     now_ns,
     rfc3339,
     stream_write,
-)
-
-GENERATE = Struct(
-    "api.GenerateRequest",
-    {
-        "model": GoType.STRING,
-        "prompt": GoType.STRING,
-        "suffix": GoType.STRING,
-        "system": GoType.STRING,
-        "template": GoType.STRING,
-        "context": GoType.INTS,
-        "stream": GoType.BOOL_POINTER,
-        "raw": GoType.BOOL,
-        "format": GoType.RAW,
-        "keep_alive": GoType.DURATION,
-        "images": GoType.IMAGES,
-        "options": GoType.OPTIONS,
-        "think": GoType.THINK,
-        "truncate": GoType.BOOL_POINTER,
-        "shift": GoType.BOOL_POINTER,
-        "_debug_render_only": GoType.BOOL,
-        "logprobs": GoType.BOOL,
-        "top_logprobs": GoType.INT,
-        "width": GoType.INT32,
-        "height": GoType.INT32,
-        "steps": GoType.INT32,
-    },
-)
-"""api/types.go GenerateRequest: every field, as each can fail the decode."""
-CHAT = Struct(
-    "api.ChatRequest",
-    {
-        "model": GoType.STRING,
-        "messages": GoType.MESSAGES,
-        "stream": GoType.BOOL_POINTER,
-        "format": GoType.RAW,
-        "keep_alive": GoType.DURATION,
-        "tools": GoType.TOOLS,
-        "options": GoType.OPTIONS,
-        "think": GoType.THINK,
-        "truncate": GoType.BOOL_POINTER,
-        "shift": GoType.BOOL_POINTER,
-        "_debug_render_only": GoType.BOOL,
-        "logprobs": GoType.BOOL,
-        "top_logprobs": GoType.INT,
-    },
-)
-"""api/types.go ChatRequest (its embedded Tools is the field `tools`)."""
-EMBED = Struct(
-    "api.EmbedRequest",
-    {
-        "model": GoType.STRING,
-        "input": GoType.ANY,
-        "keep_alive": GoType.DURATION,
-        "truncate": GoType.BOOL_POINTER,
-        "dimensions": GoType.INT,
-        "options": GoType.OPTIONS,
-    },
-)
-EMBEDDINGS = Struct(
-    "api.EmbeddingRequest",
-    {
-        "model": GoType.STRING,
-        "prompt": GoType.STRING,
-        "keep_alive": GoType.DURATION,
-        "options": GoType.OPTIONS,
-    },
 )
 
 

@@ -16,7 +16,7 @@ import time
 
 from aiohttp import web
 
-from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, exact_member, text_field
+from gpugate.sim.ollama.binding import BindError, bind, exact_member, text_field
 from gpugate.sim.ollama.catalog import Capability, CatalogModel
 from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
 from gpugate.sim.ollama.gofold import go_quote
@@ -24,6 +24,7 @@ from gpugate.sim.ollama.names import ModelRef, go_trim_space
 from gpugate.sim.ollama.openai_convert import asks_to_think, chat_prompt, completion_stop
 from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
 from gpugate.sim.ollama.record import reading
+from gpugate.sim.ollama.requests import CHAT_COMPLETION, COMPLETION, EMBEDDING
 from gpugate.sim.ollama.runnerref import Lease, ScheduleError
 from gpugate.sim.ollama.services import Services, services
 from gpugate.sim.ollama.wire import (
@@ -35,58 +36,6 @@ from gpugate.sim.ollama.wire import (
     stream_write,
 )
 
-CHAT_COMPLETION = Struct(
-    "openai.ChatCompletionRequest",
-    {
-        "model": GoType.STRING,
-        "messages": GoType.OPENAI_MESSAGES,
-        "stream": GoType.BOOL,
-        "stream_options": GoType.STREAM_OPTIONS,
-        "max_tokens": GoType.INT_POINTER,
-        "seed": GoType.INT_POINTER,
-        "stop": GoType.ANY,
-        "temperature": GoType.FLOAT_POINTER,
-        "frequency_penalty": GoType.FLOAT_POINTER,
-        "presence_penalty": GoType.FLOAT_POINTER,
-        "top_p": GoType.FLOAT_POINTER,
-        "response_format": GoType.RESPONSE_FORMAT,
-        "tools": GoType.TOOLS,
-        "reasoning": GoType.REASONING,
-        "reasoning_effort": GoType.STRING_POINTER,
-        "logprobs": GoType.BOOL_POINTER,
-        "top_logprobs": GoType.INT,
-        "_debug_render_only": GoType.BOOL,
-    },
-)
-"""openai/openai.go ChatCompletionRequest: every field, as each can fail the decode."""
-COMPLETION = Struct(
-    "openai.CompletionRequest",
-    {
-        "model": GoType.STRING,
-        "prompt": GoType.STRING,
-        "frequency_penalty": GoType.FLOAT32,
-        "max_tokens": GoType.INT_POINTER,
-        "presence_penalty": GoType.FLOAT32,
-        "seed": GoType.INT_POINTER,
-        "stop": GoType.ANY,
-        "stream": GoType.BOOL,
-        "stream_options": GoType.STREAM_OPTIONS,
-        "temperature": GoType.FLOAT32_POINTER,
-        "top_p": GoType.FLOAT32,
-        "suffix": GoType.STRING,
-        "logprobs": GoType.INT_POINTER,
-        "_debug_render_only": GoType.BOOL,
-    },
-)
-EMBEDDING = Struct(
-    "openai.EmbedRequest",
-    {
-        "input": GoType.ANY,
-        "model": GoType.STRING,
-        "dimensions": GoType.INT,
-        "encoding_format": GoType.STRING,
-    },
-)
 FINGERPRINT = "fp_ollama"
 
 
