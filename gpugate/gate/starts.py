@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from urllib.parse import urlsplit
 
 import attrs
 
@@ -45,17 +44,15 @@ from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.process_books import ProcessBooks
 from gpugate.gate.process_envelopes import ProcessEnvelopes
+from gpugate.gate.process_found import ProcessFinder
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
     ProcessControl,
-    ProcessControlError,
     ProcessExited,
     SupervisedCommand,
-    SystemdUnit,
 )
-from gpugate.runtimes.process_find import listening_pids
-from gpugate.runtimes.process_ready import port_open, wait_ready
+from gpugate.runtimes.process_ready import wait_ready
 
 log = logging.getLogger("gpugate.starts")
 
@@ -92,6 +89,7 @@ class ProcessStarts:
         """The start each consumer's waiting request awaits: done once reported."""
         self.envelopes = ProcessEnvelopes(gate)
         self.books = ProcessBooks(gate)
+        self.finder = ProcessFinder(gate, self.books)
         for link in gate.links.values():
             process = link.adapter.process
             if process is None:
@@ -100,6 +98,10 @@ class ProcessStarts:
             gate.core.register_lifecycle(link.consumer.name, eviction, gate.clock())
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self._exited(link, exit)
+
+    async def running(self, link: Link) -> bool:
+        """Whether the consumer's process is there (its control says so), bounded."""
+        return await self.finder.running(link)
 
     def starting(self, consumer: str) -> bool:
         """Whether the consumer's runtime is starting now (not yet answering)."""
@@ -149,9 +151,11 @@ class ProcessStarts:
                 await asyncio.sleep(POLL_INTERVAL)
             else:
                 return
-            await self._read_unit(link)
+            await self.finder.read_unit(link)
             process = link.adapter.process
-            running = process is None or await self._found(link, process) is LifeReport.FOUND_UP
+            running = (
+                process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
+            )
             if not running:
                 self._check_backoff(link)
             demand = self.books.demand(link, priority)
@@ -171,82 +175,10 @@ class ProcessStarts:
             if running:
                 log.info("%s is running: adopted, its memory counted from the next sample", name)
                 if process is not None:
-                    await self._adopted_ready(link, process, lease)
+                    await self.finder.adopted_ready(link, process, lease)
                 return
             gate.starts.own(lease)
             await self._start(link, lease)
-
-    async def _found(self, link: Link, process: ProcessControl) -> LifeReport:
-        """What the runtime is now, as its lifecycle records it: up (the control's own, one
-        running its command, or one serving its port: adopted, never started twice),
-        asleep, or stopped."""
-        found = await self._found_as(link, process)
-        self.gate.life_report(link.consumer.name, found)
-        return found
-
-    async def _found_as(self, link: Link, process: ProcessControl) -> LifeReport:
-        found = await self._probe(link, process)
-        if found is not LifeReport.FOUND_STOPPED or not process.owns_port:
-            return found
-        pid = process.find()
-        how = "runs its command"
-        if pid is None:
-            pid = await self._listener(link)
-            how = "listens on its port"
-        if pid is None:
-            return found
-        try:
-            process.adopt(pid)
-        except ProcessControlError as exc:
-            log.warning(
-                "%s: process %d %s but cannot be adopted: %s", link.consumer.name, pid, how, exc
-            )
-            return LifeReport.FOUND_UP
-        log.warning(
-            "%s: process %d %s; adopted instead of starting another", link.consumer.name, pid, how
-        )
-        return LifeReport.FOUND_UP
-
-    async def _listener(self, link: Link) -> int | None:
-        """A process listening on the upstream's port, if one can be seen."""
-        url = urlsplit(link.consumer.upstream.url)
-        if url.port is None or url.hostname is None:
-            return None
-        # A refused connection says nothing listens, at once; the scan of /proc/net/tcp
-        # costs tens of milliseconds where many closed connections wait out TIME_WAIT.
-        if not await port_open(url.hostname, url.port):
-            return None
-        found = listening_pids(url.port)
-        return found[0] if found else None
-
-    async def _adopted_ready(self, link: Link, process: ProcessControl, lease: Lease) -> None:
-        """An adopted process may still be loading its model (whisper-server binds once it
-        holds it): it is resident once its port accepts. Its health route is not waited
-        for: after a /load that failed it stays unwell, and the runtime answers for itself."""
-        control = link.consumer.control
-        timeout = control.start_timeout if control is not None else 60.0
-        try:
-            await wait_ready(link.consumer.upstream.url, None, timeout, process=process)
-        except ProcessControlError as exc:
-            self.gate.release(lease, failed=True)
-            failure = self.books.failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
-            self.gate.report(failure)
-            raise GateFailure(failure) from exc
-        self.gate.process_ready(lease)
-
-    async def _read_unit(self, link: Link) -> None:
-        """What a unit runs is its own command line, not the configuration's guess: read
-        it (its model) before it is started or adopted. Unreadable: the guess stands."""
-        process = link.adapter.process
-        if not isinstance(process, SystemdUnit):
-            return
-        try:
-            argv = await process.command()
-        except ProcessControlError as exc:
-            log.warning("%s: the command line of its unit is unknown: %s", link.consumer.name, exc)
-            return
-        if argv:
-            link.adapter.read_unit_command(argv)
 
     async def _start(self, link: Link, lease: Lease) -> None:
         """Have the core start (or wake) the runtime under `lease`, and wait for the report."""
@@ -362,7 +294,7 @@ class ProcessStarts:
 
     async def _at_start(self, link: Link) -> None:
         adapter = link.adapter
-        await self._read_unit(link)
+        await self.finder.read_unit(link)
         model = adapter.process_model()
         assert model is not None
         priority = adapter.model_priority(model)
@@ -371,7 +303,7 @@ class ProcessStarts:
                 demand = self.books.demand(link, priority, gpu=self.books.shown_on(link))
                 await self.gate.acquire(demand)
                 return
-            found = await self._found(link, adapter.process)
+            found = await self.finder.found(link, adapter.process)
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
@@ -432,24 +364,6 @@ class ProcessStarts:
         if self._always_warm(link):
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
-
-    async def running(self, link: Link) -> bool:
-        """Whether the consumer's process is there (its control says so), bounded."""
-        process = link.adapter.process
-        if process is None:
-            return False
-        try:
-            async with asyncio.timeout(link.consumer.timeouts.control):
-                return await process.is_running()
-        except (TimeoutError, ProcessControlError):
-            return False
-
-    async def _probe(self, link: Link, process: ProcessControl) -> LifeReport:
-        try:
-            return await process.probe()
-        except Exception as exc:
-            what = f"its state is unknown: {exc}"
-            raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what)) from exc
 
     def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")
