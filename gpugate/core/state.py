@@ -39,6 +39,7 @@ from gpugate.core.scopes import (
     process_ended,
     process_overdue,
     released_event,
+    switched,
 )
 from gpugate.core.settings import CoreSettings
 from gpugate.core.suspects import clear_suspects
@@ -161,14 +162,18 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         return []
 
     def loaded(self, lease_id: int, now: float) -> list[Effect]:
-        """The runtime answered the lease's request, so its model is in VRAM now."""
+        """The runtime answered the lease's request, so its model is in VRAM now (a
+        switch's: the process's only model, whatever NVML shows yet)."""
         lease = self.books.leases.get(lease_id)
         if lease is None or not lease.pending or not lease.demand.loads_model:
             return []
         self.books.materialise(lease, now)
+        effects: list[Effect] = []
+        if lease.demand.switch:
+            effects.extend(switched(self.books, lease, now))
         if not self.scheduler.queues.get(lease.gpu):
-            return []
-        return self.scheduler.schedule(lease.gpu, now)
+            return effects
+        return effects + self.scheduler.schedule(lease.gpu, now)
 
     def process_ready(self, lease_id: int, now: float) -> list[Effect]:
         """A process started under a PROCESS lease answers on its port and health route: it

@@ -340,6 +340,9 @@ class ExchangeWork:
             replaces=(
                 ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
             ),
+            # The runtime's memory is its process's: a PROCESS demand of a request switches
+            # the running process's model, and its answer ends the lease.
+            switch=classified.scope is LeaseScope.PROCESS and adapter.process_model() is not None,
         )
         cards = consumer.cards
         # The runtime's rule matters only where there is a choice: not on a one-card consumer's

@@ -212,7 +212,11 @@ class ProcessLife:
 
     def process_model(self) -> str | None:
         """The name the process's memory goes by (its current model); None when the
-        runtime's memory is not a process's held from start to exit."""
+        runtime's memory is not a process's held from start to exit.
+
+        For such a runtime a PROCESS-scope demand of a request is a switch of the running
+        process's model (`Demand.switch`, whisper-server's /load), which the runtime
+        answers once the new model is loaded: the answer ends its lease."""
         return None
 
     def answered(self, classified: Classified, status: int) -> None:

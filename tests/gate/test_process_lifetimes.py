@@ -327,7 +327,7 @@ async def test_a_load_takes_the_old_models_place_not_memory_beside_it(
             budget = gate.core.budget(0)
             assert budget is not None and budget.schedulable < 2500 * MiB
             switched = stack.next_event(
-                EventKind.LEASE_RELEASED, key=ResidentKey("whisper", MEDIUM), reason="resident"
+                EventKind.LEASE_RELEASED, key=ResidentKey("whisper", MEDIUM), reason="done"
             )
             form = aiohttp.FormData()
             form.add_field("model", MEDIUM, content_type="text/plain")
