@@ -21,6 +21,9 @@ A runtime whose memory is its process's (the adapter's `process_model`) is handl
   backoff, under a lease.
 * **At gate start** an `always_warm` process is started under a lease; one already
   running is adopted; one with no control is reserved for its envelope until it shows.
+* **While it is not up** (process_absent.py): a request waits for a start under way;
+  while the process is stopped, its health route is answered by the gate and any other
+  request starts it. Neither is a crash.
 * **One start, one lease**: while the gate holds the start lease of a process it is
   starting, `gpugate admit` from that process's unit (its ExecStartPre) joins that lease
   (`StartLeases.own`, start_leases.py), and the gate waits for a start lease `gpugate
@@ -42,9 +45,12 @@ from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.tickets import Lease
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
+from gpugate.gate.process_absent import StartsUnderWay, health_route, stand_in
+from gpugate.gate.process_absent import start_timeout as start_timeout_of
 from gpugate.gate.process_books import ProcessBooks
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
+from gpugate.runtimes.base import ApiFamily
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
@@ -53,6 +59,7 @@ from gpugate.runtimes.process import (
     SupervisedCommand,
 )
 from gpugate.runtimes.process_ready import wait_ready
+from gpugate.runtimes.replies import ErrorReply
 
 log = logging.getLogger("gpugate.starts")
 
@@ -90,6 +97,7 @@ class ProcessStarts:
         self.envelopes = ProcessEnvelopes(gate)
         self.books = ProcessBooks(gate)
         self.finder = ProcessFinder(gate, self.books)
+        self.under_way = StartsUnderWay()
         for link in gate.links.values():
             process = link.adapter.process
             if process is None:
@@ -112,6 +120,31 @@ class ProcessStarts:
         """Whether requests to `link` need its process running (a controlled process
         runtime with an envelope)."""
         return link.adapter.process is not None and self.books.envelope(link) is not None
+
+    def absent(self, link: Link) -> bool:
+        """Whether the books say the consumer's process is not there: stopped (on purpose,
+        or after a failure already reported), being stopped, or being started."""
+        life = self.gate.core.lifecycle(link.consumer.name)
+        return life is not None and life.state in (
+            LifeState.STOPPED,
+            LifeState.STOPPING,
+            LifeState.STARTING,
+        )
+
+    async def settle(self, link: Link) -> bool:
+        """Wait while the gate starts the consumer's process, within its start timeout;
+        False when the start is still under way after that."""
+        return await self.under_way.wait(link.consumer.name, start_timeout_of(link))
+
+    def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
+        """The gate's answer in place of a process it does not run now, for a request on
+        its health route (process_absent.py); None for any other request (it starts it)."""
+        life = self.gate.core.lifecycle(link.consumer.name)
+        if life is None or not health_route(link, method, path):
+            return None
+        if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
+            return None
+        return stand_in(link, self.books.backoff(link, until_up=True), api)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -151,34 +184,40 @@ class ProcessStarts:
                 await asyncio.sleep(POLL_INTERVAL)
             else:
                 return
-            await self.finder.read_unit(link)
-            process = link.adapter.process
-            running = (
-                process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
+            with self.under_way.running(name):
+                await self._bring_up(link, priority)
+
+    async def _bring_up(self, link: Link, priority: PriorityClass) -> None:
+        """Adopt the consumer's process if it runs, else start it under a PROCESS lease."""
+        gate = self.gate
+        name = link.consumer.name
+        await self.finder.read_unit(link)
+        process = link.adapter.process
+        running = process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
+        refused = None if running else self.books.backoff(link)
+        if refused is not None:
+            raise GateFailure(refused)
+        demand = self.books.demand(link, priority)
+        if running:
+            # Adopted: what NVML already shows of it is counted (as unexplained); the
+            # lease covers the rest, so nothing is counted twice. It is on the GPU
+            # where NVML shows it.
+            gpu = self.books.shown_on(link)
+            shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
+            demand = attrs.evolve(
+                demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
             )
-            if not running:
-                self._check_backoff(link)
-            demand = self.books.demand(link, priority)
-            if running:
-                # Adopted: what NVML already shows of it is counted (as unexplained); the
-                # lease covers the rest, so nothing is counted twice. It is on the GPU
-                # where NVML shows it.
-                gpu = self.books.shown_on(link)
-                shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
-                demand = attrs.evolve(
-                    demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
-                )
-                lease = await gate.acquire(demand)
-            else:
-                # The gate chooses its GPU among the consumer's, and starts it there.
-                (lease,) = await gate.acquire_on(demand, link.consumer.cards)
-            if running:
-                log.info("%s is running: adopted, its memory counted from the next sample", name)
-                if process is not None:
-                    await self.finder.adopted_ready(link, process, lease)
-                return
-            gate.starts.own(lease)
-            await self._start(link, lease)
+            lease = await gate.acquire(demand)
+        else:
+            # The gate chooses its GPU among the consumer's, and starts it there.
+            (lease,) = await gate.acquire_on(demand, link.consumer.cards)
+        if running:
+            log.info("%s is running: adopted, its memory counted from the next sample", name)
+            if process is not None:
+                await self.finder.adopted_ready(link, process, lease)
+            return
+        gate.starts.own(lease)
+        await self._start(link, lease)
 
     async def _start(self, link: Link, lease: Lease) -> None:
         """Have the core start (or wake) the runtime under `lease`, and wait for the report."""
@@ -266,31 +305,23 @@ class ProcessStarts:
             return observation.uuid
         return str(lease.gpu)
 
-    # -- backoff ---------------------------------------------------------------------------
-
-    def _check_backoff(self, link: Link) -> None:
-        """Refuse a start while the consumer's last starts failed and its backoff runs."""
-        name = link.consumer.name
-        wait = self.gate.core.start_wait(name, self.gate.clock())
-        life = self.gate.core.lifecycle(name)
-        if wait <= 0 or life is None:
-            return
-        what = (
-            f"it failed to start or ended {life.backoff.failures} time(s) in a row; "
-            f"the next start is in {wait:.0f}s"
-        )
-        failure = attrs.evolve(
-            self.books.failure(link, FailureClass.START_BACKOFF, what), retry_after=wait
-        )
-        raise GateFailure(failure)
-
     # -- the gate's own start and stop -----------------------------------------------------
 
     def on_gate_start(self) -> None:
         """Start always_warm processes, adopt running ones, reserve uncontrolled ones."""
         for link in self.gate.links.values():
-            if self.books.envelope(link) is not None:
-                self._spawn(self._at_start(link), f"process-{link.consumer.name}")
+            if self.books.envelope(link) is None:
+                continue
+            name = link.consumer.name
+            if link.adapter.process is not None and self._always_warm(link):
+                # Under way from now: a request that arrives before its start begins waits.
+                self._spawn(self._warm_start(link), f"process-{name}")
+            else:
+                self._spawn(self._at_start(link), f"process-{name}")
+
+    async def _warm_start(self, link: Link) -> None:
+        with self.under_way.running(link.consumer.name):
+            await self._at_start(link)
 
     async def _at_start(self, link: Link) -> None:
         adapter = link.adapter

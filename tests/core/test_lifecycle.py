@@ -173,6 +173,30 @@ def test_found_reports_set_the_state_without_a_lease():
     assert lives.get(W).since == 2.0
 
 
+def test_a_stop_on_purpose_is_a_state_and_a_failure_lasts_until_a_start_succeeds():
+    core = core_with(Eviction.STOP)
+    life = core.lifecycle(W)
+    assert life.stopped_on_purpose, "not started yet"
+    started(core)
+    core.evict(KEY, 10.0, force=False)
+    assert life.stopped_on_purpose and not life.failing  # stopping
+    core.reported(W, LifeReport.STOPPED, 11.0)
+    core.unloaded(KEY, 11.0, reclaimed=True)
+    assert life.stopped_on_purpose
+    core.observe(host(gpu(), at=12.0), 12.0)
+    lease = core.submit(start_demand(), 12.0).lease
+    core.start(W, lease.id, 12.0)
+    core.reported(W, LifeReport.START_FAILED, 13.0)
+    assert life.failing and not life.stopped_on_purpose
+    core.reported(W, LifeReport.FOUND_STOPPED, 14.0)
+    assert life.failing, "found stopped after a failure: still failing"
+    core.observe(host(gpu(), at=20.0), 20.0)
+    started(core, 20.0)
+    assert not life.failing
+    core.reported(W, LifeReport.EXITED, 30.0, "killed by SIGABRT")
+    assert life.failing and life.state is LifeState.STOPPED
+
+
 BASE = ResidentKey(W, "base")
 
 
