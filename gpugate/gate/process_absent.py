@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import attrs
 
 from gpugate.core.failures import Failure
+from gpugate.core.lifecycle import Life, LifeState
 from gpugate.gate.links import Link
 from gpugate.runtimes.base import ApiFamily, failure_reply
 from gpugate.runtimes.replies import ErrorReply
@@ -96,3 +97,17 @@ def stand_in(link: Link, failing: Failure | None, api: ApiFamily) -> ErrorReply:
         return failure_reply(api, failing)
     reply = link.adapter.up_health()
     return attrs.evolve(reply, headers=(*reply.headers, (PROCESS_HEADER, "stopped")))
+
+
+def not_up(life: Life | None, waited: float, last_failure: str | None, queued: str | None) -> str:
+    """Why a process the gate was to start at its own start is not up, in a few words
+    (`queued`: the lease its start still waits for, if it does)."""
+    if life is not None and life.state is LifeState.STARTING:
+        return f"still starting after {waited:g}s"
+    if last_failure:
+        return last_failure
+    if queued:
+        return f"its start still waits for a lease of {queued} after {waited:g}s"
+    if life is None:
+        return "no lifecycle"
+    return f"{life.state.value} after {waited:g}s"

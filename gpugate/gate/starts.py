@@ -21,6 +21,7 @@ A runtime whose memory is its process's (the adapter's `process_model`) is handl
   backoff, under a lease.
 * **At gate start** an `always_warm` process is started under a lease; one already
   running is adopted; one with no control is reserved for its envelope until it shows.
+  `warm` waits for them (the `gpugate: ready` line) and says which is not up.
 * **While it is not up** (process_absent.py): a request waits for a start under way;
   while the process is stopped, its health route is answered by the gate and any other
   request starts it. Neither is a crash.
@@ -43,9 +44,10 @@ from gpugate.core.effects import Start, Wake
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.tickets import Lease
+from gpugate.core.units import format_gib
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
-from gpugate.gate.process_absent import StartsUnderWay, health_route, stand_in
+from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
 from gpugate.gate.process_absent import start_timeout as start_timeout_of
 from gpugate.gate.process_books import ProcessBooks
 from gpugate.gate.process_envelopes import ProcessEnvelopes
@@ -98,6 +100,10 @@ class ProcessStarts:
         self.books = ProcessBooks(gate)
         self.finder = ProcessFinder(gate, self.books)
         self.under_way = StartsUnderWay()
+        self._warming: dict[str, asyncio.Task[None]] = {}
+        """The start of each always_warm process at the gate's start, for `warm`."""
+        self._last_failure: dict[str, str] = {}
+        """Why each consumer's last start failed, in one line (cleared once it is up)."""
         for link in gate.links.values():
             process = link.adapter.process
             if process is None:
@@ -273,6 +279,7 @@ class ProcessStarts:
             failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
+            self._last_failure[name] = what
             gate.report(failure)
             if self._always_warm(link):
                 self._spawn(self._keep_warm(link), f"restart-{name}")
@@ -287,6 +294,7 @@ class ProcessStarts:
         if lease is not None:
             self.envelopes.started(lease.key)
         gate.life_report(name, LifeReport.UP)
+        self._last_failure.pop(name, None)
         log.info(
             "%s %s under lease %d (%.1fs to ready)",
             name, "woken" if waking else "started", effect.lease, gate.clock() - started,
@@ -315,7 +323,8 @@ class ProcessStarts:
             name = link.consumer.name
             if link.adapter.process is not None and self._always_warm(link):
                 # Under way from now: a request that arrives before its start begins waits.
-                self._spawn(self._warm_start(link), f"process-{name}")
+                task = self._spawn(self._warm_start(link), f"process-{name}")
+                self._warming[name] = task
             else:
                 self._spawn(self._at_start(link), f"process-{name}")
 
@@ -338,7 +347,29 @@ class ProcessStarts:
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
+            self._last_failure.setdefault(link.consumer.name, exc.failure.message)
             log.warning("%s at the gate's start: %s", link.consumer.name, exc.failure.message)
+
+    async def warm(self) -> list[str]:
+        """Wait for the always_warm processes the gate starts at its own start, each within
+        its start timeout; what is not up then: `NAME not up: WHY`, one each."""
+        names = sorted(self._warming)
+        timeouts = {name: start_timeout_of(self.gate.links[name]) for name in names}
+        waits = [
+            asyncio.wait_for(asyncio.shield(self._warming[name]), timeouts[name]) for name in names
+        ]
+        await asyncio.gather(*waits, return_exceptions=True)
+        missing = []
+        for name in names:
+            life = self.gate.core.lifecycle(name)
+            if life is None or life.state is not LifeState.UP:
+                queued = [t for t in self.gate.core.waiting() if t.demand.consumer == name]
+                wait = None
+                if queued:
+                    wait = f"{format_gib(queued[0].demand.envelope)} on GPU {queued[0].demand.gpu}"
+                why = not_up(life, timeouts[name], self._last_failure.get(name), wait)
+                missing.append(f"{name} not up: {why}")
+        return missing
 
     def _always_warm(self, link: Link) -> bool:
         model = link.adapter.process_model()
@@ -396,7 +427,8 @@ class ProcessStarts:
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
 
-    def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, coro, name: str) -> asyncio.Task[None]:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task

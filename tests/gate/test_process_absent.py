@@ -1,7 +1,8 @@
 """What a request meets when whisper-server is not up: a start the gate has under way is
 waited for; a process the gate keeps stopped has its health route answered by the gate,
 as the runtime answers it once up, and any other request starts it; a stop on purpose is
-never a RUNTIME_CRASH.
+never a RUNTIME_CRASH. And `gpugate: ready` means the always_warm whisper is up, or says
+why it is not.
 
 The simulated whisper-server binds its port only once its model is loaded, as whisper.cpp's
 does (`main` loads before `bind_to_port`): before that a connection is refused.
@@ -236,3 +237,22 @@ async def test_a_whisper_that_fails_to_start_says_so_on_its_health_route_once(
                     assert PROCESS_HEADER not in resp.headers
         assert len(crashes) == 1, [e.detail for e in crashes]
         assert gate.core.leases() == [] and gate.core.waiting() == []
+
+
+async def test_ready_means_the_always_warm_whisper_is_up(tmp_path, sim_host, fakenvml_path, ports):
+    warm = "{policy: always_warm}"
+    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, residency=warm) as stack:
+        assert stack.lines[-1] == "gpugate: ready"
+        assert stack.gate.core.lifecycle("whisper").state is LifeState.UP
+        assert stack.gate.core.resident(KEY) is not None
+
+
+async def test_ready_says_which_always_warm_runtime_is_not_up_and_why(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    warm = "{policy: always_warm}"
+    async with failing_stack(tmp_path, sim_host, fakenvml_path, ports, residency=warm) as stack:
+        last = stack.lines[-1]
+        assert last.startswith("gpugate: ready (whisper not up: its start failed: "), last
+        assert "exit status 1" in last
+        assert stack.gate.core.lifecycle("whisper").state is not LifeState.UP
