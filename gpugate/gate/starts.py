@@ -129,24 +129,32 @@ class ProcessStarts:
 
     def absent(self, link: Link) -> bool:
         """Whether the books say the consumer's process is not there: stopped (on purpose,
-        or after a failure already reported), being stopped, or being started."""
+        or after a failure already reported), being stopped, or being started. Never for
+        a runtime the gate puts to sleep: its process is not the gate's to start or stop,
+        and it serves what it serves asleep too (vLLM's server)."""
+        process = link.adapter.process
         life = self.gate.core.lifecycle(link.consumer.name)
-        return life is not None and life.state in (
-            LifeState.STOPPED,
-            LifeState.STOPPING,
-            LifeState.STARTING,
+        return (
+            process is not None
+            and not process.sleeps
+            and life is not None
+            and life.state in (LifeState.STOPPED, LifeState.STOPPING, LifeState.STARTING)
         )
 
     async def settle(self, link: Link) -> bool:
         """Wait while the gate starts the consumer's process, within its start timeout;
-        False when the start is still under way after that."""
+        False when the start is still under way after that. A runtime woken from sleep
+        keeps serving meanwhile: nothing to wait for."""
+        process = link.adapter.process
+        if process is None or process.sleeps:
+            return True
         return await self.under_way.wait(link.consumer.name, start_timeout_of(link))
 
     def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
         """The gate's answer in place of a process it does not run now, for a request on
         its health route (process_absent.py); None for any other request (it starts it)."""
         life = self.gate.core.lifecycle(link.consumer.name)
-        if life is None or not health_route(link, method, path):
+        if life is None or not health_route(link, method, path) or not self.absent(link):
             return None
         if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
             return None

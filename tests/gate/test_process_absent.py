@@ -112,7 +112,9 @@ async def test_polling_a_stopped_whispers_health_is_answered_by_the_gate_and_is_
         url = f"http://127.0.0.1:{ports[0]}"
         crashes = failures_of(gate, FailureClass.RUNTIME_CRASH)
         granted = []
-        gate.events.subscribe(lambda e: e.kind is EventKind.LEASE_GRANTED and granted.append(e))
+        gate.events.subscribe(
+            lambda e: e.kind is EventKind.LEASE_GRANTED and granted.append(e), routine=True
+        )
         process = gate.links["whisper"].adapter.process
         assert process is not None
         async with aiohttp.ClientSession() as session:
