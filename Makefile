@@ -91,6 +91,7 @@ bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
 # oracles: each runtime's own reader says what could load (docs/reliability.md).
 fuzz: $(STAMP) $(SHIM) $(ORACLE)
 	$(BIN)/python -m tests.faults.fuzz --requests 10000 --seed 20261201
+	$(BIN)/python -m tests.faults.control_fuzz --requests 10000 --seed 20261203
 	$(BIN)/python -m tests.faults.oracle_fuzz --requests 50000 --seed 20261202
 
 # 10,000 mixed requests under changing external pressure, the budget checked throughout.

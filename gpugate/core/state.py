@@ -40,6 +40,7 @@ from gpugate.core.scopes import (
     process_ended,
     process_overdue,
     released_event,
+    switched,
 )
 from gpugate.core.settings import CoreSettings
 from gpugate.core.suspects import clear_suspects
@@ -142,10 +143,12 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         lease_id = self.scheduler.new_id()
         return self.scheduler.submit(explicit_demand(terms, lease_id), now, ticket_id=lease_id)
 
-    def renew(self, lease_id: int, now: float) -> list[Effect]:
+    def renew(self, lease_id: int, now: float, longest: float | None = None) -> list[Effect]:
         """An explicit lease's holder is alive: its expiry moves to now + its ttl.
 
         A lease whose expiry has already come lapses here instead (the caller sees it gone).
+        `longest`: the longest ttl allowed now; a lease granted a longer one before it was
+        lowered keeps only that much from here on.
         """
         lease = self.books.leases.get(lease_id)
         if lease is None or lease.expires_at is None or lease.demand.lease_ttl is None:
@@ -155,18 +158,24 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
             if self.scheduler.queues.get(lease.gpu):
                 effects.extend(self.scheduler.schedule(lease.gpu, now))
             return effects
+        if longest is not None and lease.demand.lease_ttl > longest:
+            lease.demand = attrs.evolve(lease.demand, lease_ttl=longest)
         lease.expires_at = now + lease.demand.lease_ttl
         return []
 
     def loaded(self, lease_id: int, now: float) -> list[Effect]:
-        """The runtime answered the lease's request, so its model is in VRAM now."""
+        """The runtime answered the lease's request, so its model is in VRAM now (a
+        switch's: the process's only model, whatever NVML shows yet)."""
         lease = self.books.leases.get(lease_id)
         if lease is None or not lease.pending or not lease.demand.loads_model:
             return []
         self.books.materialise(lease, now)
+        effects: list[Effect] = []
+        if lease.demand.switch:
+            effects.extend(switched(self.books, lease, now))
         if not self.scheduler.queues.get(lease.gpu):
-            return []
-        return self.scheduler.schedule(lease.gpu, now)
+            return effects
+        return effects + self.scheduler.schedule(lease.gpu, now)
 
     def process_ready(self, lease_id: int, now: float) -> list[Effect]:
         """A process started under a PROCESS lease answers on its port and health route: it

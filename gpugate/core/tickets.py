@@ -20,7 +20,8 @@ class LeaseScope(enum.Enum):
     A consumer's jobs share one lease, sized to the largest live job."""
     PROCESS = "process"
     """A process that allocates at start: the lease becomes a resident once NVML shows the
-    consumer holding its bytes, and fails if that does not happen within `appear_within`."""
+    consumer holding its bytes, and fails if that does not happen within `appear_within`.
+    A `switch` of a running process's model ends with the runtime's answer instead."""
 
 
 @attrs.frozen
@@ -68,6 +69,11 @@ class Demand:
     replaces: ResidentKey | None = None
     """A resident the runtime frees itself before this load (whisper-server's /load): its
     bytes count as this demand's, and it leaves the books when the lease is granted."""
+    switch: bool = False
+    """PROCESS scope: a request that switches the model of the running process (whisper-
+    server's /load), which the runtime answers once the new model is loaded. Its answer
+    ends the lease, whatever NVML shows (a smaller model never shows the lease's bytes);
+    a switch that fails leaves the model it `replaces` where it was."""
     job_bytes: int | None = None
     """JOB scope, set by the core: the job's own size, while `envelope` is what it must
     grow its consumer's job lease by."""
@@ -90,8 +96,9 @@ class Demand:
     @property
     def loads_model(self) -> bool:
         """Whether the runtime answering the request means its model is loaded (a job's
-        and a process's memory shows in NVML later; an explicit lease loads nothing)."""
-        return not self.explicit and self.scope is LeaseScope.REQUEST
+        and a started process's memory shows in NVML later; an explicit lease loads
+        nothing; a process's switch is answered once it is done)."""
+        return not self.explicit and (self.scope is LeaseScope.REQUEST or self.switch)
 
 
 class TicketState(enum.Enum):

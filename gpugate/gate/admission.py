@@ -285,9 +285,10 @@ class AdmissionWork:
             return
         future.set_result(grant.lease)
 
-    def renew(self, lease_id: int) -> Lease | None:
-        """Extend an explicit lease by its ttl; None when it is not held (any more)."""
-        self._apply(self.core.renew(lease_id, self.clock()))
+    def renew(self, lease_id: int, longest: float | None = None) -> Lease | None:
+        """Extend an explicit lease by its ttl, or by `longest` when that is shorter (the
+        most allowed now); None when it is not held (any more)."""
+        self._apply(self.core.renew(lease_id, self.clock(), longest))
         lease = self.core.lease(lease_id)
         return lease if lease is not None and lease.expires_at is not None else None
 

@@ -25,7 +25,15 @@ from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import ExchangeOwner, ProcessFront
 from gpugate.identity import IdentityResolver, resolve_priority
 from gpugate.logs import OncePerInterval
-from gpugate.runtimes.base import AdapterError, ApiFamily, Classified, Measured, RouteKind, Vetted
+from gpugate.runtimes.base import (
+    AdapterError,
+    ApiFamily,
+    Classified,
+    Measured,
+    RouteKind,
+    Vetted,
+    failure_reply,
+)
 from gpugate.runtimes.process import NotReady, ProcessExited
 from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
@@ -90,6 +98,8 @@ class Exchange:
     the first (`lease` is the first part's); they end as `lease` does."""
     busy: Lease | None = None
     """The 0-byte lease keeping a process runtime's process from eviction meanwhile."""
+    caller: Caller | None = None
+    """Who sent it: the class of a start it may need after its admission."""
     failed: bool = False
     kept: bool = False
     """The lease outlives the request: the runtime accepted a job or a start."""
@@ -142,6 +152,13 @@ class Exchange:
                 gate.job_started(lease, job, kind=kind, scale=self.classified.scale)
             self.kept = not gate.released_by_caller(lease)
         elif status >= 500 and lease.loads:
+            if self.link.adapter.refused_after_load(self.classified, status, prefix):
+                # The runtime loaded the model and then refused the request itself (an
+                # Ollama format or template): resident, and no load failed.
+                gate.loaded(lease)
+                for part in self.parts:
+                    gate.loaded(part)
+                return extra
             failure = self._load_failure(status, prefix)
             gate.report(failure)
             extra.append((FAILURE_HEADER, failure.failure_class.value))
@@ -176,23 +193,60 @@ class Exchange:
         return self.classified.kind is RouteKind.PASS
 
     async def process_coming_up(self) -> bool:
-        """The runtime refused the connection: True once its process, there but not yet
-        listening (a unit started it a moment ago: it loads before it binds), answers its
-        port and health route within its start timeout; False when nothing is coming (a
-        request that does not need the process, no process, or it exited)."""
+        """The runtime refused the connection: True once its process answers, so the
+        request may go up again; False when nothing is coming. Raises GateFailure when a
+        start it needs cannot be had.
+
+        * A request admitted without its process (one that does not need it) while the
+          process ran, which the books now say is not there (the gate stopped it, or is
+          stopping or starting it): what a request arriving now meets
+          (`ExchangeWork.admit`): a start under way is waited for, a stopped process is
+          started for any request but its health route's.
+        * A request that needs the process, which is there but not yet listening (a unit
+          started it a moment ago: it loads before it binds): its port and health route,
+          within its start timeout."""
         link = self.link
         control = link.consumer.control
         processes = self.gate.processes
         method, path = self.method, self.path
-        if control is None or not link.adapter.needs_process(method, path):
+        if control is None or not processes.fronts(link):
             return False
-        if not processes.fronts(link) or not await processes.running(link):
+        if self.busy is None and processes.absent(link):
+            if not await processes.settle(link):
+                return False
+            if not processes.absent(link):
+                return True
+            if processes.stand_in(link, method, path, self.api) is not None:
+                return False
+            self.busy = await processes.serve_lease(link, self.process_priority())
+            return True
+        if not link.adapter.needs_process(method, path) or not await processes.running(link):
             return False
         try:
             await wait_ready(link.consumer.upstream.url, control.health, control.start_timeout)
         except (NotReady, ProcessExited):
             return False
         return True
+
+    def process_priority(self) -> PriorityClass:
+        """The class of a start of its runtime's process this request needs."""
+        adapter = self.link.adapter
+        model = adapter.process_model()
+        default = adapter.model_priority(model) if model else self.link.consumer.priority
+        return self.caller.priority(default) if self.caller is not None else default
+
+    def not_answering(self, exc: BaseException) -> ErrorReply:
+        """The gate's answer when the runtime refused the connection and nothing is coming:
+        in place of a process the books say is not there, the health route's stand-in or
+        a failure not reported again (the gate stopped it, or its end was reported once);
+        otherwise a crash, reported."""
+        link = self.link
+        processes = self.gate.processes
+        if processes.fronts(link) and processes.absent(link):
+            stood = processes.stand_in(link, self.method, self.path, self.api)
+            if stood is not None:
+                return stood
+        return failure_reply(self.api, self.crashed(exc))
 
     def upstream_failed(self) -> None:
         """The runtime could not be reached or broke off: a load under the lease failed."""
@@ -216,21 +270,31 @@ class Exchange:
         )
 
     def crashed(self, exc: BaseException) -> Failure:
-        """The runtime is not answering: the failure, reported."""
+        """The runtime is not answering: the failure, reported, unless the books say its
+        process is not there (the gate stopped it or is starting it, or its end was
+        reported when it exited): a deliberate stop is a state, not a crash."""
         consumer = self.link.consumer
-        return self._report(
-            FailureClass.RUNTIME_CRASH,
-            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url} is not answering "
-            f"({exc.__class__.__name__}: {exc})",
+        processes = self.gate.processes
+        absent = processes.fronts(self.link) and processes.absent(self.link)
+        what = "its process is not running" if absent else "it is not answering"
+        message = (
+            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url}: {what} "
+            f"({exc.__class__.__name__}: {exc})"
         )
+        if absent:
+            return self._failure(FailureClass.RUNTIME_CRASH, message)
+        return self._report(FailureClass.RUNTIME_CRASH, message)
 
     def _report(self, cls: FailureClass, message: str) -> Failure:
-        consumer = self.link.consumer
-        failure = Failure(
-            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.cards[0]
-        )
+        failure = self._failure(cls, message)
         self.gate.report(failure)
         return failure
+
+    def _failure(self, cls: FailureClass, message: str) -> Failure:
+        consumer = self.link.consumer
+        return Failure(
+            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.cards[0]
+        )
 
     def _load_failure(self, status: int, body: bytes) -> Failure:
         text = body.decode("utf-8", "replace")
@@ -307,14 +371,24 @@ class ExchangeWork:
                     # The runtime refuses it before loading: it goes up unleased.
                     classified = attrs.evolve(classified, kind=RouteKind.PASS)
         adapter = link.adapter
-        exchange = Exchange(gate, link, classified, method, path)
+        exchange = Exchange(gate, link, classified, method, path, caller=caller)
         processes = self.processes
-        if processes.fronts(link) and adapter.needs_process(method, path):
-            # A process runtime: it must run (the gate starts it if it was stopped), and it
-            # stays busy, never evicted, while this request is in flight.
-            model = adapter.process_model()
-            default = adapter.model_priority(model) if model else link.consumer.priority
-            exchange.busy = await processes.serve_lease(link, caller.priority(default))
+        if processes.fronts(link):
+            needed = adapter.needs_process(method, path)
+            if not needed:
+                # Forwarded as it is while the process runs; a start under way is waited
+                # for; in place of a stopped process the gate answers its health route,
+                # and any other request starts it (process_absent.py).
+                await processes.settle(link)
+                if processes.absent(link):
+                    stood = processes.stand_in(link, method, path, classified.api)
+                    if stood is not None:
+                        return Exchange(gate, link, classified, method, path, stood)
+                    needed = True
+            if needed:
+                # It must run (the gate starts it if it was stopped), and it stays busy,
+                # never evicted, while this request is in flight.
+                exchange.busy = await processes.serve_lease(link, exchange.process_priority())
         if classified.kind is RouteKind.DEMAND:
             try:
                 leases = await self._lease(link, classified, caller, exchange, trial=trial)
@@ -417,4 +491,7 @@ class ExchangeWork:
             replaces=(
                 ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
             ),
+            # The runtime's memory is its process's: a PROCESS demand of a request switches
+            # the running process's model, and its answer ends the lease.
+            switch=classified.scope is LeaseScope.PROCESS and adapter.process_model() is not None,
         )

@@ -21,6 +21,8 @@ from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease
 from gpugate.gate.links import Link
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.base import ApiFamily
+from gpugate.runtimes.replies import ErrorReply
 
 
 class StartBook(Protocol):
@@ -35,6 +37,12 @@ class ProcessFront(Protocol):
     """The process runtimes the gate starts, as a request sees them."""
 
     def fronts(self, link: Link) -> bool: ...
+
+    def absent(self, link: Link) -> bool: ...
+
+    async def settle(self, link: Link) -> bool: ...
+
+    def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None: ...
 
     async def running(self, link: Link) -> bool: ...
 

@@ -213,9 +213,12 @@ class ConsumerListener:
             upstream = await self._open(request, body, exchange, screening)
         except UpstreamTimeout as exc:
             return reply(failure_reply(api, exchange.timed_out(exc)), screening)
+        except GateFailure as exc:
+            # A start its refused connection needed could not be had.
+            return reply(failure_reply(api, exc.failure), screening)
         except OSError as exc:
             exchange.upstream_failed()
-            return reply(failure_reply(api, exchange.crashed(exc)), screening)
+            return reply(exchange.not_answering(exc), screening)
         except asyncio.IncompleteReadError:
             # The client's body ended short of its framing: the upstream connection was
             # closed with the request unfinished; nothing of it counts.
@@ -259,10 +262,11 @@ class ConsumerListener:
         exchange: Exchange,
         screening: Screening,
     ) -> Response:
-        """The upstream's answer's head. A process runtime whose process is there but not
-        yet listening (its unit started it a moment ago: it loads before it binds) refuses
-        the connection; nothing of the request went up then, so once the exchange says it
-        answers, the request is sent once more."""
+        """The upstream's answer's head. A process runtime whose process is not listening
+        (its unit started it a moment ago: it loads before it binds; or the gate stopped
+        or started it after this request was admitted) refuses the connection; nothing of
+        the request went up then, so once the exchange says it answers, the request is
+        sent once more."""
         timeouts = self.link.consumer.timeouts
         try:
             return await open_upstream(

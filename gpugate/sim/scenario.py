@@ -183,7 +183,7 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
     holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
     for i, holder in enumerate(holders):
         _check_gpus(holder, f"holders[{i}]", len(gpus))
-    ollama = parse_ollama(data["ollama"]) if data.get("ollama") is not None else None
+    ollama = parse_ollama(data["ollama"], path.parent) if data.get("ollama") is not None else None
     if ollama is not None:
         for i, gpu in enumerate(ollama.devices(len(gpus))):
             if gpu >= len(gpus):
