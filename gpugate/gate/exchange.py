@@ -153,8 +153,8 @@ class Exchange:
             self.kept = not gate.released_by_caller(lease)
         elif status >= 500 and lease.loads:
             if self.link.adapter.refused_after_load(self.classified, status, prefix):
-                # The runtime loaded the model and then refused the request itself (an
-                # Ollama format or template): resident, and no load failed.
+                # The runtime loaded the model and then refused the request itself (a
+                # format or template it cannot use): resident, and no load failed.
                 gate.loaded(lease)
                 for part in self.parts:
                     gate.loaded(part)
