@@ -28,12 +28,15 @@ from gpugate.logs import OncePerInterval
 from gpugate.runtimes.base import (
     AdapterError,
     ApiFamily,
+    Bounds,
     Classified,
     Measured,
     RouteKind,
     Vetted,
+    Vetting,
     failure_reply,
 )
+from gpugate.runtimes.base import placing as placing_of
 from gpugate.runtimes.process import NotReady, ProcessExited
 from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
@@ -131,7 +134,9 @@ class Exchange:
     def answered(self, status: int, prefix: bytes = b"") -> list[tuple[str, str]]:
         """The runtime answered with `status` (and `prefix`, when `wants_prefix`): the
         books follow, and the headers for the answer come back."""
-        self.link.adapter.answered(self.classified, status)
+        lifecycle = self.link.runtime.lifecycle
+        if lifecycle is not None:
+            lifecycle.answered(self.classified, status)
         lease = self.lease
         extra = self.headers()
         if lease is None:
@@ -143,7 +148,7 @@ class Exchange:
                 gate.loaded(part)
             self.failed = False
             if lease.scope is LeaseScope.JOB:
-                job = self.link.adapter.job_key(self.classified, prefix)
+                job = self._job_key(prefix)
                 kind = ResidentKey(
                     self.link.consumer.name,
                     self.classified.model or "",
@@ -152,7 +157,7 @@ class Exchange:
                 gate.job_started(lease, job, kind=kind, scale=self.classified.scale)
             self.kept = not gate.released_by_caller(lease)
         elif status >= 500 and lease.loads:
-            if self.link.adapter.refused_after_load(self.classified, status, prefix):
+            if self.link.runtime.reading.refused_after_load(self.classified, status, prefix):
                 # The runtime loaded the model and then refused the request itself (a
                 # format or template it cannot use): resident, and no load failed.
                 gate.loaded(lease)
@@ -180,12 +185,16 @@ class Exchange:
             )
         except BaseException:
             # Its lease cannot be had, or its client left while it waited.
-            job = self.link.adapter.job_key(self.classified, prefix)
-            self.gate.withdraw(self.link, job, trial.demand)
+            self.gate.withdraw(self.link, self._job_key(prefix), trial.demand)
             raise
         if leases:
             self.lease, self.parts = leases[0], leases[1:]
         self.failed = any(lease.pending > 0 for lease in leases)
+
+    def _job_key(self, answer: bytes) -> str | None:
+        """The runtime's name for the job the request started, read from its answer."""
+        jobs = self.link.runtime.jobs
+        return None if jobs is None else jobs.job_key(self.classified, answer)
 
     @property
     def passes(self) -> bool:
@@ -220,7 +229,10 @@ class Exchange:
                 return False
             self.busy = await processes.serve_lease(link, self.process_priority())
             return True
-        if not link.adapter.needs_process(method, path) or not await processes.running(link):
+        lifecycle = link.runtime.lifecycle
+        if lifecycle is None or not lifecycle.needs_process(method, path):
+            return False
+        if not await processes.running(link):
             return False
         try:
             await wait_ready(link.consumer.upstream.url, control.health, control.start_timeout)
@@ -230,9 +242,10 @@ class Exchange:
 
     def process_priority(self) -> PriorityClass:
         """The class of a start of its runtime's process this request needs."""
-        adapter = self.link.adapter
-        model = adapter.process_model()
-        default = adapter.model_priority(model) if model else self.link.consumer.priority
+        lifecycle = self.link.runtime.lifecycle
+        model = lifecycle.process_model() if lifecycle is not None else None
+        settings = self.link.runtime.settings
+        default = settings.model_priority(model) if model else self.link.consumer.priority
         return self.caller.priority(default) if self.caller is not None else default
 
     def not_answering(self, exc: BaseException) -> ErrorReply:
@@ -360,8 +373,9 @@ class ExchangeWork:
         GateFailure, with nothing held, when either cannot be had."""
         gate = cast(ExchangeOwner, self)
         trial = False
-        if classified.kind is RouteKind.DEMAND and link.adapter.vets:
-            vetted = await self._vet(link, classified)
+        vetting = link.runtime.vetting
+        if classified.kind is RouteKind.DEMAND and vetting is not None:
+            vetted = await self._vet(link, vetting, classified)
             if vetted is not None:
                 if vetted.reply is not None:
                     return Exchange(gate, link, classified, method, path, vetted.reply)
@@ -370,11 +384,11 @@ class ExchangeWork:
                 else:
                     # The runtime refuses it before loading: it goes up unleased.
                     classified = attrs.evolve(classified, kind=RouteKind.PASS)
-        adapter = link.adapter
         exchange = Exchange(gate, link, classified, method, path, caller=caller)
         processes = self.processes
-        if processes.fronts(link):
-            needed = adapter.needs_process(method, path)
+        lifecycle = link.runtime.lifecycle
+        if lifecycle is not None and processes.fronts(link):
+            needed = lifecycle.needs_process(method, path)
             if not needed:
                 # Forwarded as it is while the process runs; a start under way is waited
                 # for; in place of a stopped process the gate answers its health route,
@@ -401,14 +415,14 @@ class ExchangeWork:
             exchange.failed = any(lease.pending > 0 for lease in leases)
         return exchange
 
-    async def _vet(self, link: Link, classified: Classified) -> Vetted | None:
+    async def _vet(self, link: Link, vetting: Vetting, classified: Classified) -> Vetted | None:
         """The runtime's own refusal of a demand, before any lease (None: admit it). A
         runtime that cannot be asked in time only means the demand is admitted unvetted."""
         assert link.session is not None
         try:
-            # The adapter bounds its own calls (timeouts.control): an answer it already
+            # The runtime bounds its own calls (timeouts.control): an answer it already
             # has costs no timer here.
-            return await link.adapter.vet(classified, link.session, self.clock())
+            return await vetting.vet(classified, link.session, self.clock())
         except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
             unvetted.warning(
                 f"{link.consumer.name}:{type(exc).__name__}",
@@ -443,8 +457,9 @@ class ExchangeWork:
         cards = consumer.cards
         # The runtime's rule matters only where there is a choice: not on a one-card consumer's
         # every request.
-        rule = link.adapter.placement_rule(classified) if len(cards) > 1 else None
-        placing = link.adapter.placing
+        placement = link.runtime.placement
+        rule = placement.placement_rule(classified) if placement and len(cards) > 1 else None
+        placing = placing_of(placement)
         if not trial:
             return await self.acquire_on(demand, cards, placing=placing, rule=rule)
         leases = self.lease_now_on(demand, cards, placing=placing, rule=rule)
@@ -458,24 +473,23 @@ class ExchangeWork:
         """What a request that may load a model demands (None: no envelope is known, the
         runtime will refuse it)."""
         assert classified.model is not None
-        adapter = link.adapter
+        runtime = link.runtime
+        settings = runtime.settings
         consumer = link.consumer
         model = classified.model
         key = ResidentKey(consumer.name, model, classified.options_key)
         envelope = None
-        model_class = adapter.model_priority(model)
+        model_class = settings.model_priority(model)
         priority = caller.priority(model_class)
-        if adapter.sizes_requests:
-            ceilings = [self.ceiling(consumer.name, gpu, priority) for gpu in consumer.cards]
-            known = [c for c in ceilings if c is not None]
-            envelope = adapter.size(classified, self.measured_job(key), max(known, default=None))
+        if runtime.memory is not None:
+            envelope = runtime.memory.size(classified, key, priority, cast(Bounds, self))
         if envelope is None:
             envelope = self.known_envelope(link, model, classified.options_key)
         if envelope is None:
             envelope = await self.envelope(link, model, classified.options_key)
         if envelope is None:
             return None
-        residency = adapter.residency(model)
+        residency = settings.residency(model)
         return Demand(
             key=key,
             gpu=consumer.cards[0],
@@ -484,7 +498,7 @@ class ExchangeWork:
             resident_priority=model_class,
             policy=residency.policy,
             idle_ttl=classified.idle_ttl,
-            reload_seconds=adapter.reload_seconds(model, envelope),
+            reload_seconds=settings.reload_seconds(model, envelope),
             sets_ttl=classified.sets_ttl,
             scope=classified.scope,
             appear_within=classified.appear_within,
@@ -493,5 +507,5 @@ class ExchangeWork:
             ),
             # The runtime's memory is its process's: a PROCESS demand of a request switches
             # the running process's model, and its answer ends the lease.
-            switch=classified.scope is LeaseScope.PROCESS and adapter.process_model() is not None,
+            switch=classified.scope is LeaseScope.PROCESS and runtime.lifecycle is not None,
         )

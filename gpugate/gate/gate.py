@@ -38,12 +38,13 @@ from gpugate.gate.jobs import JobWatch, JobWork
 from gpugate.gate.links import (
     RECONCILE_INTERVAL,
     UPSTREAM_SKIP_AUTO_HEADERS,
-    AdapterFactory,
     GateFailure,
     Link,
     LinkWork,
+    RuntimeLookup,
     SignalSeen,
     core_settings,
+    listed,
     make_links,
 )
 from gpugate.gate.start_leases import StartLeases
@@ -53,7 +54,7 @@ from gpugate.gate.upstream import Backoff
 from gpugate.gpu.sampler import Sampler
 from gpugate.logs import OncePerInterval
 from gpugate.runtimes.base import HealthSignal
-from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.registry import runtime_for
 from gpugate.store.db import Store
 
 __all__ = [
@@ -86,17 +87,17 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
         listing_interval: float = RECONCILE_INTERVAL,
-        adapters: AdapterFactory = adapter_for,
+        runtimes: RuntimeLookup = runtime_for,
     ) -> None:
         self.config = config
         self.listing_interval = listing_interval
         self.sampler = sampler
         self.store = store
         self.clock = clock
-        self._adapters = adapters
-        self.core = GateCore(core_settings(config, adapters))
+        self._runtimes = runtimes
+        self.links: dict[str, Link] = make_links(config, runtimes)
+        self.core = GateCore(core_settings(config, listed(self.links)))
         self.events = EventHub()
-        self.links: dict[str, Link] = make_links(config, adapters)
         self._waiters: dict[int, asyncio.Future[Lease]] = {}
         self._measured: dict[ResidentKey, int] = {}
         self._measured_scale: dict[ResidentKey, float] = {}
@@ -140,9 +141,9 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         )
         self._spawn(sampling, "sampler")
         for link in self.links.values():
-            if link.adapter.reconcilable:
+            if link.runtime.inventory is not None:
                 self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
-            if link.adapter.health_signal in (HealthSignal.HEALTH_ROUTE, HealthSignal.PROCESS):
+            if link.runtime.health.signal in (HealthSignal.HEALTH_ROUTE, HealthSignal.PROCESS):
                 self._spawn(self._health_loop(link), f"health-{link.consumer.name}")
         self.start_job_loops(self._spawn)
         self.processes.on_gate_start()
@@ -218,7 +219,7 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         for rows in self.core.telemetry.unexplained.values():
             for consumer, nbytes in rows.items():
                 link = self.links.get(consumer)
-                if nbytes and link is not None and link.adapter.reconcilable:
+                if nbytes and link is not None and link.runtime.inventory is not None:
                     self.want_reconcile(consumer)
 
     # -- effects ---------------------------------------------------------------------------
@@ -327,7 +328,14 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         The caller keeps in `config` what only a restart can change (listeners, upstreams,
         GPUs, sampling); consumers are matched by name and none is added or removed here.
         """
-        settings = core_settings(config, self._adapters)
+        for consumer in config.consumers:
+            link = self.links.get(consumer.name)
+            if link is not None and link.consumer != consumer:
+                runtime = self._runtimes(consumer)
+                if runtime is not None:
+                    link.consumer = consumer
+                    link.runtime = runtime
+        settings = core_settings(config, listed(self.links))
         core = self.core
         core.settings = settings
         # The core's parts took their settings when they were built: these are the ones a
@@ -341,13 +349,6 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         core.scheduler._queue_limit = lambda name: settings.queue_limit.get(
             name, settings.default_queue_limit
         )
-        for consumer in config.consumers:
-            link = self.links.get(consumer.name)
-            if link is not None and link.consumer != consumer:
-                adapter = self._adapters(consumer)
-                if adapter is not None:
-                    link.consumer = consumer
-                    link.adapter = adapter
         self.config = config
 
     # -- operator actions ------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Jobs: the gate's side of JOB leases for runtimes that say when their jobs end.
 
-For each consumer whose adapter `tracks_jobs`, one loop asks the adapter every
+For each consumer whose runtime has `Jobs`, one loop asks the runtime every
 JOB_POLL_INTERVAL which of the live jobs the runtime no longer has, while the consumer
 has any (it sleeps on an event otherwise), each call bounded by `timeouts.control`. A
 call that fails is recorded as a failure of its class (logged once a minute) and the loop
@@ -35,7 +35,7 @@ from gpugate.core.tickets import Demand, Lease
 from gpugate.core.views import class_allows
 from gpugate.gate.links import Link
 from gpugate.gate.upstream import upstream_failure
-from gpugate.runtimes.base import Measured
+from gpugate.runtimes.base import Jobs, Measured
 from gpugate.store.db import MeasuredEnvelope, Store
 
 JOB_POLL_INTERVAL = 0.5
@@ -133,14 +133,14 @@ class JobWork:
             if device is None:
                 continue
             held = device.managed.get(name, 0)
-            live = self.jobs(name) if link.adapter.tracks_jobs else []
+            live = self.jobs(name) if link.runtime.jobs is not None else []
             for lease in live:
                 watch = self._job_watches.get(lease.id)
                 if watch is not None:
                     watch.peak = max(watch.peak, held)
             if live and held > 0:
                 link.seen_holding = True
-            if link.adapter.reclaim_rule.to_idle and not self._booked(name):
+            if link.runtime.residents.reclaim_rule.to_idle and not self._booked(name):
                 link.idle_bytes = held
 
     def _booked(self, consumer: str) -> bool:
@@ -180,7 +180,7 @@ class JobWork:
                 if self.store is not None:
                     self.store.record_lease(lease, now - lease.granted, "preempted")
 
-    async def _job_loop(self, link: Link) -> None:
+    async def _job_loop(self, link: Link, jobs: Jobs) -> None:
         name = link.consumer.name
         while True:
             if not self.jobs(name):
@@ -188,10 +188,10 @@ class JobWork:
                 link.jobs_live.clear()
                 await link.jobs_live.wait()
                 continue
-            await self._track_once(link)
+            await self._track_once(link, jobs)
             await asyncio.sleep(JOB_POLL_INTERVAL)
 
-    async def _track_once(self, link: Link) -> None:
+    async def _track_once(self, link: Link, jobs: Jobs) -> None:
         name = link.consumer.name
         gpu = link.consumer.cards[0]
         observation = self.core.observation(gpu)
@@ -205,7 +205,7 @@ class JobWork:
         assert link.session is not None
         try:
             async with asyncio.timeout(link.consumer.timeouts.control):
-                ends = await link.adapter.track_jobs(link.session, self.job_names(name))
+                ends = await jobs.track_jobs(link.session, self.job_names(name))
         except Exception as exc:
             failure = upstream_failure(link.consumer, exc, f"cannot learn how {name}'s jobs went")
             if failure.failure_class is FailureClass.RUNTIME_CRASH:
@@ -219,5 +219,6 @@ class JobWork:
 
     def start_job_loops(self, spawn: Callable[..., None]) -> None:
         for link in self.links.values():
-            if link.adapter.tracks_jobs:
-                spawn(self._job_loop(link), f"jobs-{link.consumer.name}")
+            jobs = link.runtime.jobs
+            if jobs is not None:
+                spawn(self._job_loop(link, jobs), f"jobs-{link.consumer.name}")

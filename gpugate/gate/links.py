@@ -1,4 +1,4 @@
-"""Links: each fronted consumer's adapter and upstream connection pool, the listings that
+"""Links: each fronted consumer's runtime and upstream connection pool, the listings that
 keep the books in step with what the runtimes hold, and what a model will take."""
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from gpugate.core.pressure import ReserveSettings
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import CoreSettings, GateCore, ListedModel
 from gpugate.gate.upstream import Backoff, upstream_failure
-from gpugate.runtimes.base import HealthSignal, RuntimeAdapter
-from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.base import HealthSignal, NotSupported, Runtime
 from gpugate.store.db import MeasuredEnvelope, Store
 
 RECONCILE_INTERVAL = 2.0
@@ -31,7 +30,8 @@ ESTIMATE_TTL = 60.0
 LISTING_BACKOFF_MAX = 10.0
 """The longest a failing listing or health loop waits before it asks again."""
 
-AdapterFactory = Callable[[Consumer], RuntimeAdapter | None]
+RuntimeLookup = Callable[[Consumer], Runtime | None]
+"""A consumer's runtime; None for one the gate only observes (runtimes/registry.py)."""
 
 
 class GateFailure(Exception):
@@ -44,10 +44,10 @@ class GateFailure(Exception):
 
 @attrs.define
 class Link:
-    """A fronted consumer with its adapter and its upstream connection pool."""
+    """A fronted consumer with its runtime and its upstream connection pool."""
 
     consumer: Consumer
-    adapter: RuntimeAdapter
+    runtime: Runtime
     session: aiohttp.ClientSession | None = None
     reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
     jobs_live: asyncio.Event = attrs.field(factory=asyncio.Event)
@@ -63,7 +63,9 @@ class Link:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.consumer.timeouts.connect),
             auto_decompress=False,
             skip_auto_headers=UPSTREAM_SKIP_AUTO_HEADERS,
-            connector=aiohttp.TCPConnector(limit=0, force_close=not self.adapter.pool_connections),
+            connector=aiohttp.TCPConnector(
+                limit=0, force_close=not self.runtime.reading.keep_alive.pools_idle
+            ),
         )
 
 
@@ -105,18 +107,24 @@ class ConsumerHealth:
         return self.fresh is not False
 
 
-def make_links(config: Config, adapters: AdapterFactory) -> dict[str, Link]:
-    """A link for every consumer whose runtime has an adapter."""
+def make_links(config: Config, runtimes: RuntimeLookup) -> dict[str, Link]:
+    """A link for every consumer the gate fronts (whose runtime it knows)."""
     links = {}
     for consumer in config.consumers:
-        adapter = adapters(consumer)
-        if adapter is not None:
-            links[consumer.name] = Link(consumer, adapter)
+        runtime = runtimes(consumer)
+        if runtime is not None:
+            links[consumer.name] = Link(consumer, runtime)
     return links
 
 
-def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> CoreSettings:
-    """Resolve the configuration into what the decision core needs."""
+def listed(links: dict[str, Link]) -> frozenset[str]:
+    """The consumers whose runtime lists what it holds (the books follow the listing)."""
+    return frozenset(name for name, link in links.items() if link.runtime.inventory is not None)
+
+
+def core_settings(config: Config, reconcilable: frozenset[str] = frozenset()) -> CoreSettings:
+    """Resolve the configuration into what the decision core needs (`reconcilable`: the
+    consumers whose runtime lists what it holds)."""
     budget = config.budget
     reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
     by_gpu = {
@@ -132,9 +140,7 @@ def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> Cor
         queue_limit={c.name: c.queue_limit for c in config.consumers},
         stale_after=budget.stale_after,
         planner=PlannerSettings(),
-        reconcilable=frozenset(
-            c.name for c in config.consumers if (a := adapters(c)) is not None and a.reconcilable
-        ),
+        reconcilable=reconcilable,
         preempt={c.name: frozenset(c.preempt) for c in config.consumers if c.preempt},
     )
 
@@ -168,7 +174,7 @@ class LinkWork:
 
     def known_envelope(self, link: Link, model: str, options: str) -> int | None:
         """Configured or measured bytes for a model, when the gate has them without asking."""
-        configured = link.adapter.configured_envelope(model)
+        configured = link.runtime.settings.configured_envelope(model)
         if configured is not None:
             return configured
         return self._measured.get(ResidentKey(link.consumer.name, model, options))
@@ -177,7 +183,7 @@ class LinkWork:
         """The bytes a request for the model would lease, as far as the gate knows them
         without asking the runtime, and where they come from: `configured`, `measured`, or
         an `estimate` made in the last minute. None: only the runtime could say."""
-        configured = link.adapter.configured_envelope(model)
+        configured = link.runtime.settings.configured_envelope(model)
         if configured is not None:
             return configured, "configured"
         measured = self._measured.get(ResidentKey(link.consumer.name, model, options))
@@ -211,7 +217,7 @@ class LinkWork:
         known = self.known_envelope(link, model, options)
         if known is not None:
             return known
-        adapter = link.adapter
+        memory = link.runtime.memory
         cache_key = (link.consumer.name, model, options)
         cached = self._estimates.get(cache_key)
         now = self.clock()
@@ -219,8 +225,10 @@ class LinkWork:
             return cached[1]
         assert link.session is not None
         try:
+            if memory is None:
+                raise NotSupported(f"{link.consumer.name} cannot size {model} before it is loaded")
             async with asyncio.timeout(link.consumer.timeouts.control):
-                estimate = await adapter.estimate(link.session, model, options)
+                estimate = await memory.estimate(link.session, model, options)
         except Exception as exc:
             failure = upstream_failure(link.consumer, exc, f"cannot size {model}", model=model)
             raise GateFailure(failure) from exc
@@ -232,22 +240,25 @@ class LinkWork:
     async def reconcile(self, link: Link) -> None:
         """List what the runtime has loaded and fold it into the books."""
         assert link.session is not None
+        inventory = link.runtime.inventory
+        if inventory is None:
+            raise NotSupported(f"{link.consumer.name} cannot list what it holds")
         asked_at = self.clock()
         async with asyncio.timeout(link.consumer.timeouts.control):
-            loaded = await link.adapter.listing(link.session)
-        adapter = link.adapter
+            loaded = await inventory.listing(link.session)
+        settings = link.runtime.settings
         listed = []
         for model in loaded:
-            residency = adapter.residency(model.name)
+            residency = settings.residency(model.name)
             listed.append(
                 ListedModel(
                     model=model.name,
                     bytes=model.size_vram if model.sized else None,
                     size=max(model.size, model.size_vram),
-                    priority=adapter.model_priority(model.name),
+                    priority=settings.model_priority(model.name),
                     policy=residency.policy,
                     idle_ttl=residency.idle_ttl,
-                    reload_seconds=adapter.reload_seconds(model.name, model.size),
+                    reload_seconds=settings.reload_seconds(model.name, model.size),
                 )
             )
         self._apply(
@@ -273,14 +284,14 @@ class LinkWork:
         it starts)."""
         bound = self.listing_stale_after(link.consumer)
         control = link.consumer.control
-        if link.adapter.health_signal is HealthSignal.PROCESS and control is not None:
+        if link.runtime.health.signal is HealthSignal.PROCESS and control is not None:
             bound += control.start_timeout
         return bound
 
     def consumer_health(self, link: Link, now: float) -> ConsumerHealth:
         """The consumer's health from the signal its runtime has."""
         name = link.consumer.name
-        signal = link.adapter.health_signal
+        signal = link.runtime.health.signal
         if signal is HealthSignal.UNOBSERVED:
             return ConsumerHealth(name, signal, None, None)
         if signal is HealthSignal.LISTING:
@@ -294,13 +305,15 @@ class LinkWork:
     async def probe(self, link: Link) -> None:
         """Ask a consumer's health signal once (not its listing: that is `reconcile`)."""
         assert link.session is not None
-        adapter = link.adapter
+        health = link.runtime.health
+        lifecycle = link.runtime.lifecycle
+        control = lifecycle.control if lifecycle is not None else None
         stopped = False
         async with asyncio.timeout(link.consumer.timeouts.control):
-            if adapter.health_signal is HealthSignal.PROCESS and adapter.process is not None:
-                stopped = not await adapter.process.is_running()
+            if health.signal is HealthSignal.PROCESS and control is not None:
+                stopped = not await control.is_running()
             # A stopped process has no route to ask; it is started on the next request.
-            if not stopped and not await adapter.health(link.session):
+            if not stopped and not await health.check(link.session):
                 raise UnhealthyAnswer(f"{link.consumer.name} answered its health route unwell")
         self._signal_seen[link.consumer.name] = SignalSeen(self.clock(), stopped)
 
@@ -319,7 +332,7 @@ class LinkWork:
             await asyncio.sleep(self.listing_interval)
 
     def _learn_envelopes(self, link: Link, listed: list[ListedModel]) -> None:
-        # Only what the runtime said: an adapter's estimate is not a measurement.
+        # Only what the runtime said: its own estimate is not a measurement.
         sizes = {m.model: m.size for m in listed if m.bytes is not None}
         cards = set(link.consumer.cards)
         for resident in self.core.residents():

@@ -12,9 +12,23 @@ from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand, LeaseScope
 from gpugate.gate.links import Link
 from gpugate.gate.owner import GateOwner
+from gpugate.runtimes.base import Lifecycle
+from gpugate.runtimes.process import ProcessControl
 
 DEFAULT_START_ADMISSION_TIMEOUT = 120.0
 """For a consumer without `control:` (its config default is the same)."""
+
+
+def control_of(link: Link) -> ProcessControl | None:
+    """The control the gate starts and stops the link's process with; None when it has none
+    (not a process runtime, or one the gate only talks to)."""
+    lifecycle = link.runtime.lifecycle
+    return None if lifecycle is None else lifecycle.control
+
+
+def process_model(lifecycle: Lifecycle | None) -> str | None:
+    """The model a process runtime's process holds; None for any other runtime."""
+    return None if lifecycle is None else lifecycle.process_model()
 
 
 class ProcessBooks:
@@ -24,12 +38,12 @@ class ProcessBooks:
         self.gate = gate
 
     def envelope(self, link: Link) -> int | None:
-        model = link.adapter.process_model()
-        return None if model is None else link.adapter.configured_envelope(model)
+        model = process_model(link.runtime.lifecycle)
+        return None if model is None else link.runtime.settings.configured_envelope(model)
 
     def live(self, link: Link) -> Resident | None:
         """The consumer's process in the books (loading or resident), its current model first."""
-        current = link.adapter.process_model()
+        current = process_model(link.runtime.lifecycle)
         found = None
         for resident in self.residents(link):
             if resident.key.consumer != link.consumer.name or resident.state not in (
@@ -72,23 +86,23 @@ class ProcessBooks:
     ) -> Demand:
         """The process's start (PROCESS scope), or a request on its resident `key` (on
         `gpu`; a start's GPU is placed among the consumer's)."""
-        adapter = link.adapter
+        settings = link.runtime.settings
         consumer = link.consumer
-        model = adapter.process_model() if key is None else key.model
+        model = process_model(link.runtime.lifecycle) if key is None else key.model
         assert model is not None
         measured = self.gate.measured_envelope(ResidentKey(consumer.name, model))
-        envelope = measured or adapter.configured_envelope(model) or self.envelope(link) or 0
-        residency = adapter.residency(model)
+        envelope = measured or settings.configured_envelope(model) or self.envelope(link) or 0
+        residency = settings.residency(model)
         start = key is None
         return Demand(
             key=key or ResidentKey(consumer.name, model),
             gpu=consumer.cards[0] if gpu is None else gpu,
             envelope=envelope,
             priority=priority,
-            resident_priority=adapter.model_priority(model),
+            resident_priority=settings.model_priority(model),
             policy=residency.policy,
             idle_ttl=residency.idle_ttl,
-            reload_seconds=adapter.reload_seconds(model, envelope),
+            reload_seconds=settings.reload_seconds(model, envelope),
             scope=LeaseScope.PROCESS if start else LeaseScope.REQUEST,
             appear_within=(
                 consumer.control.start_admission_timeout
@@ -121,6 +135,6 @@ class ProcessBooks:
             cls,
             f"{cls.value}: {consumer.name} ({consumer.upstream.url}): {what}",
             consumer=consumer.name,
-            model=link.adapter.process_model(),
+            model=process_model(link.runtime.lifecycle),
             gpu=consumer.cards[0],
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.gate.owner import GateOwner
+from gpugate.gate.process_books import process_model
 
 
 class ProcessEnvelopes:
@@ -41,7 +42,7 @@ class ProcessEnvelopes:
         """After a sample: a running process's new peak is its model's measured envelope."""
         for name, key in list(self._learning.items()):
             link = self.gate.links.get(name)
-            if link is None or link.adapter.process_model() != key.model:
+            if link is None or process_model(link.runtime.lifecycle) != key.model:
                 # It switched models (/load): its memory is no longer one model's.
                 del self._learning[name]
                 continue

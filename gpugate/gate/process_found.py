@@ -19,7 +19,7 @@ from gpugate.core.lifecycle import LifeReport
 from gpugate.core.tickets import Lease
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
-from gpugate.gate.process_books import ProcessBooks
+from gpugate.gate.process_books import ProcessBooks, control_of
 from gpugate.runtimes.process import ProcessControl, ProcessControlError, SystemdUnit
 from gpugate.runtimes.process_find import listening_pids
 from gpugate.runtimes.process_ready import port_open, wait_ready
@@ -95,8 +95,9 @@ class ProcessFinder:
     async def read_unit(self, link: Link) -> None:
         """What a unit runs is its own command line, not the configuration's guess: read
         it (its model) before it is started or adopted. Unreadable: the guess stands."""
-        process = link.adapter.process
-        if not isinstance(process, SystemdUnit):
+        lifecycle = link.runtime.lifecycle
+        process = lifecycle.control if lifecycle is not None else None
+        if lifecycle is None or not isinstance(process, SystemdUnit):
             return
         try:
             argv = await process.command()
@@ -104,11 +105,11 @@ class ProcessFinder:
             log.warning("%s: the command line of its unit is unknown: %s", link.consumer.name, exc)
             return
         if argv:
-            link.adapter.read_unit_command(argv)
+            lifecycle.read_unit_command(argv)
 
     async def running(self, link: Link) -> bool:
         """Whether the consumer's process is there (its control says so), bounded."""
-        process = link.adapter.process
+        process = control_of(link)
         if process is None:
             return False
         try:

@@ -1,6 +1,6 @@
 """Process starts: the gate's own, when a request's work needs the process, and at its start.
 
-A runtime whose memory is its process's (the adapter's `process_model`) is handled here:
+A runtime whose memory is its process's (its `Lifecycle`) is handled here:
 
 * **Start on demand** (`ProcessStarts.serve_lease`): a request the runtime's work needs
   (`needs_process`) is forwarded under a 0-byte lease on the process's resident, which
@@ -8,13 +8,13 @@ A runtime whose memory is its process's (the adapter's `process_model`) is handl
   process is stopped, or running outside the books: one found running (its command line,
   its port) is adopted, never started twice; otherwise the gate takes a PROCESS-scope
   lease for its envelope (measured once it ran, else configured; it may wait, evict or
-  fail like any demand), starts it through the adapter's control, and waits for its port
+  fail like any demand), starts it through its lifecycle's control, and waits for its port
   and health (`wait_ready`). The answer makes it resident (`process_ready`), whatever
   NVML shows yet; its bytes follow NVML from there.
 * **Failed starts back off** (`StartBackoff`): one failure event per failed start, the
   runtime's output in the gate's log only, and no new start until the backoff ran out
   (503 START_BACKOFF with Retry-After meanwhile).
-* **Eviction is a stop** (the adapter's `evict`), confirmed when NVML shows the
+* **Eviction is a stop** (the core's Stop effect), confirmed when NVML shows the
   consumer's memory gone; the next request starts it again.
 * **A crash** (a supervised child's exit, an adopted process's end) is one RUNTIME_CRASH
   event; its resident goes, and an `always_warm` process is started again after its
@@ -49,14 +49,13 @@ from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
 from gpugate.gate.process_absent import start_timeout as start_timeout_of
-from gpugate.gate.process_books import ProcessBooks
+from gpugate.gate.process_books import ProcessBooks, control_of, process_model
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
-from gpugate.runtimes.base import ApiFamily
+from gpugate.runtimes.base import ApiFamily, Lifecycle
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
-    ProcessControl,
     ProcessExited,
     SupervisedCommand,
 )
@@ -105,7 +104,7 @@ class ProcessStarts:
         self._last_failure: dict[str, str] = {}
         """Why each consumer's last start failed, in one line (cleared once it is up)."""
         for link in gate.links.values():
-            process = link.adapter.process
+            process = control_of(link)
             if process is None:
                 continue
             eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
@@ -125,14 +124,14 @@ class ProcessStarts:
     def fronts(self, link: Link) -> bool:
         """Whether requests to `link` need its process running (a controlled process
         runtime with an envelope)."""
-        return link.adapter.process is not None and self.books.envelope(link) is not None
+        return control_of(link) is not None and self.books.envelope(link) is not None
 
     def absent(self, link: Link) -> bool:
         """Whether the books say the consumer's process is not there: stopped (on purpose,
         or after a failure already reported), being stopped, or being started. Never for
         a runtime the gate puts to sleep: its process is not the gate's to start or stop,
         and it serves what it serves asleep too (vLLM's server)."""
-        process = link.adapter.process
+        process = control_of(link)
         life = self.gate.core.lifecycle(link.consumer.name)
         return (
             process is not None
@@ -145,7 +144,7 @@ class ProcessStarts:
         """Wait while the gate starts the consumer's process, within its start timeout;
         False when the start is still under way after that. A runtime woken from sleep
         keeps serving meanwhile: nothing to wait for."""
-        process = link.adapter.process
+        process = control_of(link)
         if process is None or process.sleeps:
             return True
         return await self.under_way.wait(link.consumer.name, start_timeout_of(link))
@@ -206,7 +205,7 @@ class ProcessStarts:
         gate = self.gate
         name = link.consumer.name
         await self.finder.read_unit(link)
-        process = link.adapter.process
+        process = control_of(link)
         running = process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
         refused = None if running else self.books.backoff(link)
         if refused is not None:
@@ -251,12 +250,15 @@ class ProcessStarts:
     def carry_out(self, effect: Start | Wake) -> None:
         """Carry out the core's Start or Wake through the runtime's lifecycle interface."""
         link = self.gate.links.get(effect.consumer)
-        if link is None or link.adapter.process is None:
+        lifecycle = link.runtime.lifecycle if link is not None else None
+        if link is None or lifecycle is None or lifecycle.control is None:
             self.gate.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
             return
-        self._spawn(self._carry_out(link, link.adapter.process, effect), f"start-{effect.consumer}")
+        self._spawn(self._carry_out(link, lifecycle, effect), f"start-{effect.consumer}")
 
-    async def _carry_out(self, link: Link, process: ProcessControl, effect: Start | Wake) -> None:
+    async def _carry_out(self, link: Link, lifecycle: Lifecycle, effect: Start | Wake) -> None:
+        process = lifecycle.control
+        assert process is not None
         gate = self.gate
         name = link.consumer.name
         control = link.consumer.control
@@ -278,7 +280,7 @@ class ProcessStarts:
             if not waking:
                 with contextlib.suppress(Exception):
                     await process.stop()
-                link.adapter.process_ended()
+                lifecycle.process_ended()
             verb = "wake" if waking else "start"
             gate.life_report(name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}")
             retry = gate.core.start_wait(name, gate.clock())
@@ -329,7 +331,7 @@ class ProcessStarts:
             if self.books.envelope(link) is None:
                 continue
             name = link.consumer.name
-            if link.adapter.process is not None and self._always_warm(link):
+            if control_of(link) is not None and self._always_warm(link):
                 # Under way from now: a request that arrives before its start begins waits.
                 task = self._spawn(self._warm_start(link), f"process-{name}")
                 self._warming[name] = task
@@ -341,17 +343,17 @@ class ProcessStarts:
             await self._at_start(link)
 
     async def _at_start(self, link: Link) -> None:
-        adapter = link.adapter
         await self.finder.read_unit(link)
-        model = adapter.process_model()
+        model = process_model(link.runtime.lifecycle)
         assert model is not None
-        priority = adapter.model_priority(model)
+        priority = link.runtime.settings.model_priority(model)
+        process = control_of(link)
         try:
-            if adapter.process is None:
+            if process is None:
                 demand = self.books.demand(link, priority, gpu=self.books.shown_on(link))
                 await self.gate.acquire(demand)
                 return
-            found = await self.finder.found(link, adapter.process)
+            found = await self.finder.found(link, process)
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
@@ -380,9 +382,9 @@ class ProcessStarts:
         return missing
 
     def _always_warm(self, link: Link) -> bool:
-        model = link.adapter.process_model()
+        model = process_model(link.runtime.lifecycle)
         return model is not None and (
-            link.adapter.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
+            link.runtime.settings.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
         )
 
     async def _keep_warm(self, link: Link) -> None:
@@ -390,10 +392,10 @@ class ProcessStarts:
         name = link.consumer.name
         while True:
             await asyncio.sleep(self.gate.core.start_wait(name, self.gate.clock()))
-            model = link.adapter.process_model()
+            model = process_model(link.runtime.lifecycle)
             assert model is not None
             try:
-                await self.ensure_running(link, link.adapter.model_priority(model))
+                await self.ensure_running(link, link.runtime.settings.model_priority(model))
                 return
             except GateFailure as exc:
                 if exc.failure.failure_class is not FailureClass.START_BACKOFF:
@@ -407,7 +409,7 @@ class ProcessStarts:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for link in self.gate.links.values():
-            process = link.adapter.process
+            process = control_of(link)
             if isinstance(process, SupervisedCommand) and process.running:
                 with contextlib.suppress(Exception):
                     await process.stop()
@@ -418,7 +420,8 @@ class ProcessStarts:
         """A process the gate runs ended on its own: one crash event (a start that fails
         reports its own), its resident and start lease end, always_warm starts again."""
         name = link.consumer.name
-        link.adapter.process_ended()
+        if link.runtime.lifecycle is not None:
+            link.runtime.lifecycle.process_ended()
         self.envelopes.ended(name)
         if self.starting(name):
             return

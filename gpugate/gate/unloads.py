@@ -2,8 +2,8 @@
 
 A runtime may answer an unload before the process holding the memory has exited, and
 NVML can lag behind the exit; a grant made on the strength of the answer alone would land
-on memory that is still taken. So after asking (the adapter's `evict`), the gate samples
-NVML quickly until the device's free memory rose by the adapter's reclaim rule (a
+on memory that is still taken. So after asking (the runtime's `Residents.evict`), the gate
+samples NVML quickly until the device's free memory rose by its reclaim rule (a
 fraction of the resident's bytes), or
 until the consumer's usage is what its other residents explain without external use
 having grown meanwhile (the runner was gone before the gate asked), or the reclaim
@@ -38,6 +38,7 @@ from gpugate.core.tickets import Demand
 from gpugate.gate.links import Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.upstream import upstream_failure
+from gpugate.runtimes.base import Inventory, Jobs, NotSupported
 
 log = logging.getLogger("gpugate.unloads")
 
@@ -47,6 +48,14 @@ FIRST_POLL = 0.005
 """The first pause: memory usually shows back within milliseconds of the answer, and the
 request the unload is for waits on the sample that sees it. Each pause doubles, up to
 POLL_INTERVAL, so a slow unload does not keep NVML busy."""
+
+
+def stoppable(link: Link) -> Jobs:
+    """The runtime's jobs, to stop one; NotSupported for a runtime that has none."""
+    jobs = link.runtime.jobs
+    if jobs is None:
+        raise NotSupported(f"{link.consumer.name} cannot stop a job")
+    return jobs
 
 
 class UnloadRunner:
@@ -64,9 +73,10 @@ class UnloadRunner:
             async with self._locks.setdefault(unload.gpu, asyncio.Lock()):
                 before = gate.core.observation(unload.gpu)
                 if link is None or link.session is None:
-                    raise LookupError(f"no adapter can unload {unload.key}")
+                    raise LookupError(f"no runtime can unload {unload.key}")
+                residents = link.runtime.residents
                 try:
-                    async with asyncio.timeout(link.adapter.evict_timeout()):
+                    async with asyncio.timeout(residents.evict_timeout()):
                         await self._evict(link, unload)
                 except Exception as exc:
                     if isinstance(unload, (Stop, Sleep)):
@@ -75,13 +85,14 @@ class UnloadRunner:
                     failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
                     gate.loop_failed(f"unload-{consumer}", failure)
                 else:
-                    rule = link.adapter.reclaim_rule
+                    rule = residents.reclaim_rule
                     idle = link.idle_bytes if rule.to_idle else None
                     reclaimed = await self._wait_for_reclaim(
                         unload, before, rule.recovered_fraction, idle, clear=rule.consumer_clear
                     )
-                    if reclaimed and link.adapter.reconcilable:
-                        await self._wait_until_unlisted(link, unload.key.model)
+                    inventory = link.runtime.inventory
+                    if reclaimed and inventory is not None:
+                        await self._wait_until_unlisted(link, inventory, unload.key.model)
         except Exception:
             log.exception("unload of %s failed", unload.key)
         finally:
@@ -91,19 +102,20 @@ class UnloadRunner:
     async def _evict(self, link: Link, unload: Unload) -> None:
         """Ask for the memory back: the runtime unloads the model, or its lifecycle
         interface stops it (Stop) or puts it to sleep (Sleep), reported to the core."""
-        process = link.adapter.process
-        if isinstance(unload, (Stop, Sleep)) and process is not None:
+        lifecycle = link.runtime.lifecycle
+        control = lifecycle.control if lifecycle is not None else None
+        if isinstance(unload, (Stop, Sleep)) and lifecycle is not None and control is not None:
             name = link.consumer.name
             if isinstance(unload, Sleep):
-                await process.sleep()
+                await control.sleep()
                 self.gate.life_report(name, LifeReport.ASLEEP, unload.reason.value)
             else:
-                await process.stop()
-                link.adapter.process_ended()
+                await control.stop()
+                lifecycle.process_ended()
                 self.gate.life_report(name, LifeReport.STOPPED, unload.reason.value)
             return
         assert link.session is not None
-        await link.adapter.evict(link.session, unload.key.model)
+        await link.runtime.residents.evict(link.session, unload.key.model)
 
     async def preempt(self, effect: Preempt) -> None:
         """Ask the runtime to stop the jobs, newest first, within one control timeout; the
@@ -113,10 +125,11 @@ class UnloadRunner:
         failure: Failure | None = None
         try:
             if link is None or link.session is None:
-                raise LookupError(f"no adapter can stop {effect.consumer}'s jobs")
+                raise LookupError(f"no runtime can stop {effect.consumer}'s jobs")
+            jobs = stoppable(link)
             async with asyncio.timeout(link.consumer.timeouts.control):
                 for job in effect.jobs:
-                    await link.adapter.preempt(link.session, job)
+                    await jobs.preempt(link.session, job)
             # The jobs' lease ends with them: what the runtime holds from then on must be
             # what NVML shows now, not at the last periodic sample (a model loaded since
             # would be counted by nobody).
@@ -144,11 +157,11 @@ class UnloadRunner:
         try:
             if job is not None:
                 if link.session is None:
-                    raise LookupError(f"no adapter can withdraw {name}'s job {job}")
+                    raise LookupError(f"no runtime can withdraw {name}'s job {job}")
+                jobs = stoppable(link)
                 async with asyncio.timeout(link.consumer.timeouts.control):
-                    await link.adapter.preempt(link.session, job)
-                if link.adapter.tracks_jobs:
-                    await self._until_dropped(link, job)
+                    await jobs.preempt(link.session, job)
+                await self._until_dropped(link, jobs, job)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(gate.config.budget.reclaim_timeout):
                     gate.observe(await gate.sampler.sample())
@@ -158,7 +171,7 @@ class UnloadRunner:
         finally:
             gate.withdrawn(demand)
 
-    async def _until_dropped(self, link: Link, job: str) -> None:
+    async def _until_dropped(self, link: Link, jobs: Jobs, job: str) -> None:
         """Poll the runtime until it says the job ended (a running job stops at its next
         step), within the reclaim timeout."""
         assert link.session is not None
@@ -167,7 +180,7 @@ class UnloadRunner:
             async with asyncio.timeout(self.gate.config.budget.reclaim_timeout):
                 while True:
                     async with asyncio.timeout(link.consumer.timeouts.control):
-                        ended = await link.adapter.track_jobs(link.session, frozenset({job}))
+                        ended = await jobs.track_jobs(link.session, frozenset({job}))
                     if ended:
                         return
                     await asyncio.sleep(pause)
@@ -210,7 +223,7 @@ class UnloadRunner:
             await asyncio.sleep(pause)
             pause = min(POLL_INTERVAL, pause * 2)
 
-    async def _wait_until_unlisted(self, link: Link, model: str) -> None:
+    async def _wait_until_unlisted(self, link: Link, inventory: Inventory, model: str) -> None:
         """Until the runtime's own listing no longer names the model, within the reclaim
         timeout. A runtime may list a runner until it has reaped its process, after its
         memory is back (until it has reaped the runner); while the unload is under way the
@@ -223,7 +236,7 @@ class UnloadRunner:
         while True:
             try:
                 async with asyncio.timeout(link.consumer.timeouts.control):
-                    listed = await link.adapter.listing(link.session)
+                    listed = await inventory.listing(link.session)
             except Exception as exc:
                 log.debug("no listing to confirm the unload of %s: %s", model, exc)
                 return

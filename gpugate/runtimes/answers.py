@@ -1,5 +1,5 @@
-"""What an adapter answers about a request and a runtime, and the error shapes clients
-parse (the interface itself: facets.py, base.py)."""
+"""What a runtime's parts answer about a request and a runtime, and the error shapes
+clients parse (the parts themselves: parts.py)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand
 from gpugate.core.units import MiB
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.registry import runtime_for
 from tests.gate.fakes import FakeAttributor, FakeGpu, FakeUpstream, Mode, fake_gate
 
 LLAMA = 3200 * MiB
@@ -191,7 +192,8 @@ async def test_a_refused_listing_is_runtime_crash(tmp_path):
         crashed = fakes.gate.events.next(failure_of(FailureClass.RUNTIME_CRASH))
         link = fakes.gate.links["ollama"]
         # Nothing listens on port 1: the connection is refused.
-        link.adapter.consumer = link.consumer = refusing(link.consumer)
+        link.consumer = refusing(link.consumer)
+        link.runtime = runtime_for(link.consumer)
         fakes.gate.want_reconcile("ollama")
         assert "did not answer" in (await asyncio.wait_for(crashed, 5)).failure.message
 

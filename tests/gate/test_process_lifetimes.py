@@ -60,7 +60,7 @@ def stack_with(tmp_path, sim_host, fakenvml_path, ports, argv, *, residency=KEEP
 
 
 def process_of(stack) -> SupervisedCommand:
-    process = stack.gate.links["whisper"].adapter.process
+    process = stack.gate.links["whisper"].runtime.lifecycle.control
     assert isinstance(process, SupervisedCommand)
     return process
 

@@ -1,7 +1,7 @@
-"""The gate and a listener serve a runtime they know only through its adapter.
+"""The gate and a listener serve a runtime they know only through its parts.
 
 The runtime here exists only in this test, registered by name as a runtime package would
-register itself (its adapter in `registry.ADAPTERS`, its own configuration section in
+register itself (what builds it in `registry.RUNTIMES`, its own configuration section in
 `sections.SECTIONS`): nothing in config/, core/, gate/ or proxy/ knows it. It queues jobs (a
 POST answers at once with the job's id, the work runs later), so its demands have JOB
 scope. The lease outlives the HTTP call and ends on the job's event.
@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from gpugate.config.loader import load_config_text
-from gpugate.config.model import RuntimeSettings
+from gpugate.config.model import Consumer, RuntimeSettings
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
@@ -31,12 +31,18 @@ from gpugate.proxy.listener import ConsumerListener
 from gpugate.runtimes.base import (
     ApiFamily,
     Classified,
-    LoadedModel,
+    Health,
+    HealthSignal,
+    JobEnd,
+    Jobs,
+    ModelSettings,
     NotSupported,
+    Reading,
+    Residents,
     RouteKind,
-    RuntimeAdapter,
+    Runtime,
 )
-from gpugate.runtimes.registry import ADAPTERS, adapter_for
+from gpugate.runtimes.registry import RUNTIMES, runtime_for
 from gpugate.runtimes.sections import SECTIONS
 from tests.gate.fakes import FakeAttributor, FakeGpu
 
@@ -49,13 +55,14 @@ class QueueSettings(RuntimeSettings):
     """The route that queues a job."""
 
 
-class QueueAdapter(RuntimeAdapter):
-    """A runtime that queues work: POST to its job path starts a job, /free gives memory back."""
+class QueueReading(Reading):
+    """POST to its job path starts a job; every other request passes."""
 
-    reconcilable = False
+    def __init__(self, consumer: Consumer) -> None:
+        self.job_path = consumer.settings_as(QueueSettings).job_path
 
     def wants_body(self, method: str, path: str) -> bool:
-        return method == "POST" and path == self.consumer.settings_as(QueueSettings).job_path
+        return method == "POST" and path == self.job_path
 
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
@@ -64,19 +71,56 @@ class QueueAdapter(RuntimeAdapter):
             return Classified(RouteKind.PASS, ApiFamily.PLAIN)
         return Classified(RouteKind.DEMAND, ApiFamily.PLAIN, "workflow", scope=LeaseScope.JOB)
 
+
+class QueueJobs(Jobs):
+    """Its answer names the job; it never says on its own that one ended (the test sends
+    the job's end), and cannot stop one."""
+
     def job_key(self, classified: Classified, body: bytes) -> str | None:
         return str(json.loads(body)["prompt_id"])
 
-    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        raise NotSupported("no listing")
+    async def track_jobs(
+        self, session: aiohttp.ClientSession, live: frozenset[str]
+    ) -> list[JobEnd]:
+        return []
+
+    async def preempt(self, session: aiohttp.ClientSession, job: str) -> None:
+        raise NotSupported("no job can be stopped")
+
+
+class QueueResidents(Residents):
+    """/free gives memory back."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
-        async with session.post(self.url("/free"), json={"free_memory": True}) as resp:
+        async with session.post(self.settings.url("/free"), json={"free_memory": True}) as resp:
             resp.raise_for_status()
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        async with session.get(self.url("/health")) as resp:
-            return resp.status == 200
+    def evict_timeout(self) -> float:
+        return self.settings.consumer.timeouts.control
+
+
+class QueueHealth(Health):
+    """Nothing says it is well: it never fails the gate's health."""
+
+    signal = HealthSignal.UNOBSERVED
+
+    async def check(self, session: aiohttp.ClientSession) -> bool:
+        raise NotSupported("no health route")
+
+
+def queue_runtime(consumer: Consumer) -> Runtime:
+    """A runtime that queues work, built from its parts; it has no listing."""
+    settings = ModelSettings(consumer)
+    return Runtime(
+        settings=settings,
+        reading=QueueReading(consumer),
+        residents=QueueResidents(settings),
+        health=QueueHealth(),
+        jobs=QueueJobs(),
+    )
 
 
 def upstream_app(seen: list[Mapping[str, object]]) -> web.Application:
@@ -119,13 +163,13 @@ consumers:
 @pytest.fixture
 async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path, monkeypatch):
     monkeypatch.setitem(SECTIONS, "queue", QueueSettings)
-    monkeypatch.setitem(ADAPTERS, "queue", QueueAdapter)
+    monkeypatch.setitem(RUNTIMES, "queue", queue_runtime)
     seen: list[Mapping[str, object]] = []
     server = await aiohttp_server(upstream_app(seen))
     url = f"http://127.0.0.1:{server.port}"
     config = load_config_text(CONFIG.format(url=url), tmp_path / "consumers.yaml")
     assert config.consumer("queue").settings == QueueSettings(job_path="/prompt")
-    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), adapters=adapter_for)
+    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), runtimes=runtime_for)
     await gate.start()
     link = gate.links["queue"]
     listener = ConsumerListener(gate, link, IdentityResolver(config.identities))
@@ -139,7 +183,7 @@ async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Pa
 
 async def test_a_job_lease_outlives_its_request_until_the_job_ends(stack):
     gate, client, seen = stack
-    assert isinstance(gate.links["queue"].adapter, QueueAdapter)
+    assert isinstance(gate.links["queue"].runtime.reading, QueueReading)
     async with client.post("/prompt", json={"prompt": {}}) as resp:
         assert resp.status == 200
         assert await resp.json() == {"prompt_id": "p1", "number": 1}

@@ -15,8 +15,8 @@ What decides the adapter (reference/runtime-contracts.md §3):
   connection the server is closing must not be sent again (it may have reached the
   server). The listener reuses a connection only within 2 s of its last answer and for
   at most 100 requests (`keep_alive`, runtimes/keepalive.py), so that race cannot
-  arise; the gate's own calls open a connection each (`pool_connections = False`:
-  aiohttp's client keeps an idle one 15 s). docs/reliability.md.
+  arise; the gate's own calls open a connection each (aiohttp's client keeps an idle
+  one 15 s: `KeepAlivePolicy.pools_idle`). docs/reliability.md.
 * Every response carries `Access-Control-Allow-Origin: *`: there is no origin check to
   run where the gate listens.
 """
@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
-from typing import ClassVar
-
-import aiohttp
 
 from gpugate.config.model import Consumer
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.base import ApiFamily, Classified, RouteKind
-from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter
+from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind
+from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
+from gpugate.runtimes.keepalive import HTTPLIB
+from gpugate.runtimes.parts import Reading
 from gpugate.runtimes.replies import BodyLimit, whisper_too_large
+from gpugate.runtimes.runtime import Runtime
 
 LOAD_BODY_LIMIT = 64 * 1024
 """A /load body is a path; anything longer is not read (whisper-server answers it)."""
@@ -57,35 +56,25 @@ def multipart_field(body: bytes, content_type: str, name: str) -> str | None:
     return None
 
 
-class WhisperAdapter(ProcessAdapter):
-    """One whisper-server behind the gate."""
+DEFAULT_MODEL = "models/ggml-base.en.bin"
+"""The model whisper-server loads when its command names none (its `-m` default)."""
 
-    pool_connections: ClassVar[bool] = False
-    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
-    dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
+
+class WhisperReading(Reading):
+    """How one whisper-server reads a request: only a /load may switch its model."""
+
+    keep_alive = HTTPLIB
+    dialect = ServerDialect.HTTPLIB
     # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH is SIZE_MAX and server.cpp sets no
     # payload limit: the gate keeps its own bound, refused as whisper-server refuses.
-    body_limit: ClassVar[BodyLimit] = BodyLimit(None, whisper_too_large)
+    body_limit = BodyLimit(None, whisper_too_large)
 
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
-
-    def start_model(self) -> str:
-        model = self.commanded_model("-m", "--model")
-        if model is not None:
-            return model
-        found = super().start_model()
-        # whisper-server's own default when its command names none.
-        control = self.consumer.control
-        return "models/ggml-base.en.bin" if found == PROCESS_MODEL and control else found
+    def __init__(self, consumer: Consumer, model: ProcessModel) -> None:
+        self.consumer = consumer
+        self.model = model
 
     def wants_body(self, method: str, path: str) -> bool:
         return method == "POST" and path == "/load"
-
-    def needs_process(self, method: str, path: str) -> bool:
-        # Its only POST routes are the inference path and /load; GET /health, the page and
-        # anything else neither start it nor keep it warm.
-        return method == "POST"
 
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
@@ -106,16 +95,26 @@ class WhisperAdapter(ProcessAdapter):
             scope=LeaseScope.PROCESS,
             appear_within=control.start_admission_timeout if control is not None else None,
             # whisper_free of the running model comes before the new one's load.
-            replaces=self.current,
+            replaces=self.model.current,
         )
 
-    def answered(self, classified: Classified, status: int) -> None:
-        if classified.kind is RouteKind.DEMAND and status == 200 and classified.model:
-            self.current = classified.model
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """`GET /health` answers 200 (503 while a /load runs)."""
-        path = self.consumer.control.health if self.consumer.control is not None else "/health"
-        async with session.get(self.url(path)) as resp:
-            await resp.read()
-            return resp.status == 200
+def needs_process(method: str, path: str) -> bool:
+    """Its only POST routes are the inference path and /load; GET /health, the page and
+    anything else neither start it nor keep it warm."""
+    return method == "POST"
+
+
+def whisper_runtime(consumer: Consumer) -> Runtime:
+    """One whisper-server behind the gate: its health route is `GET /health` (200; 503
+    while a /load runs)."""
+    model = ProcessModel(consumer, options=("-m", "--model"), default=DEFAULT_MODEL)
+    control = consumer.control
+    return process_runtime(
+        consumer,
+        WhisperReading(consumer, model),
+        model,
+        control=make_control(consumer),
+        health_path=control.health if control is not None else "/health",
+        needs_process=needs_process,
+    )
