@@ -75,7 +75,7 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
                 # The books know a listed runtime's models from its last listing, which may
                 # predate a load: ask it now, and only then say it holds no such model.
                 with contextlib.suppress(Exception):
-                    await gate.reconcile(link)
+                    await gate.signals.reconcile(link)
                 key = resident_key(request) or key
                 gate.evict(key, force=force, who=who(request))
         except EvictionRefused as refused:

@@ -28,7 +28,7 @@ import attrs
 
 from gpugate.core.failures import Failure
 from gpugate.core.lifecycle import Life, LifeState
-from gpugate.gate.links import Link
+from gpugate.gate.link import Link
 from gpugate.runtimes.base import ApiFamily, failure_reply
 from gpugate.runtimes.replies import ErrorReply
 

@@ -4,19 +4,38 @@ elsewhere, the demand for its start or for a request on it, and its failures. Re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import attrs
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
-from gpugate.core.tickets import Demand, LeaseScope
-from gpugate.gate.links import Link
-from gpugate.gate.owner import GateOwner
+from gpugate.core.state import GateCore
+from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.link import Link
+from gpugate.gate.start_leases import StartLeases
 from gpugate.runtimes.base import Lifecycle
 from gpugate.runtimes.process import ProcessControl
 
 DEFAULT_START_ADMISSION_TIMEOUT = 120.0
 """For a consumer without `control:` (its config default is the same)."""
+
+
+class LifeReports(Protocol):
+    """What the gate's process parts report to it: what a runtime's lifecycle did or is to
+    do (the core decides what follows), and failures."""
+
+    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None: ...
+
+    def start_process(self, lease: Lease) -> None: ...
+
+    def process_ready(self, lease: Lease) -> None: ...
+
+    def report(self, failure: Failure) -> None: ...
 
 
 def control_of(link: Link) -> ProcessControl | None:
@@ -34,8 +53,17 @@ def process_model(lifecycle: Lifecycle | None) -> str | None:
 class ProcessBooks:
     """A process runtime as the gate's books hold it."""
 
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    def __init__(
+        self,
+        core: GateCore,
+        envelopes: EnvelopeBook,
+        starts: StartLeases,
+        clock: Callable[[], float],
+    ) -> None:
+        self.core = core
+        self.envelopes = envelopes
+        self.starts = starts
+        self.clock = clock
 
     def envelope(self, link: Link) -> int | None:
         model = process_model(link.runtime.lifecycle)
@@ -64,18 +92,18 @@ class ProcessBooks:
 
     def admitted_elsewhere(self, link: Link) -> bool:
         """`gpugate admit` holds a start lease: the process is starting outside the gate."""
-        held = self.gate.starts.held(link.consumer.name)
+        held = self.starts.held(link.consumer.name)
         return held is not None and held.demand.explicit
 
     def residents(self, link: Link) -> list[Resident]:
         """The residents on the consumer's GPUs."""
         cards = link.consumer.cards
-        return [r for r in self.gate.core.residents() if r.gpu in cards]
+        return [r for r in self.core.residents() if r.gpu in cards]
 
     def shown_on(self, link: Link) -> int:
         """The GPU of the consumer's where NVML shows memory the books do not explain (a
         process found running), else its first."""
-        return self.gate.core.telemetry.unexplained_card(link.consumer.name, link.consumer.cards)
+        return self.core.telemetry.unexplained_card(link.consumer.name, link.consumer.cards)
 
     def demand(
         self,
@@ -90,7 +118,7 @@ class ProcessBooks:
         consumer = link.consumer
         model = process_model(link.runtime.lifecycle) if key is None else key.model
         assert model is not None
-        measured = self.gate.measured_envelope(ResidentKey(consumer.name, model))
+        measured = self.envelopes.measured(ResidentKey(consumer.name, model))
         envelope = measured or settings.configured_envelope(model) or self.envelope(link) or 0
         residency = settings.residency(model)
         start = key is None
@@ -118,10 +146,10 @@ class ProcessBooks:
     def backoff(self, link: Link, *, until_up: bool = False) -> Failure | None:
         """START_BACKOFF while the consumer's last starts failed (or it ended on its own)
         and its backoff runs; with `until_up`, also after that, until a start succeeds."""
-        life = self.gate.core.lifecycle(link.consumer.name)
+        life = self.core.lifecycle(link.consumer.name)
         if life is None:
             return None
-        wait = life.backoff.remaining(self.gate.clock())
+        wait = life.backoff.remaining(self.clock())
         if wait <= 0 and not (until_up and life.failing):
             return None
         when = f"the next start is in {wait:.0f}s" if wait > 0 else "the next request starts it"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import attrs
 
@@ -43,15 +44,19 @@ from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Start, Wake
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
+from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
 from gpugate.core.units import format_gib
-from gpugate.gate.links import GateFailure, Link
-from gpugate.gate.owner import GateOwner
+from gpugate.gate.admission import Leases
+from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.failure import GateFailure
+from gpugate.gate.link import Link
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
 from gpugate.gate.process_absent import start_timeout as start_timeout_of
-from gpugate.gate.process_books import ProcessBooks, control_of, process_model
+from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of, process_model
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
+from gpugate.gate.start_leases import StartLeases
 from gpugate.runtimes.base import ApiFamily, Lifecycle
 from gpugate.runtimes.process import (
     Exit,
@@ -89,26 +94,43 @@ def _output(exc: BaseException) -> str:
 class ProcessStarts:
     """Processes the gate starts when a request needs them, and at its own start."""
 
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    def __init__(
+        self,
+        core: GateCore,
+        links: dict[str, Link],
+        clock: Callable[[], float],
+        leases: Leases,
+        book: EnvelopeBook,
+        starts: StartLeases,
+        reports: LifeReports,
+    ) -> None:
+        """`core` is read (lifecycles, residents, what NVML shows) and given each
+        controlled runtime's lifecycle here; leases are taken and released through
+        `leases`; what the lifecycle did goes to `reports`."""
+        self.core = core
+        self.links = links
+        self.clock = clock
+        self.leases = leases
+        self.starts = starts
+        self.reports = reports
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: dict[str, asyncio.Future[None]] = {}
         """The start each consumer's waiting request awaits: done once reported."""
-        self.envelopes = ProcessEnvelopes(gate)
-        self.books = ProcessBooks(gate)
-        self.finder = ProcessFinder(gate, self.books)
+        self.envelopes = ProcessEnvelopes(core, links, book)
+        self.books = ProcessBooks(core, book, starts, clock)
+        self.finder = ProcessFinder(leases, self.books, reports)
         self.under_way = StartsUnderWay()
         self._warming: dict[str, asyncio.Task[None]] = {}
         """The start of each always_warm process at the gate's start, for `warm`."""
         self._last_failure: dict[str, str] = {}
         """Why each consumer's last start failed, in one line (cleared once it is up)."""
-        for link in gate.links.values():
+        for link in links.values():
             process = control_of(link)
             if process is None:
                 continue
             eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
-            gate.core.register_lifecycle(link.consumer.name, eviction, gate.clock())
+            core.register_lifecycle(link.consumer.name, eviction, clock())
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self._exited(link, exit)
 
@@ -118,7 +140,7 @@ class ProcessStarts:
 
     def starting(self, consumer: str) -> bool:
         """Whether the consumer's runtime is starting now (not yet answering)."""
-        life = self.gate.core.lifecycle(consumer)
+        life = self.core.lifecycle(consumer)
         return life is not None and life.state is LifeState.STARTING
 
     def fronts(self, link: Link) -> bool:
@@ -132,7 +154,7 @@ class ProcessStarts:
         a runtime the gate puts to sleep: its process is not the gate's to start or stop,
         and it serves what it serves asleep too (vLLM's server)."""
         process = control_of(link)
-        life = self.gate.core.lifecycle(link.consumer.name)
+        life = self.core.lifecycle(link.consumer.name)
         return (
             process is not None
             and not process.sleeps
@@ -152,7 +174,7 @@ class ProcessStarts:
     def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
         """The gate's answer in place of a process it does not run now, for a request on
         its health route (process_absent.py); None for any other request (it starts it)."""
-        life = self.gate.core.lifecycle(link.consumer.name)
+        life = self.core.lifecycle(link.consumer.name)
         if life is None or not health_route(link, method, path) or not self.absent(link):
             return None
         if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
@@ -163,20 +185,19 @@ class ProcessStarts:
 
     async def serve_lease(self, link: Link, priority: PriorityClass) -> Lease:
         """A 0-byte lease on the consumer's running process, started first if it is not."""
-        gate = self.gate
         for _ in range(ATTEMPTS):
             await self.ensure_running(link, priority)
             resident = self.books.live(link)
             if resident is None:
                 continue
             # No await between finding the resident and submitting the demand on it.
-            lease = await gate.acquire(
+            lease = await self.leases.acquire(
                 self.books.demand(link, priority, resident.key, resident.gpu)
             )
             if not lease.pending:
                 return lease
             # The process went (evicted, crashed) while this request waited on it.
-            gate.release(lease, failed=True)
+            self.leases.release(lease, failed=True)
         raise GateFailure(
             self.books.failure(link, FailureClass.RUNTIME_CRASH, "it kept stopping while starting")
         )
@@ -184,14 +205,13 @@ class ProcessStarts:
     async def ensure_running(self, link: Link, priority: PriorityClass) -> None:
         """Return once the books hold the consumer's process (loading or resident),
         starting it under a PROCESS lease when it is stopped, adopting it when it runs."""
-        gate = self.gate
         name = link.consumer.name
         async with self._locks.setdefault(name, asyncio.Lock()):
-            deadline = gate.clock() + self.books.admission_timeout(link)
+            deadline = self.clock() + self.books.admission_timeout(link)
             while self.books.live(link) is None:
                 if not self.books.going(link) and not self.books.admitted_elsewhere(link):
                     break
-                if gate.clock() >= deadline:
+                if self.clock() >= deadline:
                     what = "its stop or another start did not end in time"
                     raise GateFailure(self.books.failure(link, FailureClass.TIMEOUT, what))
                 await asyncio.sleep(POLL_INTERVAL)
@@ -202,7 +222,6 @@ class ProcessStarts:
 
     async def _bring_up(self, link: Link, priority: PriorityClass) -> None:
         """Adopt the consumer's process if it runs, else start it under a PROCESS lease."""
-        gate = self.gate
         name = link.consumer.name
         await self.finder.read_unit(link)
         process = control_of(link)
@@ -216,20 +235,20 @@ class ProcessStarts:
             # lease covers the rest, so nothing is counted twice. It is on the GPU
             # where NVML shows it.
             gpu = self.books.shown_on(link)
-            shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
+            shown = self.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
             demand = attrs.evolve(
                 demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
             )
-            lease = await gate.acquire(demand)
+            lease = await self.leases.acquire(demand)
         else:
             # The gate chooses its GPU among the consumer's, and starts it there.
-            (lease,) = await gate.acquire_on(demand, link.consumer.cards)
+            (lease,) = await self.leases.acquire_on(demand, link.consumer.cards)
         if running:
             log.info("%s is running: adopted, its memory counted from the next sample", name)
             if process is not None:
                 await self.finder.adopted_ready(link, process, lease)
             return
-        gate.starts.own(lease)
+        self.starts.own(lease)
         await self._start(link, lease)
 
     async def _start(self, link: Link, lease: Lease) -> None:
@@ -237,11 +256,11 @@ class ProcessStarts:
         name = link.consumer.name
         outcome = asyncio.get_running_loop().create_future()
         self._outcomes[name] = outcome
-        self.gate.start_process(lease)
-        life = self.gate.core.lifecycle(name)
+        self.reports.start_process(lease)
+        life = self.core.lifecycle(name)
         if life is None or life.state is not LifeState.STARTING or life.start_lease != lease.id:
             self._outcomes.pop(name, None)
-            self.gate.release(lease, failed=True)
+            self.leases.release(lease, failed=True)
             state = life.state.value if life is not None else "without a lifecycle"
             what = f"it could not be started: it is {state}"
             raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what))
@@ -249,22 +268,21 @@ class ProcessStarts:
 
     def carry_out(self, effect: Start | Wake) -> None:
         """Carry out the core's Start or Wake through the runtime's lifecycle interface."""
-        link = self.gate.links.get(effect.consumer)
+        link = self.links.get(effect.consumer)
         lifecycle = link.runtime.lifecycle if link is not None else None
         if link is None or lifecycle is None or lifecycle.control is None:
-            self.gate.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
+            self.reports.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
             return
         self._spawn(self._carry_out(link, lifecycle, effect), f"start-{effect.consumer}")
 
     async def _carry_out(self, link: Link, lifecycle: Lifecycle, effect: Start | Wake) -> None:
         process = lifecycle.control
         assert process is not None
-        gate = self.gate
         name = link.consumer.name
         control = link.consumer.control
         health = control.health if control is not None else "/health"
         timeout = control.start_timeout if control is not None else 60.0
-        started = gate.clock()
+        started = self.clock()
         outcome = self._outcomes.pop(name, None)
         self.envelopes.starting(name)
         waking = isinstance(effect, Wake)
@@ -282,15 +300,17 @@ class ProcessStarts:
                     await process.stop()
                 lifecycle.process_ended()
             verb = "wake" if waking else "start"
-            gate.life_report(name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}")
-            retry = gate.core.start_wait(name, gate.clock())
+            self.reports.life_report(
+                name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}"
+            )
+            retry = self.core.start_wait(name, self.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
             what = f"its {verb} failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
             failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
             self._last_failure[name] = what
-            gate.report(failure)
+            self.reports.report(failure)
             if self._always_warm(link):
                 self._spawn(self._keep_warm(link), f"restart-{name}")
             if outcome is not None and not outcome.done():
@@ -300,14 +320,14 @@ class ProcessStarts:
             if outcome is not None and not outcome.done():
                 outcome.cancel()
             raise
-        lease = gate.core.lease(effect.lease)
+        lease = self.core.lease(effect.lease)
         if lease is not None:
             self.envelopes.started(lease.key)
-        gate.life_report(name, LifeReport.UP)
+        self.reports.life_report(name, LifeReport.UP)
         self._last_failure.pop(name, None)
         log.info(
             "%s %s under lease %d (%.1fs to ready)",
-            name, "woken" if waking else "started", effect.lease, gate.clock() - started,
+            name, "woken" if waking else "started", effect.lease, self.clock() - started,
         )  # fmt: skip
         if outcome is not None and not outcome.done():
             outcome.set_result(None)
@@ -315,10 +335,10 @@ class ProcessStarts:
     def _devices(self, lease_id: int) -> str | None:
         """CUDA_VISIBLE_DEVICES for a start on the GPU its lease was placed on: the GPU's
         UUID (the same card whatever order CUDA counts in), else its index."""
-        lease = self.gate.core.lease(lease_id)
+        lease = self.core.lease(lease_id)
         if lease is None:
             return None
-        observation = self.gate.core.observation(lease.gpu)
+        observation = self.core.observation(lease.gpu)
         if observation is not None and observation.uuid:
             return observation.uuid
         return str(lease.gpu)
@@ -327,7 +347,7 @@ class ProcessStarts:
 
     def on_gate_start(self) -> None:
         """Start always_warm processes, adopt running ones, reserve uncontrolled ones."""
-        for link in self.gate.links.values():
+        for link in self.links.values():
             if self.books.envelope(link) is None:
                 continue
             name = link.consumer.name
@@ -351,7 +371,7 @@ class ProcessStarts:
         try:
             if process is None:
                 demand = self.books.demand(link, priority, gpu=self.books.shown_on(link))
-                await self.gate.acquire(demand)
+                await self.leases.acquire(demand)
                 return
             found = await self.finder.found(link, process)
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
@@ -364,16 +384,16 @@ class ProcessStarts:
         """Wait for the always_warm processes the gate starts at its own start, each within
         its start timeout; what is not up then: `NAME not up: WHY`, one each."""
         names = sorted(self._warming)
-        timeouts = {name: start_timeout_of(self.gate.links[name]) for name in names}
+        timeouts = {name: start_timeout_of(self.links[name]) for name in names}
         waits = [
             asyncio.wait_for(asyncio.shield(self._warming[name]), timeouts[name]) for name in names
         ]
         await asyncio.gather(*waits, return_exceptions=True)
         missing = []
         for name in names:
-            life = self.gate.core.lifecycle(name)
+            life = self.core.lifecycle(name)
             if life is None or life.state is not LifeState.UP:
-                queued = [t for t in self.gate.core.waiting() if t.demand.consumer == name]
+                queued = [t for t in self.core.waiting() if t.demand.consumer == name]
                 wait = None
                 if queued:
                     wait = f"{format_gib(queued[0].demand.envelope)} on GPU {queued[0].demand.gpu}"
@@ -391,7 +411,7 @@ class ProcessStarts:
         """Start an always_warm process again after it ended, once its backoff allows."""
         name = link.consumer.name
         while True:
-            await asyncio.sleep(self.gate.core.start_wait(name, self.gate.clock()))
+            await asyncio.sleep(self.core.start_wait(name, self.clock()))
             model = process_model(link.runtime.lifecycle)
             assert model is not None
             try:
@@ -408,7 +428,7 @@ class ProcessStarts:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for link in self.gate.links.values():
+        for link in self.links.values():
             process = control_of(link)
             if isinstance(process, SupervisedCommand) and process.running:
                 with contextlib.suppress(Exception):
@@ -425,13 +445,12 @@ class ProcessStarts:
         self.envelopes.ended(name)
         if self.starting(name):
             return
-        gate = self.gate
         if exit.stderr_tail:
             log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
                         " | ".join(exit.stderr_tail[-5:]))  # fmt: skip
-        gate.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
-        retry = gate.core.start_wait(name, gate.clock())
-        gate.report(
+        self.reports.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
+        retry = self.core.start_wait(name, self.clock())
+        self.reports.report(
             self.books.failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
         )
         if self._always_warm(link):

@@ -1,5 +1,5 @@
-"""One listener per fronted consumer: screen, classify, ask the gate once (`Gate.admit` →
-an `Exchange`), forward, and tell the exchange how it went (`answered`, `finish`).
+"""One listener per fronted consumer: screen, classify, ask the gate once (`Requests.admit`
+→ an `Exchange`), forward, and tell the exchange how it went (`answered`, `finish`).
 
 A request's lease (REQUEST scope) is released in a `finally`: when the response is
 complete, when the upstream fails or stalls past its timeouts, and when the client goes
@@ -95,6 +95,7 @@ class ConsumerListener:
         upstream_connections: int | None = None,
     ) -> None:
         self.gate = gate
+        self.admit = gate.requests.admit
         self.link = link
         self.identities = identities
         upstream = link.consumer.upstream
@@ -186,7 +187,7 @@ class ConsumerListener:
             headers.get(PRIORITY_HEADER),
         )
         try:
-            exchange = await self.gate.admit(self.link, classified, caller, method, path)
+            exchange = await self.admit(self.link, classified, caller, method, path)
         except GateFailure as exc:
             return reply(failure_reply(classified.api, exc.failure), screening)
         if exchange.refusal is not None:

@@ -223,9 +223,9 @@ async def test_fresh_answers_keep_the_gate_healthy_long_after_its_start(tmp_path
         assert stale["failed"] == ["listing", "health_route", "process"]
         assert consumer_checks(stale)["quiet"]["ok"] is True
 
-        await gate.reconcile(gate.links["listed"])
+        await gate.signals.reconcile(gate.links["listed"])
         for name in ("routed", "proc"):
-            await gate.probe(gate.links[name])
+            await gate.signals.probe(gate.links[name])
         document = health_document(gate)
         assert document["ok"] is True, document
         assert {c["age_seconds"] for c in consumer_checks(document).values()} == {0.0, None}
@@ -238,9 +238,9 @@ async def test_a_route_that_answers_unwell_goes_stale_and_health_says_which(tmp_
         routed.healthy = False
         clock.now += BOUND + 1
         with pytest.raises(Exception, match="unwell"):
-            await gate.probe(gate.links["routed"])
-        await gate.reconcile(gate.links["listed"])
-        await gate.probe(gate.links["proc"])
+            await gate.signals.probe(gate.links["routed"])
+        await gate.signals.reconcile(gate.links["listed"])
+        await gate.signals.probe(gate.links["proc"])
         async with (
             TestClient(TestServer(control_app(gate, GateMetrics(gate)))) as client,
             client.get("/gate/v1/health") as resp,
@@ -254,7 +254,7 @@ async def test_a_route_that_answers_unwell_goes_stale_and_health_says_which(tmp_
         assert check["age_seconds"] > check["limit_seconds"]
 
         routed.healthy = True
-        await gate.probe(gate.links["routed"])
+        await gate.signals.probe(gate.links["routed"])
         assert health_document(gate)["ok"] is True
 
 
@@ -267,7 +267,7 @@ async def test_a_stopped_process_is_fresh_without_asking_its_route(tmp_path):
         proc = answers(gate, "proc")
         asked = proc.asked
         clock.now += BOUND + START_TIMEOUT + 1
-        await gate.probe(gate.links["proc"])
+        await gate.signals.probe(gate.links["proc"])
         check = consumer_checks(health_document(gate))["proc"]
         assert (check["ok"], check["fresh"], check["stopped"]) == (True, True, True)
         assert proc.asked == asked

@@ -78,7 +78,7 @@ async def test_a_prompt_comfyui_refuses_gets_its_answer_and_no_lease(stack, grap
             for error in node["errors"]:
                 error["extra_info"].pop("traceback", None)
     assert gated_doc == direct_doc
-    assert stack.gate.jobs("comfyui") == []
+    assert stack.gate.jobs.live("comfyui") == []
     assert [x for x in stack.gate.core.leases() if x.key.consumer == "comfyui"] == []
     assert not [e for e in stack.gate.recent_events() if e.kind.value == "eviction_started"]
 

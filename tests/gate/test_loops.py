@@ -62,11 +62,11 @@ async def test_an_idle_model_is_unloaded_at_its_ttl_with_no_other_request(tmp_pa
         )
         # The first request arms the timer for its model's TTL; the second moves the
         # TTL later, so the timer fires with nothing due yet and must be set again.
-        first = await gate.acquire(llama(ttl=0.2))
-        gate.loaded(first)
-        gate.release(first)
-        second = await gate.acquire(llama(ttl=0.6))
-        gate.release(second)
+        first = await gate.leases.acquire(llama(ttl=0.2))
+        gate.leases.loaded(first)
+        gate.leases.release(first)
+        second = await gate.leases.acquire(llama(ttl=0.6))
+        gate.leases.release(second)
         released_at = gate.clock()
         event = await asyncio.wait_for(ttl, 5)
         assert event.model == "llama3.2:3b"

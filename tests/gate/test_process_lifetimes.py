@@ -180,7 +180,7 @@ async def test_what_a_started_process_holds_is_learned_and_leased_next_time(
         assert (await transcribe(url))[0] == 200
         assert (await first).bytes == WHISPER, "its configured envelope, the first time"
         key = ResidentKey("whisper", TURBO)
-        await until(lambda: gate.measured_envelope(key) == holds)
+        await until(lambda: gate.envelopes.measured(key) == holds)
         done = stack.next_event(EventKind.EVICTION_DONE, key=key)
         gate.evict(key, force=True)
         await done

@@ -189,11 +189,11 @@ async def test_a_job_lease_outlives_its_request_until_the_job_ends(stack):
         assert await resp.json() == {"prompt_id": "p1", "number": 1}
         lease_id = int(resp.headers[LEASE_HEADER])
     # The HTTP call is over; the job is not: its lease and its consumer's job lease stay.
-    [job] = gate.jobs("queue")
+    [job] = gate.jobs.live("queue")
     assert job.id == lease_id and job.scope is LeaseScope.JOB
     carriers = [x for x in gate.core.leases() if x.key.model == JOBS_MODEL]
     assert [x.pending for x in carriers] == [3 * GiB]
-    gate.job_finished("queue", "p1")
+    gate.jobs.finished("queue", "p1")
     assert gate.core.leases() == []
     assert gate.core.waiting() == []
     assert len(seen) == 1
@@ -206,7 +206,7 @@ async def test_a_job_the_runtime_refuses_ends_with_its_request(stack):
         assert await resp.json() == {"error": "invalid prompt"}
     assert seen == [{"bad": True}]
     assert gate.core.leases() == []
-    assert gate.jobs("queue") == []
+    assert gate.jobs.live("queue") == []
 
 
 async def test_requests_that_demand_nothing_pass_without_a_lease(stack):
