@@ -155,7 +155,7 @@ def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> 
     health = health_document(gate)
     ok = bool(health["ok"])
     failed = tuple(str(name) for name in health["failed"])
-    paused = set(core.paused())
+    paused = set(core.operator.paused())
     gpus = []
     totals: dict[int, int] = {}
     for index in core.gpus():

@@ -182,7 +182,7 @@ class Gate:
     def withdrawn(self, demand: Demand) -> None:
         """The runtime was asked to drop a job accepted before its lease: what it left is
         given back (`GateCore.withdrawn`)."""
-        self.apply(self.core.withdrawn(demand, self.clock()))
+        self.apply(self.core.job_events.withdrawn(demand, self.clock()))
 
     def preempted(self, effect: Preempt, failure: Failure | None) -> None:
         """The runtime was asked to stop the jobs (`failure`: it could not be)."""
@@ -194,11 +194,11 @@ class Gate:
 
     def start_process(self, lease: Lease) -> None:
         """The runtime's PROCESS lease is held: the core starts or wakes it (an effect)."""
-        self.apply(self.core.start(lease.key.consumer, lease.id, self.clock()))
+        self.apply(self.core.lifecycles.start(lease.key.consumer, lease.id, self.clock()))
 
     def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None:
         """What the lifecycle interface saw of the runtime (started, failed, stopped, ...)."""
-        self.apply(self.core.reported(consumer, report, self.clock(), detail))
+        self.apply(self.core.lifecycles.reported(consumer, report, self.clock(), detail))
 
     def want_reconcile(self, consumer: str) -> None:
         """Something changed behind the books (an unload request): list residents soon."""
@@ -361,18 +361,18 @@ class Gate:
 
     def evict(self, key: ResidentKey, *, force: bool = False, who: str = "token") -> None:
         """Unload an idle resident now (raises `EvictionRefused`); the unload runner does it."""
-        self.apply(self.core.evict(key, self.clock(), force, who))
+        self.apply(self.core.operator.evict(key, self.clock(), force, who))
 
     def drain(self, consumer: str, *, who: str = "token") -> None:
         """The consumer admits nothing new; what is in flight finishes."""
-        self.apply(self.core.drain(consumer, self.clock(), who))
+        self.apply(self.core.operator.drain(consumer, self.clock(), who))
 
     def undrain(self, consumer: str, *, who: str = "token") -> None:
-        self.apply(self.core.undrain(consumer, self.clock(), who))
+        self.apply(self.core.operator.undrain(consumer, self.clock(), who))
 
     def pause(self, gpu: int, *, who: str = "token") -> None:
         """New demands on the GPU wait in its queue until resume."""
-        self.apply(self.core.pause(gpu, self.clock(), who))
+        self.apply(self.core.operator.pause(gpu, self.clock(), who))
 
     def resume(self, gpu: int, *, who: str = "token") -> None:
-        self.apply(self.core.resume(gpu, self.clock(), who))
+        self.apply(self.core.operator.resume(gpu, self.clock(), who))

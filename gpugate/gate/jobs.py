@@ -101,7 +101,7 @@ class JobWatch:
         for it, when it has one; the lease's id names it otherwise). `kind`: the key its
         measured peak is kept under."""
         if job is not None:
-            self.core.job_started(lease.id, job)
+            self.core.job_events.job_started(lease.id, job)
         if kind is not None:
             self._watch(lease, kind, scale)
 
@@ -116,7 +116,7 @@ class JobWatch:
         now = self.clock()
         job_id = self.core.jobs.find(consumer, job)
         lease = None if job_id is None else self.core.lease(job_id)
-        self.owner.apply(self.core.job_done(consumer, job, now, failed=failed))
+        self.owner.apply(self.core.job_events.job_done(consumer, job, now, failed=failed))
         if job_id is not None:
             self._ended(job_id, failed=failed)
         if lease is not None and self.store is not None:
@@ -127,7 +127,9 @@ class JobWatch:
         now = self.clock()
         before = {x.id: x for x in self.live(effect.consumer) if x.gpu == effect.gpu}
         self.owner.apply(
-            self.core.preempted(effect.consumer, effect.gpu, effect.jobs, now, failure=failure)
+            self.core.job_events.preempted(
+                effect.consumer, effect.gpu, effect.jobs, now, failure=failure
+            )
         )
         for lease_id, lease in before.items():
             if self.core.lease(lease_id) is None:

@@ -130,7 +130,7 @@ class ProcessStarts:
             if process is None:
                 continue
             eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
-            core.register_lifecycle(link.consumer.name, eviction, clock())
+            core.lifecycles.register(link.consumer.name, eviction, clock())
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self._exited(link, exit)
 

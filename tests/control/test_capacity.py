@@ -246,7 +246,7 @@ async def test_no_room_when_external_memory_fills_the_card_and_the_host_drains(c
 
 async def test_operator_marks_block_and_drain(cap):
     await cap.load("gemma3:12b", 7796 * MiB, PriorityClass.INTERACTIVE)
-    cap.gate.apply(cap.gate.core.pause(0, cap.clock.now))
+    cap.gate.apply(cap.gate.core.operator.pause(0, cap.clock.now))
     row = await cap.model("gemma3:12b")
     assert (row["verdict"], row["blocked"]) == ("no_room", "paused")
     _, document = await cap.get()
@@ -255,8 +255,8 @@ async def test_operator_marks_block_and_drain(cap):
     assert document["agent"]["reason"] == "every GPU is paused"
     assert await cap.ask(b"\n") == "drain 0%\n"
     assert await cap.ask(b"gemma3:12b\n") == "drain 0%\n"
-    cap.gate.apply(cap.gate.core.resume(0, cap.clock.now))
-    cap.gate.apply(cap.gate.core.drain("ollama", cap.clock.now))
+    cap.gate.apply(cap.gate.core.operator.resume(0, cap.clock.now))
+    cap.gate.apply(cap.gate.core.operator.drain("ollama", cap.clock.now))
     row = await cap.model("qwen2.5:7b")
     assert (row["verdict"], row["blocked"]) == ("no_room", "draining")
     assert row["agent"]["reason"] == "no_room: draining"

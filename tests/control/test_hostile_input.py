@@ -219,4 +219,4 @@ async def test_hostile_paths_and_queries_get_the_api_s_answer(
     if expected == 405:
         assert answer["error"]["class"] == "METHOD_NOT_ALLOWED" and headers["Allow"]
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
-    assert stack.gate.core.paused() == []
+    assert stack.gate.core.operator.paused() == []

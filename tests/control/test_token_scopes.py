@@ -113,7 +113,7 @@ async def test_each_scope_opens_its_routes_and_403s_the_others(stack):
             body = {"bytes": 1} if method == "POST" else None
             status, _ = await ask(session, stack, method, path, FULL, body)
             assert status not in (401, 403), (method, path)
-    assert stack.gate.core.leases() == [] and stack.gate.core.paused() == []
+    assert stack.gate.core.leases() == [] and stack.gate.core.operator.paused() == []
 
 
 async def test_unknown_tokens_stay_401(stack):
@@ -179,7 +179,7 @@ async def test_operate_scope_pauses_drains_and_cannot_lease(stack):
         base = stack.control_url + "/gate/v1"
         async with session.post(f"{base}/gpus/0/pause", headers=bearer(operate)) as resp:
             assert resp.status == 200
-        assert stack.gate.core.paused() == [0]
+        assert stack.gate.core.operator.paused() == [0]
         async with session.post(f"{base}/gpus/0/resume", headers=bearer(TOKENS[Scope.READ])) as r:
             assert r.status == 403
             assert "do not include 'operate'" in (await r.json())["error"]["message"]
@@ -194,7 +194,7 @@ async def test_operate_scope_pauses_drains_and_cannot_lease(stack):
             assert resp.status == 403
         async with session.get(f"{base}/status", headers=bearer(TOKENS[Scope.READ])) as resp:
             assert resp.status == 200
-    assert stack.gate.core.paused() == []
+    assert stack.gate.core.operator.paused() == []
 
 
 async def test_public_reads_answer_any_token(stack):
@@ -249,12 +249,12 @@ async def test_the_cli_presents_the_unit_s_credential_before_other_tokens(
     assert code != 0 and out == ""
     assert err.startswith("gpugate pause: FORBIDDEN: ") and "'operate'" in err
     assert err.count("\n") == 1
-    assert stack.gate.core.paused() == []
+    assert stack.gate.core.operator.paused() == []
 
     (credentials / "gpugate-token").write_text(TOKENS[Scope.OPERATE] + "\n")
     code, out, err = await gpugate(stack, tmp_path, "pause", "--gpu", "0")
     assert (code, out, err) == (0, "GPU 0: paused\n", "")
-    assert stack.gate.core.paused() == [0]
+    assert stack.gate.core.operator.paused() == [0]
 
     # Without the credential file, $GPUGATE_TOKEN is next.
     (credentials / "gpugate-token").unlink()

@@ -1,5 +1,6 @@
-"""The gate, the listeners and the control API take a runtime's parts, never the whole
-runtime (a `Link` holds the record; what reads it reads one part)."""
+"""Parts are held, not inherited: no class of gpugate inherits more than one of gpugate's
+classes, and the gate, the listeners and the control API take a runtime's parts, never the
+whole runtime (a `Link` holds the record; what reads it reads one part)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,83 @@ PARTS = frozenset(
         "health",
     }
 )
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def gpugate_classes(trees: dict[str, ast.Module]) -> set[str]:
+    """Every class gpugate defines, by its module's dotted name."""
+    return {
+        f"{name}.{node.name}"
+        for name, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def local_names(name: str, tree: ast.Module) -> dict[str, str]:
+    """What each name a module may use as a base stands for: its own classes and what it
+    imports, as dotted names."""
+    names = {
+        node.name: f"{name}.{node.name}" for node in tree.body if isinstance(node, ast.ClassDef)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def gpugate_bases(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Each gpugate class → the gpugate classes among its bases (re-exports followed)."""
+    classes = gpugate_classes(trees)
+    found: dict[str, list[str]] = {}
+    for name, tree in trees.items():
+        names = local_names(name, tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = []
+            for base in node.bases:
+                if isinstance(base, ast.Name) and base.id in names:
+                    bases.append(resolve(names[base.id], trees, classes))
+            found[f"{name}.{node.name}"] = [b for b in bases if b in classes]
+    return found
+
+
+def resolve(dotted: str, trees: dict[str, ast.Module], classes: set[str]) -> str:
+    """A dotted name as its defining module spells it (a face like runtimes/base.py
+    re-exports the parts)."""
+    seen = set()
+    while dotted not in classes and dotted not in seen:
+        seen.add(dotted)
+        module, _, name = dotted.rpartition(".")
+        tree = trees.get(module)
+        if tree is None:
+            break
+        dotted = local_names(module, tree).get(name, dotted)
+    return dotted
+
+
+def test_no_class_inherits_more_than_one_gpugate_class():
+    trees = modules()
+    stacked = {cls: bases for cls, bases in gpugate_bases(trees).items() if len(bases) > 1}
+    assert stacked == {}
+
+
+def test_the_check_sees_a_stack_of_mixins():
+    trees = {
+        "gpugate.a": ast.parse("class One: ...\nclass Two: ...\n"),
+        "gpugate.b": ast.parse("from gpugate.a import One, Two\nclass Both(One, Two): ...\n"),
+    }
+    assert gpugate_bases(trees)["gpugate.b.Both"] == ["gpugate.a.One", "gpugate.a.Two"]
 
 
 def whole_runtimes(tree: ast.Module) -> list[str]:
