@@ -1,6 +1,6 @@
 """`gpugate serve`: one process, one listener per fronted consumer, one control listener.
 
-A consumer is fronted when the registry has an adapter for its runtime (the gate made a
+A consumer is fronted when the registry knows its runtime (the gate made a
 link for it); the others are observed through NVML and counted.
 
 On SIGINT/SIGTERM the listeners stop accepting, in-flight streams may finish for up to

@@ -138,7 +138,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
 
 def decoded_coding(dialect: ServerDialect, request: web.BaseRequest) -> BodyCoding | None:
     """The content coding the runtime's HTTP server undoes before any handler reads the
-    body (a route's own decoding is the adapter's: `Reading.decoded_coding`)."""
+    body (a route's own decoding is the runtime's: `Reading.decoded_coding`)."""
     if dialect is not ServerDialect.AIOHTTP or not request.body_exists:
         return None
     value = request.headers.get(hdrs.CONTENT_ENCODING, "")

@@ -1,6 +1,6 @@
 """The whisper.cpp server (`whisper-server`): a model held from process start to exit.
 
-What decides the adapter (reference/runtime-contracts.md §3):
+What decides its parts (reference/runtime-contracts.md §3):
 
 * whisper-server loads its model before it binds its port and frees it only by exiting;
   it has no listing and no unload. Its memory is a process's (PROCESS scope): the gate
