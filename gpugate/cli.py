@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         from gpugate.config.check import run_check
+        from gpugate.runtimes.sections import RUNTIME_TABLE
 
-        return run_check(args.file or default_config_path())
+        return run_check(args.file or default_config_path(), runtimes=RUNTIME_TABLE)
     if args.command == "status" and args.watch:
         from gpugate.views_cli import run_watch
 

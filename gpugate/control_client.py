@@ -82,7 +82,7 @@ def control_address(config_path: Path) -> tuple[str, str | None]:
 
     Raises gpugate.config.loader.ConfigError when the file cannot be loaded.
     """
-    from gpugate.config.loader import load_config_with_warnings
+    from gpugate.runtimes.sections import load_config_with_warnings
 
     return control_endpoint(load_config_with_warnings(config_path).config)
 

@@ -214,8 +214,9 @@ def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = 
     """Print the budget: from the gate, else from NVML; the exit code is gpugate.exits'."""
     import asyncio
 
-    from gpugate.config.loader import ConfigError, load_config_with_warnings
+    from gpugate.config.loader import ConfigError
     from gpugate.control_client import ControlFailure, Unreachable, control_endpoint
+    from gpugate.runtimes.sections import load_config_with_warnings
 
     out = out or sys.stdout
     path = config_path or default_config_path()

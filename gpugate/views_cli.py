@@ -93,8 +93,8 @@ class Control:
 
     @classmethod
     def from_config(cls, path: Path) -> Control:
-        from gpugate.config.loader import load_config_with_warnings
         from gpugate.control_client import control_endpoint
+        from gpugate.runtimes.sections import load_config_with_warnings
 
         config = load_config_with_warnings(path).config
         base, token = control_endpoint(config)

@@ -94,9 +94,9 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         self.store = store
         self.clock = clock
         self._adapters = adapters
-        self.core = GateCore(core_settings(config, adapters))
-        self.events = EventHub()
         self.links: dict[str, Link] = make_links(config, adapters)
+        self.core = GateCore(core_settings(config, self.links))
+        self.events = EventHub()
         self._waiters: dict[int, asyncio.Future[Lease]] = {}
         self._measured: dict[ResidentKey, int] = {}
         self._measured_scale: dict[ResidentKey, float] = {}
@@ -327,7 +327,14 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         The caller keeps in `config` what only a restart can change (listeners, upstreams,
         GPUs, sampling); consumers are matched by name and none is added or removed here.
         """
-        settings = core_settings(config, self._adapters)
+        for consumer in config.consumers:
+            link = self.links.get(consumer.name)
+            if link is not None and link.consumer != consumer:
+                adapter = self._adapters(consumer)
+                if adapter is not None:
+                    link.consumer = consumer
+                    link.adapter = adapter
+        settings = core_settings(config, self.links)
         core = self.core
         core.settings = settings
         # The core's parts took their settings when they were built: these are the ones a
@@ -341,13 +348,6 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         core.scheduler._queue_limit = lambda name: settings.queue_limit.get(
             name, settings.default_queue_limit
         )
-        for consumer in config.consumers:
-            link = self.links.get(consumer.name)
-            if link is not None and link.consumer != consumer:
-                adapter = self._adapters(consumer)
-                if adapter is not None:
-                    link.consumer = consumer
-                    link.adapter = adapter
         self.config = config
 
     # -- operator actions ------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -20,7 +20,6 @@ from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import CoreSettings, GateCore, ListedModel
 from gpugate.gate.upstream import Backoff, upstream_failure
 from gpugate.runtimes.base import HealthSignal, RuntimeAdapter
-from gpugate.runtimes.registry import adapter_for
 from gpugate.store.db import MeasuredEnvelope, Store
 
 RECONCILE_INTERVAL = 2.0
@@ -115,8 +114,9 @@ def make_links(config: Config, adapters: AdapterFactory) -> dict[str, Link]:
     return links
 
 
-def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> CoreSettings:
-    """Resolve the configuration into what the decision core needs."""
+def core_settings(config: Config, links: Mapping[str, Link]) -> CoreSettings:
+    """Resolve the configuration into what the decision core needs; `links`: the fronted
+    consumers' (their adapters say which are reconcilable)."""
     budget = config.budget
     reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
     by_gpu = {
@@ -132,9 +132,7 @@ def core_settings(config: Config, adapters: AdapterFactory = adapter_for) -> Cor
         queue_limit={c.name: c.queue_limit for c in config.consumers},
         stale_after=budget.stale_after,
         planner=PlannerSettings(),
-        reconcilable=frozenset(
-            c.name for c in config.consumers if (a := adapters(c)) is not None and a.reconcilable
-        ),
+        reconcilable=frozenset(name for name, link in links.items() if link.adapter.reconcilable),
         preempt={c.name: frozenset(c.preempt) for c in config.consumers if c.preempt},
     )
 

@@ -7,7 +7,6 @@ import stat
 
 import pytest
 
-from gpugate.config.loader import load_config_text
 from gpugate.control_client import control_endpoint
 from gpugate.local_token import (
     TokenInUse,
@@ -16,6 +15,7 @@ from gpugate.local_token import (
     remove_local_token,
     write_local_token,
 )
+from gpugate.runtimes.sections import load_config_text
 
 
 @pytest.fixture(autouse=True)

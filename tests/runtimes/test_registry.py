@@ -9,14 +9,13 @@ import attrs
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import load_config
 from gpugate.config.model import Upstream
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import HealthSignal, ReclaimRule, RouteKind, RuntimeAdapter
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.ollama.adapter import OllamaAdapter
 from gpugate.runtimes.registry import ADAPTERS, adapter_class, adapter_for
-from gpugate.runtimes.sections import SECTIONS
+from gpugate.runtimes.sections import RUNTIME_TABLE, load_config
 from gpugate.runtimes.whisper.adapter import WhisperAdapter
 from tests.runtimes.test_ollama_adapter import CONSUMER
 
@@ -28,7 +27,7 @@ def test_ollama_consumers_get_the_ollama_adapter():
     assert adapter.consumer is CONSUMER
 
 
-@pytest.mark.parametrize("kind", list(SECTIONS))
+@pytest.mark.parametrize("kind", RUNTIME_TABLE.names)
 def test_every_runtime_kind_is_fronted_by_an_adapter(kind):
     assert adapter_class(kind) is not None
     assert isinstance(adapter_for(attrs.evolve(CONSUMER, runtime=kind)), RuntimeAdapter)
@@ -40,7 +39,7 @@ def test_process_runtimes_have_adapters(kind, cls):
 
 
 def test_the_runtimes_with_a_section_are_the_runtimes_with_an_adapter():
-    assert list(SECTIONS) == list(ADAPTERS)
+    assert list(RUNTIME_TABLE.names) == list(ADAPTERS)
 
 
 def test_every_registered_factory_builds_a_runtime_adapter():
