@@ -16,41 +16,10 @@ import aiohttp
 
 from gpugate.config.model import Config
 from gpugate.config.paths import default_config_path
-from gpugate.core.budget import GpuBudget, compute_budget
+from gpugate.control.status_document import SCHEMA, budget_document
+from gpugate.core.budget import compute_budget
 from gpugate.core.units import GiB, format_duration
 from gpugate.exits import Exit
-
-SCHEMA = 1
-
-
-def budget_document(budget: GpuBudget, age: float | None) -> dict[str, Any]:
-    """One GPU's budget in bytes, for JSON."""
-    return {
-        "index": budget.gpu,
-        "uuid": budget.uuid,
-        "name": budget.name,
-        "sample_age_seconds": None if age is None else round(age, 3),
-        "total": budget.total,
-        "driver_reserved": budget.reserved,
-        "used": budget.used,
-        "free": budget.free,
-        "external": {row.name: row.bytes for row in budget.external},
-        "external_total": budget.external_total,
-        "reclaiming": budget.reclaiming,
-        "consumers": {
-            row.name: {
-                "observed": row.observed,
-                "resident": row.resident,
-                "pending": row.pending,
-                "unexplained": row.unexplained,
-                "committed": row.committed,
-            }
-            for row in sorted(budget.consumers, key=lambda r: (-r.committed, r.name))
-        },
-        "committed_total": budget.committed_total,
-        "reserve": budget.reserve,
-        "schedulable": budget.schedulable,
-    }
 
 
 def _gib(nbytes: int) -> str:
