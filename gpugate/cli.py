@@ -1,8 +1,8 @@
 """The `gpugate` command: check, status, serve, lease, admit, leases, events, envelopes,
 evict, drain, undrain, pause, resume, sim run, demo.
 
-Exit codes are gpugate.exits' (sysexits): 64 for a command line argparse refuses, 78 for
-a command that talks to the gate and finds no configuration file.
+Exit codes are commands/exits.py's (sysexits): 64 for a command line argparse refuses, 78
+for a command that talks to the gate and finds no configuration file.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from gpugate.commands.exits import Exit
 from gpugate.config.paths import ConfigNotFound, default_config_path, required_config_path
-from gpugate.exits import Exit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,23 +48,23 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gate")
     serve.add_argument("--config", type=Path, help="consumers.yaml")
 
-    from gpugate.lease_cli import add_lease_parser
+    from gpugate.commands.lease import add_lease_parser
 
     add_lease_parser(sub)
 
-    from gpugate.admit_cli import add_admit_parser
+    from gpugate.commands.admit import add_admit_parser
 
     add_admit_parser(sub)
 
-    from gpugate.views_cli import add_view_parsers
+    from gpugate.commands.views import add_view_parsers
 
     add_view_parsers(sub)
 
-    from gpugate.operator_cli import add_operator_parsers
+    from gpugate.commands.operator import add_operator_parsers
 
     add_operator_parsers(sub)
 
-    from gpugate.init.command import add_init_parser
+    from gpugate.commands.init import add_init_parser
 
     add_init_parser(sub)
 
@@ -122,11 +122,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_check(args.file or default_config_path())
     if args.command == "status" and args.watch:
-        from gpugate.views_cli import run_watch
+        from gpugate.commands.views import run_watch
 
         return run_watch(required_config_path(args.config), as_json=args.json)
     if args.command == "status":
-        from gpugate.status import run_status
+        from gpugate.commands.status import run_status
 
         return run_status(config_path=args.config, as_json=args.json)
     if args.command == "serve":
@@ -134,19 +134,19 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_serve(args.config or default_config_path())
     if args.command == "lease":
-        from gpugate.lease_cli import run_lease
+        from gpugate.commands.lease import run_lease
 
         return run_lease(args, required_config_path(args.config))
     if args.command == "admit":
-        from gpugate.admit_cli import run_admit
+        from gpugate.commands.admit import run_admit
 
         return run_admit(args, required_config_path(args.config))
     if args.command in ("leases", "events", "envelopes"):
-        from gpugate.views_cli import run_view
+        from gpugate.commands.views import run_view
 
         return run_view(args, required_config_path(args.config))
     if args.command in ("evict", "drain", "undrain", "pause", "resume"):
-        from gpugate.operator_cli import run_operator
+        from gpugate.commands.operator import run_operator
 
         return run_operator(args, required_config_path(args.config))
     if args.command == "sim":
@@ -154,7 +154,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_host(args.host_file, state_dir=args.state_dir)
     if args.command == "demo":
-        from gpugate.demo import run_demo
+        from gpugate.commands.demo import run_demo
 
         return run_demo(
             host_file=args.host_file,
@@ -163,7 +163,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             two_cards=args.two_cards,
         )
     if args.command == "init":
-        from gpugate.init.command import run_init
+        from gpugate.commands.init import run_init
 
         return run_init(args)
     raise AssertionError(args.command)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpugate.cli import main
+from gpugate.commands.init import EXIT_CANTCREAT
 from gpugate.config.loader import load_config_text_with_warnings
-from gpugate.init.command import EXIT_CANTCREAT
 from gpugate.init.scan import UNIT_PROPERTIES
 from gpugate.init.write import dry_run_text, split_dry_run
 from gpugate.sim.device import SimulatedGpuHost

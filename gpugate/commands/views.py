@@ -1,6 +1,6 @@
 """Read-only views of the running gate: `gpugate status --watch`, `leases`, `events`,
 `envelopes`. Tables for people, `--json` for scripts; an error is one line on stderr with
-the exit code for what it means (gpugate.exits): 69 when no gate answers (or the gate
+the exit code for what it means (exits.py): 69 when no gate answers (or the gate
 ends a followed stream), 77 for a token it refuses, 64 for a filter that names no class,
 78 without a configuration.
 
@@ -24,13 +24,13 @@ from typing import Any, TextIO
 import aiohttp
 import attrs
 
-from gpugate.control_client import ControlFailure, not_a_gate, refusal, unreachable
+from gpugate.commands.control_client import ControlFailure, not_a_gate, refusal, unreachable
+from gpugate.commands.exits import INTERRUPTED, Exit
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import EventKind
 from gpugate.core.explicit import IDENTITY_PREFIX
 from gpugate.core.failures import FailureClass
 from gpugate.core.units import GiB, MiB
-from gpugate.exits import INTERRUPTED, Exit
 
 TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=2.0)
 WATCH_INTERVAL = 1.0
@@ -93,8 +93,8 @@ class Control:
 
     @classmethod
     def from_config(cls, path: Path) -> Control:
+        from gpugate.commands.control_client import control_endpoint
         from gpugate.config.loader import load_config_with_warnings
-        from gpugate.control_client import control_endpoint
 
         config = load_config_with_warnings(path).config
         base, token = control_endpoint(config)
@@ -381,7 +381,7 @@ def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = N
 
 def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) -> int:
     """`gpugate status --watch`: the budget from the running gate, redrawn every second."""
-    from gpugate.status import render_text
+    from gpugate.commands.status import render_text
 
     stream = out or sys.stdout
 

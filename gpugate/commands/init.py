@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from gpugate.exits import Exit
+from gpugate.commands.exits import Exit
 
 EXIT_CANTCREAT = 73
 """sysexits' EX_CANTCREAT: a file init would write is already there."""

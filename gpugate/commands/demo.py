@@ -9,7 +9,7 @@ Its files (the incident host, the gate's configuration, a FLUX prompt) are packa
 (gpugate/sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
 generates (the configuration it serves, a WAV to transcribe, the prompt) into one temporary
 directory, prints absolute paths and full URLs, and removes that directory when it stops.
-Its gate's control token is the local token of its control port (gpugate.local_token), held
+Its gate's control token is the local token of its control port (local_token.py), held
 while the demo runs and removed when it stops: a second demo (another user's, or one moved
 with `--port-base`) has its own, and the commands each prints present that demo's.
 
@@ -39,12 +39,17 @@ from typing import Any
 
 import yaml
 
+from gpugate.commands.local_token import (
+    LocalToken,
+    TokenInUse,
+    remove_local_token,
+    write_local_token,
+)
 from gpugate.config.model import Address, GateSettings
-from gpugate.local_token import LocalToken, TokenInUse, remove_local_token, write_local_token
 from gpugate.sim.host import HostStartError
 from gpugate.sim.hostprocess import SimulatedHostProcess
 
-DATA = Path(__file__).resolve().parent / "sim" / "data"
+DATA = Path(__file__).resolve().parents[1] / "sim" / "data"
 """The demo's files, shipped in the package: the incident host, its gate, a FLUX prompt."""
 DEFAULT_HOST = DATA / "incident-2026-07-10.yaml"
 DEFAULT_CONFIG = DATA / "demo-consumers.yaml"
@@ -238,7 +243,7 @@ def run_demo(
 
 def control_port(config_path: Path, ports: Mapping[str, int]) -> int:
     """The port of the control listener the demo's configuration gives its gate, on the
-    demo's ports: its local token is named by it (gpugate.local_token)."""
+    demo's ports: its local token is named by it (local_token.py)."""
     moves = {default: ports[name] for name, default in PORTS}
     config = move_ports(yaml.safe_load(config_path.read_text()) or {}, moves)
     control = (config.get("gate") or {}).get("control")

@@ -2,7 +2,7 @@
 
 Each is one POST to the control API with the control token (found as `gpugate lease`
 finds it). It prints one line of what the gate did; an error is one line on stderr, the
-failure class first, with the exit code for what it means (gpugate.exits): 65 for no
+failure class first, with the exit code for what it means (exits.py): 65 for no
 such consumer, resident or GPU, or an `always_warm` one without --force; 75 for a
 resident busy now; 69 when no gate answers; 77 for a token it refuses.
 """
@@ -18,14 +18,14 @@ from urllib.parse import quote
 
 import aiohttp
 
-from gpugate.control_client import (
+from gpugate.commands.control_client import (
     ControlFailure,
     call,
     control_address,
     control_session,
     refusal,
 )
-from gpugate.exits import Exit
+from gpugate.commands.exits import Exit
 
 COMMANDS = ("evict", "drain", "undrain", "pause", "resume")
 

@@ -8,7 +8,7 @@ started next then has its bytes. The lease needs no holder: the gate releases it
 shows the consumer's processes holding the envelope, or after the consumer's
 `control.start_admission_timeout` if they never do. Otherwise it exits non-zero with one
 line on stderr, the failure class first, so systemd does not start the runtime into an
-allocation that cannot fit; the code (gpugate.exits) says whether trying again can help:
+allocation that cannot fit; the code (exits.py) says whether trying again can help:
 75 only when no room came within the wait; 65 for a consumer the gate does not know or
 one with no envelope, 69 when no gate answers, 77 for a token it refuses, 64 and 78 for
 the command line and the configuration.
@@ -28,9 +28,14 @@ import os
 import sys
 from pathlib import Path
 
-from gpugate.control_client import ControlFailure, ask_lease, control_address, control_session
+from gpugate.commands.control_client import (
+    ControlFailure,
+    ask_lease,
+    control_address,
+    control_session,
+)
+from gpugate.commands.exits import Exit
 from gpugate.core.units import format_gib, parse_duration
-from gpugate.exits import Exit
 
 
 def add_admit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

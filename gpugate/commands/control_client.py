@@ -4,8 +4,8 @@ The gate's address comes from the same consumers.yaml the gate reads (`gate.cont
 The token, the first found of: the unit's credential `$CREDENTIALS_DIRECTORY/gpugate-token`
 (`LoadCredential=gpugate-token:PATH`), $GPUGATE_TOKEN, the first of `gate.control_tokens`
 this user can read, and for a gate on loopback this user's local token of that gate's
-control port (gpugate.local_token: what `gpugate demo` writes). Every way a call can fail
-is a ControlFailure carrying its exit code (gpugate.exits).
+control port (local_token.py: what `gpugate demo` writes). Every way a call can fail
+is a ControlFailure carrying its exit code (exits.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from gpugate.exits import Exit, for_answer
-from gpugate.local_token import read_credential_token, read_local_token
+from gpugate.commands.exits import Exit, for_answer
+from gpugate.commands.local_token import read_credential_token, read_local_token
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config

@@ -14,12 +14,12 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from gpugate.commands.exits import Exit
 from gpugate.config.model import Config
 from gpugate.config.paths import default_config_path
 from gpugate.control.status_document import SCHEMA, budget_document
 from gpugate.core.budget import compute_budget
 from gpugate.core.units import GiB, format_duration
-from gpugate.exits import Exit
 
 
 def _gib(nbytes: int) -> str:
@@ -168,7 +168,7 @@ async def _from_gate(base: str, token: str | None) -> dict[str, Any]:
     """The running gate's status document; Unreachable when no gate answers at `base`, and
     ControlFailure when one answers but refuses (an NVML budget in its place would show
     none of the gate's leases, as if no gate ran)."""
-    from gpugate.control_client import call, refusal
+    from gpugate.commands.control_client import call, refusal
 
     timeout = aiohttp.ClientTimeout(total=2.0, sock_connect=0.5)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -180,11 +180,11 @@ async def _from_gate(base: str, token: str | None) -> dict[str, Any]:
 
 
 def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Print the budget: from the gate, else from NVML; the exit code is gpugate.exits'."""
+    """Print the budget: from the gate, else from NVML; the exit code is exits.py'."""
     import asyncio
 
+    from gpugate.commands.control_client import ControlFailure, Unreachable, control_endpoint
     from gpugate.config.loader import ConfigError, load_config_with_warnings
-    from gpugate.control_client import ControlFailure, Unreachable, control_endpoint
 
     out = out or sys.stdout
     path = config_path or default_config_path()
