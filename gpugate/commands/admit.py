@@ -35,12 +35,13 @@ from gpugate.commands.control_client import (
     control_session,
 )
 from gpugate.commands.exits import Exit
+from gpugate.config.paths import required_config_path
 from gpugate.core.units import format_gib, parse_duration
 
 
-def add_admit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `admit` subcommand's arguments."""
-    admit = sub.add_parser(
+    admit = subparsers.add_parser(
         "admit",
         help="admit a runtime's start (a start lease for its envelope), for ExecStartPre",
         usage="gpugate admit CONSUMER [--wait DURATION] [--config FILE] [-- CMD [ARGS...]]",
@@ -55,10 +56,11 @@ def _say(message: str) -> None:
     print(f"gpugate admit: {message}", file=sys.stderr, flush=True)
 
 
-def run_admit(args: argparse.Namespace, config_path: Path) -> int:
+def run(args: argparse.Namespace) -> int:
     """The `gpugate admit` command."""
     from gpugate.config.loader import ConfigError
 
+    config_path = required_config_path(args.config)
     argv = list(args.argv)
     body: dict[str, object] = {"consumer": args.consumer, "purpose": "start"}
     if args.wait is not None:

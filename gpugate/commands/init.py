@@ -19,9 +19,9 @@ EXIT_CANTCREAT = 73
 DEFAULT_OUT = Path("gpugate-init")
 
 
-def add_init_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`gpugate init`'s options."""
-    init = sub.add_parser(
+    init = subparsers.add_parser(
         "init", help="read this host and propose a consumers.yaml, drop-ins and the moves"
     )
     init.add_argument(
@@ -69,7 +69,7 @@ def _under_etc(path: Path) -> bool:
     return resolved == Path("/etc") or Path("/etc") in resolved.parents
 
 
-def run_init(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Scan, recognise, plan, then print or write."""
     from gpugate.config.model import Address
     from gpugate.init.plan import DEFAULT_DATABASE, Options, make_plan

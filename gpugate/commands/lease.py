@@ -38,15 +38,16 @@ from gpugate.commands.control_client import (
     control_session,
 )
 from gpugate.commands.exits import Exit
+from gpugate.config.paths import required_config_path
 from gpugate.core.classes import PriorityClass
 from gpugate.core.units import parse_duration, parse_size
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def add_lease_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `lease` subcommand's arguments."""
-    lease = sub.add_parser(
+    lease = subparsers.add_parser(
         "lease",
         help="run a command under an explicit VRAM lease",
         usage="gpugate lease (--consumer NAME | --identity NAME) --bytes SIZE [--class C] "
@@ -107,8 +108,9 @@ def _terms(args: argparse.Namespace) -> dict[str, object]:
     return body
 
 
-def run_lease(args: argparse.Namespace, config_path: Path) -> int:
+def run(args: argparse.Namespace) -> int:
     """The `gpugate lease` command."""
+    config_path = required_config_path(args.config)
     command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]

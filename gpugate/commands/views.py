@@ -1,8 +1,8 @@
-"""Read-only views of the running gate: `gpugate status --watch`, `leases`, `events`,
-`envelopes`. Tables for people, `--json` for scripts; an error is one line on stderr with
-the exit code for what it means (exits.py): 69 when no gate answers (or the gate
-ends a followed stream), 77 for a token it refuses, 64 for a filter that names no class,
-78 without a configuration.
+"""Read-only views of the running gate: `gpugate leases`, `events`, `envelopes`, and the
+session `gpugate status --watch` reads through (`run_on_gate`). Tables for people, `--json`
+for scripts; an error is one line on stderr with the exit code for what it means
+(exits.py): 69 when no gate answers (or the gate ends a followed stream), 77 for a token it
+refuses, 64 for a filter that names no class, 78 without a configuration.
 
 The gate is found as `gpugate lease` finds it: the control address in the configuration
 ($GPUGATE_CONFIG, ./consumers.yaml, /etc/gpugate/consumers.yaml, or --config), and a
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import sys
@@ -26,6 +25,7 @@ import attrs
 
 from gpugate.commands.control_client import ControlFailure, not_a_gate, refusal, unreachable
 from gpugate.commands.exits import INTERRUPTED, Exit
+from gpugate.config.paths import required_config_path
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import EventKind
 from gpugate.core.explicit import IDENTITY_PREFIX
@@ -33,20 +33,18 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.units import GiB, MiB
 
 TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=2.0)
-WATCH_INTERVAL = 1.0
-CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_view_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `leases`, `events` and `envelopes` subcommands."""
-    leases = sub.add_parser("leases", help="the leases in flight on the running gate")
-    events = sub.add_parser("events", help="the gate's recent events, or follow them live")
+    leases = subparsers.add_parser("leases", help="the leases in flight on the running gate")
+    events = subparsers.add_parser("events", help="the gate's recent events, or follow them live")
     events.add_argument("--follow", "-f", action="store_true", help="go on printing new events")
     events.add_argument("--class", dest="priority", help="only requests of this priority class")
     events.add_argument("--consumer", help="only this consumer's events")
     events.add_argument("--failure", help="only failures of this class (`any`: every failure)")
     events.add_argument("--last", type=int, default=50, help="how many recent events (50)")
-    envelopes = sub.add_parser("envelopes", help="measured envelopes: bytes, when, runtime")
+    envelopes = subparsers.add_parser("envelopes", help="measured envelopes: bytes, when, runtime")
     for parser in (leases, events, envelopes):
         parser.add_argument("--json", action="store_true", help="machine-readable")
         parser.add_argument("--config", type=Path, help="consumers.yaml (the control address)")
@@ -300,9 +298,11 @@ def render_envelopes(rows: list[dict[str, Any]]) -> str:
 # -- running them -----------------------------------------------------------------------
 
 
-def _run(
+def run_on_gate(
     name: str, config_path: Path, body: Callable[[Control, aiohttp.ClientSession], Any]
 ) -> int:
+    """Run `body` on a session with the gate that `config_path` names: the exit code for
+    how it ended, printing one line for a failure (`name` is the command's)."""
     from gpugate.config.loader import ConfigError
 
     try:
@@ -330,8 +330,9 @@ def _run(
         return INTERRUPTED
 
 
-def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """`gpugate leases`, `gpugate events` or `gpugate envelopes`."""
+    config_path = required_config_path(args.config)
     stream = out or sys.stdout
 
     def emit(text: str) -> None:
@@ -376,34 +377,4 @@ def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = N
             print(f"gpugate events: {exc}", file=sys.stderr)
             return Exit.USAGE
     bodies = {"leases": leases, "events": events, "envelopes": envelopes}
-    return _run(args.command, config_path, bodies[args.command])
-
-
-def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) -> int:
-    """`gpugate status --watch`: the budget from the running gate, redrawn every second."""
-    from gpugate.commands.status import render_text
-
-    stream = out or sys.stdout
-
-    async def watch(control: Control, session: aiohttp.ClientSession) -> None:
-        first = True
-        while True:
-            try:
-                document = await control.get(session, "/gate/v1/status")
-                text = json.dumps(document) if as_json else render_text(document)
-            except ControlFailure as exc:
-                if first:
-                    raise
-                text = f"gpugate status: {exc}; retrying"
-            first = False
-            stamp = datetime.datetime.now().strftime("%H:%M:%S")
-            if as_json:
-                stream.write(text + "\n")
-            else:
-                stream.write(f"{CLEAR}gpugate status  {stamp}  (Ctrl-C to stop)\n{text}\n")
-            stream.flush()
-            await asyncio.sleep(WATCH_INTERVAL)
-
-    with contextlib.suppress(KeyboardInterrupt):
-        return _run("status", config_path, watch)
-    return INTERRUPTED
+    return run_on_gate(args.command, config_path, bodies[args.command])

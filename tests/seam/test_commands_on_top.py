@@ -1,0 +1,28 @@
+"""The commands are the top floor: no module of gpugate below them imports one (the status
+document the gate serves and `gpugate status` prints is control's, not the command's), and
+the simulator is imported by the two commands that run it, nothing else."""
+
+from __future__ import annotations
+
+from tests.seam.test_no_import_cycles import import_graph
+
+TOP = ("gpugate.commands", "gpugate.cli", "gpugate.__main__")
+
+
+def importers(prefix: str) -> set[str]:
+    """The modules outside `prefix` that import a module under it."""
+    return {
+        module
+        for module, imported in import_graph().items()
+        if not module.startswith(prefix)
+        and any(name == prefix or name.startswith(prefix + ".") for name in imported)
+    }
+
+
+def test_only_the_program_imports_a_command():
+    assert importers("gpugate.commands") == {"gpugate.cli"}
+    assert {m for m in importers("gpugate.cli")} <= set(TOP)
+
+
+def test_the_simulator_is_imported_by_the_demo_and_sim_commands_only():
+    assert importers("gpugate.sim") == {"gpugate.commands.demo", "gpugate.commands.sim"}
