@@ -1,7 +1,8 @@
 """`gpugate init [--dry-run] [--out DIR] [--proc-root PATH] [--nvml-library PATH]`.
 
 Reads the host, prints (`--dry-run`) or writes into a new directory the consumers.yaml,
-the drop-ins and the moves. It never writes under /etc and never runs a move.
+the drop-ins and the moves. It never writes under /etc and never runs a move. The
+reading and proposing are gpugate.init's (scan, recognise, plan, write).
 """
 
 from __future__ import annotations
