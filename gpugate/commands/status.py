@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 import aiohttp
 
 from gpugate.commands.control_client import (
+    Control,
     ControlFailure,
     Unreachable,
     call,
     control_endpoint,
     refusal,
+    run_on_gate,
 )
 from gpugate.commands.exits import INTERRUPTED, Exit
-from gpugate.commands.views import Control, run_on_gate
 from gpugate.config.paths import default_config_path, required_config_path
 from gpugate.core.units import GiB, format_duration
 
