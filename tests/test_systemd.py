@@ -184,7 +184,7 @@ def test_whisper_s_start_is_admitted_and_a_refusal_that_repeats_stops_it():
     assert parse_duration(words[words.index("--wait") + 1]) > 0
     assert words[words.index("--") + 1] == "/usr/local/bin/whisper-server"
     # What a retry cannot mend stops the unit; no room (75) and no gate (69) are retried.
-    from gpugate.exits import Exit
+    from gpugate.commands.exits import Exit
 
     (prevent,) = _setting(text, "RestartPreventExitStatus")
     codes = {int(code) for code in prevent.split()}

@@ -265,7 +265,7 @@ async def test_the_cli_presents_the_unit_s_credential_before_other_tokens(
 
 
 def test_the_token_order_credential_environment_configuration(tmp_path, monkeypatch):
-    from gpugate.control_client import control_address
+    from gpugate.commands.control_client import control_address
 
     config = tmp_path / "consumers.yaml"
     config.write_text("gate:\n  control: 127.0.0.1:9411\n  control_tokens: [from-the-file]\n")

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gpugate.commands.exits import Exit
 from gpugate.core.units import MiB
-from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from gpugate.sim.whisper import SimWhisper, WhisperServerSpec
 from tests.gate.harness import free_ports

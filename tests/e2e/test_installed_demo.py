@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpugate.demo import (
+from gpugate.commands.demo import (
     DEFAULT_CONFIG,
     DEFAULT_HOST,
     FLUX_PROMPT,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpugate.cli import main
-from gpugate.init.command import EXIT_CANTCREAT
+from gpugate.commands.init import EXIT_CANTCREAT
 from gpugate.init.scan import UNIT_PROPERTIES
 from gpugate.init.write import dry_run_text, split_dry_run
 from gpugate.runtimes.sections import load_config_text_with_warnings
