@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpugate.config.loader import load_config
 from gpugate.runtimes.comfyui.adapter import ComfyUIReading
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.registry import runtime_for
+from gpugate.runtimes.sections import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for p in ROOT.glob("**/*consumers*.yaml") if ".venv" not in p.parts)

@@ -13,7 +13,7 @@ import attrs
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpugate.config.loader import ConfigError, load_config_text
+from gpugate.config.loader import ConfigError
 from gpugate.config.model import Address
 from gpugate.control.agent import AgentResponder
 from gpugate.control.app import control_app
@@ -25,6 +25,7 @@ from gpugate.core.tickets import Demand
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from tests.control.operated import Clock
 from tests.gate.fakes import FakeAttributor, FakeGpu, FakeUpstream

@@ -13,7 +13,6 @@ import attrs
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpugate.config.loader import load_config_text
 from gpugate.config.model import Consumer
 from gpugate.control.app import control_app, health_document
 from gpugate.control.metrics import GateMetrics
@@ -32,6 +31,7 @@ from gpugate.runtimes.base import (
 from gpugate.runtimes.controlled import ProcessLifecycle, ProcessModel
 from gpugate.runtimes.http import PassReading
 from gpugate.runtimes.process import Exit, ProcessControl
+from gpugate.runtimes.sections import load_config_text
 from tests.gate.fakes import FakeAttributor, FakeGpu
 
 INTERVAL = 10.0

@@ -1,4 +1,4 @@
-"""Every command's exit code is the sysexits code for what happened (gpugate.exits), the
+"""Every command's exit code is the sysexits code for what happened (gpugate.commands.exits), the
 same from one command to the next: each command runs as its own process, as a unit's
 ExecStartPre or a script runs it, against a running gate or where none answers."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpugate.commands.exits import Exit, for_answer
 from gpugate.config.paths import DEFAULT_CONFIG_PATHS
 from gpugate.core.failures import FailureClass
-from gpugate.exits import Exit, for_answer
 from tests.control.conftest import CONTROL_TOKEN, admin
 from tests.gate.harness import free_port
 

@@ -11,8 +11,8 @@ import aiohttp
 import attrs
 import pytest
 
-from gpugate.config.loader import load_config_text
 from gpugate.control.bodies import MAX_BODY
+from gpugate.runtimes.sections import load_config_text
 from tests.control.conftest import admin
 
 LEASES = "/gate/v1/leases"

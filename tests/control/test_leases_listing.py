@@ -87,7 +87,7 @@ async def test_a_hung_load_and_a_process_start_are_listed_beside_an_explicit_lea
 
 
 def test_the_cli_view_shows_each_lease_scope_and_only_explicit_ones_expire():
-    from gpugate.views_cli import leases_rows
+    from gpugate.commands.views import leases_rows
 
     status = {
         "leases": [

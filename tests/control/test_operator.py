@@ -9,9 +9,9 @@ import aiohttp
 import ollama
 import pytest
 
+from gpugate.commands.exits import Exit
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import EventKind
-from gpugate.exits import Exit
 from tests.control.conftest import admin
 
 ROUTES = (

@@ -9,13 +9,14 @@ import aiohttp
 import attrs
 import pytest
 
-from gpugate.config.loader import ConfigError, load_config_text, load_config_text_with_warnings
+from gpugate.config.loader import ConfigError
 from gpugate.config.model import ALL_SCOPES, ControlToken, Scope
 from gpugate.control.app import control_app
 from gpugate.control.auth import ASK_LEASE, READ_ONLY, ROUTE_SCOPES, required_scopes
 from gpugate.control.metrics import GateMetrics
 from gpugate.control.openapi import openapi_document
 from gpugate.reload import unset_secrets
+from gpugate.runtimes.sections import load_config_text, load_config_text_with_warnings
 from tests.control.test_auth import ANY_PART
 from tests.control.test_views_cli import gpugate
 from tests.gate.harness import running_stack
@@ -264,7 +265,7 @@ async def test_the_cli_presents_the_unit_s_credential_before_other_tokens(
 
 
 def test_the_token_order_credential_environment_configuration(tmp_path, monkeypatch):
-    from gpugate.control_client import control_address
+    from gpugate.commands.control_client import control_address
 
     config = tmp_path / "consumers.yaml"
     config.write_text("gate:\n  control: 127.0.0.1:9411\n  control_tokens: [from-the-file]\n")
@@ -294,6 +295,7 @@ def test_entries_carry_scopes_and_a_bare_entry_grants_all(tmp_path):
 
 def test_a_bad_scope_is_reported_with_file_line_and_field(tmp_path):
     from gpugate.config.check import EXIT_INVALID, run_check
+    from gpugate.runtimes.sections import RUNTIME_TABLE
 
     path = tmp_path / "consumers.yaml"
     path.write_text(
@@ -307,7 +309,7 @@ def test_a_bad_scope_is_reported_with_file_line_and_field(tmp_path):
         "    - {scopes: [read]}\n"
     )
     out, err = io.StringIO(), io.StringIO()
-    assert run_check(path, out, err) == EXIT_INVALID
+    assert run_check(path, out, err, runtimes=RUNTIME_TABLE) == EXIT_INVALID
     lines = [line for line in err.getvalue().splitlines() if "warning" not in line]
     assert lines == [
         f"{path}:5: gate.control_tokens[1].scopes[1]: unknown scope 'opperate' "

@@ -12,11 +12,11 @@ import sys
 import aiohttp
 import ollama
 
+from gpugate.commands.exits import Exit
+from gpugate.commands.views import EVENT_HEADERS, event_columns, event_row
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.units import GiB, MiB
-from gpugate.exits import Exit
 from gpugate.store.db import MeasuredEnvelope
-from gpugate.views_cli import EVENT_HEADERS, event_columns, event_row
 from tests.control.conftest import admin
 
 

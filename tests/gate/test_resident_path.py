@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
@@ -16,6 +15,7 @@ from gpugate.core.tickets import Demand
 from gpugate.core.units import MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.store.db import Store
 from tests.gate.fakes import FakeAttributor, FakeGpu, gate_config
 

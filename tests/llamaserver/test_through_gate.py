@@ -14,11 +14,11 @@ import httpx
 import openai
 import pytest
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from gpugate.store.db import Store
 from tests.gate.harness import free_ports

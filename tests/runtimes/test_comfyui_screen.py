@@ -12,11 +12,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from gpugate.config.loader import ConfigError, load_config_text_with_warnings
+from gpugate.config.loader import ConfigError
 from gpugate.config.model import Address, Consumer, Upstream
 from gpugate.runtimes.comfyui.adapter import ComfyUIReading
 from gpugate.runtimes.comfyui.origin import Verdict, origin_verdict, request_path
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
+from gpugate.runtimes.sections import load_config_text_with_warnings
 
 CONSUMER = Consumer(
     name="comfyui",

@@ -10,7 +10,6 @@ import attrs
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import load_config_text
 from gpugate.config.model import Upstream
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import LeaseScope
@@ -22,6 +21,7 @@ from gpugate.runtimes.llamaserver.reading import Unreadable, read_json
 from gpugate.runtimes.llamaserver.router import RouterReading, RouterState, router_runtime
 from gpugate.runtimes.llamaserver.single import LlamaSingleReading
 from gpugate.runtimes.registry import runtime_for
+from gpugate.runtimes.sections import load_config_text
 from tests.llamaserver.gguf_models import write_tiny_llama
 
 CONFIG = """\

@@ -10,7 +10,6 @@ import attrs
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import load_config
 from gpugate.config.model import Upstream
 from gpugate.core.placement import Placing
 from gpugate.core.tickets import LeaseScope
@@ -19,7 +18,7 @@ from gpugate.runtimes.controlled import ProcessLifecycle
 from gpugate.runtimes.http import PassReading
 from gpugate.runtimes.ollama.adapter import OllamaReading, ollama_runtime
 from gpugate.runtimes.registry import RUNTIMES, runtime_factory, runtime_for
-from gpugate.runtimes.sections import SECTIONS
+from gpugate.runtimes.sections import RUNTIME_TABLE, load_config
 from gpugate.runtimes.whisper.adapter import WhisperReading
 from tests.runtimes.test_ollama_adapter import CONSUMER
 
@@ -31,7 +30,7 @@ def test_ollama_consumers_get_the_ollama_runtime():
     assert runtime.settings.consumer is CONSUMER
 
 
-@pytest.mark.parametrize("kind", list(SECTIONS))
+@pytest.mark.parametrize("kind", RUNTIME_TABLE.names)
 def test_every_runtime_kind_is_fronted_by_a_runtime(kind):
     assert runtime_factory(kind) is not None
     assert isinstance(runtime_for(attrs.evolve(CONSUMER, runtime=kind)), Runtime)
@@ -47,11 +46,11 @@ def test_process_runtimes_have_a_lifecycle_and_no_listing(kind, cls):
 
 
 def test_the_runtimes_with_a_section_are_the_runtimes_the_registry_builds():
-    assert list(SECTIONS) == list(RUNTIMES)
+    assert RUNTIME_TABLE.names == tuple(RUNTIMES.factories) and RUNTIMES.table == RUNTIME_TABLE
 
 
 def test_every_registered_factory_builds_a_runtime():
-    for kind, factory in RUNTIMES.items():
+    for kind, factory in RUNTIMES.factories.items():
         assert isinstance(factory(attrs.evolve(CONSUMER, runtime=kind)), Runtime)
 
 

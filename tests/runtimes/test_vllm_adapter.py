@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import ConfigError, load_config_text
+from gpugate.config.loader import ConfigError
 from gpugate.core.lifecycle import LifeReport
 from gpugate.runtimes.base import ApiFamily, RouteKind, error_reply
 from gpugate.runtimes.process import ProcessControlError
 from gpugate.runtimes.registry import runtime_for
+from gpugate.runtimes.sections import load_config_text
 from gpugate.runtimes.vllm.adapter import VllmReading
 from gpugate.runtimes.vllm.sleep import SleepMode
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import MiB
 from gpugate.runtimes.base import RouteKind
 from gpugate.runtimes.http import http_runtime
 from gpugate.runtimes.process import SupervisedCommand, SystemdUnit
+from gpugate.runtimes.sections import load_config_text
 from gpugate.runtimes.whisper.adapter import multipart_field, whisper_runtime
 
 CONFIG = """\

@@ -1,25 +1,31 @@
 """The gate and a listener serve a runtime they know only through its parts.
 
-The runtime here exists only in this test, registered by name as a runtime package would
-register itself (what builds it in `registry.RUNTIMES`, its own configuration section in
-`sections.SECTIONS`): nothing in config/, core/, gate/ or proxy/ knows it. It queues jobs (a
-POST answers at once with the job's id, the work runs later), so its demands have JOB
-scope. The lease outlives the HTTP call and ends on the job's event.
+The runtime here exists only in this test: a registry of its own (the shipped runtimes and
+this one, built from its parts, with its own configuration section) is handed to the loader and
+the gate, as `serve` hands them the shipped one; no table of the package changes, and
+nothing in config/, core/, gate/ or proxy/ knows it. It queues jobs (a POST answers at once
+with the job's id, the work runs later), so its demands have JOB scope. The lease outlives
+the HTTP call and ends on the job's event; `preempt` applies to it, and what the loader says
+of runtimes and job runtimes names it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import aiohttp
 import attrs
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import load_config_text
+from gpugate.config.check import EXIT_INVALID, EXIT_OK, run_check
+from gpugate.config.loader import ConfigError, load_config_text
 from gpugate.config.model import Consumer, RuntimeSettings
+from gpugate.core.classes import PriorityClass
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
@@ -42,14 +48,16 @@ from gpugate.runtimes.base import (
     RouteKind,
     Runtime,
 )
-from gpugate.runtimes.registry import RUNTIMES, runtime_for
-from gpugate.runtimes.sections import SECTIONS
+from gpugate.runtimes.registry import RUNTIMES, RuntimeRegistry
+from gpugate.runtimes.sections import RUNTIME_TABLE
 from tests.gate.fakes import FakeAttributor, FakeGpu
 
 
 @attrs.frozen
 class QueueSettings(RuntimeSettings):
     """The runtime's own section (`queue:`)."""
+
+    jobs: ClassVar[bool] = True
 
     job_path: str = "/jobs"
     """The route that queues a job."""
@@ -123,6 +131,10 @@ def queue_runtime(consumer: Consumer) -> Runtime:
     )
 
 
+QUEUE = RUNTIMES.adding("queue", queue_runtime, QueueSettings)
+"""The shipped runtimes and this one."""
+
+
 def upstream_app(seen: list[Mapping[str, object]]) -> web.Application:
     async def prompt(request: web.Request) -> web.Response:
         body = await request.json()
@@ -161,15 +173,14 @@ consumers:
 
 
 @pytest.fixture
-async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(SECTIONS, "queue", QueueSettings)
-    monkeypatch.setitem(RUNTIMES, "queue", queue_runtime)
+async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path):
     seen: list[Mapping[str, object]] = []
     server = await aiohttp_server(upstream_app(seen))
     url = f"http://127.0.0.1:{server.port}"
-    config = load_config_text(CONFIG.format(url=url), tmp_path / "consumers.yaml")
+    source = tmp_path / "consumers.yaml"
+    config = load_config_text(CONFIG.format(url=url), source, runtimes=QUEUE.table)
     assert config.consumer("queue").settings == QueueSettings(job_path="/prompt")
-    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), runtimes=runtime_for)
+    gate = Gate(config, Sampler(FakeGpu(), FakeAttributor()), runtimes=QUEUE.runtime_for)
     await gate.start()
     link = gate.links["queue"]
     listener = ConsumerListener(gate, link, IdentityResolver(config.identities))
@@ -221,3 +232,81 @@ async def test_a_runtime_that_cannot_list_is_not_listed(stack):
     gate, _, _ = stack
     assert not any(t.get_name().startswith("gpugate-reconcile") for t in gate._tasks)
     assert "queue" not in gate.core.settings.reconcilable
+
+
+def check(tmp_path: Path, text: str) -> tuple[int, list[str]]:
+    """`gpugate check` of `text` with the registry's table: its exit code and its lines."""
+    path = tmp_path / "consumers.yaml"
+    path.write_text(text)
+    out, err = io.StringIO(), io.StringIO()
+    code = run_check(path, out, err, runtimes=QUEUE.table)
+    return code, [line.removeprefix(f"{path}:") for line in err.getvalue().splitlines()]
+
+
+def consumer(name: str, runtime: str, port: int, *lines: str) -> str:
+    """A consumer of `runtime` on its own port, with more `key: value` lines."""
+    more = "".join(f"    {line}\n" for line in lines)
+    return (
+        f"  {name}:\n    runtime: {runtime}\n    listen: 127.0.0.1:{port}\n"
+        f"    upstream: http://127.0.0.1:{port + 1}\n"
+        f"    processes: {{commands: [{name}-server]}}\n{more}"
+    )
+
+
+def test_the_shipped_runtimes_are_not_changed_by_another_registry(tmp_path: Path):
+    assert QUEUE.table.names == (*RUNTIME_TABLE.names, "queue")
+    assert RUNTIMES.table == RUNTIME_TABLE and "queue" not in RUNTIMES.factories
+    text = "consumers:\n" + consumer("q", "queue", 8000)
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, tmp_path / "consumers.yaml", runtimes=RUNTIME_TABLE)
+    [error] = info.value.errors
+    assert (error.line, error.path) == (3, "consumers.q.runtime")
+    assert error.message.startswith("unknown runtime 'queue' (one of ollama, comfyui, ")
+
+
+def test_a_registry_fronts_only_runtimes_its_table_names():
+    with pytest.raises(ValueError, match=r"^runtimes not in the table: queue$"):
+        RuntimeRegistry(RUNTIME_TABLE, {**RUNTIMES.factories, "queue": queue_runtime})
+    with pytest.raises(ValueError, match="'queue' is in the table twice"):
+        QUEUE.adding("queue", queue_runtime, QueueSettings)
+
+
+def test_check_names_it_among_the_runtimes(tmp_path: Path):
+    text = "consumers:\n" + consumer("sd", "sdnext", 8000) + consumer("n", "3", 8010)
+    code, lines = check(tmp_path, text)
+    runtimes = "ollama, comfyui, whisper, llama-server, vllm, http, queue"
+    assert code == EXIT_INVALID
+    assert lines == [
+        f"3: consumers.sd.runtime: unknown runtime 'sdnext' (one of {runtimes})",
+        f"8: consumers.n.runtime: expected a runtime ({runtimes}), got 3 (a number)",
+    ]
+
+
+def test_preempt_applies_to_it_as_a_runtime_with_jobs(tmp_path: Path):
+    text = "consumers:\n" + consumer("q", "queue", 8000, "preempt: [production]")
+    code, lines = check(tmp_path, text)
+    assert (code, lines) == (EXIT_OK, [])
+    config = load_config_text(text, tmp_path / "c.yaml", runtimes=QUEUE.table)
+    assert config.consumer("q").preempt == (PriorityClass.PRODUCTION,)
+
+
+def test_preempt_elsewhere_names_it_among_the_job_runtimes(tmp_path: Path):
+    text = "consumers:\n" + consumer("o", "ollama", 8000, "preempt: [production]")
+    code, lines = check(tmp_path, text)
+    assert code == EXIT_OK
+    assert lines == [
+        "7: consumers.o.preempt: warning: only a comfyui or queue consumer reads preempt; "
+        "runtime ollama ignores it"
+    ]
+
+
+def test_its_section_is_its_own(tmp_path: Path):
+    text = "consumers:\n" + consumer("o", "ollama", 8000, "job_path: /x", "queue: {}")
+    code, lines = check(tmp_path, text)
+    assert code == EXIT_OK
+    assert lines == [
+        "7: consumers.o.job_path: warning: only a queue consumer reads job_path; "
+        "runtime ollama ignores it",
+        "8: consumers.o.queue: warning: only a queue consumer reads a queue section; "
+        "runtime ollama ignores it",
+    ]
