@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
 	touch $@
 
-$(SHIM): gpugate/sim/fakenvml.c
+$(SHIM): gpugate_sim/fakenvml.c
 	mkdir -p $(dir $@)
 	gcc -shared -fPIC -O2 -Wall -Wextra -Werror -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lpthread
 

@@ -24,8 +24,8 @@ import aiohttp
 
 from gpugate.core.effects import EventKind
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV, library_path
 from tests.gate.harness import running_stack
 
 

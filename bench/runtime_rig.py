@@ -27,11 +27,11 @@ import yaml
 
 from bench.targets import LOAD_CPU, PROXY_CPU, start, wait_http
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.hostprocess import SimulatedHostProcess
-from gpugate.sim.llamaserver.memory import plan
-from gpugate.sim.llamaserver.model import load_model_info, with_weights
-from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
-from gpugate.sim.whisper.process import child_env
+from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.model import load_model_info, with_weights
+from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
+from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 from tests.llamaserver.gguf_models import write_models_dir
 

@@ -48,8 +48,8 @@ from bench.targets import LOAD_CPU, PROXY_CPU, free_port, start, wait_http
 from gpugate.core.units import GiB
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV, library_path
 
 SHAPES = ((1, 10), (8, 500))
 """(GPUs, GPU processes) of the hosts measured."""

@@ -38,10 +38,10 @@ from bench.docfile import write_section
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.ollama.server import SimOllama
-from gpugate.sim.scenario import OllamaModelSpec, OllamaSpec
-from gpugate.sim.shim import STATE_ENV, library_path
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.ollama.server import SimOllama
+from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec
+from gpugate_sim.shim import STATE_ENV, library_path
 from tests.gate.harness import Stack, running_stack
 
 ROUNDS = int(os.environ.get("BENCH_SWAP_ROUNDS", "20"))

@@ -22,8 +22,8 @@ from pathlib import Path
 import attrs
 
 from gpugate.core.units import GiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV, library_path
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX = ROOT / "build" / "nginx" / "usr" / "sbin" / "nginx"

@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import attrs
 
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.sim.processes import LineReader
 
 
@@ -133,7 +133,7 @@ class HostProcess:
             return await resp.json()
 
     async def set_faults(self, **switches: object) -> None:
-        """Switch simulated Ollama faults on or off (gpugate.sim.ollama.faults)."""
+        """Switch simulated Ollama faults on or off (gpugate_sim.ollama.faults)."""
         assert self.ollama is not None
         url = self.ollama + "/sim/faults"
         async with aiohttp.ClientSession() as session, session.post(url, json=switches) as resp:

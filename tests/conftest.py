@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV, library_path
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV, library_path
 
 CARD_UUID = "GPU-5f0e3a41-9b1c-4d2e-8f37-6a2b1c0d9e84"
 

@@ -6,7 +6,7 @@ listens where Ollama's and ComfyUI's clients expect it (127.0.0.1:11434, 127.0.0
 the simulated runtimes sit behind it on 127.0.0.1:11435 and 127.0.0.1:8189.
 
 Its files (the incident host, the gate's configuration, a FLUX prompt) are package data
-(gpugate/sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
+(gpugate_sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
 generates (the configuration it serves, a WAV to transcribe, the prompt) into one temporary
 directory, prints absolute paths and full URLs, and removes that directory when it stops.
 Its gate's control token is the local token of its control port (local_token.py), held
@@ -48,8 +48,16 @@ from gpugate.commands.local_token import (
 # PyYAML, the configuration's model and the simulator are imported where they are used:
 # every `gpugate` command imports this module to build its parser.
 
-DATA = Path(__file__).resolve().parents[1] / "sim" / "data"
-"""The demo's files, shipped in the package: the incident host, its gate, a FLUX prompt."""
+
+def _simulator_data() -> Path:
+    # Where gpugate_sim lies, found without importing it: building the parser must not.
+    spec = importlib.util.find_spec("gpugate_sim")
+    assert spec is not None and spec.submodule_search_locations, "gpugate_sim is not installed"
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+DATA = _simulator_data()
+"""The demo's files, shipped with the simulator: the incident host, its gate, a FLUX prompt."""
 DEFAULT_HOST = DATA / "incident-2026-07-10.yaml"
 DEFAULT_CONFIG = DATA / "demo-consumers.yaml"
 TWO_CARDS_HOST = DATA / "two-cards.yaml"
@@ -196,8 +204,8 @@ def run_demo(
     """Start the simulated host and `gpugate serve`; stop both on Ctrl-C. `two_cards`: the
     host with a second card (two-cards.yaml) rather than the incident's one card."""
     # The simulator is imported here only: no other command, and nothing the gate runs, needs it.
-    from gpugate.sim.host import HostStartError
-    from gpugate.sim.hostprocess import SimulatedHostProcess
+    from gpugate_sim.host import HostStartError
+    from gpugate_sim.hostprocess import SimulatedHostProcess
 
     host_file = (host_file or (TWO_CARDS_HOST if two_cards else DEFAULT_HOST)).resolve()
     config_path = (config_path or (TWO_CARDS_CONFIG if two_cards else DEFAULT_CONFIG)).resolve()

@@ -1,5 +1,5 @@
 """`gpugate sim run HOST.yaml`: start a simulated GPU host (what `gpugate demo` runs). The
-simulator (gpugate.sim) is imported only when the command runs."""
+simulator (gpugate_sim) is imported only when the command runs."""
 
 from __future__ import annotations
 
@@ -20,6 +20,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def run(args: argparse.Namespace) -> int:
     """Run the host until SIGTERM or SIGINT."""
-    from gpugate.sim.host import run_host
+    from gpugate_sim.host import run_host
 
     return run_host(args.host_file, state_dir=args.state_dir)

@@ -203,7 +203,7 @@ def library_from(configured: Path | None) -> Path | None:
 
 
 SIMULATED_SYMBOL = "gpugateSimulatedHost"
-"""Exported by the simulated host's libnvidia-ml only (gpugate/sim/fakenvml.c): the path of
+"""Exported by the simulated host's libnvidia-ml only (gpugate_sim/fakenvml.c): the path of
 the simulated host's state file."""
 SYSTEM_LIBRARY = "libnvidia-ml.so.1"
 

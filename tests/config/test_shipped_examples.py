@@ -32,7 +32,7 @@ def test_a_shipped_configuration_passes_check(path: Path) -> None:
 
 
 def test_the_demo_fronts_comfyui() -> None:
-    config = load_config(ROOT / "gpugate" / "sim" / "data" / "demo-consumers.yaml")
+    config = load_config(ROOT / "gpugate_sim" / "data" / "demo-consumers.yaml")
     [comfyui] = [c for c in config.consumers if c.name == "comfyui"]
     runtime = runtime_for(comfyui)
     assert runtime is not None and isinstance(runtime.reading, ComfyUIReading)
@@ -43,7 +43,7 @@ def test_the_demos_flux_prompt_is_the_graph_the_gate_sizes():
     from gpugate.runtimes.comfyui.graph import PromptDemand, read_prompt
     from tests.sim.comfyui_helpers import flux
 
-    body = (ROOT / "gpugate" / "sim" / "data" / "flux-prompt.json").read_bytes()
+    body = (ROOT / "gpugate_sim" / "data" / "flux-prompt.json").read_bytes()
     assert json.loads(body)["prompt"] == flux()
     demand = read_prompt(body)
     assert isinstance(demand, PromptDemand)

@@ -16,13 +16,13 @@ import ollama
 import pytest
 import yaml
 
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.dashboard.cdp import CHROMIUM, chromium_page
 from tests.gate.harness import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
-DEMO_CONFIG = ROOT / "gpugate" / "sim" / "data" / "demo-consumers.yaml"
+INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
+DEMO_CONFIG = ROOT / "gpugate_sim" / "data" / "demo-consumers.yaml"
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
 UPDATE_ENV = "GPUGATE_UPDATE_SCREENSHOT"
 

@@ -18,8 +18,8 @@ import pytest
 
 from gpugate.commands.exits import Exit
 from gpugate.core.units import MiB
-from gpugate.sim.hostprocess import SimulatedHostProcess
-from gpugate.sim.whisper import SimWhisper, WhisperServerSpec
+from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.whisper import SimWhisper, WhisperServerSpec
 from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader
 

@@ -30,7 +30,7 @@ from tests.sim.comfyui_helpers import blank, flux
 
 pytestmark = pytest.mark.e2e
 
-INCIDENT = Path(__file__).resolve().parents[2] / "gpugate/sim/data/incident-2026-07-10.yaml"
+INCIDENT = Path(__file__).resolve().parents[2] / "gpugate_sim/data/incident-2026-07-10.yaml"
 MiB = 1 << 20
 
 

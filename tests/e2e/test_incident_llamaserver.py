@@ -37,8 +37,8 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.llamaserver.memory import plan
-from gpugate.sim.llamaserver.model import load_model_info, with_weights
+from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.model import load_model_info, with_weights
 from tests.clihost import HostProcess, running_gate, running_host
 from tests.e2e.test_incident_comfyui import INCIDENT, connect, outcome, until_no_lease
 from tests.gate.harness import free_ports

@@ -1,6 +1,6 @@
 """The incident of 2026-07-29, through the CLI: a model loaded while whisper-server restarts.
 
-The host is a copy of gpugate/sim/data/incident-2026-07-10.yaml on free ports, with
+The host is a copy of gpugate_sim/data/incident-2026-07-10.yaml on free ports, with
 gemma3:12b at the size of the load that day (11,600 MiB with its context) and not preloaded:
 the client loads it. whisper-server is a systemd unit here as on the real host; there is no
 systemd, so a fake `systemctl` first on PATH (tests/e2e/fake_systemctl.py) runs the unit: its
@@ -31,17 +31,17 @@ import attrs
 import pytest
 import yaml
 
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.hostprocess import SimulatedHostProcess
-from gpugate.sim.whisper import SimWhisper, WhisperServerSpec, whisper_argv
-from gpugate.sim.whisper.process import child_env
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.whisper import SimWhisper, WhisperServerSpec, whisper_argv
+from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
+INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
 TOKEN = "incident-token"
 UNIT = "whisper-server.service"
 GEMMA_MIB = 11600

@@ -174,9 +174,10 @@ def build_wheel(tmp_path: Path) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "gpugate", source / "gpugate", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("gpugate", "gpugate_sim"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels),
@@ -247,8 +248,8 @@ def test_the_installed_demo_runs_beside_a_real_ollama_and_its_commands_work_anyw
     with zipfile.ZipFile(wheel) as packed:
         names = set(packed.namelist())
     for data in (DEFAULT_HOST, DEFAULT_CONFIG, FLUX_PROMPT):
-        assert f"gpugate/sim/data/{data.name}" in names, sorted(names)
-    assert "gpugate/sim/fakenvml.c" in names
+        assert f"gpugate_sim/data/{data.name}" in names, sorted(names)
+    assert "gpugate_sim/fakenvml.c" in names
     venv = tmp_path / "venv"
     python = install(wheel, venv)
     where = subprocess.run(

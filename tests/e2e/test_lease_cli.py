@@ -17,7 +17,7 @@ import pytest
 
 from gpugate.commands.exits import Exit
 from gpugate.core.units import GiB
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.control.sse import sse_messages
 from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader, kill_quietly, pid_exists

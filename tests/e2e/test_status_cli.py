@@ -14,11 +14,11 @@ import yaml
 
 from gpugate.commands.exits import Exit
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.gate.harness import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
+INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
 SEED_CONFIG = ROOT / "consumers.yaml"
 TOKENS = {"GPUGATE_BATCH_TOKEN": "batch-secret", "GPUGATE_OPS_TOKEN": "ops-secret"}
 

@@ -2,7 +2,7 @@
 
 The oracle (tests/oracle/) sits between the gate and the simulated Ollama and records how
 Ollama v0.24.0 reads each request; the simulated Ollama records how it read the same bytes
-(HOST.yaml `ollama.record`, gpugate.sim.ollama.record). They are independent: the oracle is
+(HOST.yaml `ollama.record`, gpugate_sim.ollama.record). They are independent: the oracle is
 Go's own net/http and encoding/json, the simulator its Python copy. For each request both
 saw, these must agree: whether it reaches the scheduler (could load a model), and then the
 model, keep_alive and runner options it asks for and the 500 it gets once the model has
@@ -36,7 +36,7 @@ SIMULATED = frozenset(
 
 @attrs.frozen
 class SimReading:
-    """One line of the simulated Ollama's record (gpugate.sim.ollama.record.Reading)."""
+    """One line of the simulated Ollama's record (gpugate_sim.ollama.record.Reading)."""
 
     t: float
     case: str

@@ -136,7 +136,7 @@ def gate_yaml(ports: Ports, whispers: Path) -> str:
               timeouts: {{connect: 1s, first_byte: 5s, idle: 2s, control: 2s}}
               processes: {{commands: ["whisper-server"]}}
               control:
-                command: [{sys.executable}, -m, gpugate.sim.whisper, -m, {WHISPER_MODELS[0]},
+                command: [{sys.executable}, -m, gpugate_sim.whisper, -m, {WHISPER_MODELS[0]},
                           --host, 127.0.0.1, --port, "{ports.whisper}",
                           --sim-model-size, "{WHISPER_MODELS[0]}=2050MiB",
                           --sim-model-size, "{WHISPER_MODELS[1]}=200MiB",

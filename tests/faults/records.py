@@ -1,8 +1,8 @@
 """Reading what the simulated runtimes acted on (HOST.yaml `record:`), for the fuzzer's oracle.
 
-The simulated ComfyUI writes a line per `POST /prompt` answer (gpugate.sim.comfyui.record),
+The simulated ComfyUI writes a line per `POST /prompt` answer (gpugate_sim.comfyui.record),
 the simulated whisper-server one per `/load` and `/inference` answer
-(gpugate.sim.whisper.record). Each request the fuzzer sends carries `?case=<id>`, which the
+(gpugate_sim.whisper.record). Each request the fuzzer sends carries `?case=<id>`, which the
 line repeats, so an oracle can tell which of its cases reached a runtime and loaded a model.
 """
 

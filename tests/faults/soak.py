@@ -29,7 +29,7 @@ import aiohttp
 import attrs
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import GpuOutOfMemory
+from gpugate_sim.device import GpuOutOfMemory
 from tests.faults.stack import CAPACITY_CLASSES, MODELS, Stack, eventually, stack
 
 CONCURRENCY = 12

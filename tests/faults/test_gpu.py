@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim import statefile
+from gpugate_sim import statefile
 from tests.faults.stack import assert_nothing_lost, eventually, failures, post, stack
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +51,7 @@ def stall_supported() -> bool:
 async def test_nvml_stall_grants_nothing_on_stale_data(tmp_path):
     # The state-file switch expected from the fake library: `stall <gpu|*> <symbol> <ms>`
     # makes that call block for that long, as a driver that stops answering does.
-    assert stall_supported(), "waits for NVML stall injection in gpugate/sim/fakenvml.c"
+    assert stall_supported(), "waits for NVML stall injection in gpugate_sim/fakenvml.c"
     async with stack(tmp_path) as s:
         text = s.host.gpu.state_path.read_text()
         stall = "".join(f"stall * {symbol} 4000\n" for symbol in MEMORY_SYMBOLS)

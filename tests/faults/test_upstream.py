@@ -24,7 +24,7 @@ def sim_ollama_pid(state_dir) -> int:
     pids = [
         pid
         for pid in processes_with(str(state_dir))
-        if b"-m\0gpugate.sim.ollama\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"-m\0gpugate_sim.ollama\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     assert len(pids) == 1, pids
     return pids[0]

@@ -39,9 +39,9 @@ import aiohttp
 import attrs
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import GpuOutOfMemory, SimulatedGpuHost
-from gpugate.sim.hostprocess import SimulatedHostProcess
-from gpugate.sim.whisper.process import child_env
+from gpugate_sim.device import GpuOutOfMemory, SimulatedGpuHost
+from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.whisper.process import child_env
 from tests.e2e.test_incident_whisper import TOKEN, UNIT, wav
 from tests.faults.trace_hosts import CLASSES, HOSTS, INCIDENT, HostName, TraceHost, setup
 from tests.sim.comfyui_helpers import txt2img

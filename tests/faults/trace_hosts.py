@@ -1,8 +1,8 @@
 """The hosts the seeded trace runs on (tests/faults/trace.py): each one's files on free ports,
 direct (the runtimes as they were) or gated (the gate in front, whisper's unit admitted).
 
-* `incident`: the 16 GiB card of the incidents (gpugate/sim/data/incident-2026-07-10.yaml);
-* `two-cards`: the same home server with a second card (gpugate/sim/data/two-cards.yaml):
+* `incident`: the 16 GiB card of the incidents (gpugate_sim/data/incident-2026-07-10.yaml);
+* `two-cards`: the same home server with a second card (gpugate_sim/data/two-cards.yaml):
   Ollama on both cards, ComfyUI on the 4090, whisper-server on the 4080, Plex transcoding
   on the 4080 and the mVoice app on the 4090.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 import yaml
 
-from gpugate.sim.whisper import WhisperServerSpec
+from gpugate_sim.whisper import WhisperServerSpec
 from tests.e2e.test_incident_whisper import (
     UNIT,
     consumers,
@@ -27,7 +27,7 @@ from tests.gate.harness import free_ports
 from tests.sim.comfyui_helpers import SD15
 
 ROOT = Path(__file__).resolve().parents[2]
-TWO_CARDS = ROOT / "gpugate" / "sim" / "data" / "two-cards.yaml"
+TWO_CARDS = ROOT / "gpugate_sim" / "data" / "two-cards.yaml"
 PLEX = ["/usr/lib/plexmediaserver/Plex Transcoder", "-codec:0", "hevc"]
 PORT_NAMES = ("ollama", "comfyui", "whisper", "mvoice", "listen", "comfyui_listen",
               "whisper_listen", "mvoice_listen", "control")  # fmt: skip

@@ -14,11 +14,11 @@ from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
-from gpugate.sim.comfyui import SimComfyUI
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.ollama.server import SimOllama
-from gpugate.sim.scenario import ComfyUISpec, OllamaSpec
 from gpugate.store.db import Store
+from gpugate_sim.comfyui import SimComfyUI
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.ollama.server import SimOllama
+from gpugate_sim.scenario import ComfyUISpec, OllamaSpec
 from tests.gate.harness import MODELS, free_ports
 from tests.sim.comfyui_helpers import MODELS as COMFY_MODELS
 

@@ -24,10 +24,10 @@ from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.ollama.server import SimOllama
-from gpugate.sim.scenario import OllamaModelSpec, OllamaSpec
 from gpugate.store.db import Store
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.ollama.server import SimOllama
+from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec
 
 FAST = dict(load_seconds=0.05, tokens_per_second=400.0)
 MODELS = (

@@ -16,8 +16,8 @@ from gpugate.core.effects import EventKind
 from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.exchange import FAILURE_HEADER, LEASE_HEADER
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV
 from tests.gate.comfyui_stack import comfy_stack
 from tests.sim.comfyui_helpers import blank, connect, flux, txt2img
 

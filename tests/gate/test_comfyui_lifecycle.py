@@ -18,8 +18,8 @@ from gpugate.core.scopes import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.runtimes.comfyui.envelope import PROMPT_OPTIONS
-from gpugate.sim.comfyui import SimComfyUI
-from gpugate.sim.comfyui.work import CHECKPOINT_SHARES
+from gpugate_sim.comfyui import SimComfyUI
+from gpugate_sim.comfyui.work import CHECKPOINT_SHARES
 from tests.gate.comfyui_stack import comfy_stack
 from tests.sim.comfyui_helpers import SD15, connect, txt2img
 

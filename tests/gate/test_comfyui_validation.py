@@ -12,7 +12,7 @@ import pytest
 
 from gpugate.core.scopes import JOBS_MODEL
 from gpugate.gate.exchange import LEASE_HEADER
-from gpugate.sim.scenario import ComfyModelFile
+from gpugate_sim.scenario import ComfyModelFile
 from tests.gate.comfyui_stack import COMFY_MODELS, comfy_stack
 from tests.sim.comfyui_helpers import flux, txt2img
 

@@ -12,7 +12,7 @@ import aiohttp
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.scenario import OllamaModelSpec
+from gpugate_sim.scenario import OllamaModelSpec
 from tests.gate.harness import MODELS, running_stack
 
 LLAMA = OllamaModelSpec(

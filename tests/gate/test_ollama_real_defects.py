@@ -18,10 +18,10 @@ import ollama as ollama_client
 import pytest
 
 from gpugate.core.effects import Event, EventKind
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.ollama.server import SimOllama
-from gpugate.sim.ollama.state import SimState
-from gpugate.sim.scenario import OllamaSpec
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.ollama.server import SimOllama
+from gpugate_sim.ollama.state import SimState
+from gpugate_sim.scenario import OllamaSpec
 from tests.gate.harness import DEFAULT_MODELS_YAML, MODELS, running_stack
 
 T = TypeVar("T")

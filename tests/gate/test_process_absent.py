@@ -23,7 +23,7 @@ from gpugate.core.lifecycle import LifeState
 from gpugate.core.residents import ResidentKey
 from gpugate.gate.exchange import FAILURE_HEADER
 from gpugate.gate.process_absent import PROCESS_HEADER
-from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
+from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
 from tests.gate.harness import free_ports, running_stack
 from tests.gate.test_process_start import (
     BASE,

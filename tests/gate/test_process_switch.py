@@ -19,7 +19,7 @@ import pytest
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.gate.exchange import LEASE_HEADER
-from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
+from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
 from tests.gate.harness import free_ports, running_stack
 from tests.gate.test_process_start import (
     BASE,

@@ -17,10 +17,10 @@ import pytest
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.scenario import OllamaModelSpec
-from gpugate.sim.shim import STATE_ENV
-from gpugate.sim.whisper import WhisperServerSpec, whisper_argv
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.scenario import OllamaModelSpec
+from gpugate_sim.shim import STATE_ENV
+from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
 from tests.gate.harness import FAST, free_ports, running_stack
 from tests.gate.test_process_start import TURBO, WHISPER, transcribe, whisper_yaml
 

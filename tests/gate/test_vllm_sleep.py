@@ -19,7 +19,7 @@ from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.process_absent import PROCESS_HEADER
-from gpugate.sim.vllm import SimVllm, VllmServerSpec
+from gpugate_sim.vllm import SimVllm, VllmServerSpec
 from tests.gate.harness import Stack, free_ports, running_stack
 
 CONTEXT, OVERHEAD, WEIGHTS = 500 * MiB, 512 * MiB, 1200 * MiB

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpugate.sim.device import pid_alive
+from gpugate_sim.device import pid_alive
 
 
 @pytest.fixture

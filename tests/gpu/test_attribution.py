@@ -18,7 +18,7 @@ from gpugate.config.model import (
 )
 from gpugate.core.observation import OTHER, Owner, OwnerKind
 from gpugate.gpu.attribution import MatchKind, ProcessAttributor
-from gpugate.sim.device import pid_alive
+from gpugate_sim.device import pid_alive
 from tests.gpu.proctree import ProcTree
 from tests.gpu.support import consumer
 

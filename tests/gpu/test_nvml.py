@@ -22,8 +22,8 @@ from gpugate.gpu.nvml import (
     ProcessSample,
     library_from,
 )
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV
 
 UUID0 = "GPU-5f0e3a41-9b1c-4d2e-8f37-6a2b1c0d9e84"
 UUID1 = "GPU-0b7d55e2-1c3a-4f60-9e21-7d8c4b3a2f10"

@@ -16,8 +16,8 @@ import pytest
 from gpugate.core.units import GiB, MiB
 from gpugate.gpu import nvml
 from gpugate.gpu.nvml import ContextKind, NvmlReader, ProcessSample
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV
 
 
 @pytest.fixture

@@ -45,8 +45,8 @@ from gpugate.gpu.nvml import (
     ProcessSample,
 )
 from gpugate.gpu.sampler import Sampler, next_tick
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV
 from tests.gpu.proctree import ProcTree
 from tests.gpu.support import consumer
 

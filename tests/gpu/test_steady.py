@@ -21,8 +21,8 @@ from gpugate.core.units import GiB, MiB
 from gpugate.gpu.attribution import ProcessAttributor
 from gpugate.gpu.nvml import NvmlReader
 from gpugate.gpu.sampler import Sampler
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV
 from tests.gpu.proctree import ProcTree
 from tests.gpu.support import consumer
 

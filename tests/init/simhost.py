@@ -1,6 +1,6 @@
 """The simulated incident host as `gpugate init` meets it on a real machine.
 
-The incident card of 2026-07-10 (gpugate/sim/data/incident-2026-07-10.yaml) with its
+The incident card of 2026-07-10 (gpugate_sim/data/incident-2026-07-10.yaml) with its
 runtimes on free ports, plus the two external GPU users init recognises: a Plex Media
 Server with a transcode holding 1.5 GiB, and a Tdarr node whose ffmpeg holds 600 MiB.
 
@@ -32,9 +32,9 @@ import pytest
 import yaml
 
 from gpugate.commands.demo import DEFAULT_HOST, move_ports
-from gpugate.sim.host import SimulatedHost
-from gpugate.sim.scenario import load_host
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.host import SimulatedHost
+from gpugate_sim.scenario import load_host
+from gpugate_sim.shim import STATE_ENV
 
 MiB = 1024 * 1024
 FIXED = frozenset({11434, 11435, 8188, 8189, 8080, 8081, 9411, 7860, 7861})
@@ -132,7 +132,7 @@ def comfyui_models(cwd: Path) -> dict[str, int]:
                 fh.truncate(nbytes)
             files[f"{folder}/{name}"] = nbytes
     (cwd / "ComfyUI" / "main.py").write_text(
-        "# the simulated ComfyUI runs as gpugate.sim.comfyui\n"
+        "# the simulated ComfyUI runs as gpugate_sim.comfyui\n"
     )
     return files
 
@@ -169,7 +169,7 @@ def role_of(pid: int) -> str:
     words = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     line = " ".join(w for w in words if w)
     for role, marker in (
-        ("ollama", "gpugate.sim.ollama"),
+        ("ollama", "gpugate_sim.ollama"),
         ("comfyui", "ComfyUI/main.py"),
         ("whisper", "whisper-server"),
         ("plex", "Plex Media Server"),

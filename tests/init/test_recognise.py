@@ -69,7 +69,7 @@ CASES = [
     (["/usr/local/bin/ollama", "runner", "--model", "/blobs/sha256-x", "--port", "40123"], {},
      None, None),
     (["ollama", "run", "llama3.2"], {}, None, None),
-    (["/usr/bin/python3", "-m", "gpugate.sim.ollama", "serve", "--host-file", "h.yaml"], {},
+    (["/usr/bin/python3", "-m", "gpugate_sim.ollama", "serve", "--host-file", "h.yaml"], {},
      "ollama", ("127.0.0.1", 11434, "the default")),
     # ComfyUI: main.py in a ComfyUI folder; --listen (bare: every address) and --port.
     (["/opt/ComfyUI/venv/bin/python", "/opt/ComfyUI/main.py", "--listen", "0.0.0.0", "--port",

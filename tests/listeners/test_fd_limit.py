@@ -10,8 +10,8 @@ import resource
 import aiohttp
 import pytest
 
-from gpugate.sim.ollama.server import SimOllama
-from gpugate.sim.scenario import OllamaSpec
+from gpugate_sim.ollama.server import SimOllama
+from gpugate_sim.scenario import OllamaSpec
 from tests.gate.harness import MODELS, free_ports
 from tests.listeners.serving import consumers_yaml, serving
 from tests.listeners.wire import read_reply

@@ -14,8 +14,8 @@ import pytest
 from gpugate.config.check import run_check
 from gpugate.core.units import GiB
 from gpugate.runtimes.sections import RUNTIME_TABLE
-from gpugate.sim.ollama.server import SimOllama
-from gpugate.sim.scenario import OllamaSpec
+from gpugate_sim.ollama.server import SimOllama
+from gpugate_sim.scenario import OllamaSpec
 from tests.gate.harness import MODELS, free_ports
 from tests.listeners.serving import consumers_yaml, serving
 

@@ -2,7 +2,7 @@
 
 `llama_server_binary` is the CPU build `make build/llama-server` leaves (tests/llamaserver/
 build.sh). `server_kind` is parametrized over `real` (that binary) and `sim` (`python -m
-gpugate.sim.llamaserver` with the same argv); the server fixtures start one in single mode
+gpugate_sim.llamaserver` with the same argv); the server fixtures start one in single mode
 (`-m FILE`) or router mode (`--models-dir D --models-max 2`), wait for `GET /health` to
 answer 200, and stop it with SIGTERM, then SIGKILL, in teardown. Every server is the leader
 of its own session, so the router's children (one per loaded model, in the router's
@@ -31,7 +31,7 @@ from tests.llamaserver.gguf_models import write_models_dir, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / "build" / "llama-server"
-SIM_MODULE = "gpugate.sim.llamaserver"
+SIM_MODULE = "gpugate_sim.llamaserver"
 ROUTER_MODELS = ("alpha", "beta", "gamma")
 READY_SECONDS = 60.0
 STOP_SECONDS = 10.0

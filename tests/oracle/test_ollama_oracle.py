@@ -17,8 +17,8 @@ import attrs
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.shim import STATE_ENV
 from tests.oracle.oracle import ORACLE_BINARY, Record, read_records, start_oracle
 from tests.sim.processes import LineReader, kill_quietly
 
@@ -87,7 +87,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oracle]:
     (tmp / "host.yaml").write_text(HOST_YAML)
     env = {**os.environ, STATE_ENV: str(host.state_path)}
     sim = subprocess.Popen(
-        [sys.executable, "-m", "gpugate.sim.ollama", "serve",
+        [sys.executable, "-m", "gpugate_sim.ollama", "serve",
          "--host-file", str(tmp / "host.yaml"), "--state-dir", str(host.directory)],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from gpugate.sim.ollama.gotemplate import TemplateError, parse
+from gpugate_sim.ollama.gotemplate import TemplateError, parse
 from tests.oracle.oracle import ORACLE_BINARY
 
 pytestmark = pytest.mark.skipif(

@@ -5,7 +5,7 @@ exceptions the file checks raise. Most would load a checkpoint: a lease of GiBs.
 
 Each prompt runs against a ComfyUI whose input folder holds `example.png`, `sub/in-sub.png`
 and a directory `dir.png`, whose output folder holds `made.png`, with the checkpoint SD15
-and the custom node pack `checked_nodes` (gpugate.sim.comfyui.custom_pack). ComfyUI's
+and the custom node pack `checked_nodes` (gpugate_sim.comfyui.custom_pack). ComfyUI's
 answers to them are in comfyui_refusals.json, recorded from ComfyUI 0.3.64 itself
 (record_comfyui_refusals.py).
 """

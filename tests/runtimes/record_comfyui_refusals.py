@@ -3,7 +3,7 @@
 Not part of the suite. Run against an unmodified ComfyUI 0.3.64 (`main.py --cpu`) whose
 folders hold what the corpus module's docstring lists (the checkpoint may be an empty
 file: a refused prompt never loads it) and custom_nodes/checked_nodes.py defining the
-classes gpugate.sim.comfyui.custom_pack describes:
+classes gpugate_sim.comfyui.custom_pack describes:
 
     .venv/bin/python -m tests.runtimes.record_comfyui_refusals http://127.0.0.1:8188
 """

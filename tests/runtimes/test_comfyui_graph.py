@@ -21,7 +21,7 @@ from gpugate.runtimes.comfyui.graph import (
     nesting,
     read_prompt,
 )
-from gpugate.sim.comfyui.validation import validate_prompt
+from gpugate_sim.comfyui.validation import validate_prompt
 from tests.runtimes.comfyui_workflows import (
     CONTROLNET,
     FILES,

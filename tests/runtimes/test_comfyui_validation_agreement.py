@@ -1,6 +1,6 @@
 """The gate's verdict agrees with the simulated ComfyUI's own validation, on generated prompts.
 
-The simulator validates in-process (`gpugate.sim.comfyui.validation.validate_prompt`); the gate
+The simulator validates in-process (`gpugate_sim.comfyui.validation.validate_prompt`); the gate
 reads a catalog built the way `/object_info` describes the simulator's node classes. On each
 prompt: the simulator raising (ComfyUI's 500) means the gate does not decide; the simulator
 refusing means the gate refuses with the same body (tracebacks aside, which only the server
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from gpugate.runtimes.comfyui.catalog import Catalog, parse_object_info
 from gpugate.runtimes.comfyui.validation import Outcome, Verdict, validate
-from gpugate.sim.comfyui.nodes import NODES, InputDef
-from gpugate.sim.comfyui.validation import validate_node_input, validate_prompt
+from gpugate_sim.comfyui.nodes import NODES, InputDef
+from gpugate_sim.comfyui.validation import validate_node_input, validate_prompt
 from tests.sim.comfyui_helpers import MODELS, blank, flux, txt2img
 
 FILES: dict[str, list[str]] = {}

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from gpugate.core.placement import Card, Share
 from gpugate.core.units import GiB, MiB
 from gpugate.runtimes.ollama.placement import OllamaPlacement, from_options
-from gpugate.sim.ollama.layout import split_bytes
-from gpugate.sim.ollama.placement import GpuMemory, select
+from gpugate_sim.ollama.layout import split_bytes
+from gpugate_sim.ollama.placement import GpuMemory, select
 
 TWO = [Card(0, 24 * GiB, 20 * GiB), Card(1, 16 * GiB, 15 * GiB)]
 

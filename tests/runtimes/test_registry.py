@@ -95,7 +95,7 @@ async def test_ollama_health_is_api_version(aiohttp_server, status, healthy):
 
 def test_a_runtime_the_gate_only_fronts_never_fails_health_by_a_guessed_route():
     # The demo's mVoice: `runtime: http`, no control, no known health route.
-    config = load_config(Path(__file__).parents[2] / "gpugate/sim/data/demo-consumers.yaml")
+    config = load_config(Path(__file__).parents[2] / "gpugate_sim/data/demo-consumers.yaml")
     signals = {
         c.name: runtime.health.signal
         for c in config.consumers

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import attrs
 import pytest
 
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.scaleout import netns
 from tests.scaleout.haproxy import HAPROXY_LIBS, Host, backend, haproxy_config, model_map
 from tests.sim.processes import LineReader

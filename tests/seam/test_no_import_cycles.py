@@ -1,22 +1,25 @@
-"""No module of gpugate imports itself back through others, counting imports made only for
-type checking: a circle is broken along a seam (a protocol), not hidden in a lazy import."""
+"""No module of gpugate or of its simulator (gpugate_sim) imports itself back through others,
+counting imports made only for type checking: a circle is broken along a seam (a protocol),
+not hidden in a lazy import."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "gpugate"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = (ROOT / "gpugate", ROOT / "gpugate_sim")
+"""The distribution's two packages: the gate and the simulated GPU host."""
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each module → the gpugate modules it imports anywhere in its text."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    """Each module of both packages → the modules of both it imports anywhere in its text."""
+    modules = {module_name(p): p for package in PACKAGES for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -77,5 +80,5 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_module_of_gpugate_imports_itself_back():
+def test_no_module_imports_itself_back():
     assert cycles(import_graph()) == []

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.comfyui import SimComfyUI
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.scenario import ComfyModelFile, ComfyUISpec
+from gpugate_sim.comfyui import SimComfyUI
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.scenario import ComfyModelFile, ComfyUISpec
 
 SD15 = "v1-5-pruned-emaonly-fp16.safetensors"
 MODELS = (

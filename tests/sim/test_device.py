@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import (
+from gpugate_sim.device import (
     GpuOutOfMemory,
     HostState,
     SimDevice,
@@ -115,7 +115,7 @@ def test_bad_requests_leave_the_state_alone(sim_host: SimulatedGpuHost) -> None:
 
 WORKER = """
 import os, sys
-from gpugate.sim.device import GpuOutOfMemory, SimulatedGpuHost
+from gpugate_sim.device import GpuOutOfMemory, SimulatedGpuHost
 host = SimulatedGpuHost(sys.argv[1])
 chunk = int(sys.argv[2])
 print("WAITING", flush=True)

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import HostState, SimDevice, SimProcess, SimulatedGpuHost, pid_alive
-from gpugate.sim.shim import STATE_ENV
+from gpugate_sim.device import HostState, SimDevice, SimProcess, SimulatedGpuHost, pid_alive
+from gpugate_sim.shim import STATE_ENV
 from tests.conftest import CARD_UUID
 from tests.sim.processes import sleepers
 

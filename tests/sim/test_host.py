@@ -15,17 +15,17 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.children import EXIT_OOM, Stopped
-from gpugate.sim.device import HostState, SimDevice, SimulatedGpuHost
-from gpugate.sim.holder import holder_argv, set_cmdline
-from gpugate.sim.host import (
+from gpugate_sim.children import EXIT_OOM, Stopped
+from gpugate_sim.device import HostState, SimDevice, SimulatedGpuHost
+from gpugate_sim.holder import holder_argv, set_cmdline
+from gpugate_sim.host import (
     HostEnvironment,
     HostStartError,
     SimulatedHost,
     default_gpu_uuid,
 )
-from gpugate.sim.hostprocess import SimulatedHostProcess
-from gpugate.sim.scenario import GpuSpec, HolderSpec, HostSpec, OllamaSpec, load_host
+from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.scenario import GpuSpec, HolderSpec, HostSpec, OllamaSpec, load_host
 from tests.gate.harness import free_ports
 from tests.sim.processes import (
     LineReader,
@@ -38,7 +38,7 @@ from tests.sim.processes import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-INCIDENT = REPO / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
+INCIDENT = REPO / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
 TOTAL = 16 * GiB
 RESERVED = 434 * MiB
 RUN_TIMEOUT = 30.0
@@ -483,7 +483,7 @@ def card(tmp_path: Path) -> SimulatedGpuHost:
 
 def holder(card: SimulatedGpuHost, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpugate.sim.holder", "--state-dir", str(card.directory), *args],
+        [sys.executable, "-m", "gpugate_sim.holder", "--state-dir", str(card.directory), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -564,7 +564,7 @@ def test_a_holder_dies_with_its_parent(card: SimulatedGpuHost) -> None:
     command = [
         sys.executable,
         "-m",
-        "gpugate.sim.holder",
+        "gpugate_sim.holder",
         "--state-dir",
         str(card.directory),
         "--name",
@@ -594,7 +594,7 @@ def test_a_holder_refuses_a_missing_state_dir(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "gpugate.sim.holder",
+            "gpugate_sim.holder",
             "--state-dir",
             str(tmp_path / "none"),
             "--name",

@@ -8,7 +8,7 @@ import os
 import aiohttp
 import pytest
 
-from gpugate.sim.comfyui import SimComfyUI
+from gpugate_sim.comfyui import SimComfyUI
 from tests.sim.comfyui_helpers import (
     SD15,
     blank,

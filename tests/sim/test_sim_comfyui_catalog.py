@@ -16,8 +16,8 @@ import attrs
 
 from gpugate.core.units import MiB
 from gpugate.runtimes.comfyui.catalog import InputKind, parse_object_info
-from gpugate.sim.comfyui import SimComfyUI
-from gpugate.sim.scenario import ComfyModelFile
+from gpugate_sim.comfyui import SimComfyUI
+from gpugate_sim.scenario import ComfyModelFile
 from tests.sim.comfyui_helpers import (
     MODELS,
     SD15,

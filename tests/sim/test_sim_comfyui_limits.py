@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpugate.runtimes.comfyui.adapter import MAX_UPLOAD_SIZE
-from gpugate.sim.scenario import ComfyUISpec
+from gpugate_sim.scenario import ComfyUISpec
 from tests.sim.comfyui_helpers import comfy, make_comfy, session
 
 __all__ = ["comfy", "make_comfy", "session"]

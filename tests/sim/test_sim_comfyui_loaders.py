@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 
 from gpugate.core.units import MiB
-from gpugate.sim.comfyui.memory import Part
-from gpugate.sim.scenario import ComfyModelFile
+from gpugate_sim.comfyui.memory import Part
+from gpugate_sim.scenario import ComfyModelFile
 from tests.sim.comfyui_helpers import (
     MODELS,
     SD15,

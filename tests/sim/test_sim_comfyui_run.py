@@ -9,8 +9,8 @@ import struct
 import aiohttp
 
 from gpugate.core.units import MiB
-from gpugate.sim.comfyui import SimComfyUI
-from gpugate.sim.device import SimulatedGpuHost
+from gpugate_sim.comfyui import SimComfyUI
+from gpugate_sim.device import SimulatedGpuHost
 from tests.sim.comfyui_helpers import (
     blank,
     comfy,

@@ -8,12 +8,12 @@ from pathlib import Path
 import aiohttp
 
 from gpugate.core.units import MiB
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.faults.records import read_prompt_records
 from tests.sim.comfyui_helpers import connect, flux, queue
 
-INCIDENT = Path(__file__).resolve().parents[2] / "gpugate/sim/data/incident-2026-07-10.yaml"
+INCIDENT = Path(__file__).resolve().parents[2] / "gpugate_sim/data/incident-2026-07-10.yaml"
 
 
 async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):

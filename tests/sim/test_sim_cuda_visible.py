@@ -16,14 +16,14 @@ import aiohttp
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.comfyui import SimComfyUI
-from gpugate.sim.comfyui.server import NoCudaDevice
-from gpugate.sim.cuda import NO_DEVICE_GGML, NO_DEVICE_TORCH, parse_visible
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.scenario import ComfyUISpec
-from gpugate.sim.vllm import SimVllm, VllmServerSpec, VllmStartError
-from gpugate.sim.whisper import SimWhisper, WhisperServerSpec
-from gpugate.sim.whisper.process import child_env
+from gpugate_sim.comfyui import SimComfyUI
+from gpugate_sim.comfyui.server import NoCudaDevice
+from gpugate_sim.cuda import NO_DEVICE_GGML, NO_DEVICE_TORCH, parse_visible
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.scenario import ComfyUISpec
+from gpugate_sim.vllm import SimVllm, VllmServerSpec, VllmStartError
+from gpugate_sim.whisper import SimWhisper, WhisperServerSpec
+from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 
 TURBO = "models/ggml-large-v3-turbo.bin"
@@ -127,7 +127,7 @@ def llama_server(
     host: SimulatedGpuHost, gguf: Path, port: int, visible: str, *args: str
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpugate.sim.llamaserver", "-m", str(gguf), "--port", str(port),
+        [sys.executable, "-m", "gpugate_sim.llamaserver", "-m", str(gguf), "--port", str(port),
          *args, "--sim-state-dir", str(host.directory), "--sim-model-size", "tiny.gguf=1GiB"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True, env=child_env(env_with(visible)),

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from gpugate.core.units import GiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost, pid_alive
-from gpugate.sim.llamaserver.memory import PlacementOptions, place, plan
-from gpugate.sim.llamaserver.model import load_model_info
-from gpugate.sim.whisper.process import child_env
+from gpugate_sim.device import SimDevice, SimulatedGpuHost, pid_alive
+from gpugate_sim.llamaserver.memory import PlacementOptions, place, plan
+from gpugate_sim.llamaserver.model import load_model_info
+from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 from tests.sim.processes import cmdline, comm
 
@@ -51,7 +51,7 @@ def wait_for(condition: Any, what: str) -> None:
 
 def start(argv: list[str], state: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpugate.sim.llamaserver", *argv, "--port", str(port),
+        [sys.executable, "-m", "gpugate_sim.llamaserver", *argv, "--port", str(port),
          "--sim-state-dir", str(state)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=child_env(),

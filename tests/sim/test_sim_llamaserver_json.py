@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpugate.sim.llamaserver.memory import plan
-from gpugate.sim.llamaserver.model import load_model_info
-from gpugate.sim.llamaserver.nlohmann import JsonError, parse, parse_exact
-from gpugate.sim.llamaserver.server import ModelServer, ServeOptions
+from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.model import load_model_info
+from gpugate_sim.llamaserver.nlohmann import JsonError, parse, parse_exact
+from gpugate_sim.llamaserver.server import ModelServer, ServeOptions
 
 gguf = pytest.importorskip("gguf")
 gguf_models = pytest.importorskip("tests.llamaserver.gguf_models")

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.llamaserver.cli import parse_args
-from gpugate.sim.llamaserver.memory import plan
-from gpugate.sim.llamaserver.model import load_model_info, sized_for, with_weights
-from gpugate.sim.llamaserver.process import llamaserver_argv
-from gpugate.sim.llamaserver.spec import parse_llamaserver
-from gpugate.sim.scenario import load_host
+from gpugate_sim.llamaserver.cli import parse_args
+from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.model import load_model_info, sized_for, with_weights
+from gpugate_sim.llamaserver.process import llamaserver_argv
+from gpugate_sim.llamaserver.spec import parse_llamaserver
+from gpugate_sim.scenario import load_host
 from tests.gate.harness import free_ports
 from tests.sim.processes import cmdline, comm
 from tests.sim.test_sim_llamaserver import card, request, start, wait_for

@@ -13,10 +13,10 @@ import openai
 import pytest
 
 from gpugate.core.units import GiB
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.ollama import SimOllama
-from gpugate.sim.ollama.state import SimState
-from gpugate.sim.scenario import OllamaModelSpec, OllamaSpec
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.ollama import SimOllama
+from gpugate_sim.ollama.state import SimState
+from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec
 
 CHAT = OllamaModelSpec(
     "llama3.2",

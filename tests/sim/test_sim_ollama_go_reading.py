@@ -9,10 +9,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpugate.sim.ollama.binding import BindError, bind
-from gpugate.sim.ollama.gotemplate import TemplateError, parse
-from gpugate.sim.ollama.requests import CHAT, CHAT_COMPLETION, GENERATE
-from gpugate.sim.ollama.server import SimOllama
+from gpugate_sim.ollama.binding import BindError, bind
+from gpugate_sim.ollama.gotemplate import TemplateError, parse
+from gpugate_sim.ollama.requests import CHAT, CHAT_COMPLETION, GENERATE
+from gpugate_sim.ollama.server import SimOllama
 from tests.sim.test_sim_ollama import MakeSim, make_sim, sim  # noqa: F401  (fixtures)
 
 MODEL = "llama3.2"

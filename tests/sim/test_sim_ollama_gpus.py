@@ -21,11 +21,11 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.host import HostEnvironment
-from gpugate.sim.ollama import SimOllama
-from gpugate.sim.ollama.state import RunnerInfo, SimState
-from gpugate.sim.scenario import OllamaModelSpec, OllamaSpec, ScenarioError, load_host
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.host import HostEnvironment
+from gpugate_sim.ollama import SimOllama
+from gpugate_sim.ollama.state import RunnerInfo, SimState
+from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec, ScenarioError, load_host
 
 FAST = 0.02
 WAIT = 10.0

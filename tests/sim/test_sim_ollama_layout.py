@@ -1,4 +1,4 @@
-"""How a split runner's layers and bytes are laid over its GPUs (gpugate.sim.ollama.layout),
+"""How a split runner's layers and bytes are laid over its GPUs (gpugate_sim.ollama.layout),
 checked against llama.cpp's own float32 arithmetic and by hand."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.ollama.layout import lay_out, layer_devices, split_bytes
-from gpugate.sim.ollama.placement import GpuMemory, Placement, ollama_view, select
+from gpugate_sim.ollama.layout import lay_out, layer_devices, split_bytes
+from gpugate_sim.ollama.placement import GpuMemory, Placement, ollama_view, select
 
 
 def llama_cpp_devices(layers: int, free: list[int]) -> list[int] | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind
-from gpugate.sim.ollama.catalog import ModelName
-from gpugate.sim.ollama.server import SimOllama
+from gpugate_sim.ollama.binding import BindError, GoType, Struct, bind
+from gpugate_sim.ollama.catalog import ModelName
+from gpugate_sim.ollama.server import SimOllama
 from tests.sim.test_sim_ollama import client, make_sim, oai, sim  # noqa: F401  (fixtures)
 
 GENERATE = Struct(

@@ -7,8 +7,8 @@ import json
 import aiohttp
 import pytest
 
-from gpugate.sim.ollama.names import ModelRef, go_trim_space
-from gpugate.sim.ollama.server import SimOllama
+from gpugate_sim.ollama.names import ModelRef, go_trim_space
+from gpugate_sim.ollama.server import SimOllama
 from tests.sim.test_sim_ollama import make_sim, sim  # noqa: F401  (fixtures)
 
 MODEL = "llama3.2"

@@ -14,12 +14,12 @@ import openai
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimProcess, SimulatedGpuHost
-from gpugate.sim.ollama import SimOllama
-from gpugate.sim.ollama import runner as runner_main
-from gpugate.sim.ollama.engine import plan
-from gpugate.sim.ollama.state import RunnerInfo, RunnerPhase, SimState
-from gpugate.sim.scenario import OllamaModelSpec, OllamaSpec, PreloadSpec
+from gpugate_sim.device import SimProcess, SimulatedGpuHost
+from gpugate_sim.ollama import SimOllama
+from gpugate_sim.ollama import runner as runner_main
+from gpugate_sim.ollama.engine import plan
+from gpugate_sim.ollama.state import RunnerInfo, RunnerPhase, SimState
+from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec, PreloadSpec
 
 FAST = 0.02
 MakeSim = Callable[..., Awaitable[SimOllama]]

@@ -1,4 +1,4 @@
-"""`python -m gpugate.sim.ollama serve` as the simulated host starts it, and its HOST.yaml."""
+"""`python -m gpugate_sim.ollama serve` as the simulated host starts it, and its HOST.yaml."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.scenario import ScenarioError, load_host
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.scenario import ScenarioError, load_host
 
 HOST_YAML = """\
 gpus:
@@ -65,7 +65,7 @@ async def serve(
     host_file = tmp_path / "host.yaml"
     host_file.write_text(HOST_YAML)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpugate.sim.ollama", "serve",
+        sys.executable, "-m", "gpugate_sim.ollama", "serve",
         "--host-file", str(host_file), "--state-dir", str(sim_host.directory),
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -120,7 +120,7 @@ async def test_serve_reports_a_bad_host_file_and_exits_2(
     host_file = tmp_path / "host.yaml"
     host_file.write_text(HOST_YAML.replace("size: 1.2GiB", "size: lots"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpugate.sim.ollama", "serve",
+        sys.executable, "-m", "gpugate_sim.ollama", "serve",
         "--host-file", str(host_file), "--state-dir", str(sim_host.directory),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

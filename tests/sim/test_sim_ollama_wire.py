@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpugate.sim.ollama.binding import BindError, EmptyBody, GoType, Struct, bind
-from gpugate.sim.ollama.catalog import ModelName
-from gpugate.sim.ollama.duration import (
+from gpugate_sim.ollama.binding import BindError, EmptyBody, GoType, Struct, bind
+from gpugate_sim.ollama.catalog import ModelName
+from gpugate_sim.ollama.duration import (
     FOREVER,
     HOUR,
     MAX_INT64,
@@ -25,7 +25,7 @@ from gpugate.sim.ollama.duration import (
     parse_go_duration,
     parse_keep_alive_setting,
 )
-from gpugate.sim.ollama.wire import go_json, rfc3339
+from gpugate_sim.ollama.wire import go_json, rfc3339
 
 # Cases from Go's time package tests (time_test.go, TestParseDuration / TestDurationString).
 PARSES = [
@@ -240,7 +240,7 @@ def test_go_json_is_compact_and_html_safe() -> None:
 
 
 def test_sim_tokens_sets_the_answer_length_and_num_predict_still_cuts_it():
-    from gpugate.sim.ollama.engine import DoneReason, plan
+    from gpugate_sim.ollama.engine import DoneReason, plan
 
     natural = plan("same prompt", -1)
     longer = plan("same prompt", -1, 500)

@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 
 from gpugate.core.units import GiB
-from gpugate.sim.scenario import ScenarioError, load_host
-from gpugate.sim.whisper import SimWhisper
-from gpugate.sim.whisper.process import whisper_argv
-from gpugate.sim.whisper.transcript import wav_bytes
+from gpugate_sim.scenario import ScenarioError, load_host
+from gpugate_sim.whisper import SimWhisper
+from gpugate_sim.whisper.process import whisper_argv
+from gpugate_sim.whisper.transcript import wav_bytes
 from tests.faults.records import (
     PromptRecord,
     WhisperRecord,

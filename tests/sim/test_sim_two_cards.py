@@ -1,4 +1,4 @@
-"""gpugate/sim/data/two-cards.yaml: it loads, and the host it describes runs as its comments
+"""gpugate_sim/data/two-cards.yaml: it loads, and the host it describes runs as its comments
 say (where each process and each Ollama model lands)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.host import SimulatedHost
-from gpugate.sim.scenario import load_host
+from gpugate_sim.host import SimulatedHost
+from gpugate_sim.scenario import load_host
 from tests.gate.harness import free_ports
 
-TWO_CARDS = Path(__file__).resolve().parents[2] / "gpugate" / "sim" / "data" / "two-cards.yaml"
+TWO_CARDS = Path(__file__).resolve().parents[2] / "gpugate_sim" / "data" / "two-cards.yaml"
 
 
 def test_the_two_card_host_file_loads() -> None:

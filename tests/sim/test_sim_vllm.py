@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
-from gpugate.sim.host import SimulatedHost
-from gpugate.sim.scenario import load_host
-from gpugate.sim.vllm import SimVllm, VllmServerSpec, VllmStartError
+from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
+from gpugate_sim.host import SimulatedHost
+from gpugate_sim.scenario import load_host
+from gpugate_sim.vllm import SimVllm, VllmServerSpec, VllmStartError
 from tests.gate.harness import free_ports
 from tests.sim.processes import cmdline, comm
 

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.vllm import SimVllm, VllmServerSpec
-from gpugate.sim.vllm.openai import WORDS
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.vllm import SimVllm, VllmServerSpec
+from gpugate_sim.vllm.openai import WORDS
 
 WAIT = 20.0
 

@@ -15,8 +15,8 @@ import pynvml
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.vllm import SimVllm, VllmServerSpec
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.vllm import SimVllm, VllmServerSpec
 
 WAIT = 20.0
 CONTEXT, OVERHEAD, WEIGHTS = 500 * MiB, 512 * MiB, 1200 * MiB

@@ -19,8 +19,8 @@ from gpugate.config.model import ProcessMatch
 from gpugate.core.observation import Owner, OwnerKind
 from gpugate.core.units import GiB, MiB
 from gpugate.gpu.attribution import MatchKind, ProcessAttributor
-from gpugate.sim.device import SimDevice, SimulatedGpuHost
-from gpugate.sim.whisper import SimWhisper, WhisperServerSpec, WhisperStartError
+from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.whisper import SimWhisper, WhisperServerSpec, WhisperStartError
 from tests.gate.harness import free_ports
 from tests.gpu.support import consumer
 from tests.sim.processes import cmdline, comm, pid_exists
@@ -167,7 +167,7 @@ def test_it_survives_its_parent(gpu: SimulatedGpuHost, tmp_path: Path) -> None:
     script.write_text(
         "import signal\n"
         "from pathlib import Path\n"
-        "from gpugate.sim.whisper import SimWhisper, WhisperServerSpec\n"
+        "from gpugate_sim.whisper import SimWhisper, WhisperServerSpec\n"
         f"sim = SimWhisper(WhisperServerSpec(listen='127.0.0.1:0', model={TURBO!r},"
         f" models={{{TURBO!r}: {TURBO_BYTES}}}), Path({str(gpu.directory)!r}))\n"
         "sim.start()\n"

@@ -20,18 +20,18 @@ from pathlib import Path
 import pytest
 
 from gpugate.core.units import MiB
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.whisper import SimWhisper
-from gpugate.sim.whisper.audio import (
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.whisper import SimWhisper
+from gpugate_sim.whisper.audio import (
     AudioError,
     float_wav_bytes,
     mp3_bytes,
     read_audio,
     wav_bytes,
 )
-from gpugate.sim.whisper.page import default_content
-from gpugate.sim.whisper.process import child_env, listens, whisper_argv
-from gpugate.sim.whisper.server import LISTENING
+from gpugate_sim.whisper.page import default_content
+from gpugate_sim.whisper.process import child_env, listens, whisper_argv
+from gpugate_sim.whisper.server import LISTENING
 from tests.gate.harness import free_ports
 from tests.sim.test_sim_whisper import TURBO, TURBO_BYTES, card, spec, wait_for
 from tests.sim.test_sim_whisper_http import Connection, multipart
@@ -122,7 +122,7 @@ def test_stdio_to_a_pipe_nobody_reads_kills_with_sigpipe() -> None:
     read, write = os.pipe()
     os.close(read)
     code = (
-        "from gpugate.sim.whisper import stdio\n"
+        "from gpugate_sim.whisper import stdio\n"
         "out, err = stdio.install()\n"
         "err.write('error: no reader\\n')\n"
         "raise SystemExit(0)\n"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.device import SimulatedGpuHost
-from gpugate.sim.whisper import SimWhisper
-from gpugate.sim.whisper.transcript import wav_bytes
+from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.whisper import SimWhisper
+from gpugate_sim.whisper.transcript import wav_bytes
 from tests.sim.test_sim_whisper import TURBO, TURBO_BYTES, card, spec, wait_for
 
 BOUNDARY = "----simwhisper"
