@@ -31,9 +31,9 @@ from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.shim import STATE_ENV, library_path
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports, running_stack
 from tests.gate.test_process_start import KEEP_WARM, TURBO, wav_bytes, whisper_yaml
 

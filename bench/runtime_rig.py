@@ -30,8 +30,8 @@ from gpugate.core.units import GiB, MiB
 from gpugate_sim.hostprocess import SimulatedHostProcess
 from gpugate_sim.llamaserver.memory import plan
 from gpugate_sim.llamaserver.model import load_model_info, with_weights
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 from tests.llamaserver.gguf_models import write_models_dir
 

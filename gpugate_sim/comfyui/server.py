@@ -11,7 +11,6 @@ from typing import Any
 
 from aiohttp import web
 
-import gpugate_sim
 import gpugate_sim.comfyui.origin as origin
 from gpugate_sim.comfyui.executor import Executor
 from gpugate_sim.comfyui.hub import Hub
@@ -26,6 +25,7 @@ from gpugate_sim.cuda import NO_DEVICE_TORCH, VISIBLE_ENV, parse_visible
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.holder import holder_argv, set_cmdline, set_comm
 from gpugate_sim.scenario import ComfyUISpec, HolderSpec
+from gpugate_sim.serverprocess import child_env
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PROCESS_NAME = "python3"
@@ -202,7 +202,7 @@ class SimComfyUI:
             *holder_argv(spec, self.gpu.directory),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
-            env=_child_env(),
+            env=child_env(),
         )
         assert self._holder.stdout is not None
         line = await self._holder.stdout.readline()
@@ -257,13 +257,3 @@ async def _empty_not_found(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except web.HTTPNotFound:
         return web.Response(status=404)
-
-
-def _child_env() -> dict[str, str]:
-    # The child imports gpugate_sim by module name: make sure it finds this checkout.
-    env = dict(os.environ)
-    root = str(Path(gpugate_sim.__file__).resolve().parents[1])
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    return env

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -24,21 +23,14 @@ from typing import Any
 
 import attrs
 
-import gpugate_sim
 from gpugate_sim.llamaserver.single import CHILD_EXIT, CHILD_STATE, ROUTER_PORT_ENV, log
+from gpugate_sim.serverprocess import child_env, free_port
 
 MODULE = "gpugate_sim.llamaserver"
 PROGRAM = "llama-server"
 """The binary path the real router puts first (/proc/self/exe); the simulator's name."""
 STOP_TIMEOUT = 10.0
 UNLOADED, LOADING, LOADED = "unloaded", "loading", "loaded"
-
-
-def free_port() -> int:
-    """`common_http_get_free_port`: what the kernel gives a bind to port 0."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @attrs.define
@@ -66,14 +58,6 @@ class Instance:
         return self.status == UNLOADED and self.exit_code != 0
 
 
-def _child_env(router_port: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env[ROUTER_PORT_ENV] = str(router_port)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(gpugate_sim.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def args_of(instance: Instance, base_args: list[str] | None = None) -> list[str]:
     """`server_model_meta::update_args`: the child's command line (port 0 until spawned)."""
     if instance.args and base_args is None:
@@ -92,17 +76,18 @@ async def spawn(
     on_change: Callable[[], None],
 ) -> None:
     """Start `instance`'s child (status `loading`) and watch it until it exits."""
-    instance.port = free_port()
+    instance.port = free_port()  # common_http_get_free_port: a bind to port 0
     instance.args = args_of(instance, base_args)
     log(f"srv          load: spawning server instance with name={instance.name} on port "
         f"{instance.port}")  # fmt: skip
     instance.status, instance.exit_code, instance.loaded_info = LOADING, 0, {}
     instance.last_used = time.monotonic()
     instance.stopping = False
+    env = child_env({**os.environ, ROUTER_PORT_ENV: str(router_port)})
     instance.proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", MODULE, *instance.args[1:], *sim_args,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env=_child_env(router_port),
+        stderr=asyncio.subprocess.STDOUT, env=env,
     )  # fmt: skip
     asyncio.get_running_loop().create_task(_watch(instance, instance.proc, on_change))
 

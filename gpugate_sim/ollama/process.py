@@ -6,14 +6,12 @@ import asyncio
 import collections
 import contextlib
 import enum
-import os
-import socket
 import sys
 from pathlib import Path
 
 import attrs
 
-import gpugate_sim
+from gpugate_sim.serverprocess import child_env, free_port
 
 RUNNER_NAME = "llama-server"
 
@@ -71,22 +69,6 @@ class RunnerCommand:
         ]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _child_env() -> dict[str, str]:
-    # The child imports gpugate_sim by module name: make sure it finds this checkout.
-    env = dict(os.environ)
-    root = str(Path(gpugate_sim.__file__).resolve().parents[1])
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    return env
-
-
 class RunnerProcess:
     """One live runner child."""
 
@@ -99,11 +81,11 @@ class RunnerProcess:
     async def spawn(cls, command: RunnerCommand) -> RunnerProcess:
         """Start the child; it begins loading at once."""
         proc = await asyncio.create_subprocess_exec(
-            *command.argv(_free_port()),
+            *command.argv(free_port()),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=_child_env(),
+            env=child_env(),
         )
         return cls(proc)
 

@@ -33,8 +33,8 @@ import yaml
 
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import SimWhisper, WhisperServerSpec, whisper_argv
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader
 
@@ -234,7 +234,7 @@ async def test_direct_the_restart_aborts_whisper_with_an_oom(incident):
     assert await load_gemma(f"http://127.0.0.1:{incident.ports['ollama']}") == 200
     whisper.spawn()
     with pytest.raises(Exception, match="exited with -6"):
-        whisper.wait_listening(timeout=30)
+        whisper.wait_serving(timeout=30)
     assert whisper.returncode == -signal.SIGABRT
     (oom,) = incident.gpu.ooms()
     assert oom.name == "whisper-server"

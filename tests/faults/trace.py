@@ -41,7 +41,7 @@ import attrs
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.device import GpuOutOfMemory, SimulatedGpuHost
 from gpugate_sim.hostprocess import SimulatedHostProcess
-from gpugate_sim.whisper.process import child_env
+from gpugate_sim.serverprocess import child_env
 from tests.e2e.test_incident_whisper import TOKEN, UNIT, wav
 from tests.faults.trace_hosts import CLASSES, HOSTS, INCIDENT, HostName, TraceHost, setup
 from tests.sim.comfyui_helpers import txt2img

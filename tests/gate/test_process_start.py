@@ -17,8 +17,8 @@ from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import MiB
 from gpugate.runtimes.process import SupervisedCommand
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports, running_stack
 
 TURBO = "models/ggml-large-v3-turbo.bin"

@@ -18,8 +18,8 @@ import pytest
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.runtimes.process import SystemdUnit
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports, running_stack
 from tests.gate.test_process_start import BASE, SMALL, TURBO, WHISPER, transcribe
 

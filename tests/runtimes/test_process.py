@@ -27,8 +27,8 @@ from gpugate.runtimes.process import (
 )
 from gpugate.runtimes.process_ready import wait_ready
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 
 TURBO = "models/ggml-large-v3-turbo.bin"

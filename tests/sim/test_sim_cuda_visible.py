@@ -21,9 +21,9 @@ from gpugate_sim.comfyui.server import NoCudaDevice
 from gpugate_sim.cuda import NO_DEVICE_GGML, NO_DEVICE_TORCH, parse_visible
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
 from gpugate_sim.scenario import ComfyUISpec
+from gpugate_sim.serverprocess import child_env
 from gpugate_sim.vllm import SimVllm, VllmServerSpec, VllmStartError
 from gpugate_sim.whisper import SimWhisper, WhisperServerSpec
-from gpugate_sim.whisper.process import child_env
 from tests.gate.harness import free_ports
 
 TURBO = "models/ggml-large-v3-turbo.bin"

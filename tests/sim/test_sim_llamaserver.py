@@ -19,7 +19,9 @@ from gpugate.core.units import GiB
 from gpugate_sim.device import SimDevice, SimulatedGpuHost, pid_alive
 from gpugate_sim.llamaserver.memory import PlacementOptions, place, plan
 from gpugate_sim.llamaserver.model import load_model_info
-from gpugate_sim.whisper.process import child_env
+from gpugate_sim.llamaserver.process import LlamaServerStartError, SimLlamaServer
+from gpugate_sim.llamaserver.spec import LlamaServerSpec
+from gpugate_sim.serverprocess import child_env
 from tests.gate.harness import free_ports
 from tests.sim.processes import cmdline, comm
 
@@ -183,4 +185,38 @@ def test_router_loads_in_children_evicts_lru_and_dies_with_its_parent(tmp_path: 
         proc.wait(10)
     # The child's stdin reaches EOF when the router dies: it exits with it.
     wait_for(lambda: not pid_alive(child), "the child to exit")
+    assert gpu.read().processes == []
+
+
+def test_sim_llama_server_starts_on_a_free_port_and_again_on_the_same(
+    tmp_path: Path, model: Path
+) -> None:
+    gpu = card(tmp_path)
+    spec = LlamaServerSpec(listen="127.0.0.1:0", model=str(model))
+    server = SimLlamaServer(spec, gpu.directory, timeout=60.0)
+    url = server.start()
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        assert port != 0 and server.listen == f"127.0.0.1:{port}"
+        assert request(url + "/health")[:2] == (200, b'{"status":"ok"}')
+        assert gpu.read().held_by(server.pid, 0) == plan(load_model_info(model), 512, 3).total
+        first = server.pid
+        assert server.stop() == 0
+        assert gpu.read().processes == []
+        assert server.start() == url and server.pid != first
+    finally:
+        server.stop()
+    assert gpu.read().processes == []
+
+
+def test_sim_llama_server_that_cannot_load_says_why(tmp_path: Path) -> None:
+    gpu = card(tmp_path)
+    missing = tmp_path / "absent.gguf"
+    server = SimLlamaServer(
+        LlamaServerSpec(listen="127.0.0.1:0", model=str(missing)), gpu.directory, timeout=60.0
+    )
+    with pytest.raises(LlamaServerStartError) as failed:
+        server.start()
+    assert failed.value.returncode == 1
+    assert "exiting due to model loading error" in str(failed.value)
     assert gpu.read().processes == []

@@ -75,7 +75,7 @@ def test_the_model_is_in_vram_before_the_port_is_bound(gpu: SimulatedGpuHost) ->
         # The weights arrive at once; the state after the load time; then the bind.
         wait_for(lambda: held(gpu, sim.pid) > 0, "the weights in VRAM")
         assert refused(port), "the port must refuse while the model loads"
-        assert sim.wait_listening() == f"http://127.0.0.1:{port}"
+        assert sim.wait_serving() == f"http://127.0.0.1:{port}"
         assert held(gpu, sim.pid) == TURBO_BYTES
         assert not refused(port)
     finally:

@@ -21,6 +21,7 @@ import pytest
 
 from gpugate.core.units import MiB
 from gpugate_sim.device import SimulatedGpuHost
+from gpugate_sim.serverprocess import child_env, listens
 from gpugate_sim.whisper import SimWhisper
 from gpugate_sim.whisper.audio import (
     AudioError,
@@ -30,7 +31,7 @@ from gpugate_sim.whisper.audio import (
     wav_bytes,
 )
 from gpugate_sim.whisper.page import default_content
-from gpugate_sim.whisper.process import child_env, listens, whisper_argv
+from gpugate_sim.whisper.process import whisper_argv
 from gpugate_sim.whisper.server import LISTENING
 from tests.gate.harness import free_ports
 from tests.sim.test_sim_whisper import TURBO, TURBO_BYTES, card, spec, wait_for
