@@ -163,6 +163,24 @@ def set_cmdline(words: Sequence[str]) -> bool:
     return True
 
 
+def pose_as(program: str, argv: Sequence[str]) -> None:
+    """Show this process as `program` run with the words of `argv`, its `--sim-*` options
+    (and their values) left out: its comm and its /proc cmdline, so attribution rules match
+    it as the real program."""
+    shown = [program]
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        if word.startswith("--sim-"):
+            skip = "=" not in word
+            continue
+        shown.append(word)
+    set_comm(program)
+    set_cmdline(shown)
+
+
 def die_with_parent() -> None:
     """Ask for SIGTERM when the parent exits; exit now if it already has."""
     parent = os.getppid()

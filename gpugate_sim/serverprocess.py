@@ -23,7 +23,6 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import IO, ClassVar, Generic, Protocol, Self, TypeVar
 
 import attrs
@@ -315,12 +314,7 @@ class ServerProcess(Generic[SpecT]):
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _join_readers(self) -> None:

@@ -10,31 +10,15 @@ CUDA_VISIBLE_DEVICES it inherits decides.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import signal
 import sys
 from pathlib import Path
 
 import attrs
 
-from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.holder import die_with_parent
-from gpugate_sim.scenario import ScenarioError, load_host
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpugate_sim.comfyui")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the simulated ComfyUI of a HOST.yaml")
-    serve.add_argument("--host-file", type=Path, required=True, help="HOST.yaml")
-    serve.add_argument("--state-dir", type=Path, required=True, help="the simulated GPU's dir")
-    serve.add_argument("--listen", help="HOST:PORT, overriding comfyui.listen")
-    serve.add_argument(
-        "--cuda-device", type=int, help="ComfyUI's --cuda-device N, overriding comfyui.gpu"
-    )
-    return parser
+from gpugate_sim.serving import EXIT_USAGE, HostFileError, host_file_parser, read_part, serve_part
 
 
 async def _serve(
@@ -44,54 +28,33 @@ async def _serve(
     from gpugate_sim.comfyui.server import NoCudaDevice, SimComfyUI, split_listen
 
     try:
-        spec = load_host(host_file).comfyui
-    except ScenarioError as exc:
+        spec, gpu = read_part(host_file, state_dir, "comfyui")
+    except HostFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if spec is None:
-        print(f"error: {host_file}: no `comfyui:` section", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if cuda_device is not None:
         spec = attrs.evolve(spec, gpu=cuda_device)
-    gpu = SimulatedGpuHost(state_dir)
-    if not gpu.state_path.exists():
-        print(
-            f"error: {state_dir}: no simulated GPU state ({gpu.state_path.name})", file=sys.stderr
-        )
-        return 2
     try:
         host, port = split_listen(listen or spec.listen)
     except ValueError as exc:
         print(f"error: {host_file}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     sim = SimComfyUI(spec, gpu, pid=os.getpid(), data_dir=state_dir / "comfyui")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # A launcher's blocked stop signals are inherited across exec: take them back.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        url = await sim.start(host, port)
-    except ValueError as exc:
-        print(f"error: {host_file}: {exc}", file=sys.stderr)
-        return 2
-    except NoCudaDevice as exc:
-        print(f"RuntimeError: {exc}", file=sys.stderr)
-        return 1
-    except (OSError, RuntimeError, TorchOutOfMemory) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"READY {url}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await sim.close()
-    return 0
+
+    def describe(exc: Exception) -> str:
+        # PyTorch's own words end the traceback of a ComfyUI that sees no CUDA device.
+        return f"RuntimeError: {exc}" if isinstance(exc, NoCudaDevice) else f"error: {exc}"
+
+    failures = (OSError, RuntimeError, TorchOutOfMemory)
+    return await serve_part(sim, host, port, host_file, failures, describe)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser, serve = host_file_parser("ComfyUI", "comfyui")
+    serve.add_argument(
+        "--cuda-device", type=int, help="ComfyUI's --cuda-device N, overriding comfyui.gpu"
+    )
+    args = parser.parse_args(argv)
     die_with_parent()
     return asyncio.run(_serve(args.host_file, args.state_dir, args.listen, args.cuda_device))
 

@@ -16,29 +16,18 @@ start; shown none and given no `-dev`, it serves from the CPU.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from gpugate_sim.cuda import NO_DEVICE_GGML, visible_devices
 from gpugate_sim.device import SimulatedGpuHost
-from gpugate_sim.holder import set_cmdline, set_comm
-from gpugate_sim.llamaserver.cli import Args, display_command, parse_args
+from gpugate_sim.holder import pose_as
+from gpugate_sim.llamaserver.cli import Args, parse_args
 from gpugate_sim.llamaserver.memory import PROCESS_NAME
 from gpugate_sim.llamaserver.single import run_single
-from gpugate_sim.shim import STATE_ENV
+from gpugate_sim.serving import state_dir_of, take_back_stop_signals
 
 EXIT_USAGE = 1
-
-
-def _state_dir(args: Args) -> Path | None:
-    if args.sim_state_dir is not None:
-        return args.sim_state_dir
-    if os.environ.get(STATE_ENV):
-        return Path(os.environ[STATE_ENV]).parent
-    return None
 
 
 def _see_devices(args: Args, host: SimulatedGpuHost) -> str | None:
@@ -62,11 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    # A launcher's blocked stop signals are inherited across exec; a stop must still work.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    set_comm(PROCESS_NAME)
-    set_cmdline(display_command(words))
-    state_dir = _state_dir(args)
+    take_back_stop_signals()
+    pose_as(PROCESS_NAME, words)
+    state_dir = state_dir_of(args.sim_state_dir)
     if state_dir is not None and SimulatedGpuHost(state_dir).state_path.exists():
         refusal = _see_devices(args, SimulatedGpuHost(state_dir))
         if refusal is not None:

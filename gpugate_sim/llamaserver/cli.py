@@ -18,8 +18,6 @@ from gpugate.core.units import parse_duration, parse_size
 from gpugate_sim.cuda import CudaDevices
 from gpugate_sim.llamaserver.memory import FIT_MIN_CTX, FIT_TARGET, NGL_ALL, NGL_AUTO
 
-PROGRAM = "llama-server"
-
 # option words → attribute, for options that take a value.
 _VALUED = {
     "-m": "model", "--model": "model",
@@ -277,18 +275,3 @@ def _sim(args: Args, key: str, value: str) -> None:
             raise ValueError(f"--sim-model-size: {exc}") from None
     else:
         raise ValueError(f"invalid argument: {key}")
-
-
-def display_command(argv: Sequence[str]) -> list[str]:
-    """`llama-server` and the words of `argv` that are not `--sim-*` options."""
-    shown = [PROGRAM]
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-            continue
-        if word.startswith("--sim-"):
-            skip = "=" not in word
-            continue
-        shown.append(word)
-    return shown

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from gpugate_sim.llamaserver.framing import (
 )
 from gpugate_sim.llamaserver.results import BUILD_INFO
 from gpugate_sim.llamaserver.single import log
+from gpugate_sim.serving import AppSite, serve_until_signal
 
 _ROUTER_ONLY = {
     "--models-dir", "--models-max", "--models-preset", "--models-autoload",
@@ -307,38 +307,35 @@ async def run_router(args: Args, state_dir: Path | None, words: list[str]) -> in
     log(f"srv    load_models: Available models ({len(router.models)}):")
     for name in router.models:
         log(f"srv    load_models:   [models_dir] {name}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
 
-    def on_signal() -> None:
-        if stop.is_set():
-            log("Received second interrupt, terminating immediately.")
-            os._exit(1)
-        stop.set()
+    def second(signum: int) -> None:
+        log("Received second interrupt, terminating immediately.")
+        os._exit(1)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
-    router.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
-                                           auto_decompress=False)  # fmt: skip
-    runner = web.AppRunner(router.app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError:
+    def bind_failed(exc: OSError) -> int:
         log(f"srv          start: couldn't bind HTTP server socket, hostname: {args.host}, "
             f"port: {args.port}")  # fmt: skip
-        await router.session.close()
-        await runner.cleanup()
         return 1
-    log("srv    llama_server: starting server in router mode. models will be automatically "
-        "loaded on-demand")  # fmt: skip
-    log(f"srv    llama_server: listening on http://{args.host}:{args.port}")
-    try:
-        await stop.wait()
-    finally:
+
+    site = AppSite(router.app, args.host, args.port, bind_failed=bind_failed)
+
+    async def start() -> int | None:
+        router.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                               auto_decompress=False)  # fmt: skip
+        code = await site.start()
+        if code is not None:
+            await router.session.close()
+            return code
+        log("srv    llama_server: starting server in router mode. models will be automatically "
+            "loaded on-demand")  # fmt: skip
+        log(f"srv    llama_server: listening on http://{args.host}:{args.port}")
+        return None
+
+    async def close() -> None:
         log("srv    operator(): cleaning up before exit...")
-        await runner.cleanup()
+        await site.close()
         await router.stop_all()
+        assert router.session is not None
         await router.session.close()
-    return 0
+
+    return await serve_until_signal(start, close, second=second)

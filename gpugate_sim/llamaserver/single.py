@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from gpugate_sim.llamaserver.model import (
 )
 from gpugate_sim.llamaserver.record import LoadRecord, Records
 from gpugate_sim.llamaserver.server import ModelServer, ServeOptions
+from gpugate_sim.serving import AppSite, serve_until_signal
 
 ROUTER_PORT_ENV = "LLAMA_SERVER_ROUTER_PORT"
 CHILD_STATE = "cmd_child_to_router:state:"
@@ -83,34 +83,82 @@ async def _serve(args: Args, state_dir: Path | None) -> int:
     gpu = args.gpu
     gpu_host = SimulatedGpuHost(state_dir) if state_dir is not None and gpu is not None else None
     holding = GpuHolding(gpu_host, gpu or 0, ordinal=args.ordinal or 0)
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    site: AppSite | None = None
 
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log("Received second interrupt, terminating immediately.")
+    def second(signum: int) -> None:
+        log("Received second interrupt, terminating immediately.")
+        holding.release()
+        os._exit(EXIT_FAILED)
+
+    def bind_failed(exc: OSError) -> int:
+        log(f"srv          start: couldn't bind HTTP server socket, hostname: {args.host}, "
+            f"port: {args.port}")  # fmt: skip
+        log("srv    llama_server: exiting due to HTTP server error")
+        return EXIT_FAILED
+
+    async def start() -> int | None:
+        nonlocal site
+        if is_child:
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=_watch_stdin, args=(loop, stop), daemon=True).start()
+        server, failure = _model_server(args, holding, on_gpu=gpu_host is not None)
+        app = server.app if server is not None else web.Application(middlewares=[])
+        site = AppSite(app, args.host, args.port, bind_failed=bind_failed)
+        code = await site.start()
+        if code is not None:
+            return code
+        log(f"main: loading model '{args.model}'")
+        try:
+            if server is None:
+                raise LoadFailed([failure])
+            await _load(server, holding, args.sim_load_seconds, is_child)
+        except LoadFailed as exc:
             holding.release()
-            os._exit(EXIT_FAILED)
-        stop.set()
+            for line in exc.lines:
+                log(line)
+            log("srv    llama_server: exiting due to model loading error")
+            _record(records, args, None, False)
+            await site.close()
+            return EXIT_FAILED
+        server.ready = True
+        _record(records, args, server, True)
+        log("srv    llama_server: model loaded")
+        host, port = site.bound()
+        log(f"srv    llama_server: listening on http://{host}:{port}")
+        if is_child:
+            notify_router("ready", server.model_info())
+        return None
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    if is_child:
-        threading.Thread(target=_watch_stdin, args=(loop, stop), daemon=True).start()
+    async def close() -> None:
+        log("srv    operator(): cleaning up before exit...")
+        assert site is not None, "closed only once it served"
+        await site.close()
+        holding.release()
+        if records is not None:
+            records.close()
+
+    return await serve_until_signal(start, close, stop=stop, second=second)
+
+
+def _model_server(
+    args: Args, holding: GpuHolding, *, on_gpu: bool
+) -> tuple[ModelServer | None, str]:
+    """The model's server, placed in the free memory; None and why when the model file
+    cannot be read."""
+    assert args.model is not None
     try:
         info = load_model_info(args.model)
         size = sized_for(args.sim_model_sizes, args.model)
         if size is not None:
             info = with_weights(info, size)
     except (OSError, NotAModel) as exc:
-        info = None
-        failure = f"llama_model_load: error loading model: {exc}"
-    pooling = pooling_from_option(args.pooling)
+        return None, f"llama_model_load: error loading model: {exc}"
     options = ServeOptions(
         aliases=args.alias,
         n_parallel=4 if args.parallel < 0 else args.parallel,
         embeddings=args.embeddings,
-        pooling=pooling,
+        pooling=pooling_from_option(args.pooling),
         n_predict=args.n_predict,
         tokens_per_second=args.sim_tokens_per_second,
         prompt_tokens_per_second=args.sim_prompt_tokens_per_second,
@@ -119,64 +167,25 @@ async def _serve(args: Args, state_dir: Path | None) -> int:
     placement = PlacementOptions(
         ctx_size=args.ctx_size, n_gpu_layers=args.n_gpu_layers, fit=args.fit,
         fit_target=args.fit_target, fit_min_ctx=args.fit_ctx, n_ubatch=args.ubatch,
-        on_gpu=gpu_host is not None,
+        on_gpu=on_gpu,
     )  # fmt: skip
-    app = web.Application(middlewares=[])
-    server: ModelServer | None = None
-    if info is not None:
-        plan = place(info, placement, holding.free_bytes())
-        server = ModelServer(info, plan, options)
-        app = server.app
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError:
-        log(f"srv          start: couldn't bind HTTP server socket, hostname: {args.host}, "
-            f"port: {args.port}")  # fmt: skip
-        log("srv    llama_server: exiting due to HTTP server error")
-        await runner.cleanup()
-        return EXIT_FAILED
-    log(f"main: loading model '{args.model}'")
-    try:
-        if server is None:
-            raise LoadFailed([failure])
-        if is_child:
-            notify_router("loading", {"stages": ["text_model"], "current": "text_model",
-                                      "value": 0.0})  # fmt: skip
-        plan = server.plan
-        holding.take(plan.weights, "model weights")
-        if args.sim_load_seconds:
-            await asyncio.sleep(args.sim_load_seconds)
-        holding.take(plan.kv, "KV cache")
-        holding.take(plan.compute, "compute buffer")
-    except LoadFailed as exc:
-        holding.release()
-        for line in exc.lines:
-            log(line)
-        log("srv    llama_server: exiting due to model loading error")
-        _record(records, args, None, False)
-        await runner.cleanup()
-        return EXIT_FAILED
-    server.ready = True
-    _record(records, args, server, True)
-    log("srv    llama_server: model loaded")
-    for sock in site._server.sockets if site._server else []:  # type: ignore[attr-defined]
-        host, port = sock.getsockname()[:2]
-        log(f"srv    llama_server: listening on http://{host}:{port}")
-        break
+    return ModelServer(info, place(info, placement, holding.free_bytes()), options), ""
+
+
+async def _load(
+    server: ModelServer, holding: GpuHolding, load_seconds: float, is_child: bool
+) -> None:
+    """Take the model's memory: the weights, then (after the load time) the KV cache and the
+    compute buffer; LoadFailed when one does not fit."""
     if is_child:
-        notify_router("ready", server.model_info())
-    try:
-        await stop.wait()
-    finally:
-        log("srv    operator(): cleaning up before exit...")
-        await runner.cleanup()
-        holding.release()
-        if records is not None:
-            records.close()
-    return 0
+        notify_router("loading", {"stages": ["text_model"], "current": "text_model",
+                                  "value": 0.0})  # fmt: skip
+    plan = server.plan
+    holding.take(plan.weights, "model weights")
+    if load_seconds:
+        await asyncio.sleep(load_seconds)
+    holding.take(plan.kv, "KV cache")
+    holding.take(plan.compute, "compute buffer")
 
 
 def _record(records: Records | None, args: Args, server: ModelServer | None, ok: bool) -> None:

@@ -21,19 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiohttp import web
-
 from gpugate.core.units import parse_duration, parse_size
 from gpugate_sim.cuda import NO_DEVICE_TORCH, visible_devices
 from gpugate_sim.device import SimulatedGpuHost
-from gpugate_sim.holder import set_cmdline, set_comm
-from gpugate_sim.shim import STATE_ENV
+from gpugate_sim.serving import AppSite, begin, serve_until_signal
 from gpugate_sim.vllm.engine import PROCESS_NAME, Engine, Plan, StartupFailed
 from gpugate_sim.vllm.server import ServerOptions, VllmServer
 from gpugate_sim.vllm.spec import DEV_MODE_ENV, RUNNERS, VllmServerSpec
@@ -87,21 +83,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def display_command(argv: Sequence[str]) -> list[str]:
-    """`vllm` and the words of `argv` that are not `--sim-*` options."""
-    shown = [PROCESS_NAME]
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-            continue
-        if word.startswith("--sim-"):
-            skip = "=" not in word
-            continue
-        shown.append(word)
-    return shown
-
-
 def _gpu(args: argparse.Namespace, host: SimulatedGpuHost) -> int | None:
     """The host GPU that is its `cuda:0`: `--sim-gpu`, else the first one CUDA_VISIBLE_DEVICES
     shows (GPU 0 without it); None when CUDA shows it no GPU."""
@@ -125,45 +106,34 @@ def _log(line: str) -> None:
 
 
 async def _serve(server: VllmServer, host: str | None, port: int) -> int:
-    runner = web.AppRunner(server.app, access_log=None, keepalive_timeout=5.0)
-    await runner.setup()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    # create_server_socket: SO_REUSEADDR and SO_REUSEPORT; "" binds every address.
-    site = web.TCPSite(runner, host or "0.0.0.0", port, reuse_address=True, reuse_port=True)
-    try:
-        await site.start()
-    except OSError as exc:
+    def bind_failed(exc: OSError) -> int:
         print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr, flush=True)
-        await runner.cleanup()
         return EXIT_FAILED
-    _log(f"[api_server.py] {STARTING} http://{host or '0.0.0.0'}:{port}")
-    print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-    return 0
+
+    def listening() -> None:
+        _log(f"[api_server.py] {STARTING} http://{host or '0.0.0.0'}:{port}")
+        print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
+
+    # create_server_socket: SO_REUSEADDR and SO_REUSEPORT; "" binds every address.
+    site = AppSite(
+        server.app,
+        host or "0.0.0.0",
+        port,
+        bind_failed=bind_failed,
+        listening=listening,
+        reuse_address=True,
+        reuse_port=True,
+        keepalive_timeout=5.0,
+    )
+    return await serve_until_signal(site.start, site.close)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a simulated `vllm serve`; the exit code."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(words)
-    state_dir = args.sim_state_dir
-    if state_dir is None and os.environ.get(STATE_ENV):
-        state_dir = Path(os.environ[STATE_ENV]).parent
-    if state_dir is None or not SimulatedGpuHost(state_dir).state_path.exists():
-        print(f"error: no simulated GPU host (--sim-state-dir or ${STATE_ENV})", file=sys.stderr)
-        return 2
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    set_comm(PROCESS_NAME)
-    set_cmdline(display_command(words))
+    args, gpu_host = begin(_parser(), PROCESS_NAME, argv)
     model = args.model_option or args.model
     max_model_len = args.max_model_len or args.sim_model_len
-    gpu = _gpu(args, SimulatedGpuHost(state_dir))
+    gpu = _gpu(args, gpu_host)
     if gpu is None:
         # PyTorch's first CUDA call in the engine core fails; the server never starts.
         print(NO_DEVICE_TORCH, file=sys.stderr, flush=True)
@@ -182,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wake_seconds=args.sim_wake_seconds,
     )
     _log(f"[utils.py] vLLM API server version {args.sim_version}")
-    engine = Engine(SimulatedGpuHost(state_dir), plan, sleep_mode=args.enable_sleep_mode)
+    engine = Engine(gpu_host, plan, sleep_mode=args.enable_sleep_mode)
     try:
         engine.start(lambda line: _log(f"(EngineCore) {line}"))
     except StartupFailed as exc:

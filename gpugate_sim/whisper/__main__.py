@@ -33,13 +33,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from aiohttp import web
-
 from gpugate.core.units import parse_duration, parse_size
 from gpugate_sim.cuda import NO_DEVICE_GGML, visible_devices
 from gpugate_sim.device import SimulatedGpuHost
-from gpugate_sim.holder import set_cmdline, set_comm
-from gpugate_sim.shim import STATE_ENV
+from gpugate_sim.serving import AppSite, begin, serve_until_signal
 from gpugate_sim.whisper import stdio
 from gpugate_sim.whisper.model import (
     PROCESS_NAME,
@@ -91,26 +88,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def display_command(argv: Sequence[str]) -> list[str]:
-    """`whisper-server` and the words of `argv` that are not `--sim-*` options."""
-    shown = [PROCESS_NAME]
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-            continue
-        if word.startswith("--sim-"):
-            skip = "=" not in word
-            continue
-        shown.append(word)
-    return shown
-
-
-def _unblock_stop_signals() -> None:
-    # A launcher's blocked stop signals are inherited across exec; stop() must still work.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-
-
 def _ordinal(args: argparse.Namespace) -> int:
     """The CUDA device asked for: `-dev`, else WHISPER_ARG_DEVICE, else 0."""
     if args.device is not None:
@@ -141,59 +118,43 @@ def _oom(lines: list[str], mode: str) -> int:
 
 
 async def _serve(server: WhisperServer, options: ServerOptions) -> int:
-    # cpp-httplib decodes no body itself (built without compression): the framing middleware
-    # answers an encoded one, so aiohttp must not inflate or refuse it first.
-    runner = web.AppRunner(
-        server.app,
-        keepalive_timeout=options.keepalive_timeout,
-        access_log=None,
-        auto_decompress=False,
-    )
-    await runner.setup()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            print("Received second interrupt, terminating immediately.", file=sys.stderr)
-            hard_exit(1)
-        stop.set()
-        print(f"\nCaught signal {signum}, shutting down gracefully...")
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    # cpp-httplib's default_socket_options: SO_REUSEPORT alone.
-    site = web.TCPSite(runner, options.host, options.port, reuse_address=False, reuse_port=True)
-    try:
-        await site.start()
-    except OSError:
+    def bind_failed(exc: OSError) -> int:
         print(f"\ncouldn't bind to server socket: hostname={options.host} port={options.port}\n",
               file=sys.stderr, flush=True)  # fmt: skip
-        await runner.cleanup()
         return EXIT_BIND_FAILED
-    # printf of the port it was given (0 stays 0), left in stdout's buffer.
-    print(f"\n{LISTENING} http://{options.host}:{options.port}\n")
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-    return 0
+
+    def listening() -> None:
+        # printf of the port it was given (0 stays 0), left in stdout's buffer.
+        print(f"\n{LISTENING} http://{options.host}:{options.port}\n")
+
+    def first(signum: int) -> None:
+        print(f"\nCaught signal {signum}, shutting down gracefully...")
+
+    def second(signum: int) -> None:
+        print("Received second interrupt, terminating immediately.", file=sys.stderr)
+        hard_exit(1)
+
+    # cpp-httplib's default_socket_options: SO_REUSEPORT alone. It decodes no body itself
+    # (built without compression): the framing middleware answers an encoded one, so aiohttp
+    # must not inflate or refuse it first.
+    site = AppSite(
+        server.app,
+        options.host,
+        options.port,
+        bind_failed=bind_failed,
+        listening=listening,
+        reuse_address=False,
+        reuse_port=True,
+        keepalive_timeout=options.keepalive_timeout,
+        auto_decompress=False,
+    )
+    return await serve_until_signal(site.start, site.close, first=first, second=second)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a simulated whisper-server; the exit code."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(words)
-    state_dir = args.sim_state_dir
-    if state_dir is None and os.environ.get(STATE_ENV):
-        state_dir = Path(os.environ[STATE_ENV]).parent
-    if state_dir is None or not SimulatedGpuHost(state_dir).state_path.exists():
-        print(f"error: no simulated GPU host (--sim-state-dir or ${STATE_ENV})", file=sys.stderr)
-        return 2
-    _unblock_stop_signals()
+    args, gpu_host = begin(_parser(), PROCESS_NAME, argv)
     out, err = stdio.install()
-    set_comm(PROCESS_NAME)
-    set_cmdline(display_command(words))
     options = ServerOptions(
         host=args.host,
         port=args.port,
@@ -204,7 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode_seconds=args.sim_decode_seconds,
         decode_per_audio_second=args.sim_decode_per_audio_second,
     )
-    gpu_host = SimulatedGpuHost(state_dir)
     ordinal = _ordinal(args)
     context = Context(
         gpu_host,
