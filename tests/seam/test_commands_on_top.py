@@ -1,7 +1,7 @@
 """The commands are the top floor: no module of gpugate below them imports one (the status
 document the gate serves and `gpugate status` prints is control's, not the command's), no
-command imports another (what several use is the client, the tokens and the exit codes),
-and the simulator is imported by the two commands that run it, nothing else."""
+command imports another (what several use is the client, the tokens and the exit codes).
+Which commands import the simulator is test_simulator_apart.py's."""
 
 from __future__ import annotations
 
@@ -37,7 +37,3 @@ def test_no_command_imports_another():
     assert {"gpugate.commands.status", "gpugate.commands.views"} <= commands
     borrowed = {m: sorted((graph[m] & commands) - {m}) for m in commands}
     assert {m: names for m, names in borrowed.items() if names} == {}
-
-
-def test_the_simulator_is_imported_by_the_demo_and_sim_commands_only():
-    assert importers("gpugate_sim") == {"gpugate.commands.demo", "gpugate.commands.sim"}
