@@ -117,8 +117,8 @@ demo: $(STAMP) $(SHIM)
 	$(BIN)/python -m tests.faults.trace --requests 2000 --seed 20260729 --host two-cards
 
 lint: $(STAMP)
-	$(BIN)/ruff check gpugate tests bench
-	$(BIN)/ruff format --check gpugate tests bench
+	$(BIN)/ruff check gpugate gpugate_sim tests bench
+	$(BIN)/ruff format --check gpugate gpugate_sim tests bench
 
 clean:
 	rm -rf build $(VENV)

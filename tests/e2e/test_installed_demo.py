@@ -2,10 +2,11 @@
 
 The wheel is built from the package's own files (`pip wheel --no-deps`) and installed into
 a fresh venv. Its dependencies come from this test's environment through a `.pth` line
-added after the install; gpugate itself comes only from the wheel (the checkout is never
-on that venv's path). The demo runs from a directory that is not the checkout, with an
-empty user cache, so the installed package finds its data files and builds its fake NVML
-library on its own. Its printed commands then run, as printed, from another directory.
+added after the install; gpugate and its simulator (gpugate_sim) come only from the wheel
+(the checkout is never on that venv's path). The demo runs from a directory that is not
+the checkout, with an empty user cache, so the installed package finds its data files and
+builds its fake NVML library on its own. Its printed commands then run, as printed, from
+another directory.
 
 The fast tests check what `--port-base` does to the demo's files without starting it.
 """
@@ -252,11 +253,14 @@ def test_the_installed_demo_runs_beside_a_real_ollama_and_its_commands_work_anyw
     assert "gpugate_sim/fakenvml.c" in names
     venv = tmp_path / "venv"
     python = install(wheel, venv)
+    script = "import gpugate, gpugate_sim; print(gpugate.__file__, gpugate_sim.__file__)"
     where = subprocess.run(
-        [str(python), "-c", "import gpugate; print(gpugate.__file__)"],
+        [str(python), "-c", script],
         capture_output=True, text=True, check=True, cwd=tmp_path,
-    ).stdout.strip()  # fmt: skip
-    assert Path(where).is_relative_to(venv), f"gpugate imported from {where}, not the wheel"
+    ).stdout.split()  # fmt: skip
+    assert len(where) == 2, where
+    for package in where:
+        assert Path(package).is_relative_to(venv), f"{package} imported, not the wheel's"
 
     base = free_port_base()
     ports = demo_ports(base)
