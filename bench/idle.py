@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from urllib.parse import urlsplit
 
-from bench.ws import vm_rss
+from bench.measures import vm_rss
 
 OPENING = 64
 """Connections opening (connect, request, answer) at once."""

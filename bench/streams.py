@@ -28,15 +28,10 @@ import time
 import aiohttp
 import attrs
 
+from bench.measures import percentile, vm_rss
+
 RSS_EVERY = 0.1
 """Seconds between two readings of the proxy's RSS."""
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @attrs.define
@@ -104,8 +99,6 @@ async def probe(url: str, load: asyncio.Future[object], ttfb: list[float]) -> No
 
 async def watch(pid: int, held: Held, samples: list[tuple[int, int]]) -> None:
     """(streams held, RSS) every RSS_EVERY seconds until cancelled."""
-    from bench.ws import vm_rss  # bench.ws imports this module
-
     while True:
         samples.append((held.now, vm_rss(pid)))
         await asyncio.sleep(RSS_EVERY)
@@ -125,8 +118,6 @@ async def run(
         await one(session, url, 2, interval, [], [])  # warm the path
         watcher = None
         if pid is not None:
-            from bench.ws import vm_rss
-
             idle = vm_rss(pid)
             watcher = asyncio.create_task(watch(pid, held, samples))
         start = time.monotonic()

@@ -14,22 +14,14 @@ import argparse
 import asyncio
 import json
 import time
-from pathlib import Path
 
 import aiohttp
 
-from bench.streams import percentile
+from bench.measures import percentile, vm_rss
 from bench.upstream import PREVIEW_HEAD
 
 SLOW_READS_PER_S = 50
 """The slow client's pace: 50 frames a second while the upstream offers as many as drain."""
-
-
-def vm_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 async def latency(url: str, fps: int, size: int, seconds: float) -> dict[str, float]:
