@@ -18,7 +18,8 @@ from pathlib import Path
 import attrs
 
 from gpugate_sim.holder import die_with_parent
-from gpugate_sim.serving import EXIT_USAGE, HostFileError, host_file_parser, read_part, serve_part
+from gpugate_sim.hostpart import HostFileError, host_file_parser, read_part, serve_part
+from gpugate_sim.serving import EXIT_USAGE
 
 
 async def _serve(

@@ -11,7 +11,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpugate_sim.serving import EXIT_USAGE, HostFileError, host_file_parser, read_part, serve_part
+from gpugate_sim.hostpart import HostFileError, host_file_parser, read_part, serve_part
+from gpugate_sim.serving import EXIT_USAGE
 
 
 async def _serve(host_file: Path, state_dir: Path, listen: str | None) -> int:
