@@ -41,6 +41,7 @@ from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import set_cmdline, set_comm
 from gpugate.sim.shim import STATE_ENV
 from gpugate.sim.whisper import stdio
+from gpugate.sim.whisper.listening import httplib_runner
 from gpugate.sim.whisper.model import (
     PROCESS_NAME,
     Context,
@@ -50,7 +51,13 @@ from gpugate.sim.whisper.model import (
     NotAModel,
 )
 from gpugate.sim.whisper.record import WhisperRecords
-from gpugate.sim.whisper.server import LISTENING, ServerOptions, WhisperServer, hard_exit
+from gpugate.sim.whisper.server import (
+    LISTENING,
+    N_THREADS,
+    ServerOptions,
+    WhisperServer,
+    hard_exit,
+)
 
 EXIT_INIT_FAILED = 3
 EXIT_BIND_FAILED = 1
@@ -74,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--inference-path", default="/inference")
     parser.add_argument("--request-path", default="")
     parser.add_argument("-dev", "--device", type=int, default=None, help="GPU index")
+    parser.add_argument("-t", "--threads", type=int, default=N_THREADS)
+    parser.add_argument("-p", "--processors", type=int, default=1)
     sim = parser.add_argument_group("simulation (not shown in the process's command line)")
     sim.add_argument("--sim-state-dir", type=Path, help="the simulated GPU host's directory")
     sim.add_argument("--sim-model-size", type=_model_size, action="append", default=[],
@@ -143,12 +152,7 @@ def _oom(lines: list[str], mode: str) -> int:
 async def _serve(server: WhisperServer, options: ServerOptions) -> int:
     # cpp-httplib decodes no body itself (built without compression): the framing middleware
     # answers an encoded one, so aiohttp must not inflate or refuse it first.
-    runner = web.AppRunner(
-        server.app,
-        keepalive_timeout=options.keepalive_timeout,
-        access_log=None,
-        auto_decompress=False,
-    )
+    runner = httplib_runner(server.handle, keepalive_timeout=options.keepalive_timeout)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -183,7 +187,12 @@ async def _serve(server: WhisperServer, options: ServerOptions) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a simulated whisper-server; the exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(words)
+    args, unknown = _parser().parse_known_args(words)
+    if unknown:
+        # whisper_params_parse: the first unknown word, the usage, and exit(0).
+        print(f"error: unknown argument: {unknown[0]}", file=sys.stderr)
+        print(f"\nusage: {PROCESS_NAME} [options] \n", file=sys.stderr)
+        return 0
     state_dir = args.sim_state_dir
     if state_dir is None and os.environ.get(STATE_ENV):
         state_dir = Path(os.environ[STATE_ENV]).parent
@@ -203,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         keepalive_max=args.sim_keepalive_max,
         decode_seconds=args.sim_decode_seconds,
         decode_per_audio_second=args.sim_decode_per_audio_second,
+        threads=args.threads,
+        processors=args.processors,
     )
     gpu_host = SimulatedGpuHost(state_dir)
     ordinal = _ordinal(args)
