@@ -11,7 +11,7 @@ from gpugate.core.units import MiB
 from gpugate.runtimes.base import RouteKind
 from gpugate.runtimes.http import HttpAdapter
 from gpugate.runtimes.process import SupervisedCommand, SystemdUnit
-from gpugate.runtimes.whisper.adapter import WhisperAdapter, multipart_field
+from gpugate.runtimes.whisper.adapter import WhisperAdapter
 
 CONFIG = """\
 consumers:
@@ -119,13 +119,6 @@ async def test_load_whisper_answers_without_allocating_passes(adapter):
     assert kind is RouteKind.PASS, "whisper-server reads only multipart fields"
 
 
-async def test_multipart_field_reads_the_named_part():
-    body, content_type = await form_body(a="1", model="/srv/m.bin")
-    assert multipart_field(body, content_type, "model") == "/srv/m.bin"
-    assert multipart_field(body, content_type, "missing") is None
-    assert multipart_field(b"garbage", content_type, "model") is None
-
-
 def test_eviction_is_a_stop_confirmed_by_the_consumers_memory_gone(adapter, config):
     assert adapter.reclaim_rule.consumer_clear
     assert adapter.reclaim_rule.recovered_fraction == 1.0
@@ -147,3 +140,105 @@ async def test_an_uncontrolled_process_cannot_be_evicted(config):
     assert mvoice.classify("POST", "/tts", b"", "").kind is RouteKind.PASS
     with pytest.raises(NotSupported):
         await mvoice.evict(None, "<process>")  # type: ignore[arg-type]
+
+
+def curl_form(path: str, *, pad: int = 0) -> bytes:
+    """`curl -F model=PATH [-F pad=@FILE]`'s body (boundary `X`)."""
+    body = b""
+    if pad:
+        body += b'--X\r\nContent-Disposition: form-data; name="pad"; filename="p"\r\n\r\n'
+        body += b"p" * pad + b"\r\n"
+    body += b'--X\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + path.encode()
+    return body + b"\r\n--X--\r\n"
+
+
+def two_models(first: bytes, second: bytes) -> bytes:
+    head = b'--X\r\nContent-Disposition: form-data; name="model"\r\n\r\n'
+    return head + first + b"\r\n" + head + second + b"\r\n--X--\r\n"
+
+
+def test_a_load_of_any_size_is_read_and_leased(adapter):
+    # curl :8080/load -F model=models/ggml-base.en.bin -F pad=@70KB.bin
+    classified = adapter.classify(
+        "POST",
+        "/load",
+        curl_form("models/ggml-base.en.bin", pad=70_000),
+        "multipart/form-data; boundary=X",
+    )
+    assert (classified.kind, classified.model) == (RouteKind.DEMAND, "models/ggml-base.en.bin")
+
+
+@pytest.mark.parametrize(
+    ("content_type", "model"),
+    [
+        ("multipart/form-data; xboundary=X; boundary=Y", "models/ggml-base.en.bin"),
+        ("multipart/form-data; xboundary=Y; boundary=X", None),
+        ("multipart%2Fform-data; boundary%3DX", "models/ggml-base.en.bin"),
+        ("  multipart/form-data; boundary=X\t", "models/ggml-base.en.bin"),
+        ("Multipart/form-data; boundary=X", None),
+    ],
+)
+def test_the_content_type_is_read_as_cpp_httplib_reads_it(adapter, content_type, model):
+    classified = adapter.classify(
+        "POST", "/load", curl_form("models/ggml-base.en.bin"), content_type
+    )
+    assert classified.model == model
+    assert classified.kind is (RouteKind.DEMAND if model else RouteKind.PASS)
+
+
+def test_an_encoded_part_is_leased_as_sent(adapter):
+    body = (
+        b'--X\r\nContent-Disposition: form-data; name="model"\r\n'
+        b"Content-Transfer-Encoding: base64\r\n\r\nbW9kZWxzL2dnbWwtYmFzZS5lbi5iaW4=\r\n--X--\r\n"
+    )
+    classified = adapter.classify("POST", "/load", body, "multipart/form-data; boundary=X")
+    assert classified.model == "bW9kZWxzL2dnbWwtYmFzZS5lbi5iaW4=", "whisper-server does not decode"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Two models: which one loads depends on where the server's reads split the body.
+        two_models(b"a.bin", b"b.bin"),
+        # A delimiter line inside a part: a read split before it starts the parts there.
+        curl_form("a.bin", pad=10).replace(b"pppp", b"p--X\r\n", 1),
+        # After the close, a read starting with CRLF is read as more parts.
+        curl_form("a.bin") + b'\r\nContent-Disposition: form-data; name="model"\r\n\r\nb.bin',
+    ],
+)
+def test_a_load_whose_reading_could_differ_is_refused_as_whisper_refuses_a_form(adapter, body):
+    classified = adapter.classify("POST", "/load", body, "multipart/form-data; boundary=X")
+    assert classified.kind is RouteKind.REFUSE
+    assert classified.refusal is not None and classified.refusal.exact is not None
+    exact = classified.refusal.exact
+    assert (exact.status, exact.body, exact.content_type) == (400, b"Invalid request", "text/plain")
+    assert ("Access-Control-Allow-Origin", "*") in exact.headers
+
+
+def test_two_model_parts_naming_one_file_are_one_demand(adapter):
+    body = two_models(b"a.bin", b"a.bin\0x")
+    classified = adapter.classify("POST", "/load", body, "multipart/form-data; boundary=X")
+    assert (classified.kind, classified.model) == (RouteKind.DEMAND, "a.bin")
+
+
+def test_the_load_route_and_content_type_are_screened_as_cpp_httplib_reads_them(adapter):
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    def screen(target: str, *types: str) -> bool:
+        headers = CIMultiDictProxy(CIMultiDict([("Content-Type", t) for t in types]))
+        return adapter.screen("POST", headers, target=target).reply is not None
+
+    assert not screen("/load", "multipart/form-data; boundary=X")
+    assert not screen("/lo%61d", "multipart/form-data; boundary=X"), "the gate decodes it too"
+    assert screen("/%u006coad", "multipart/form-data; boundary=X"), "only cpp-httplib decodes %u"
+    assert screen("/load", "multipart/form-data; boundary=X", "multipart/form-data; boundary=Y")
+    assert not screen("/load", "multipart/form-data; boundary=X", "multipart/form-data; boundary=X")
+    assert not screen("/inference", "a", "b"), "only a /load is read"
+    assert adapter.screen("GET", CIMultiDictProxy(CIMultiDict()), target="/%u006coad").reply is None
+
+
+def test_a_request_path_moves_the_load_route(config, tmp_path):
+    text = CONFIG.replace('"8081"]', '"8081", --request-path, /api]')
+    consumer = load_config_text(text, tmp_path / "c.yaml").consumers[0]
+    adapter = WhisperAdapter(consumer)
+    assert adapter.wants_body("POST", "/api/load") and not adapter.wants_body("POST", "/load")
