@@ -20,12 +20,14 @@ What decides the adapter (reference/runtime-contracts.md §3, docs/runtimes/whis
   (`parse_request_line` L6605, `%uXXXX` included). A POST that route matches but the
   gate's own reading of the path does not, or one with differing `Content-Type` headers
   (cpp-httplib reads the last, the listener the first), is refused the same way.
-* cpp-httplib closes a connection idle for 5 s and after 100 requests, and a POST on a
-  connection the server is closing must not be sent again (it may have reached the
-  server). The listener reuses a connection only within 2 s of its last answer and for
-  at most 100 requests (`keep_alive`, runtimes/keepalive.py), so that race cannot
-  arise; the gate's own calls open a connection each (`pool_connections = False`:
-  aiohttp's client keeps an idle one 15 s). docs/reliability.md.
+* Every request goes up on a connection of its own and says `Connection: close`
+  (`keep_alive = NEVER`). cpp-httplib stops reading a body it refuses (an encoded one:
+  415 before a byte of it; a form whose parser gives up: 400 at that read) and answers
+  at once; on a kept-alive connection it then reads what is left of that body as the
+  next request (`process_server_socket_core` L3445: a new `SocketStream` each time), so
+  an /inference the gate streams up unread could carry a /load it never saw. With
+  `Connection: close` the server ends the connection after its answer (L7274). The
+  gate's own calls open a connection each too (`pool_connections = False`).
 * Every response carries `Access-Control-Allow-Origin: *`: there is no origin check to
   run where the gate listens.
 """
@@ -45,7 +47,7 @@ from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ApiFamily, Classified, Refusal, RouteKind, Screening
 from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
+from gpugate.runtimes.keepalive import NEVER, KeepAlivePolicy
 from gpugate.runtimes.replies import (
     WHISPER_DEFAULT_HEADERS,
     BodyLimit,
@@ -82,7 +84,7 @@ class WhisperAdapter(ProcessAdapter):
     """One whisper-server behind the gate."""
 
     pool_connections: ClassVar[bool] = False
-    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
+    keep_alive: ClassVar[KeepAlivePolicy] = NEVER
     dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
     # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH is SIZE_MAX and server.cpp sets no
     # payload limit: the gate keeps its own bound, refused as whisper-server refuses.
