@@ -94,10 +94,12 @@ bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
 	$(BIN)/python -m bench
 
 # 10,000 hostile requests to the gate over the simulated Ollama, then 50,000 checked by the
-# oracles: each runtime's own reader says what could load (docs/reliability.md).
-fuzz: $(STAMP) $(SHIM) $(ORACLE) $(WHISPER_SERVER)
+# oracles: each runtime's own reader says what could load (docs/reliability.md); then 2,000
+# to the real whisper-server and llama-server router, whose own logs say what loaded.
+fuzz: $(STAMP) $(SHIM) $(ORACLE) $(LLAMA_SERVER) $(WHISPER_SERVER)
 	$(BIN)/python -m tests.faults.fuzz --requests 10000 --seed 20261201
 	$(BIN)/python -m tests.faults.oracle_fuzz --requests 50000 --seed 20261202
+	$(BIN)/python -m tests.faults.real_fuzz --requests 2000 --seed 20261203
 
 # 10,000 mixed requests under changing external pressure, the budget checked throughout.
 soak: $(STAMP) $(SHIM)
