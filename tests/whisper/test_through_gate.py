@@ -138,3 +138,12 @@ async def test_a_load_inside_a_body_the_server_stops_reading_never_runs(
             assert gated.loads()[:2] == [str(models.english), str(models.english_other)]
         else:
             assert gated.loads() == [str(models.english)]
+
+
+async def test_a_load_with_two_content_types_goes_nowhere(gated, models):
+    # whisper-server would read the last; the listener refuses the repeat before any reading.
+    types = [b"Content-Type: multipart/form-data; boundary=OTHER", b"Content-Type: " + form_type()]
+    raw = request("POST", "/load", model_form(str(models.english_other)), headers=types)
+    status, _, _ = await raw_exchange(gated.port, raw)
+    assert status == 400
+    assert gated.loads() == [] and gated.granted() == [], "not started, nothing leased"
