@@ -92,8 +92,9 @@ def test_health_while_a_load_runs_and_inference_after_it(starter, models, tmp_pa
         waiting = pool.submit(transcribe, server.port)
         open_once(pipe)
         wait_until(lambda: str(pipe) in server.loads(), "whisper_init to start")
-        assert health(server.port) == STUCK and not waiting.done()
+        assert health(server.port) == STUCK
+        assert not waiting.done(), waiting.exception() or waiting.result()
         feed(pipe, models.multilingual.read_bytes())
-        assert loading.result(timeout=60).said == OK
-        assert waiting.result(timeout=60)[0] == 200
+        assert loading.result(timeout=60).said == OK, server.stderr()[-2000:]
+        assert waiting.result(timeout=60)[0] == 200, server.stderr()[-2000:]
     assert health(server.port) == (200, b'{"status":"ok"}')
