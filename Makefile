@@ -98,6 +98,7 @@ bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
 # to the real whisper-server and llama-server router, whose own logs say what loaded.
 fuzz: $(STAMP) $(SHIM) $(ORACLE) $(LLAMA_SERVER) $(WHISPER_SERVER)
 	$(BIN)/python -m tests.faults.fuzz --requests 10000 --seed 20261201
+	$(BIN)/python -m tests.faults.control_fuzz --requests 10000 --seed 20261203
 	$(BIN)/python -m tests.faults.oracle_fuzz --requests 50000 --seed 20261202
 	$(BIN)/python -m tests.faults.real_fuzz --requests 2000 --seed 20261203
 

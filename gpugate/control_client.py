@@ -3,9 +3,9 @@
 The gate's address comes from the same consumers.yaml the gate reads (`gate.control`).
 The token, the first found of: the unit's credential `$CREDENTIALS_DIRECTORY/gpugate-token`
 (`LoadCredential=gpugate-token:PATH`), $GPUGATE_TOKEN, the first of `gate.control_tokens`
-this user can read, and for a gate on loopback this user's local token
-(gpugate.local_token: what `gpugate demo` writes). Every way a call can fail is a
-ControlFailure carrying its exit code (gpugate.exits).
+this user can read, and for a gate on loopback this user's local token of that gate's
+control port (gpugate.local_token: what `gpugate demo` writes). Every way a call can fail
+is a ControlFailure carrying its exit code (gpugate.exits).
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def control_endpoint(config: Config) -> tuple[str, str | None]:
         or next(iter(config.gate.control_tokens), None)
     )
     if token is None and host in ("127.0.0.1", "::1", "localhost"):
-        # A gate on this machine started by this user (`gpugate demo`) left its token here.
-        token = read_local_token()
+        # A gate on this machine started by this user (`gpugate demo`) left its token here,
+        # under its control port: another demo's gate has its own.
+        token = read_local_token(address.port)
     return f"http://{shown}:{address.port}", token
 
 

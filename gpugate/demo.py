@@ -9,6 +9,9 @@ Its files (the incident host, the gate's configuration, a FLUX prompt) are packa
 (gpugate/sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
 generates (the configuration it serves, a WAV to transcribe, the prompt) into one temporary
 directory, prints absolute paths and full URLs, and removes that directory when it stops.
+Its gate's control token is the local token of its control port (gpugate.local_token), held
+while the demo runs and removed when it stops: a second demo (another user's, or one moved
+with `--port-base`) has its own, and the commands each prints present that demo's.
 
 `--port-base N` moves every port, in the order of PORTS: N is the gate's Ollama listener,
 N+1 the simulated Ollama behind it, and so on up to N+8, the control listener. Without it
@@ -36,7 +39,8 @@ from typing import Any
 
 import yaml
 
-from gpugate.local_token import remove_local_token, write_local_token
+from gpugate.config.model import Address, GateSettings
+from gpugate.local_token import LocalToken, TokenInUse, remove_local_token, write_local_token
 from gpugate.sim.host import HostStartError
 from gpugate.sim.hostprocess import SimulatedHostProcess
 
@@ -176,12 +180,17 @@ def run_demo(
         signal.signal(signum, lambda *_: stop.set())
     print(f"starting the simulated host from {host_file} ...", flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="gpugate-demo-"))
-    token: Path | None = None
+    token: LocalToken | None = None
     host: SimulatedHostProcess | None = None
     gate: subprocess.Popen[str] | None = None
     try:
-        token = write_local_token()
-        files = prepare(scratch, host_file, config_path, ports, token)
+        try:
+            # The token of this demo's gate alone: another demo (on other ports) has its own.
+            token = write_local_token(control_port(config_path, ports))
+        except TokenInUse as exc:
+            print(f"gpugate demo: {exc}; choose another --port-base", file=sys.stderr)
+            return 1
+        files = prepare(scratch, host_file, config_path, ports, token.path)
         try:
             host = SimulatedHostProcess(files["host"]).start()
         except HostStartError as exc:
@@ -225,6 +234,15 @@ def run_demo(
         if token is not None:
             remove_local_token(token)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def control_port(config_path: Path, ports: Mapping[str, int]) -> int:
+    """The port of the control listener the demo's configuration gives its gate, on the
+    demo's ports: its local token is named by it (gpugate.local_token)."""
+    moves = {default: ports[name] for name, default in PORTS}
+    config = move_ports(yaml.safe_load(config_path.read_text()) or {}, moves)
+    control = (config.get("gate") or {}).get("control")
+    return GateSettings().control.port if control is None else Address.parse(control).port
 
 
 def prepare(

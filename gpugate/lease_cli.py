@@ -9,8 +9,12 @@ SIGINT, SIGTERM and SIGHUP are passed on to CMD. Once CMD ran, the exit status i
 lease CMD does not run, and the status says why (gpugate.exits, one line on stderr, the
 failure class first): 75 only when no room came within the wait, so a retry can succeed;
 64 for a command line that does not parse, 65 for a lease the gate refuses as asked, 69
-when no gate answers, 77 for a token it refuses, 78 without a configuration. Killed
-without a chance to release (SIGKILL), the lease lapses by itself after its ttl.
+when no gate answers, 77 for a token it refuses, 78 without a configuration.
+
+CMD cannot outlive this command. Killed without a chance to pass anything on (SIGKILL, the
+OOM killer), it takes CMD with it (`dies_with`), and the lease lapses by itself after its
+ttl; no process goes on using memory whose lease has lapsed. Only CMD is tied: a process
+CMD starts and leaves behind (a shell's background job, a daemon) is CMD's to end.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -171,7 +177,9 @@ async def _run_under(
 ) -> int:
     env = dict(os.environ, GPUGATE_LEASE=str(lease_id))
     try:
-        process = await asyncio.create_subprocess_exec(*command, env=env)
+        process = await asyncio.create_subprocess_exec(
+            *command, env=env, preexec_fn=dies_with(os.getpid())
+        )
     except OSError as exc:
         print(f"gpugate lease: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
@@ -190,8 +198,41 @@ async def _run_under(
     return 128 - code if code < 0 else code
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal the calling process gets when the thread that forked it ends."""
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def dies_with(parent: int) -> Callable[[], None] | None:
+    """What CMD's child runs before its exec on Linux: SIGKILL once `parent` (this command)
+    is gone, however it went (prctl(2) PR_SET_PDEATHSIG; kept across execve, but cleared
+    by the exec of a set-user-ID or set-group-ID program, or one with file capabilities). A
+    parent that died before the prctl took effect is caught by looking again: the child
+    was re-parented by then, and kills itself.
+
+    The death signal follows the thread that forked the child: asyncio.run's loop forks in
+    this command's main thread, which lives as long as the command does.
+    """
+    libc = _libc
+    if libc is None:
+        return None
+    kill = int(signal.SIGKILL)
+
+    def child() -> None:
+        # Between fork and exec: no imports, no locks, nothing but these two calls.
+        if libc.prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0) != 0:
+            os.write(2, b"gpugate lease: prctl(PR_SET_PDEATHSIG) failed; not running CMD\n")
+            os._exit(126)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), kill)
+
+    return child
+
+
 async def _renew(session: aiohttp.ClientSession, lease_id: int, ttl: float) -> None:
-    """Renew every ttl/3; one lost renewal still leaves two more before the lease lapses."""
+    """Renew every ttl/3; one lost renewal still leaves two more before the lease lapses.
+    Each renewal's answer says the ttl from then on (shorter when `gate.max_lease_ttl` was
+    lowered since the grant)."""
     while True:
         await asyncio.sleep(ttl / 3)
         try:
@@ -205,5 +246,15 @@ async def _renew(session: aiohttp.ClientSession, lease_id: int, ttl: float) -> N
                         flush=True,
                     )
                     return
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                if resp.status == 200:
+                    ttl = _renewed_ttl(await resp.json(content_type=None), ttl)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             print(f"gpugate lease: renewal failed: {exc}", file=sys.stderr, flush=True)
+
+
+def _renewed_ttl(answer: object, ttl: float) -> float:
+    """The ttl a renewal's answer gives the lease (`ttl` unchanged when it says none)."""
+    given = answer.get("ttl") if isinstance(answer, dict) else None
+    if isinstance(given, int | float) and not isinstance(given, bool) and given >= 1:
+        return float(given)
+    return ttl

@@ -150,8 +150,14 @@ async def serve(
     gate_factory: Callable[[Config], Gate] | None = None,
     reloads: asyncio.Queue[Config] | None = None,
     on_reloaded: Callable[[], None] | None = None,
+    on_listening: Callable[[], None] | None = None,
 ) -> None:
-    """Run the gate until `stop` is set, applying each configuration put on `reloads`."""
+    """Run the gate until `stop` is set, applying each configuration put on `reloads`.
+
+    `on_listening` is called once every listener is up (requests are served from then on:
+    one that arrives while an `always_warm` runtime starts waits for it); `on_ready`, with
+    the lines to print, once every `always_warm` runtime the gate starts is up too, or its
+    start timeout ran out: the last line is `gpugate: ready`, or says which is not up."""
     loop = asyncio.get_running_loop()
     previous_handler = loop.get_exception_handler()
     loop.set_exception_handler(quiet_loop_errors)
@@ -202,7 +208,12 @@ async def serve(
             host, port = agent.bound
             shown = f"[{host}]" if ":" in host else host
             lines.append(f"gpugate: agent-check on {shown}:{port} (HAProxy agent-port)")
-        lines.append("gpugate: ready")
+        if on_listening is not None:
+            on_listening()
+        missing = await _warm(gate, stop)
+        if missing is None:
+            return
+        lines.append("gpugate: ready" + (f" ({'; '.join(missing)})" if missing else ""))
         if on_ready is not None:
             on_ready(lines)
         await _run_until(stop, reloads, gate, resolver, on_reloaded)
@@ -221,6 +232,22 @@ async def serve(
             gate.store.close_timeout = min(CLOSE_TIMEOUT, max(STORE_LAST_WRITE, left))
         await gate.close()
         loop.set_exception_handler(previous_handler)
+
+
+async def _warm(gate: Gate, stop: asyncio.Event) -> list[str] | None:
+    """Wait for the always_warm runtimes the gate starts (`ProcessStarts.warm`): those not
+    up; None when the gate is stopped first."""
+    warm = asyncio.ensure_future(gate.processes.warm())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({warm, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not warm.done():
+            warm.cancel()
+    if warm.cancelled() or not warm.done():
+        return None
+    return warm.result()
 
 
 async def _start_agent(gate: Gate, address: Address) -> AgentResponder:
@@ -347,6 +374,13 @@ def run_serve(config_path: Path) -> int:
             loop.add_signal_handler(signum, stopping)
         loop.add_signal_handler(signal.SIGHUP, hang_up)
 
+        def listening() -> None:
+            # systemd's READY=1 once the listeners are up: a runtime's start, however long,
+            # is not the gate's (its requests wait for it).
+            notifier.ready()
+            # Pinged from the loop itself: a wedged loop stops the pings.
+            watchdog[0] = notifier.start_watchdog()
+
         def ready(lines: list[str]) -> None:
             # What start-up built lives as long as the process. Frozen, it is left out of
             # the collector's full passes, which otherwise walk all of it (10-20 ms, the
@@ -356,13 +390,15 @@ def run_serve(config_path: Path) -> int:
             gc.set_threshold(*GC_THRESHOLDS)
             for line in lines:
                 print(line, flush=True)
-            notifier.ready()
-            # Pinged from the loop itself: a wedged loop stops the pings.
-            watchdog[0] = notifier.start_watchdog()
 
         try:
             await serve(
-                loaded.config, stop, on_ready=ready, reloads=reloads, on_reloaded=notifier.ready
+                loaded.config,
+                stop,
+                on_ready=ready,
+                reloads=reloads,
+                on_reloaded=notifier.ready,
+                on_listening=listening,
             )
         finally:
             await stop_task(watchdog[0])

@@ -505,6 +505,9 @@ class GateSettings:
     control_public: bool | None = None
     """Read-only control routes and /metrics without a token; None: only on loopback."""
     history_retention: float = attrs.field(default=30 * 86400.0, metadata=DURATION)
+    max_lease_ttl: float = attrs.field(default=3600.0, metadata=DURATION)
+    """The longest `ttl` a lease request may ask for: how long an explicit lease's bytes
+    stay leased after its holder stops renewing it (it died without releasing)."""
     agent_check: Address | None = None
     """HAProxy agent-check responder: one line per connection (`up ready 75%`, `drain 0%`,
     `maint 0%`) from the numbers of /gate/v1/capacity; None: not served."""

@@ -22,6 +22,7 @@ def _at(findings: Findings, path: str) -> str:
 def check_relations(config: Config, findings: Findings) -> None:
     """Report every cross-field error and warning of `config` to `findings`."""
     _check_budget(config, findings)
+    _check_gate(config, findings)
     _check_consumers(config, findings)
     _check_external(config, findings)
     _check_identities(config, findings)
@@ -58,6 +59,12 @@ def _check_budget(config: Config, findings: Findings) -> None:
                 f"reserve ({format_gib(gpu.reserve)}) is larger than "
                 f"budget.reserve_max ({format_gib(budget.reserve_max)})",
             )
+
+
+def _check_gate(config: Config, findings: Findings) -> None:
+    if config.gate.max_lease_ttl < 1:
+        # A lease's ttl is at least 1s (gpugate.control.leases): none could be asked for.
+        findings.report("gate.max_lease_ttl", "must be at least 1s, the shortest ttl a lease has")
 
 
 def _check_consumers(config: Config, findings: Findings) -> None:

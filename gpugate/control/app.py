@@ -9,18 +9,14 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from gpugate.control.auth import token_middleware
+from gpugate.control.bodies import MAX_BODY, api_errors, bad_request
 from gpugate.control.capacity import add_capacity_route
 from gpugate.control.health import consumer_check, health_document
 from gpugate.control.leases import add_lease_routes
 from gpugate.control.live import BadFilter
 from gpugate.control.marks import consumer_documents, pause_fields
 from gpugate.control.metrics import GateMetrics
-from gpugate.control.observe import (
-    add_observe_routes,
-    bad_request,
-    filtered_events,
-    follow_events,
-)
+from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
 from gpugate.control.operator import add_operator_routes
 from gpugate.status import SCHEMA, budget_document
 
@@ -144,7 +140,10 @@ def control_app(
         document = health_document(gate)
         return web.json_response(document, status=200 if document["ok"] else 503)
 
-    app = web.Application(middlewares=[token_middleware(lambda: gate.config)])
+    app = web.Application(
+        client_max_size=MAX_BODY,
+        middlewares=[api_errors, token_middleware(lambda: gate.config)],
+    )
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/gate/v1/status", status)
     app.router.add_get("/gate/v1/events", events)

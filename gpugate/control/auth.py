@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 import socket
 import time
@@ -29,6 +28,7 @@ import attrs
 from aiohttp import web
 
 from gpugate.config.model import Scope, token_scopes
+from gpugate.control.bodies import BadRequest, json_body
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config
@@ -267,11 +267,11 @@ def forbidden(needed: tuple[Scope, ...], held: frozenset[Scope], what: str) -> w
 async def _purpose(request: web.Request) -> str | None:
     """A lease request's `purpose` (default `hold`); None when the body is not an object.
 
-    The body is read here and kept by aiohttp for the handler, which reads it again.
+    The body is read here and kept for the handler (gpugate.control.bodies.json_body).
     """
     try:
-        body = json.loads(await request.read())
-    except (ValueError, RecursionError):
+        body = await json_body(request)
+    except BadRequest:
         return None
     if not isinstance(body, dict):
         return None

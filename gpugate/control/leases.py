@@ -8,7 +8,10 @@
 
 A lease is asked for by a configured consumer (its bytes are that consumer's, on its GPU)
 or by a configured identity (its own budget row, `identity:NAME`, on `gpu`). The POST
-answers once the lease is granted, or with the failure that ended the wait.
+answers once the lease is granted, or with the failure that ended the wait. Its `ttl` is
+at most `gate.max_lease_ttl` (a longer one is a 400): the ttl is how long the bytes stay
+leased after a holder that died stops renewing. A renewal extends by the ttl, cut to that
+bound when a reload lowered it since the grant; its answer says the ttl from then on.
 
 `"purpose": "start"` asks for a consumer's **start lease** (`gpugate admit`): `bytes`
 default to the consumer's envelope and `ttl` to its `control.start_admission_timeout`; the
@@ -26,7 +29,6 @@ the bytes still `pending`. `?scope=explicit` lists only what this route listed b
 from __future__ import annotations
 
 import enum
-import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +36,13 @@ import attrs
 from aiohttp import web
 
 from gpugate.control.auth import CALLER, Caller
+from gpugate.control.bodies import BadRequest, bad_request, json_body
 from gpugate.core.classes import PriorityClass
 from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
-from gpugate.core.units import parse_duration, parse_size
+from gpugate.core.units import format_duration, parse_duration, parse_size
 from gpugate.gate.process_books import DEFAULT_START_ADMISSION_TIMEOUT
 from gpugate.gate.start_leases import StartLeases
 from gpugate.gate.starts import ADOPT_FLOOR
@@ -80,10 +83,6 @@ class ShownScope(enum.Enum):
 START_LEASES = web.AppKey("start_leases", StartLeases)
 
 
-class BadRequest(ValueError):
-    """The request body is not a lease request the gate can act on (400)."""
-
-
 @attrs.frozen
 class Asked:
     """A lease request as read from its body."""
@@ -104,10 +103,6 @@ def failure_response(failure: Failure) -> web.Response:
     return web.json_response(body, status=failure.failure_class.http_status, headers=headers)
 
 
-def bad_request(message: str) -> web.Response:
-    return web.json_response({"error": {"class": "BAD_REQUEST", "message": message}}, status=400)
-
-
 def conflict(message: str) -> web.Response:
     return failure_response(Failure(FailureClass.LEASE_CONFLICT, f"LEASE_CONFLICT: {message}"))
 
@@ -119,12 +114,10 @@ def _seconds(body: dict[str, Any], key: str, default: float | None) -> float | N
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise BadRequest(f"{key}: expected seconds or a duration like '30s'")
     try:
-        seconds = float(value) if isinstance(value, int | float) else parse_duration(value)
+        # Refuses NaN, negatives and what no clock could add (gpugate.core.units).
+        return parse_duration(value)
     except ValueError as exc:
         raise BadRequest(f"{key}: {exc}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise BadRequest(f"{key}: expected 0 or more seconds, got {value!r}")
-    return seconds
 
 
 def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
@@ -185,6 +178,10 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
         gpu = body.get("gpu", config.gpus[0].index if config.gpus else 0)
         if isinstance(gpu, bool) or not isinstance(gpu, int):
             raise BadRequest("gpu: expected an NVML index")
+        known = {g.index for g in config.gpus} | set(gate.core.gpus())
+        if gpu not in known:
+            shown = ", ".join(str(g) for g in sorted(known)) or "none sampled yet"
+            raise BadRequest(f"gpu: no GPU {gpu} (this gate's: {shown})")
         owner, default_class = identity_owner(identity.name), identity.priority
         max_class = identity.max_priority or identity.priority
         label = {"identity": identity.name}
@@ -203,6 +200,14 @@ def read_request(body: object, gate: Gate, caller: Caller) -> Asked:
     assert ttl is not None
     if ttl < 1:
         raise BadRequest("ttl: at least 1s, so that a renewal can arrive in time")
+    longest = config.gate.max_lease_ttl
+    # A start lease's default is the configuration's own (start_admission_timeout).
+    if body.get("ttl") is not None and ttl > longest:
+        raise BadRequest(
+            f"ttl: at most {format_duration(longest)} (gate.max_lease_ttl), got "
+            f"{format_duration(ttl)}: a holder that dies leaves its bytes leased for the "
+            "ttl; ask for a shorter one and renew it"
+        )
     max_wait = _seconds(body, "max_wait", None)
     budget = gate.core.budget(gpu)
     if budget is not None and nbytes > budget.total - budget.reserved:
@@ -315,11 +320,7 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         from gpugate.gate.gate import GateFailure
 
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return bad_request("expected a JSON object")
-        try:
-            asked = read_request(body, gate, request[CALLER])
+            asked = read_request(await json_body(request), gate, request[CALLER])
         except BadRequest as exc:
             return bad_request(str(exc))
         terms = asked.terms
@@ -355,7 +356,8 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         found = held(request)
         if isinstance(found, web.Response):
             return found
-        lease = gate.renew(found.id)
+        # A ttl granted before gate.max_lease_ttl was lowered (a reload) is cut to it here.
+        lease = gate.renew(found.id, gate.config.gate.max_lease_ttl)
         if lease is None:
             return conflict(f"lease {found.id} lapsed before this renewal arrived")
         return web.json_response(lease_document(lease, gate.clock()))

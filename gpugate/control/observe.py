@@ -4,6 +4,7 @@ measured envelopes and the OpenAPI document, with the tasks behind them."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from gpugate.control.bodies import bad_request
 from gpugate.control.history import SNAPSHOT_INTERVAL, HistoryRecorder, point_document
 from gpugate.control.live import BadFilter, EventFilter, LiveFeed, event_document
 from gpugate.control.openapi import openapi_document
@@ -26,21 +28,43 @@ HISTORY_KEY = web.AppKey("history", HistoryRecorder)
 FEED_KEY = web.AppKey("live", LiveFeed)
 
 
-def bad_request(message: str) -> web.Response:
-    """400 in the control API's error shape."""
-    return web.json_response({"error": {"class": "BAD_REQUEST", "message": message}}, status=400)
-
-
 def _since(text: str | None, now: float) -> float:
-    """`since`: wall-clock seconds, or a duration back from now ("24h")."""
+    """`since`: wall-clock seconds, or a duration back from now ("24h"); ValueError for
+    anything else (`nan`, `inf`, digits past a double's range)."""
     if not text:
         return now - HISTORY_WINDOW
     try:
         value = float(text)
     except ValueError:
         return now - parse_duration(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"since: expected seconds or a duration, got {text[:40]!r}")
     # A small number is a duration; a large one is a time.
     return value if value > 10 * 365 * 86400 else now - value
+
+
+def _gpu(text: str | None) -> int | None:
+    """`gpu`: an NVML index; ValueError for anything else."""
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
+        raise ValueError(f"gpu: expected an NVML index, got {text[:40]!r}")
+    return int(text)
+
+
+MOST_RECENT = 10**9
+"""What `recent` past nine digits means: every event kept."""
+
+
+def recent_count(query: Any) -> int:
+    """`recent`: how many of the latest events (0 when absent); BadFilter for anything but
+    a whole number."""
+    text = (query.get("recent") or "").strip()
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()):
+        raise BadFilter(f"recent: expected a number of events, got {text[:40]!r}")
+    return MOST_RECENT if len(text) > 9 else int(text)
 
 
 def add_observe_routes(
@@ -107,7 +131,7 @@ def add_observe_routes(
         now = time.time()
         query = request.query
         try:
-            gpu = int(query["gpu"]) if query.get("gpu") else None
+            gpu = _gpu(query.get("gpu"))
             since = _since(query.get("since"), now)
             step = parse_duration(query["step"]) if query.get("step") else 60.0
         except ValueError as exc:
@@ -159,12 +183,9 @@ async def follow_events(request: web.Request, gate: Gate) -> web.StreamResponse:
     feed = request.app[FEED_KEY]
     try:
         wanted = EventFilter.from_query(request.query)
+        recent = recent_count(request.query)
     except BadFilter as exc:
         return bad_request(str(exc))
-    try:
-        recent = max(0, int(request.query.get("recent", "0")))
-    except ValueError:
-        return bad_request("recent: expected a number of events")
     backlog = [e for e in gate.recent_events() if wanted(e)][-recent:] if recent else []
     return await feed.stream(request, wanted=wanted, snapshots=False, backlog=backlog)
 
@@ -173,6 +194,6 @@ def filtered_events(request: web.Request, gate: Gate) -> list[str]:
     """The recent events that match the query's filters, one JSON line each (BadFilter for
     a filter that names no class)."""
     wanted = EventFilter.from_query(request.query)
+    recent = recent_count(request.query)
     lines = [json.dumps(event_document(e, gate)) for e in gate.recent_events() if wanted(e)]
-    recent = request.query.get("recent", "")
-    return lines[-int(recent) :] if recent.isdigit() and int(recent) > 0 else lines
+    return lines[-recent:] if recent > 0 else lines

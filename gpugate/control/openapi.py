@@ -440,7 +440,11 @@ def openapi_document() -> dict[str, Any]:
                             "text/event-stream": {"schema": {"type": "string"}},
                         },
                     },
-                    "400": _json("a bad parameter", ERROR),
+                    "400": _json(
+                        "a bad parameter: an unknown class or failure class, a `recent` that "
+                        "is not a whole number",
+                        ERROR,
+                    ),
                 },
             }
         },
@@ -449,7 +453,7 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "the dashboard's feed: `snapshot` on connect and on each change "
                 "(at most 4 a second), `event` as each happens",
                 "parameters": EVENT_FILTERS,
-                "responses": {"200": SSE},
+                "responses": {"200": SSE, "400": _json("an unknown class or failure class", ERROR)},
             }
         },
         "/gate/v1/history": {
@@ -524,7 +528,15 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "responses": {
                     "201": _json("granted", LEASE),
-                    "400": _json("a bad request", ERROR),
+                    "400": _json(
+                        "BAD_REQUEST: a body that is not a lease request: not JSON in UTF-8 (a "
+                        "Content-Encoding is not undone), NaN or Infinity, a number past a "
+                        "double's range, nesting deeper than a request has, a key twice in one "
+                        "object, an unknown field or name, a size or duration that does not "
+                        "parse, a `ttl` under 1s or past `gate.max_lease_ttl`",
+                        ERROR,
+                    ),
+                    "413": _json("PAYLOAD_TOO_LARGE: a body past 64 KiB", ERROR),
                     "401": UNAUTHORIZED,
                     "503": _json("no lease: the failure class in X-GPUGate-Failure", ERROR),
                 },
@@ -567,7 +579,10 @@ def openapi_document() -> dict[str, Any]:
             "token may carry scopes (`gate.control_tokens`): each operation names the one it "
             f"needs in `{SCOPES}` and in its security requirement (`read` for every GET when "
             "reads are not public, `lease`, `admit` for a start lease, `operate`); a token "
-            "without it is answered 403 FORBIDDEN, an unknown token 401.",
+            "without it is answered 403 FORBIDDEN, an unknown token 401. Every refusal is "
+            '`{"error": {"class", "message"}}`, on every route: 404 NOT_FOUND for a path no '
+            "route serves, 405 METHOD_NOT_ALLOWED (with `Allow`) for a method it does not take, "
+            "413 PAYLOAD_TOO_LARGE for a body past 64 KiB.",
         },
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": paths,

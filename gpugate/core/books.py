@@ -7,7 +7,7 @@ from typing import Protocol
 
 from gpugate.core.budget import GpuUsage, usage_of
 from gpugate.core.effects import Effect, Event, EventKind, Sleep, Stop, Unload, UnloadReason
-from gpugate.core.lifecycle import Eviction, Lifecycles
+from gpugate.core.lifecycle import Eviction, Lifecycles, LifeState
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.table import ResidentTable
 from gpugate.core.tickets import Demand, Lease, LeaseScope
@@ -75,6 +75,9 @@ class Books:
         self._usage: dict[int, GpuUsage] = {}
         self._usage_at = -1
         """The `residents_version` the sums are right for."""
+        self.switched_out: dict[int, Resident] = {}
+        """A switch's lease id → the resident its grant took out of the books (the model
+        the runtime frees for it), kept until the switch is answered."""
 
     def new_id(self) -> int:
         """An id for a ticket, and the lease it becomes."""
@@ -186,10 +189,17 @@ class Books:
         if gone is not None:
             # The runtime frees it as it loads this one: the new lease's bytes are its place.
             del self.residents[gone.key]
+            if demand.switch:
+                self.switched_out[lease_id] = gone
             self.touch()
         sums = self._count(self._counted(), demand.gpu)
         appear_by = None
-        if demand.scope is LeaseScope.PROCESS and demand.appear_within is not None and needed:
+        if (
+            demand.scope is LeaseScope.PROCESS
+            and demand.appear_within is not None
+            and needed
+            and not demand.switch
+        ):
             appear_by = now + demand.appear_within
         lease = Lease(
             lease_id,
@@ -248,7 +258,8 @@ class Books:
         self._touch_kept()
 
     def materialise(self, lease: Lease, now: float) -> None:
-        """The lease's load completed: its pending bytes become the resident's."""
+        """The lease's load completed: its pending bytes become the resident's (a switch's:
+        the process's, followed by NVML from here)."""
         fresh = self._counted()
         self._materialise(lease, now, self._count(fresh, lease.gpu))
         self._touch_counted(fresh)
@@ -261,10 +272,14 @@ class Books:
             resident.state = ResidentState.RESIDENT
             resident.bytes = lease.pending
             resident.changed_at = now
+            if lease.demand.switch:
+                # The process's memory again: NVML corrects the envelope from the next sample.
+                resident.tracks_observed = resident.process = True
             if sums is not None:
                 sums.count_resident(resident, 1)
         if sums is not None and self.leases.get(lease.id) is lease:
             sums.count_lease(lease, -1)
+        self.switched_out.pop(lease.id, None)
         lease.pending = 0
 
     def close_lease(
@@ -279,13 +294,17 @@ class Books:
         if sums is not None:
             sums.count_lease(lease, -1)
         resident = self.residents.get(lease.key) if lease.loads else self.reusable(lease.key)
-        if lease.pending and failed and resident is not None:
+        switched_out = self.switched_out.pop(lease.id, None)
+        if lease.pending and failed and (resident is not None or switched_out is not None):
             # The load never completed: whatever it allocated is the runtime's to free.
-            resident.in_flight -= 1
-            if resident.in_flight <= 0 and resident.state is ResidentState.LOADING:
-                gone = self.residents.pop(lease.key)
-                if sums is not None and gone is not None:
-                    sums.count_resident(gone, -1)
+            if resident is not None:
+                resident.in_flight -= 1
+                if resident.in_flight <= 0 and resident.state is ResidentState.LOADING:
+                    gone = self.residents.pop(lease.key)
+                    if sums is not None and gone is not None:
+                        sums.count_resident(gone, -1)
+            if switched_out is not None and self._switch_back(switched_out, now):
+                fresh = False  # the sums are recounted with that model back
             self._touch_counted(fresh)
             return lease, None
         if lease.pending:
@@ -296,6 +315,24 @@ class Books:
             resident.last_used = now
         self._touch_counted(fresh)
         return lease, resident
+
+    def _switch_back(self, resident: Resident, now: float) -> bool:
+        """A switch did not happen (the runtime refused it, or it went unanswered): the model
+        it replaced is the process's again, as the runtime keeps it (whisper-server checks
+        a /load before it frees anything). Not when the process is gone since, nor where
+        another model took its key. Its bytes follow NVML; it is busy with the leases
+        still open on it."""
+        life = self.lives.get(resident.key.consumer)
+        if life is not None and life.state is not LifeState.UP:
+            return False
+        if resident.key in self.residents:
+            return False
+        resident.state = ResidentState.RESIDENT
+        resident.in_flight = sum(1 for x in self.leases.values() if x.key == resident.key)
+        resident.changed_at = now
+        resident.tracks_observed = resident.process = True
+        self.residents[resident.key] = resident
+        return True
 
     def start_unload(
         self, resident: Resident, reason: UnloadReason, ticket_id: int | None, now: float

@@ -23,6 +23,7 @@ import enum
 
 import attrs
 
+from gpugate.core import early
 from gpugate.core.books import loading_resident
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.planner import Plan, PlanKind, plan, reusable
@@ -247,7 +248,7 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
     gpu = demand.gpu
     settings = core.settings.planner
     queue = scheduler.queues.get(gpu)
-    order = (-int(demand.priority), now, float("inf"))
+    order = (1, -int(demand.priority), now, float("inf"))
     ahead = [] if not queue else [t for t in queue if t.order() < order]
     residents: list[Resident] = list(books.on_gpu(gpu))
     view = ResidentView(residents, now, settings)
@@ -257,17 +258,20 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
         last = scheduler.left(gpu)
         if last is not None:
             return _Left(last[0], last[1], last[2], view)
-    pool = schedulable
+    unexplained = core.telemetry.unexplained.get(gpu, {})
+    pool = schedulable - early.withheld(gpu, unexplained, scheduler.withdrawing)
     claimed: set[ResidentKey] = set()
     riding: set[ResidentKey] = set()
+    credited: dict[str, int] = {}
     for ticket in ahead:
         earlier = ticket.demand
         if earlier.key in riding:
             continue
         releasable = 0 if UNEXPLAINED in claimed else _releasable_unexplained(core, gpu)
         replaced = books.replaced_bytes(earlier)
+        own = early.credit(earlier, unexplained, credited)
         decision = plan(
-            earlier,
+            early.planned(earlier, own),
             pool=pool + replaced,
             schedulable=schedulable + replaced,
             residents=view,
@@ -278,6 +282,8 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
             releasable_unexplained=releasable,
             may_evict=not any(key in books.unloads for key in ticket.evicting),
         )
+        if decision.kind is not PlanKind.FAIL and own:
+            credited[earlier.consumer] = credited.get(earlier.consumer, 0) + own
         if decision.kind is PlanKind.GRANT:
             pool -= decision.needed
             if decision.needed and earlier.loads_model and books.reusable(earlier.key) is None:
@@ -287,12 +293,14 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
                 view = ResidentView(residents, now, settings)
             continue
         if decision.kind is PlanKind.FAIL:
+            if earlier.started is not None:
+                pool -= max(0, decision.needed)
             continue
         claimed.update(decision.counting_on)
         if releasable and decision.kind is PlanKind.WAIT:
             claimed.add(UNEXPLAINED)
         riding.add(earlier.key)
-        pool -= max(0, decision.needed - decision.eventual)
+        pool -= early.kept_back(earlier, decision)
     return _Left(schedulable, pool, frozenset(claimed), view)
 
 

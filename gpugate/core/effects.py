@@ -38,6 +38,9 @@ class UnloadReason(enum.Enum):
     """External use grew into the reserve; idle memory is given back."""
     OPERATOR = "operator"
     """An operator asked for it over the control API."""
+    WITHDRAWN = "withdrawn"
+    """What a job its runtime ran before its lease left behind, the lease not to be had
+    (`gpugate.core.early`): nobody asked for that memory."""
 
 
 @attrs.frozen

@@ -1,5 +1,6 @@
 """The core's job events (a part of `GateCore`): a runtime's queued jobs, each under its
-consumer's job lease, and the jobs a higher class stopped."""
+consumer's job lease, the jobs a higher class stopped, and the jobs withdrawn from their
+runtime because the lease they were accepted before could not be had."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from gpugate.core.books import Books
-from gpugate.core.effects import Effect, Event, EventKind
+from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.listing import resident_event
 from gpugate.core.observation import GpuObservation
 from gpugate.core.scheduling import Scheduler
-from gpugate.core.scopes import JobBook, left_behind, released_event
+from gpugate.core.scopes import JobBook, accounted, keep_held, left_behind, released_event
 from gpugate.core.settings import CoreSettings
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Ticket
@@ -44,6 +46,57 @@ class JobEvents:
             retry_after: float | None = None,
             extra: str = "",
         ) -> Failure: ...
+
+    def withdrawn(self, demand: Demand, now: float) -> list[Effect]:
+        """The runtime was asked to drop a job it accepted before its lease (`demand`, whose
+        lease could not be had or whose client left; `gpugate.core.early`). On each GPU
+        where that demand ended, once no job of its consumer is live or waiting there, what
+        NVML shows the consumer holding beyond the books, when it is more than before the
+        job went up, is what the job left: it becomes the consumer's `<held>` resident and
+        is given back at once."""
+        started = demand.started
+        if started is None:
+            return []
+        effects: list[Effect] = []
+        withdrawing = self.scheduler.withdrawing
+        for gpu, before in started.unexplained:
+            key = (demand.consumer, gpu)
+            marked = withdrawing.get(key, [])
+            # The mark is the demand as queued (a job's own key and growth): the same trial.
+            mine = next((d for d in marked if d.started is started), None)
+            if mine is None:
+                continue
+            marked.remove(mine)
+            self.books.touch(residents=False, gpu=gpu)
+            if marked:
+                continue
+            del withdrawing[key]
+            effects.extend(self._left_by_withdrawn(demand, gpu, before, now))
+            effects.extend(self.scheduler.schedule(gpu, now))
+        return effects
+
+    def _left_by_withdrawn(self, demand: Demand, gpu: int, before: int, now: float) -> list[Effect]:
+        consumer = demand.consumer
+        live = self.jobs.by_consumer.get((consumer, gpu)) is not None or any(
+            t.demand.consumer == consumer and t.demand.started is not None
+            for t in self.waiting(gpu)
+        )
+        observation = self.observation(gpu)
+        if live or observation is None:
+            return []
+        beyond = observation.managed.get(consumer, 0) - accounted(self.books, consumer, gpu)
+        if beyond <= before:
+            return []
+        resident = keep_held(self.books, demand, gpu, observation, now)
+        if resident is None:
+            return []
+        unload = self.books.start_unload(resident, UnloadReason.WITHDRAWN, None, now)
+        detail = "left by a job its runtime ran before its lease, which could not be had"
+        evicted = resident_event(
+            EventKind.EVICTION_STARTED, now, resident, detail, reason=UnloadReason.WITHDRAWN.value
+        )
+        self.telemetry.explain(gpu, self.books)
+        return [unload, evicted]
 
     def job_started(self, lease_id: int, job: str) -> bool:
         """The runtime queued a job's work under its own name for it (for `job_done`)."""

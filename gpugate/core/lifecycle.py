@@ -11,6 +11,10 @@ asleep) and counts for the runtime's backoff; a process that ends on its own (EX
 stopped and counts too. A runtime the gate finds already running, asleep or stopped (at its
 own start, or before a start) is recorded as found (FOUND_UP, FOUND_ASLEEP, FOUND_STOPPED).
 
+Stopped is a state, not a failure: a runtime the gate stopped (an eviction, its ttl) or has
+not started yet is `stopped_on_purpose`; one whose last start failed or that ended on its
+own is `failing` until a start succeeds.
+
 Everything here is pure: time is an argument, nothing awaits.
 """
 
@@ -102,10 +106,18 @@ class Life:
     """The PROCESS lease its current start runs under."""
     waking: bool = False
     """The current start is a wake (a failure leaves it asleep)."""
+    failing: bool = False
+    """Its last start failed, or it ended on its own, and no start succeeded since."""
 
     def move(self, state: LifeState, now: float) -> None:
         if state is not self.state:
             self.state, self.since = state, now
+
+    @property
+    def stopped_on_purpose(self) -> bool:
+        """Its process is not there because the gate stopped it (or is stopping it, or has
+        not started it yet): nothing failed."""
+        return self.state in (LifeState.STOPPED, LifeState.STOPPING) and not self.failing
 
 
 @attrs.frozen
@@ -176,13 +188,20 @@ class Lifecycles:
             if report is LifeReport.UP:
                 life.backoff.ready(now)
             life.move(LifeState.UP, now)
+            life.failing = False
         elif report is LifeReport.START_FAILED:
             retry = life.backoff.failed(now)
             life.move(LifeState.ASLEEP if life.waking else LifeState.STOPPED, now)
+            life.failing = True
         elif report is LifeReport.EXITED:
             retry = life.backoff.failed(now)
             life.move(LifeState.STOPPED, now)
+            life.failing = True
         elif report in (LifeReport.STOPPED, LifeReport.FOUND_STOPPED):
+            # A stop the gate asked for ends a failure too; a probe that finds the process
+            # stopped after a crash does not.
+            if report is LifeReport.STOPPED:
+                life.failing = False
             life.move(LifeState.STOPPED, now)
         elif report in (LifeReport.ASLEEP, LifeReport.FOUND_ASLEEP):
             life.move(LifeState.ASLEEP, now)

@@ -1,4 +1,5 @@
-"""The per-GPU ticket queue: highest class first, then arrival; bounded per consumer."""
+"""The per-GPU ticket queue: jobs their runtime already runs first, then highest class first,
+then arrival; bounded per consumer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ class TicketQueue:
     """Waiting tickets of one GPU in service order."""
 
     def __init__(self) -> None:
-        self._keys: list[tuple[int, float, int]] = []
+        self._keys: list[tuple[int, int, float, int]] = []
         self._tickets: list[Ticket] = []
         self._per_consumer: dict[str, int] = {}
 

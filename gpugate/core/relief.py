@@ -27,8 +27,12 @@ def pressure_class(budget: GpuBudget, books: Books, gpu: int) -> FailureClass:
     return FailureClass.EXTERNAL_GPU_PRESSURE
 
 
-def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -> list[Effect]:
-    """Give idle memory back when external use ate into the reserve."""
+def relieve_pressure(
+    books: Books, telemetry: Telemetry, gpu: int, now: float, *, settling: int = 0
+) -> list[Effect]:
+    """Give idle memory back when external use ate into the reserve. `settling`: bytes of
+    the over-commit that something under way settles without an eviction (a started job's
+    grant or withdrawal, `gpugate.core.early`), as unloads under way do."""
     budget = telemetry.budget(gpu, books)
     if budget is None:
         return []
@@ -60,7 +64,7 @@ def relieve_pressure(books: Books, telemetry: Telemetry, gpu: int, now: float) -
     if not gauge.active:
         return effects
     unloading = sum(u.bytes for u in books.unloads.values() if u.gpu == gpu)
-    deficit = -budget.schedulable - unloading
+    deficit = -budget.schedulable - unloading - settling
     victims = sorted(
         (
             r

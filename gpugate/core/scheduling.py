@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
+from gpugate.core import early
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
@@ -46,10 +47,13 @@ class Admission:
     lease: Lease | None = None
     failure: Failure | None = None
     effects: tuple[Effect, ...] = ()
+    deferred: bool = False
+    """Asked for at once only (`Scheduler.submit`'s `at_once`) and not grantable now:
+    nothing was queued, evicted or recorded for it."""
 
     @property
     def waiting(self) -> bool:
-        return self.lease is None and self.failure is None
+        return self.lease is None and self.failure is None and not self.deferred
 
 
 class Outcome(enum.Enum):
@@ -71,6 +75,8 @@ class _Tail:
     claimed: set[ResidentKey]
     riding: set[ResidentKey]
     view: ResidentView
+    credited: dict[str, int] = attrs.field(factory=dict)
+    """Per consumer, its early bytes already credited to a job of the pass (`early`)."""
 
 
 class _GpuResidents(ResidentSource):
@@ -168,6 +174,9 @@ class Scheduler:
         self.operator = OperatorBook()
         """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
+        self.withdrawing: dict[tuple[str, int], list[Demand]] = {}
+        """(consumer, GPU) → demands of started jobs that ended without a grant, until the
+        gate says their runtime dropped them (`GateCore.withdrawn`)."""
 
     # -- demands -------------------------------------------------------------------------
 
@@ -175,14 +184,25 @@ class Scheduler:
         """A ticket id (it becomes the lease's id) for a demand about to be submitted."""
         return self.books.new_id()
 
-    def submit(self, demand: Demand, now: float, *, ticket_id: int | None = None) -> Admission:
-        """A request needs VRAM: grant it, queue it, or fail it."""
+    def submit(
+        self,
+        demand: Demand,
+        now: float,
+        *,
+        ticket_id: int | None = None,
+        at_once: bool = False,
+    ) -> Admission:
+        """A request needs VRAM: grant it, queue it, or fail it. `at_once`: grant it only
+        from memory no waiting ticket keeps back, evicting nobody; otherwise it is
+        `deferred` (a draining consumer's or an unusable GPU's demand still fails)."""
         ticket_id = self.books.new_id() if ticket_id is None else ticket_id
         gpu = demand.gpu
         draining = self.refuse_draining(demand, ticket_id, now)
         if draining is not None:
             return draining
         if gpu in self.operator.paused:
+            if at_once:
+                return Admission(ticket_id, deferred=True)
             return self._hold(demand, ticket_id, now)
         resident = self.books.reusable(demand.key)
         if resident is not None:
@@ -190,11 +210,14 @@ class Scheduler:
             return Admission(ticket_id, lease=lease, effects=(granted_event(lease),))
         unusable = self._usable(gpu, now)
         if unusable is not None:
+            self.gave_up(demand)
             failure = self._fail(unusable, demand, demand.envelope, now)
             return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
         queue = self.queues.setdefault(gpu, TicketQueue())
         wait = self._max_wait(demand) if demand.max_wait is None else demand.max_wait
         ticket = Ticket(ticket_id, demand, arrived=now, deadline=now + wait)
+        if at_once:
+            return self._at_once(ticket, now)
         may_wait = queue.waiting_for(demand.consumer) < self._queue_limit(demand.consumer)
         effects: list[Effect] = []
         if queue.would_be_last(ticket):
@@ -217,6 +240,7 @@ class Scheduler:
                 effects.extend(self.schedule(gpu, now))
                 outcome = Outcome.FULL
         if outcome is Outcome.FULL:
+            self.gave_up(demand)
             failure = self._fail(
                 FailureClass.QUEUE_FULL,
                 demand,
@@ -245,10 +269,28 @@ class Scheduler:
             return Admission(ticket_id, lease=mine[0].lease, effects=rest)
         return Admission(ticket_id, failure=mine[0].failure, effects=rest)
 
+    def _at_once(self, ticket: Ticket, now: float) -> Admission:
+        """Grant a ticket from what the queue's tail leaves, or defer it: it never goes
+        ahead of a waiting ticket, and nothing is queued or evicted for it."""
+        gpu = ticket.demand.gpu
+        effects: list[Effect] = []
+        tail = self._tails.get(gpu)
+        if tail is None or tail.version != self.books.stamp(gpu):
+            effects.extend(self.schedule(gpu, now))
+            tail = self._tails[gpu]
+        decision = self._decide(ticket, tail, now)
+        if decision.kind is not PlanKind.GRANT:
+            return Admission(ticket.id, effects=tuple(effects), deferred=True)
+        lease = self._grant(ticket, tail, decision, now, effects)
+        # Its own grant is the answer, not an effect for a waiter.
+        rest = tuple(e for e in effects if not (isinstance(e, Grant) and e.ticket_id == ticket.id))
+        return Admission(ticket.id, lease=lease, effects=rest)
+
     def refuse_draining(self, demand: Demand, ticket_id: int, now: float) -> Admission | None:
         """A draining consumer's new demand fails at once (None: the consumer is not draining)."""
         if demand.consumer not in self.operator.draining:
             return None
+        self.gave_up(demand)
         failure = Failure(
             FailureClass.RESIDENCY_CONFLICT,
             f"RESIDENCY_CONFLICT: consumer {demand.consumer} is draining",
@@ -264,6 +306,7 @@ class Scheduler:
         """Queue a demand on a paused GPU without planning it: it waits for resume."""
         queue = self.queues.setdefault(demand.gpu, TicketQueue())
         if queue.waiting_for(demand.consumer) >= self._queue_limit(demand.consumer):
+            self.gave_up(demand)
             failure = self._fail(
                 FailureClass.QUEUE_FULL,
                 demand,
@@ -292,6 +335,7 @@ class Scheduler:
             return []
         self._dequeue(ticket)
         ticket.state = TicketState.CANCELLED
+        self.gave_up(ticket.demand)
         demand = ticket.demand
         cancelled = Event(
             EventKind.TICKET_CANCELLED,
@@ -307,7 +351,15 @@ class Scheduler:
         """Fail a waiting ticket."""
         self._dequeue(ticket)
         ticket.state = TicketState.FAILED
+        self.gave_up(ticket.demand)
         return [Reject(ticket.id, failure), failure_event(failure, now)]
+
+    def gave_up(self, demand: Demand) -> None:
+        """A demand ended without a grant: a started job's is marked, for its runtime is to
+        drop the job, and what the job took stays to be settled (`GateCore.withdrawn`)."""
+        if demand.started is not None:
+            self.withdrawing.setdefault((demand.consumer, demand.gpu), []).append(demand)
+            self.books.touch(residents=False, gpu=demand.gpu)
 
     def expire(self, now: float) -> tuple[list[Effect], set[int]]:
         """Fail tickets past their deadline; returns effects and the GPUs to re-plan."""
@@ -354,7 +406,10 @@ class Scheduler:
         view = ResidentView(
             self._source(gpu), now, self.planner, version=self.books.residents_version
         )
-        tail = _Tail(self.books.stamp(gpu), schedulable, schedulable, set(), set(), view)
+        # Jobs being withdrawn may still be running: what they may take is nobody's.
+        unexplained = self.telemetry.unexplained.get(gpu, {})
+        pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
+        tail = _Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
         paused = gpu in self.operator.paused
         if queue and budget is not None and not paused and self._usable(gpu, now) is None:
@@ -371,18 +426,19 @@ class Scheduler:
         self._tails[gpu] = tail
         return effects
 
-    def _plan_one(
-        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
-    ) -> Outcome:
-        """Plan one ticket against what earlier tickets left, and apply the plan."""
+    def _decide(self, ticket: Ticket, tail: _Tail, now: float) -> Plan:
+        """The planner's decision for one ticket against what earlier tickets left."""
         demand = ticket.demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
         # What the runtime frees itself for this load is this demand's, and no one else's.
         replaced = self.books.replaced_bytes(demand)
         elsewhere = self._elsewhere(demand, now)
-        decision = elsewhere or plan(
-            demand,
+        if elsewhere is not None:
+            return elsewhere
+        own = early.credit(demand, self.telemetry.unexplained.get(gpu, {}), tail.credited)
+        return plan(
+            early.planned(demand, own),
             pool=tail.pool + replaced,
             schedulable=tail.schedulable + replaced,
             residents=self._view(tail, gpu, now),
@@ -393,25 +449,55 @@ class Scheduler:
             releasable_unexplained=releasable,
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
         )
+
+    def _credited(self, ticket: Ticket, tail: _Tail) -> int:
+        """Count the ticket's early bytes as credited in this pass; returns them."""
+        demand = ticket.demand
+        own = early.credit(demand, self.telemetry.unexplained.get(demand.gpu, {}), tail.credited)
+        if own:
+            tail.credited[demand.consumer] = tail.credited.get(demand.consumer, 0) + own
+        return own
+
+    def _grant(
+        self, ticket: Ticket, tail: _Tail, decision: Plan, now: float, effects: list[Effect]
+    ) -> Lease:
+        """Grant a ticket as planned."""
+        demand = ticket.demand
+        gpu = demand.gpu
+        if ticket.id in self.tickets:
+            self._dequeue(ticket)
+        ticket.state = TicketState.GRANTED
+        own = self._credited(ticket, tail)
+        resident = self.books.reusable(demand.key)
+        lease = self.books.open_lease(
+            ticket.id, demand, now, ticket.arrived, decision.needed, resident
+        )
+        if own:
+            # Its lease now explains what the samples showed of it.
+            self.telemetry.absorb(gpu, demand.consumer, own)
+        tail.pool -= decision.needed
+        effects.append(Grant(ticket.id, lease))
+        effects.append(granted_event(lease))
+        tail.version = self.books.stamp(gpu)
+        return lease
+
+    def _plan_one(
+        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
+    ) -> Outcome:
+        """Plan one ticket against what earlier tickets left, and apply the plan."""
+        demand = ticket.demand
+        gpu = demand.gpu
+        releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
+        decision = self._decide(ticket, tail, now)
         if (
-            elsewhere is None
+            self._elsewhere(demand, now) is None
             and decision.kind in (PlanKind.WAIT, PlanKind.FAIL)
             and self.preempt is not None
         ):
             decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
         queued = ticket.id in self.tickets
         if decision.kind is PlanKind.GRANT:
-            if queued:
-                self._dequeue(ticket)
-            ticket.state = TicketState.GRANTED
-            resident = self.books.reusable(demand.key)
-            lease = self.books.open_lease(
-                ticket.id, demand, now, ticket.arrived, decision.needed, resident
-            )
-            tail.pool -= decision.needed
-            effects.append(Grant(ticket.id, lease))
-            effects.append(granted_event(lease))
-            tail.version = self.books.stamp(gpu)
+            self._grant(ticket, tail, decision, now, effects)
             return Outcome.GRANTED
         if decision.kind is PlanKind.FAIL:
             assert decision.failure is not None
@@ -430,8 +516,12 @@ class Scheduler:
                 effects.extend(self.reject(ticket, failure, now))
             else:
                 ticket.state = TicketState.FAILED
+                self.gave_up(demand)
                 effects.append(Reject(ticket.id, failure))
                 effects.append(failure_event(failure, now))
+            if demand.started is not None:
+                # Still running until its runtime drops it: the rest of the pass keeps off.
+                tail.pool -= max(0, decision.needed)
             return Outcome.FAILED
         if not may_wait:
             return Outcome.FULL
@@ -466,7 +556,8 @@ class Scheduler:
         if releasable and decision.kind is PlanKind.WAIT:
             tail.claimed.add(UNEXPLAINED)
         tail.riding.add(demand.key)
-        tail.pool -= max(0, decision.needed - decision.eventual)
+        self._credited(ticket, tail)
+        tail.pool -= early.kept_back(demand, decision)
         tail.version = self.books.stamp(gpu)
         return Outcome.WAITING
 

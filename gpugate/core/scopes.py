@@ -9,7 +9,8 @@ shrinks to the largest job left, and it ends with the last one.
 
 PROCESS: a process that allocates at start. Its lease loads a resident like a request's;
 it turns into that resident once NVML shows the consumer holding the lease's bytes, and
-fails if that does not happen within the demand's `appear_within`.
+fails if that does not happen within the demand's `appear_within`. A switch of a running
+process's model (`Demand.switch`) is not watched here: the runtime's answer ends it.
 
 Memory known from NVML only (a process resident, or what a runtime that cannot list kept
 after its jobs) is a resident whose bytes follow what NVML shows for its consumer.
@@ -207,25 +208,35 @@ def left_behind(
     books: Books, pool: JobLease, observation: GpuObservation | None, now: float
 ) -> list[Event]:
     """What a runtime that cannot list kept after its last job, as a resident NVML tracks."""
-    demand = pool.last
+    kept = keep_held(books, pool.last, pool.lease.gpu, observation, now)
+    if kept is None:
+        return []
+    detail = "kept by its runtime after its last job"
+    return [resident_event(EventKind.OUT_OF_BAND_RESIDENT, now, kept, detail)]
+
+
+def keep_held(
+    books: Books, demand: Demand, gpu: int, observation: GpuObservation | None, now: float
+) -> Resident | None:
+    """What NVML shows `demand`'s consumer holding on `gpu` beyond the books, added to its
+    `<held>` resident (made with the demand's class and policy); None when there is none
+    (or its `<held>` is not idle in the books)."""
     if observation is None:
-        return []
-    held = observation.managed.get(demand.consumer, 0) - accounted(
-        books, demand.consumer, pool.lease.gpu
-    )
+        return None
+    held = observation.managed.get(demand.consumer, 0) - accounted(books, demand.consumer, gpu)
     if held <= 0:
-        return []
+        return None
     key = ResidentKey(demand.consumer, HELD_MODEL)
     resident = books.residents.get(key)
     if resident is not None:
         if resident.state is not ResidentState.RESIDENT:
-            return []
+            return None
         resident.bytes += held
         resident.last_used = resident.changed_at = now
     else:
         resident = books.residents[key] = Resident(
             key=key,
-            gpu=pool.lease.gpu,
+            gpu=gpu,
             bytes=held,
             priority=demand.resident_priority,
             policy=demand.policy,
@@ -236,8 +247,7 @@ def left_behind(
             tracks_observed=True,
         )
     books.touch()
-    detail = "kept by its runtime after its last job"
-    return [resident_event(EventKind.OUT_OF_BAND_RESIDENT, now, resident, detail)]
+    return resident
 
 
 def accounted(books: Books, consumer: str, gpu: int, *, but: ResidentKey | None = None) -> int:
@@ -260,7 +270,7 @@ def appeared(books: Books, observation: GpuObservation) -> list[Lease]:
     """Process leases whose process now shows (most of) their bytes in NVML."""
     found = []
     for lease in books.leases_on(observation.index):
-        if lease.scope is not LeaseScope.PROCESS or not lease.pending:
+        if lease.scope is not LeaseScope.PROCESS or not lease.pending or lease.demand.switch:
             continue
         consumer = lease.key.consumer
         others = sum(
@@ -331,8 +341,33 @@ def pending_for(books: Books, resident: Resident) -> int:
     )
 
 
+def switched(books: Books, lease: Lease, now: float) -> list[Event]:
+    """A switch was answered: the process holds its new model and nothing else. Another
+    model of the process still in the books (one it ran when the switch was queued, or
+    since) was freed by the runtime for it."""
+    events: list[Event] = []
+    for resident in list(books.residents.values()):
+        if (
+            resident.key.consumer != lease.key.consumer
+            or resident.gpu != lease.gpu
+            or not resident.process
+            or resident.key == lease.key
+            or resident.state not in (ResidentState.RESIDENT, ResidentState.SUSPECT)
+        ):
+            continue
+        del books.residents[resident.key]
+        events.append(gone_event(resident, now, f"the process switched to {lease.key.model}"))
+    if events:
+        books.touch()
+    return events
+
+
 def process_ended(books: Books, consumer: str, now: float, detail: str) -> list[Event]:
-    """The consumer's process ended: its process residents go with it."""
+    """The consumer's process ended: its process residents go with it, and a switch under
+    way has no model left to fall back on."""
+    for lease_id, out in list(books.switched_out.items()):
+        if out.key.consumer == consumer:
+            del books.switched_out[lease_id]
     events: list[Event] = []
     for resident in list(books.residents.values()):
         if resident.key.consumer != consumer or not resident.process:
@@ -398,6 +433,7 @@ def listed_scopes(
         if (
             lease.scope is LeaseScope.PROCESS
             and lease.pending
+            and not lease.demand.switch
             and lease.key.consumer == consumer
             and lease.key.model in names
             and lease.granted <= asked_at

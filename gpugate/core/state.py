@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from gpugate.core import early
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
@@ -39,6 +40,7 @@ from gpugate.core.scopes import (
     process_ended,
     process_overdue,
     released_event,
+    switched,
 )
 from gpugate.core.settings import CoreSettings
 from gpugate.core.suspects import clear_suspects
@@ -119,15 +121,16 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
 
     # -- events: demands and their requests ----------------------------------------------
 
-    def submit(self, demand: Demand, now: float) -> Admission:
-        """A request needs VRAM: a lease now, a ticket to wait on, or a failure."""
+    def submit(self, demand: Demand, now: float, *, at_once: bool = False) -> Admission:
+        """A request needs VRAM: a lease now, a ticket to wait on, or a failure. `at_once`:
+        a lease only from memory nobody waits for, evicting nobody, else `deferred`."""
         if demand.scope is LeaseScope.JOB:
             if demand.consumer in self.scheduler.operator.draining:
                 refused = self.scheduler.refuse_draining(demand, self.books.new_id(), now)
                 assert refused is not None
                 return refused
-            return self._submit_job(demand, now)
-        return self.scheduler.submit(demand, now)
+            return self._submit_job(demand, now, at_once=at_once)
+        return self.scheduler.submit(demand, now, at_once=at_once)
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client of a waiting ticket went away."""
@@ -140,10 +143,12 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         lease_id = self.scheduler.new_id()
         return self.scheduler.submit(explicit_demand(terms, lease_id), now, ticket_id=lease_id)
 
-    def renew(self, lease_id: int, now: float) -> list[Effect]:
+    def renew(self, lease_id: int, now: float, longest: float | None = None) -> list[Effect]:
         """An explicit lease's holder is alive: its expiry moves to now + its ttl.
 
         A lease whose expiry has already come lapses here instead (the caller sees it gone).
+        `longest`: the longest ttl allowed now; a lease granted a longer one before it was
+        lowered keeps only that much from here on.
         """
         lease = self.books.leases.get(lease_id)
         if lease is None or lease.expires_at is None or lease.demand.lease_ttl is None:
@@ -153,18 +158,24 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
             if self.scheduler.queues.get(lease.gpu):
                 effects.extend(self.scheduler.schedule(lease.gpu, now))
             return effects
+        if longest is not None and lease.demand.lease_ttl > longest:
+            lease.demand = attrs.evolve(lease.demand, lease_ttl=longest)
         lease.expires_at = now + lease.demand.lease_ttl
         return []
 
     def loaded(self, lease_id: int, now: float) -> list[Effect]:
-        """The runtime answered the lease's request, so its model is in VRAM now."""
+        """The runtime answered the lease's request, so its model is in VRAM now (a
+        switch's: the process's only model, whatever NVML shows yet)."""
         lease = self.books.leases.get(lease_id)
         if lease is None or not lease.pending or not lease.demand.loads_model:
             return []
         self.books.materialise(lease, now)
+        effects: list[Effect] = []
+        if lease.demand.switch:
+            effects.extend(switched(self.books, lease, now))
         if not self.scheduler.queues.get(lease.gpu):
-            return []
-        return self.scheduler.schedule(lease.gpu, now)
+            return effects
+        return effects + self.scheduler.schedule(lease.gpu, now)
 
     def process_ready(self, lease_id: int, now: float) -> list[Effect]:
         """A process started under a PROCESS lease answers on its port and health route: it
@@ -263,7 +274,15 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         for gpu in self.telemetry.observe(sample, self.books):
             self.books.touch(residents=False, gpu=gpu)  # its budget moved; the residents did not
             effects.extend(self._observed_scopes(gpu, now))
-            effects.extend(relieve_pressure(self.books, self.telemetry, gpu, now))
+            settling = early.settling(
+                gpu,
+                self.scheduler.queues.get(gpu) or (),
+                self.telemetry.unexplained.get(gpu, {}),
+                self.scheduler.withdrawing,
+            )
+            effects.extend(
+                relieve_pressure(self.books, self.telemetry, gpu, now, settling=settling)
+            )
             effects.extend(self.scheduler.schedule(gpu, now))
         return effects
 
@@ -395,7 +414,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _submit_job(self, demand: Demand, now: float) -> Admission:
+    def _submit_job(self, demand: Demand, now: float, *, at_once: bool) -> Admission:
         """A job is granted at once within its consumer's job lease, or grows it."""
         job_id = self.books.new_id()
         held = self.jobs.held(demand.consumer, demand.gpu)
@@ -403,7 +422,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         if held and queued.envelope == 0:
             lease = self.books.open_lease(job_id, queued, now, now, 0, None)
             return Admission(job_id, lease=lease, effects=(granted_event(lease),))
-        return self.scheduler.submit(queued, now, ticket_id=job_id)
+        return self.scheduler.submit(queued, now, ticket_id=job_id, at_once=at_once)
 
     def _observed_scopes(self, gpu: int, now: float) -> list[Effect]:
         obs = self.observation(gpu)

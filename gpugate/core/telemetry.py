@@ -65,6 +65,18 @@ class Telemetry:
         if observation is not None:
             self.unexplained[gpu] = unexplained_of(observation, books.usage(gpu))
 
+    def absorb(self, gpu: int, consumer: str, nbytes: int) -> None:
+        """A grant now explains `nbytes` of what the last sample showed of `consumer` beyond
+        the books (a job's own early allocations, `gpugate.core.early`)."""
+        rows = self.unexplained.get(gpu)
+        if rows is None or consumer not in rows:
+            return
+        left = rows[consumer] - nbytes
+        if left > 0:
+            rows[consumer] = left
+        else:
+            del rows[consumer]
+
     def reserve(self, gpu: int) -> int:
         history = self._history.get(gpu)
         return history.reserve() if history else self.reserve_settings(gpu).base

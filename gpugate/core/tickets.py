@@ -20,7 +20,24 @@ class LeaseScope(enum.Enum):
     A consumer's jobs share one lease, sized to the largest live job."""
     PROCESS = "process"
     """A process that allocates at start: the lease becomes a resident once NVML shows the
-    consumer holding its bytes, and fails if that does not happen within `appear_within`."""
+    consumer holding its bytes, and fails if that does not happen within `appear_within`.
+    A `switch` of a running process's model ends with the runtime's answer instead."""
+
+
+@attrs.frozen
+class Started:
+    """A job its runtime accepted before its lease (it alone could judge it), so it may be
+    running, and taking memory, while its lease is planned.
+
+    `unexplained` is, per GPU, what its consumer's last sample showed beyond the books when
+    the job went up: memory the samples show beyond that since is taken to be the job's
+    own (`gpugate.core.early`)."""
+
+    unexplained: tuple[tuple[int, int], ...] = ()
+
+    def before(self, gpu: int) -> int:
+        """What the consumer held beyond the books on `gpu` before the job went up."""
+        return next((nbytes for index, nbytes in self.unexplained if index == gpu), 0)
 
 
 @attrs.frozen
@@ -52,9 +69,17 @@ class Demand:
     replaces: ResidentKey | None = None
     """A resident the runtime frees itself before this load (whisper-server's /load): its
     bytes count as this demand's, and it leaves the books when the lease is granted."""
+    switch: bool = False
+    """PROCESS scope: a request that switches the model of the running process (whisper-
+    server's /load), which the runtime answers once the new model is loaded. Its answer
+    ends the lease, whatever NVML shows (a smaller model never shows the lease's bytes);
+    a switch that fails leaves the model it `replaces` where it was."""
     job_bytes: int | None = None
     """JOB scope, set by the core: the job's own size, while `envelope` is what it must
     grow its consumer's job lease by."""
+    started: Started | None = None
+    """JOB scope: the runtime runs the job already (accepted before its lease); None: it
+    runs only once leased. See `gpugate.core.early`."""
 
     @property
     def consumer(self) -> str:
@@ -71,8 +96,9 @@ class Demand:
     @property
     def loads_model(self) -> bool:
         """Whether the runtime answering the request means its model is loaded (a job's
-        and a process's memory shows in NVML later; an explicit lease loads nothing)."""
-        return not self.explicit and self.scope is LeaseScope.REQUEST
+        and a started process's memory shows in NVML later; an explicit lease loads
+        nothing; a process's switch is answered once it is done)."""
+        return not self.explicit and (self.scope is LeaseScope.REQUEST or self.switch)
 
 
 class TicketState(enum.Enum):
@@ -94,9 +120,11 @@ class Ticket:
     evicting: tuple[ResidentKey, ...] = ()
     """Residents being unloaded so that this ticket fits; their bytes are earmarked for it."""
 
-    def order(self) -> tuple[int, float, int]:
-        """Queue order: highest class first, then arrival, then id."""
-        return (-int(self.demand.priority), self.arrived, self.id)
+    def order(self) -> tuple[int, int, float, int]:
+        """Queue order: a job its runtime already runs first (`gpugate.core.early`), then
+        highest class first, then arrival, then id."""
+        demand = self.demand
+        return (int(demand.started is None), -int(demand.priority), self.arrived, self.id)
 
 
 @attrs.define

@@ -41,6 +41,21 @@ _DURATION_UNITS = {
 }
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d)")
 
+MAX_SIZE = 1024**5
+"""The most a size may say (1 PiB): no card comes near, and every size below it is exact
+enough as a double, so nothing past it needs reading."""
+MAX_DURATION = 1000 * 365 * 86400.0
+"""The longest a duration may be (1,000 years): longer is no setting anyone means, and the
+bound keeps every duration finite wherever it is added to a clock."""
+_SHOWN = 40
+
+
+def _shown(value: str) -> str:
+    """`value` as a message quotes it: its start only, when it is long."""
+    if len(value) <= _SHOWN:
+        return repr(value)
+    return f"{value[:_SHOWN]!r}... ({len(value)} characters)"
+
 
 def parse_size(value: object) -> int:
     """Parse "7.5GiB", "1216348160", "512MB" or an int into bytes; ValueError otherwise.
@@ -62,12 +77,18 @@ def parse_size(value: object) -> int:
         raise ValueError(f"expected a size like '7.5GiB', got {value!r}")
     match = _SIZE_RE.match(value)
     if match is None:
-        raise ValueError(f"expected a size like '7.5GiB', got {value!r}")
+        raise ValueError(f"expected a size like '7.5GiB', got {_shown(value)}")
     number, unit = match.groups()
     factor = _SIZE_UNITS.get(unit.lower())
     if factor is None:
-        raise ValueError(f"unknown size unit {unit!r} in {value!r} (use B, KiB, MiB, GiB, MB, GB)")
-    return round(float(number) * factor)
+        raise ValueError(
+            f"unknown size unit {unit!r} in {_shown(value)} (use B, KiB, MiB, GiB, MB, GB)"
+        )
+    nbytes = float(number) * factor
+    # A string of digits past a double's range reads as infinity, which no round() takes.
+    if not nbytes <= MAX_SIZE:
+        raise ValueError(f"{_shown(value)} is more bytes than any card has (at most 1 PiB)")
+    return round(nbytes)
 
 
 def parse_duration(value: object) -> float:
@@ -75,23 +96,32 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration like '15m', got a boolean")
     if isinstance(value, int | float):
-        if value < 0 or not math.isfinite(value):
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError("a duration must be a number of seconds, got NaN")
+        if value < 0:
             raise ValueError(f"a duration cannot be negative, got {value}")
+        # A JSON integer may have thousands of digits: compared, never made a float.
+        if value > MAX_DURATION:
+            raise ValueError("a duration longer than 1000 years is no duration")
         return float(value)
     if not isinstance(value, str):
         raise ValueError(f"expected a duration like '15m', got {value!r}")
     text = value.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    pos = 0
-    total = 0.0
-    for part in _DURATION_PART.finditer(text):
-        if part.start() != pos:
-            break
-        total += float(part.group(1)) * _DURATION_UNITS[part.group(2)]
-        pos = part.end()
-    if pos == 0 or pos != len(text):
-        raise ValueError(f"expected a duration like '15m', got {value!r}")
+        total = float(text)
+    else:
+        pos = 0
+        total = 0.0
+        for part in _DURATION_PART.finditer(text):
+            if part.start() != pos:
+                break
+            total += float(part.group(1)) * _DURATION_UNITS[part.group(2)]
+            pos = part.end()
+        if pos == 0 or pos != len(text):
+            raise ValueError(f"expected a duration like '15m', got {_shown(value)}")
+    # Digits past a double's range read as infinity.
+    if not total <= MAX_DURATION:
+        raise ValueError(f"{_shown(value)}: a duration longer than 1000 years is no duration")
     return total
 
 

@@ -18,7 +18,7 @@ from gpugate.core.placement import PlacementRule, Placing, place
 from gpugate.core.residents import ResidentKey
 from gpugate.core.scheduling import Admission
 from gpugate.core.state import GateCore
-from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.core.tickets import Demand, Lease, LeaseScope, Started
 from gpugate.gate.events import EventHub
 from gpugate.gate.links import GateFailure
 from gpugate.logs import OncePerInterval
@@ -75,11 +75,62 @@ class AdmissionWork:
     ) -> tuple[Lease, ...]:
         """Leases for a demand that may go to any of `gpus`: one, on the GPU the placement
         chooses, or one per GPU a split load spans (acquired in GPU order; all or none)."""
+        leases: list[Lease] = []
+        try:
+            for part in self._parts(demand, gpus, placing, rule):
+                leases.append(await self.acquire(part))
+        except BaseException:
+            if leases:
+                self.release_all(leases, failed=True)
+            raise
+        return tuple(leases)
+
+    def lease_now_on(
+        self,
+        demand: Demand,
+        gpus: Sequence[int],
+        *,
+        placing: Placing = Placing.GATE,
+        rule: PlacementRule | None = None,
+    ) -> tuple[Lease, ...] | None:
+        """As `acquire_on`, but only from memory no waiting ticket keeps back and evicting
+        nobody: the leases now, or None (nothing queued, evicted or held for it). Raises
+        GateFailure for what fails whatever the memory (a draining consumer, stale samples)."""
+        leases: list[Lease] = []
+        try:
+            for part in self._parts(demand, gpus, placing, rule):
+                lease = self._lease_now(part)
+                if lease is None:
+                    if leases:
+                        self.release_all(leases, failed=True)
+                    return None
+                leases.append(lease)
+        except GateFailure:
+            if leases:
+                self.release_all(leases, failed=True)
+            raise
+        return tuple(leases)
+
+    def _lease_now(self, demand: Demand) -> Lease | None:
+        now = self.clock()
+        lease = self.core.reuse.grant(demand, now)
+        if lease is not None:
+            self.events.granted(lease)
+            return lease
+        admission = self.core.submit(demand, now, at_once=True)
+        self._apply(admission.effects)
+        if admission.failure is not None:
+            raise GateFailure(admission.failure)
+        return admission.lease
+
+    def _parts(
+        self, demand: Demand, gpus: Sequence[int], placing: Placing, rule: PlacementRule | None
+    ) -> list[Demand]:
+        """The demand on the GPU the placement chooses, or its parts on the GPUs a split
+        load spans, in GPU order."""
         if len(gpus) <= 1:
             gpu = gpus[0] if gpus else demand.gpu
-            return (
-                await self.acquire(demand if gpu == demand.gpu else attrs.evolve(demand, gpu=gpu)),
-            )
+            return [demand if gpu == demand.gpu else attrs.evolve(demand, gpu=gpu)]
         placement = place(self.core, demand, gpus, self.clock(), placing=placing, rule=rule)
         if placement.split and placement.predicted:
             # Said once a minute per model: the runtime splits it, the gate leases each part.
@@ -91,15 +142,14 @@ class AdmissionWork:
                 ", ".join(str(s.gpu) for s in placement.shares),
                 placement.why,
             )
-        leases: list[Lease] = []
-        try:
-            for part in placement.demands(demand):
-                leases.append(await self.acquire(part))
-        except BaseException:
-            if leases:
-                self.release_all(leases, failed=True)
-            raise
-        return tuple(leases)
+        return list(placement.demands(demand))
+
+    def early_start(self, consumer: str, gpus: Sequence[int]) -> Started:
+        """The mark of a job of `consumer` about to go up before its lease (`Demand.started`):
+        what the last samples show of the consumer beyond the books on each of `gpus`, which
+        the job's own early allocations will add to."""
+        rows = self.core.telemetry.unexplained
+        return Started(tuple((gpu, rows.get(gpu, {}).get(consumer, 0)) for gpu in gpus))
 
     async def hold(self, terms: LeaseTerms) -> Lease:
         """Wait for an explicit lease; raises GateFailure when it cannot have one.
@@ -235,9 +285,10 @@ class AdmissionWork:
             return
         future.set_result(grant.lease)
 
-    def renew(self, lease_id: int) -> Lease | None:
-        """Extend an explicit lease by its ttl; None when it is not held (any more)."""
-        self._apply(self.core.renew(lease_id, self.clock()))
+    def renew(self, lease_id: int, longest: float | None = None) -> Lease | None:
+        """Extend an explicit lease by its ttl, or by `longest` when that is shorter (the
+        most allowed now); None when it is not held (any more)."""
+        self._apply(self.core.renew(lease_id, self.clock(), longest))
         lease = self.core.lease(lease_id)
         return lease if lease is not None and lease.expires_at is not None else None
 

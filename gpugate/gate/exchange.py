@@ -20,12 +20,20 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.placement import PlacementRule, Placing
 from gpugate.core.residents import ResidentKey
-from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.core.tickets import Demand, Lease, LeaseScope, Started
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import ExchangeOwner, ProcessFront
 from gpugate.identity import IdentityResolver, resolve_priority
 from gpugate.logs import OncePerInterval
-from gpugate.runtimes.base import AdapterError, ApiFamily, Classified, Measured, RouteKind, Vetted
+from gpugate.runtimes.base import (
+    AdapterError,
+    ApiFamily,
+    Classified,
+    Measured,
+    RouteKind,
+    Vetted,
+    failure_reply,
+)
 from gpugate.runtimes.process import NotReady, ProcessExited
 from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
@@ -61,6 +69,17 @@ class Caller:
         return resolve_priority(self._identity, default, self.asked)
 
 
+@attrs.frozen
+class Trial:
+    """A job forwarded before its lease, for the runtime to judge (`Vetted.runtime_decides`):
+    the demand leased once the runtime has accepted it (`Demand.started` set), and where."""
+
+    demand: Demand
+    gpus: tuple[int, ...]
+    placing: Placing
+    rule: PlacementRule | None
+
+
 @attrs.define
 class Exchange:
     """A request admitted by the gate, from its admission to its end."""
@@ -79,9 +98,13 @@ class Exchange:
     the first (`lease` is the first part's); they end as `lease` does."""
     busy: Lease | None = None
     """The 0-byte lease keeping a process runtime's process from eviction meanwhile."""
+    caller: Caller | None = None
+    """Who sent it: the class of a start it may need after its admission."""
     failed: bool = False
     kept: bool = False
     """The lease outlives the request: the runtime accepted a job or a start."""
+    trial: Trial | None = None
+    """A job forwarded with no lease, leased once the runtime has accepted it."""
 
     @property
     def api(self) -> ApiFamily:
@@ -99,7 +122,8 @@ class Exchange:
         answer names the job, a failed load's says why."""
         lease = self.lease
         if lease is None:
-            return False
+            # A job on trial: the answer names the job, to be withdrawn without a lease.
+            return self.trial is not None and status < 400
         if status < 400:
             return lease.scope is LeaseScope.JOB
         return status >= 500 and lease.loads
@@ -128,6 +152,13 @@ class Exchange:
                 gate.job_started(lease, job, kind=kind, scale=self.classified.scale)
             self.kept = not gate.released_by_caller(lease)
         elif status >= 500 and lease.loads:
+            if self.link.adapter.refused_after_load(self.classified, status, prefix):
+                # The runtime loaded the model and then refused the request itself (an
+                # Ollama format or template): resident, and no load failed.
+                gate.loaded(lease)
+                for part in self.parts:
+                    gate.loaded(part)
+                return extra
             failure = self._load_failure(status, prefix)
             gate.report(failure)
             extra.append((FAILURE_HEADER, failure.failure_class.value))
@@ -135,29 +166,87 @@ class Exchange:
             self.failed = lease.pending > 0
         return extra
 
+    async def accepted(self, status: int, prefix: bytes) -> None:
+        """The runtime answered a job on trial: a refusal goes down as it is, with nothing
+        leased; an acceptance is leased now, as any job is (evicting if need be), before the
+        answer goes down. Raises GateFailure when it cannot be, with the job withdrawn from
+        the runtime, so that nothing runs there without a lease."""
+        trial, self.trial = self.trial, None
+        if trial is None or status >= 400:
+            return
+        try:
+            leases = await self.gate.acquire_on(
+                trial.demand, trial.gpus, placing=trial.placing, rule=trial.rule
+            )
+        except BaseException:
+            # Its lease cannot be had, or its client left while it waited.
+            job = self.link.adapter.job_key(self.classified, prefix)
+            self.gate.withdraw(self.link, job, trial.demand)
+            raise
+        if leases:
+            self.lease, self.parts = leases[0], leases[1:]
+        self.failed = any(lease.pending > 0 for lease in leases)
+
     @property
     def passes(self) -> bool:
         """Whether it goes up untouched, needing no lease of its own."""
         return self.classified.kind is RouteKind.PASS
 
     async def process_coming_up(self) -> bool:
-        """The runtime refused the connection: True once its process, there but not yet
-        listening (a unit started it a moment ago: it loads before it binds), answers its
-        port and health route within its start timeout; False when nothing is coming (a
-        request that does not need the process, no process, or it exited)."""
+        """The runtime refused the connection: True once its process answers, so the
+        request may go up again; False when nothing is coming. Raises GateFailure when a
+        start it needs cannot be had.
+
+        * A request admitted without its process (one that does not need it) while the
+          process ran, which the books now say is not there (the gate stopped it, or is
+          stopping or starting it): what a request arriving now meets
+          (`ExchangeWork.admit`): a start under way is waited for, a stopped process is
+          started for any request but its health route's.
+        * A request that needs the process, which is there but not yet listening (a unit
+          started it a moment ago: it loads before it binds): its port and health route,
+          within its start timeout."""
         link = self.link
         control = link.consumer.control
         processes = self.gate.processes
         method, path = self.method, self.path
-        if control is None or not link.adapter.needs_process(method, path):
+        if control is None or not processes.fronts(link):
             return False
-        if not processes.fronts(link) or not await processes.running(link):
+        if self.busy is None and processes.absent(link):
+            if not await processes.settle(link):
+                return False
+            if not processes.absent(link):
+                return True
+            if processes.stand_in(link, method, path, self.api) is not None:
+                return False
+            self.busy = await processes.serve_lease(link, self.process_priority())
+            return True
+        if not link.adapter.needs_process(method, path) or not await processes.running(link):
             return False
         try:
             await wait_ready(link.consumer.upstream.url, control.health, control.start_timeout)
         except (NotReady, ProcessExited):
             return False
         return True
+
+    def process_priority(self) -> PriorityClass:
+        """The class of a start of its runtime's process this request needs."""
+        adapter = self.link.adapter
+        model = adapter.process_model()
+        default = adapter.model_priority(model) if model else self.link.consumer.priority
+        return self.caller.priority(default) if self.caller is not None else default
+
+    def not_answering(self, exc: BaseException) -> ErrorReply:
+        """The gate's answer when the runtime refused the connection and nothing is coming:
+        in place of a process the books say is not there, the health route's stand-in or
+        a failure not reported again (the gate stopped it, or its end was reported once);
+        otherwise a crash, reported."""
+        link = self.link
+        processes = self.gate.processes
+        if processes.fronts(link) and processes.absent(link):
+            stood = processes.stand_in(link, self.method, self.path, self.api)
+            if stood is not None:
+                return stood
+        return failure_reply(self.api, self.crashed(exc))
 
     def upstream_failed(self) -> None:
         """The runtime could not be reached or broke off: a load under the lease failed."""
@@ -181,21 +270,31 @@ class Exchange:
         )
 
     def crashed(self, exc: BaseException) -> Failure:
-        """The runtime is not answering: the failure, reported."""
+        """The runtime is not answering: the failure, reported, unless the books say its
+        process is not there (the gate stopped it or is starting it, or its end was
+        reported when it exited): a deliberate stop is a state, not a crash."""
         consumer = self.link.consumer
-        return self._report(
-            FailureClass.RUNTIME_CRASH,
-            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url} is not answering "
-            f"({exc.__class__.__name__}: {exc})",
+        processes = self.gate.processes
+        absent = processes.fronts(self.link) and processes.absent(self.link)
+        what = "its process is not running" if absent else "it is not answering"
+        message = (
+            f"RUNTIME_CRASH: {consumer.name} at {consumer.upstream.url}: {what} "
+            f"({exc.__class__.__name__}: {exc})"
         )
+        if absent:
+            return self._failure(FailureClass.RUNTIME_CRASH, message)
+        return self._report(FailureClass.RUNTIME_CRASH, message)
 
     def _report(self, cls: FailureClass, message: str) -> Failure:
-        consumer = self.link.consumer
-        failure = Failure(
-            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.cards[0]
-        )
+        failure = self._failure(cls, message)
         self.gate.report(failure)
         return failure
+
+    def _failure(self, cls: FailureClass, message: str) -> Failure:
+        consumer = self.link.consumer
+        return Failure(
+            cls, message, consumer=consumer.name, model=self.classified.model, gpu=consumer.cards[0]
+        )
 
     def _load_failure(self, status: int, body: bytes) -> Failure:
         text = body.decode("utf-8", "replace")
@@ -232,6 +331,17 @@ class ExchangeWork:
             rule: PlacementRule | None = None,
         ) -> tuple[Lease, ...]: ...
 
+        def lease_now_on(
+            self,
+            demand: Demand,
+            gpus: Sequence[int],
+            *,
+            placing: Placing = Placing.GATE,
+            rule: PlacementRule | None = None,
+        ) -> tuple[Lease, ...] | None: ...
+
+        def early_start(self, consumer: str, gpus: Sequence[int]) -> Started: ...
+
         def release(self, lease: Lease, *, failed: bool = False) -> None: ...
 
         def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None: ...
@@ -249,25 +359,39 @@ class ExchangeWork:
         process it needs running and kept busy, and a lease for what it may load. Raises
         GateFailure, with nothing held, when either cannot be had."""
         gate = cast(ExchangeOwner, self)
+        trial = False
         if classified.kind is RouteKind.DEMAND and link.adapter.vets:
             vetted = await self._vet(link, classified)
             if vetted is not None:
                 if vetted.reply is not None:
                     return Exchange(gate, link, classified, method, path, vetted.reply)
-                # The runtime refuses it before loading: it goes up unleased.
-                classified = attrs.evolve(classified, kind=RouteKind.PASS)
+                if vetted.runtime_decides and classified.scope is LeaseScope.JOB:
+                    trial = True
+                else:
+                    # The runtime refuses it before loading: it goes up unleased.
+                    classified = attrs.evolve(classified, kind=RouteKind.PASS)
         adapter = link.adapter
-        exchange = Exchange(gate, link, classified, method, path)
+        exchange = Exchange(gate, link, classified, method, path, caller=caller)
         processes = self.processes
-        if processes.fronts(link) and adapter.needs_process(method, path):
-            # A process runtime: it must run (the gate starts it if it was stopped), and it
-            # stays busy, never evicted, while this request is in flight.
-            model = adapter.process_model()
-            default = adapter.model_priority(model) if model else link.consumer.priority
-            exchange.busy = await processes.serve_lease(link, caller.priority(default))
+        if processes.fronts(link):
+            needed = adapter.needs_process(method, path)
+            if not needed:
+                # Forwarded as it is while the process runs; a start under way is waited
+                # for; in place of a stopped process the gate answers its health route,
+                # and any other request starts it (process_absent.py).
+                await processes.settle(link)
+                if processes.absent(link):
+                    stood = processes.stand_in(link, method, path, classified.api)
+                    if stood is not None:
+                        return Exchange(gate, link, classified, method, path, stood)
+                    needed = True
+            if needed:
+                # It must run (the gate starts it if it was stopped), and it stays busy,
+                # never evicted, while this request is in flight.
+                exchange.busy = await processes.serve_lease(link, exchange.process_priority())
         if classified.kind is RouteKind.DEMAND:
             try:
-                leases = await self._lease(link, classified, caller)
+                leases = await self._lease(link, classified, caller, exchange, trial=trial)
             except GateFailure:
                 if exchange.busy is not None:
                     self.release(exchange.busy)
@@ -296,9 +420,43 @@ class ExchangeWork:
             )
             return None
 
-    async def _lease(self, link: Link, classified: Classified, caller: Caller) -> tuple[Lease, ...]:
+    async def _lease(
+        self,
+        link: Link,
+        classified: Classified,
+        caller: Caller,
+        exchange: Exchange,
+        *,
+        trial: bool = False,
+    ) -> tuple[Lease, ...]:
         """The leases for a request that may load a model: one, or one per GPU a split
-        load spans (none: the runtime will refuse it)."""
+        load spans (none: the runtime will refuse it, or it goes up on `trial`).
+
+        On trial (a job only the runtime can judge), it is leased now only from memory
+        nobody waits for, evicting nobody; otherwise it goes up with no lease, marked with
+        what its consumer held beyond the books before it went up, and `Exchange.trial`
+        leases it once the runtime has accepted it (`gpugate.core.early`)."""
+        demand = await self._demand(link, classified, caller)
+        if demand is None:
+            return ()
+        consumer = link.consumer
+        cards = consumer.cards
+        # The runtime's rule matters only where there is a choice: not on a one-card consumer's
+        # every request.
+        rule = link.adapter.placement_rule(classified) if len(cards) > 1 else None
+        placing = link.adapter.placing
+        if not trial:
+            return await self.acquire_on(demand, cards, placing=placing, rule=rule)
+        leases = self.lease_now_on(demand, cards, placing=placing, rule=rule)
+        if leases is not None:
+            return leases
+        started = attrs.evolve(demand, started=self.early_start(consumer.name, cards))
+        exchange.trial = Trial(started, tuple(cards), placing, rule)
+        return ()
+
+    async def _demand(self, link: Link, classified: Classified, caller: Caller) -> Demand | None:
+        """What a request that may load a model demands (None: no envelope is known, the
+        runtime will refuse it)."""
         assert classified.model is not None
         adapter = link.adapter
         consumer = link.consumer
@@ -316,9 +474,9 @@ class ExchangeWork:
         if envelope is None:
             envelope = await self.envelope(link, model, classified.options_key)
         if envelope is None:
-            return ()
+            return None
         residency = adapter.residency(model)
-        demand = Demand(
+        return Demand(
             key=key,
             gpu=consumer.cards[0],
             envelope=envelope,
@@ -333,9 +491,7 @@ class ExchangeWork:
             replaces=(
                 ResidentKey(consumer.name, classified.replaces) if classified.replaces else None
             ),
+            # The runtime's memory is its process's: a PROCESS demand of a request switches
+            # the running process's model, and its answer ends the lease.
+            switch=classified.scope is LeaseScope.PROCESS and adapter.process_model() is not None,
         )
-        cards = consumer.cards
-        # The runtime's rule matters only where there is a choice: not on a one-card consumer's
-        # every request.
-        rule = adapter.placement_rule(classified) if len(cards) > 1 else None
-        return await self.acquire_on(demand, cards, placing=adapter.placing, rule=rule)

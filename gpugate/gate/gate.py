@@ -30,7 +30,7 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.observation import HostObservation
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
-from gpugate.core.tickets import Lease
+from gpugate.core.tickets import Demand, Lease
 from gpugate.gate.admission import AdmissionWork
 from gpugate.gate.events import ROUTINE, EventHub
 from gpugate.gate.exchange import ExchangeWork
@@ -176,6 +176,17 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         """An unload finished: its bytes are back, did not come back in time, or the
         runtime could not be asked (`failure`)."""
         self._apply(self.core.unloaded(key, self.clock(), reclaimed=reclaimed, failure=failure))
+
+    def withdraw(self, link: Link, job: str | None, demand: Demand) -> None:
+        """A job the runtime accepted before its lease is to be dropped, its lease not to be
+        had (or its client gone): ask the runtime (`UnloadRunner.withdraw`), then settle
+        what it left (`withdrawn`)."""
+        self._spawn(self._unloads.withdraw(link, job, demand), f"withdraw-{link.consumer.name}")
+
+    def withdrawn(self, demand: Demand) -> None:
+        """The runtime was asked to drop a job accepted before its lease: what it left is
+        given back (`GateCore.withdrawn`)."""
+        self._apply(self.core.withdrawn(demand, self.clock()))
 
     def report(self, failure: Failure) -> None:
         """A failure seen outside the core (an upstream that crashed or could not load)."""

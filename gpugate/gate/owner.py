@@ -15,11 +15,14 @@ from gpugate.core.effects import Preempt
 from gpugate.core.failures import Failure
 from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import HostObservation
+from gpugate.core.placement import PlacementRule, Placing
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease
 from gpugate.gate.links import Link
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.base import ApiFamily
+from gpugate.runtimes.replies import ErrorReply
 
 
 class StartBook(Protocol):
@@ -34,6 +37,12 @@ class ProcessFront(Protocol):
     """The process runtimes the gate starts, as a request sees them."""
 
     def fronts(self, link: Link) -> bool: ...
+
+    def absent(self, link: Link) -> bool: ...
+
+    async def settle(self, link: Link) -> bool: ...
+
+    def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None: ...
 
     async def running(self, link: Link) -> bool: ...
 
@@ -60,6 +69,17 @@ class ExchangeOwner(Protocol):
     def report(self, failure: Failure) -> None: ...
 
     def want_reconcile(self, consumer: str) -> None: ...
+
+    async def acquire_on(
+        self,
+        demand: Demand,
+        gpus: Sequence[int],
+        *,
+        placing: Placing = Placing.GATE,
+        rule: PlacementRule | None = None,
+    ) -> tuple[Lease, ...]: ...
+
+    def withdraw(self, link: Link, job: str | None, demand: Demand) -> None: ...
 
 
 class GateOwner(Protocol):
@@ -95,6 +115,8 @@ class GateOwner(Protocol):
     ) -> None: ...
 
     def preempted(self, effect: Preempt, failure: Failure | None) -> None: ...
+
+    def withdrawn(self, demand: Demand) -> None: ...
 
     def loop_failed(self, loop: str, failure: Failure) -> None: ...
 

@@ -4,6 +4,8 @@ elsewhere, the demand for its start or for a request on it, and its failures. Re
 
 from __future__ import annotations
 
+import attrs
+
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
@@ -98,6 +100,20 @@ class ProcessBooks:
     def admission_timeout(self, link: Link) -> float:
         control = link.consumer.control
         return control.start_admission_timeout if control else DEFAULT_START_ADMISSION_TIMEOUT
+
+    def backoff(self, link: Link, *, until_up: bool = False) -> Failure | None:
+        """START_BACKOFF while the consumer's last starts failed (or it ended on its own)
+        and its backoff runs; with `until_up`, also after that, until a start succeeds."""
+        life = self.gate.core.lifecycle(link.consumer.name)
+        if life is None:
+            return None
+        wait = life.backoff.remaining(self.gate.clock())
+        if wait <= 0 and not (until_up and life.failing):
+            return None
+        when = f"the next start is in {wait:.0f}s" if wait > 0 else "the next request starts it"
+        what = f"it failed to start or ended {life.backoff.failures} time(s) in a row; {when}"
+        failure = self.failure(link, FailureClass.START_BACKOFF, what)
+        return attrs.evolve(failure, retry_after=wait if wait > 0 else None)
 
     def failure(self, link: Link, cls: FailureClass, what: str) -> Failure:
         consumer = link.consumer

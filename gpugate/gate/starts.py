@@ -21,6 +21,10 @@ A runtime whose memory is its process's (the adapter's `process_model`) is handl
   backoff, under a lease.
 * **At gate start** an `always_warm` process is started under a lease; one already
   running is adopted; one with no control is reserved for its envelope until it shows.
+  `warm` waits for them (the `gpugate: ready` line) and says which is not up.
+* **While it is not up** (process_absent.py): a request waits for a start under way;
+  while the process is stopped, its health route is answered by the gate and any other
+  request starts it. Neither is a crash.
 * **One start, one lease**: while the gate holds the start lease of a process it is
   starting, `gpugate admit` from that process's unit (its ExecStartPre) joins that lease
   (`StartLeases.own`, start_leases.py), and the gate waits for a start lease `gpugate
@@ -32,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from urllib.parse import urlsplit
 
 import attrs
 
@@ -41,21 +44,24 @@ from gpugate.core.effects import Start, Wake
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.tickets import Lease
+from gpugate.core.units import format_gib
 from gpugate.gate.links import GateFailure, Link
 from gpugate.gate.owner import GateOwner
+from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
+from gpugate.gate.process_absent import start_timeout as start_timeout_of
 from gpugate.gate.process_books import ProcessBooks
 from gpugate.gate.process_envelopes import ProcessEnvelopes
+from gpugate.gate.process_found import ProcessFinder
+from gpugate.runtimes.base import ApiFamily
 from gpugate.runtimes.process import (
     Exit,
     NotReady,
     ProcessControl,
-    ProcessControlError,
     ProcessExited,
     SupervisedCommand,
-    SystemdUnit,
 )
-from gpugate.runtimes.process_find import listening_pids
-from gpugate.runtimes.process_ready import port_open, wait_ready
+from gpugate.runtimes.process_ready import wait_ready
+from gpugate.runtimes.replies import ErrorReply
 
 log = logging.getLogger("gpugate.starts")
 
@@ -92,6 +98,12 @@ class ProcessStarts:
         """The start each consumer's waiting request awaits: done once reported."""
         self.envelopes = ProcessEnvelopes(gate)
         self.books = ProcessBooks(gate)
+        self.finder = ProcessFinder(gate, self.books)
+        self.under_way = StartsUnderWay()
+        self._warming: dict[str, asyncio.Task[None]] = {}
+        """The start of each always_warm process at the gate's start, for `warm`."""
+        self._last_failure: dict[str, str] = {}
+        """Why each consumer's last start failed, in one line (cleared once it is up)."""
         for link in gate.links.values():
             process = link.adapter.process
             if process is None:
@@ -100,6 +112,10 @@ class ProcessStarts:
             gate.core.register_lifecycle(link.consumer.name, eviction, gate.clock())
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self._exited(link, exit)
+
+    async def running(self, link: Link) -> bool:
+        """Whether the consumer's process is there (its control says so), bounded."""
+        return await self.finder.running(link)
 
     def starting(self, consumer: str) -> bool:
         """Whether the consumer's runtime is starting now (not yet answering)."""
@@ -110,6 +126,39 @@ class ProcessStarts:
         """Whether requests to `link` need its process running (a controlled process
         runtime with an envelope)."""
         return link.adapter.process is not None and self.books.envelope(link) is not None
+
+    def absent(self, link: Link) -> bool:
+        """Whether the books say the consumer's process is not there: stopped (on purpose,
+        or after a failure already reported), being stopped, or being started. Never for
+        a runtime the gate puts to sleep: its process is not the gate's to start or stop,
+        and it serves what it serves asleep too (vLLM's server)."""
+        process = link.adapter.process
+        life = self.gate.core.lifecycle(link.consumer.name)
+        return (
+            process is not None
+            and not process.sleeps
+            and life is not None
+            and life.state in (LifeState.STOPPED, LifeState.STOPPING, LifeState.STARTING)
+        )
+
+    async def settle(self, link: Link) -> bool:
+        """Wait while the gate starts the consumer's process, within its start timeout;
+        False when the start is still under way after that. A runtime woken from sleep
+        keeps serving meanwhile: nothing to wait for."""
+        process = link.adapter.process
+        if process is None or process.sleeps:
+            return True
+        return await self.under_way.wait(link.consumer.name, start_timeout_of(link))
+
+    def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
+        """The gate's answer in place of a process it does not run now, for a request on
+        its health route (process_absent.py); None for any other request (it starts it)."""
+        life = self.gate.core.lifecycle(link.consumer.name)
+        if life is None or not health_route(link, method, path) or not self.absent(link):
+            return None
+        if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
+            return None
+        return stand_in(link, self.books.backoff(link, until_up=True), api)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -149,104 +198,40 @@ class ProcessStarts:
                 await asyncio.sleep(POLL_INTERVAL)
             else:
                 return
-            await self._read_unit(link)
-            process = link.adapter.process
-            running = process is None or await self._found(link, process) is LifeReport.FOUND_UP
-            if not running:
-                self._check_backoff(link)
-            demand = self.books.demand(link, priority)
-            if running:
-                # Adopted: what NVML already shows of it is counted (as unexplained); the
-                # lease covers the rest, so nothing is counted twice. It is on the GPU
-                # where NVML shows it.
-                gpu = self.books.shown_on(link)
-                shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
-                demand = attrs.evolve(
-                    demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
-                )
-                lease = await gate.acquire(demand)
-            else:
-                # The gate chooses its GPU among the consumer's, and starts it there.
-                (lease,) = await gate.acquire_on(demand, link.consumer.cards)
-            if running:
-                log.info("%s is running: adopted, its memory counted from the next sample", name)
-                if process is not None:
-                    await self._adopted_ready(link, process, lease)
-                return
-            gate.starts.own(lease)
-            await self._start(link, lease)
+            with self.under_way.running(name):
+                await self._bring_up(link, priority)
 
-    async def _found(self, link: Link, process: ProcessControl) -> LifeReport:
-        """What the runtime is now, as its lifecycle records it: up (the control's own, one
-        running its command, or one serving its port: adopted, never started twice),
-        asleep, or stopped."""
-        found = await self._found_as(link, process)
-        self.gate.life_report(link.consumer.name, found)
-        return found
-
-    async def _found_as(self, link: Link, process: ProcessControl) -> LifeReport:
-        found = await self._probe(link, process)
-        if found is not LifeReport.FOUND_STOPPED or not process.owns_port:
-            return found
-        pid = process.find()
-        how = "runs its command"
-        if pid is None:
-            pid = await self._listener(link)
-            how = "listens on its port"
-        if pid is None:
-            return found
-        try:
-            process.adopt(pid)
-        except ProcessControlError as exc:
-            log.warning(
-                "%s: process %d %s but cannot be adopted: %s", link.consumer.name, pid, how, exc
-            )
-            return LifeReport.FOUND_UP
-        log.warning(
-            "%s: process %d %s; adopted instead of starting another", link.consumer.name, pid, how
-        )
-        return LifeReport.FOUND_UP
-
-    async def _listener(self, link: Link) -> int | None:
-        """A process listening on the upstream's port, if one can be seen."""
-        url = urlsplit(link.consumer.upstream.url)
-        if url.port is None or url.hostname is None:
-            return None
-        # A refused connection says nothing listens, at once; the scan of /proc/net/tcp
-        # costs tens of milliseconds where many closed connections wait out TIME_WAIT.
-        if not await port_open(url.hostname, url.port):
-            return None
-        found = listening_pids(url.port)
-        return found[0] if found else None
-
-    async def _adopted_ready(self, link: Link, process: ProcessControl, lease: Lease) -> None:
-        """An adopted process may still be loading its model (whisper-server binds once it
-        holds it): it is resident once its port accepts. Its health route is not waited
-        for: after a /load that failed it stays unwell, and the runtime answers for itself."""
-        control = link.consumer.control
-        timeout = control.start_timeout if control is not None else 60.0
-        try:
-            await wait_ready(link.consumer.upstream.url, None, timeout, process=process)
-        except ProcessControlError as exc:
-            self.gate.release(lease, failed=True)
-            failure = self.books.failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
-            self.gate.report(failure)
-            raise GateFailure(failure) from exc
-        self.gate.process_ready(lease)
-
-    async def _read_unit(self, link: Link) -> None:
-        """What a unit runs is its own command line, not the configuration's guess: read
-        it (its model) before it is started or adopted. Unreadable: the guess stands."""
+    async def _bring_up(self, link: Link, priority: PriorityClass) -> None:
+        """Adopt the consumer's process if it runs, else start it under a PROCESS lease."""
+        gate = self.gate
+        name = link.consumer.name
+        await self.finder.read_unit(link)
         process = link.adapter.process
-        if not isinstance(process, SystemdUnit):
+        running = process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
+        refused = None if running else self.books.backoff(link)
+        if refused is not None:
+            raise GateFailure(refused)
+        demand = self.books.demand(link, priority)
+        if running:
+            # Adopted: what NVML already shows of it is counted (as unexplained); the
+            # lease covers the rest, so nothing is counted twice. It is on the GPU
+            # where NVML shows it.
+            gpu = self.books.shown_on(link)
+            shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
+            demand = attrs.evolve(
+                demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
+            )
+            lease = await gate.acquire(demand)
+        else:
+            # The gate chooses its GPU among the consumer's, and starts it there.
+            (lease,) = await gate.acquire_on(demand, link.consumer.cards)
+        if running:
+            log.info("%s is running: adopted, its memory counted from the next sample", name)
+            if process is not None:
+                await self.finder.adopted_ready(link, process, lease)
             return
-        try:
-            argv = await process.command()
-        except ProcessControlError as exc:
-            log.warning("%s: the command line of its unit is unknown: %s", link.consumer.name, exc)
-            return
-        if argv:
-            link.adapter.read_unit_command(argv)
+        gate.starts.own(lease)
+        await self._start(link, lease)
 
     async def _start(self, link: Link, lease: Lease) -> None:
         """Have the core start (or wake) the runtime under `lease`, and wait for the report."""
@@ -302,6 +287,7 @@ class ProcessStarts:
             failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
+            self._last_failure[name] = what
             gate.report(failure)
             if self._always_warm(link):
                 self._spawn(self._keep_warm(link), f"restart-{name}")
@@ -316,6 +302,7 @@ class ProcessStarts:
         if lease is not None:
             self.envelopes.started(lease.key)
         gate.life_report(name, LifeReport.UP)
+        self._last_failure.pop(name, None)
         log.info(
             "%s %s under lease %d (%.1fs to ready)",
             name, "woken" if waking else "started", effect.lease, gate.clock() - started,
@@ -334,35 +321,28 @@ class ProcessStarts:
             return observation.uuid
         return str(lease.gpu)
 
-    # -- backoff ---------------------------------------------------------------------------
-
-    def _check_backoff(self, link: Link) -> None:
-        """Refuse a start while the consumer's last starts failed and its backoff runs."""
-        name = link.consumer.name
-        wait = self.gate.core.start_wait(name, self.gate.clock())
-        life = self.gate.core.lifecycle(name)
-        if wait <= 0 or life is None:
-            return
-        what = (
-            f"it failed to start or ended {life.backoff.failures} time(s) in a row; "
-            f"the next start is in {wait:.0f}s"
-        )
-        failure = attrs.evolve(
-            self.books.failure(link, FailureClass.START_BACKOFF, what), retry_after=wait
-        )
-        raise GateFailure(failure)
-
     # -- the gate's own start and stop -----------------------------------------------------
 
     def on_gate_start(self) -> None:
         """Start always_warm processes, adopt running ones, reserve uncontrolled ones."""
         for link in self.gate.links.values():
-            if self.books.envelope(link) is not None:
-                self._spawn(self._at_start(link), f"process-{link.consumer.name}")
+            if self.books.envelope(link) is None:
+                continue
+            name = link.consumer.name
+            if link.adapter.process is not None and self._always_warm(link):
+                # Under way from now: a request that arrives before its start begins waits.
+                task = self._spawn(self._warm_start(link), f"process-{name}")
+                self._warming[name] = task
+            else:
+                self._spawn(self._at_start(link), f"process-{name}")
+
+    async def _warm_start(self, link: Link) -> None:
+        with self.under_way.running(link.consumer.name):
+            await self._at_start(link)
 
     async def _at_start(self, link: Link) -> None:
         adapter = link.adapter
-        await self._read_unit(link)
+        await self.finder.read_unit(link)
         model = adapter.process_model()
         assert model is not None
         priority = adapter.model_priority(model)
@@ -371,11 +351,33 @@ class ProcessStarts:
                 demand = self.books.demand(link, priority, gpu=self.books.shown_on(link))
                 await self.gate.acquire(demand)
                 return
-            found = await self._found(link, adapter.process)
+            found = await self.finder.found(link, adapter.process)
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
+            self._last_failure.setdefault(link.consumer.name, exc.failure.message)
             log.warning("%s at the gate's start: %s", link.consumer.name, exc.failure.message)
+
+    async def warm(self) -> list[str]:
+        """Wait for the always_warm processes the gate starts at its own start, each within
+        its start timeout; what is not up then: `NAME not up: WHY`, one each."""
+        names = sorted(self._warming)
+        timeouts = {name: start_timeout_of(self.gate.links[name]) for name in names}
+        waits = [
+            asyncio.wait_for(asyncio.shield(self._warming[name]), timeouts[name]) for name in names
+        ]
+        await asyncio.gather(*waits, return_exceptions=True)
+        missing = []
+        for name in names:
+            life = self.gate.core.lifecycle(name)
+            if life is None or life.state is not LifeState.UP:
+                queued = [t for t in self.gate.core.waiting() if t.demand.consumer == name]
+                wait = None
+                if queued:
+                    wait = f"{format_gib(queued[0].demand.envelope)} on GPU {queued[0].demand.gpu}"
+                why = not_up(life, timeouts[name], self._last_failure.get(name), wait)
+                missing.append(f"{name} not up: {why}")
+        return missing
 
     def _always_warm(self, link: Link) -> bool:
         model = link.adapter.process_model()
@@ -433,25 +435,8 @@ class ProcessStarts:
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
 
-    async def running(self, link: Link) -> bool:
-        """Whether the consumer's process is there (its control says so), bounded."""
-        process = link.adapter.process
-        if process is None:
-            return False
-        try:
-            async with asyncio.timeout(link.consumer.timeouts.control):
-                return await process.is_running()
-        except (TimeoutError, ProcessControlError):
-            return False
-
-    async def _probe(self, link: Link, process: ProcessControl) -> LifeReport:
-        try:
-            return await process.probe()
-        except Exception as exc:
-            what = f"its state is unknown: {exc}"
-            raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what)) from exc
-
-    def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, coro, name: str) -> asyncio.Task[None]:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task

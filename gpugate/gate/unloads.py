@@ -34,6 +34,7 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentState
+from gpugate.core.tickets import Demand
 from gpugate.gate.links import Link
 from gpugate.gate.owner import GateOwner
 from gpugate.gate.upstream import upstream_failure
@@ -132,6 +133,45 @@ class UnloadRunner:
                 gate.loop_failed(f"preempt-{effect.consumer}", failure)
         finally:
             gate.preempted(effect, failure)
+
+    async def withdraw(self, link: Link, job: str | None, demand: Demand) -> None:
+        """Ask the runtime to drop a job it accepted before its lease, which could not be
+        had (or whose client left), within one control timeout, and wait (up to the reclaim
+        timeout) until it no longer has it: what the job left is then given back, from what
+        NVML shows (`GateCore.withdrawn`). Until then the job's memory is kept back."""
+        gate = self.gate
+        name = link.consumer.name
+        try:
+            if job is not None:
+                if link.session is None:
+                    raise LookupError(f"no adapter can withdraw {name}'s job {job}")
+                async with asyncio.timeout(link.consumer.timeouts.control):
+                    await link.adapter.preempt(link.session, job)
+                if link.adapter.tracks_jobs:
+                    await self._until_dropped(link, job)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(gate.config.budget.reclaim_timeout):
+                    gate.observe(await gate.sampler.sample())
+        except Exception as exc:
+            what = f"cannot withdraw {name}'s job {job}, accepted without a lease"
+            gate.loop_failed(f"withdraw-{name}", upstream_failure(link.consumer, exc, what))
+        finally:
+            gate.withdrawn(demand)
+
+    async def _until_dropped(self, link: Link, job: str) -> None:
+        """Poll the runtime until it says the job ended (a running job stops at its next
+        step), within the reclaim timeout."""
+        assert link.session is not None
+        pause = FIRST_POLL
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.gate.config.budget.reclaim_timeout):
+                while True:
+                    async with asyncio.timeout(link.consumer.timeouts.control):
+                        ended = await link.adapter.track_jobs(link.session, frozenset({job}))
+                    if ended:
+                        return
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, POLL_INTERVAL)
 
     async def _wait_for_reclaim(
         self,

@@ -213,9 +213,12 @@ class ConsumerListener:
             upstream = await self._open(request, body, exchange, screening)
         except UpstreamTimeout as exc:
             return reply(failure_reply(api, exchange.timed_out(exc)), screening)
+        except GateFailure as exc:
+            # A start its refused connection needed could not be had.
+            return reply(failure_reply(api, exc.failure), screening)
         except OSError as exc:
             exchange.upstream_failed()
-            return reply(failure_reply(api, exchange.crashed(exc)), screening)
+            return reply(exchange.not_answering(exc), screening)
         except asyncio.IncompleteReadError:
             # The client's body ended short of its framing: the upstream connection was
             # closed with the request unfinished; nothing of it counts.
@@ -227,6 +230,7 @@ class ConsumerListener:
             prefix = b""
             if exchange.wants_prefix(upstream.status):
                 prefix = await upstream.read(ERROR_BODY_LIMIT, timeouts.idle)
+            await exchange.accepted(upstream.status, prefix)
             extra = [*screening.response_headers, *exchange.answered(upstream.status, prefix)]
             response = await stream_down(request, upstream, extra, timeouts.idle, prefix=prefix)
             complete = True
@@ -235,6 +239,9 @@ class ConsumerListener:
             return reply(failure_reply(api, exchange.timed_out(exc)), screening)
         except OSError as exc:
             return reply(failure_reply(api, exchange.crashed(exc)), screening)
+        except GateFailure as exc:
+            # The runtime accepted a job whose lease cannot be had: it was withdrawn.
+            return reply(failure_reply(api, exc.failure), screening)
         except UpstreamBroken as exc:
             if isinstance(exc.cause, UpstreamTimeout):
                 exchange.timed_out(exc.cause)
@@ -255,10 +262,11 @@ class ConsumerListener:
         exchange: Exchange,
         screening: Screening,
     ) -> Response:
-        """The upstream's answer's head. A process runtime whose process is there but not
-        yet listening (its unit started it a moment ago: it loads before it binds) refuses
-        the connection; nothing of the request went up then, so once the exchange says it
-        answers, the request is sent once more."""
+        """The upstream's answer's head. A process runtime whose process is not listening
+        (its unit started it a moment ago: it loads before it binds; or the gate stopped
+        or started it after this request was admitted) refuses the connection; nothing of
+        the request went up then, so once the exchange says it answers, the request is
+        sent once more."""
         timeouts = self.link.consumer.timeouts
         try:
             return await open_upstream(

@@ -84,11 +84,17 @@ class Classified:
 
 @attrs.frozen
 class Vetted:
-    """The runtime's own refusal of a demand, known before any lease."""
+    """The runtime's own verdict on a demand, known before any lease."""
 
     reply: ErrorReply | None = None
-    """The runtime's answer, written by the gate; None: forward the request unleased, for
+    """The runtime's refusal, written by the gate; None: forward the request unleased, for
     the runtime to word its own refusal (nothing loads for it)."""
+    runtime_decides: bool = False
+    """Only the runtime can tell whether it refuses this job (its own code judges it, or
+    only it can word the refusal), and it does so before it queues anything: the request
+    is forwarded with no lease, and the job is leased (evicting whoever must make room)
+    only once the runtime has accepted it. A refusal then costs nobody anything. JOB
+    scope only: a request of another scope is leased before it goes up, as without it."""
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ from gpugate.runtimes.answers import (
 )
 from gpugate.runtimes.dialect import BodyCoding, ServerDialect
 from gpugate.runtimes.process import ProcessControl
-from gpugate.runtimes.replies import BodyLimit
+from gpugate.runtimes.replies import BodyLimit, ErrorReply
 
 
 class ModelSettings:
@@ -207,17 +207,41 @@ class ProcessLife:
 
     def needs_process(self, method: str, path: str) -> bool:
         """Does this request need the runtime's process running (a process runtime: the
-        gate starts it for such a request, and counts it busy while it runs)?"""
+        gate starts it for such a request, and counts it busy while it runs)?
+
+        One that does not (a read of the runtime's page or its models) is forwarded as it
+        is while the process runs, neither starting it nor keeping it warm. While the gate
+        keeps the process stopped, its health route is answered by the gate (`up_health`)
+        and any other request starts it: only the runtime can answer it."""
         return True
+
+    def up_health(self) -> ErrorReply:
+        """What the runtime answers on its health route (`control.health`) once it is up:
+        the gate answers it in the runtime's place while it keeps the process stopped
+        (a request that needs the process starts it, so the service is there). The default
+        is whisper-server's 200 `{"status":"ok"}`, `application/json` (whisper.cpp v1.8.5
+        examples/server/server.cpp, the `/health` handler), the body llama-server answers
+        too (docs/runtimes/llamaserver.md)."""
+        return ErrorReply(200, b'{"status":"ok"}', "application/json")
 
     def process_model(self) -> str | None:
         """The name the process's memory goes by (its current model); None when the
-        runtime's memory is not a process's held from start to exit."""
+        runtime's memory is not a process's held from start to exit.
+
+        For such a runtime a PROCESS-scope demand of a request is a switch of the running
+        process's model (`Demand.switch`, whisper-server's /load), which the runtime
+        answers once the new model is loaded: the answer ends its lease."""
         return None
 
     def answered(self, classified: Classified, status: int) -> None:
         """The runtime answered a request with `status` (a model switch took effect)."""
         return None
+
+    def refused_after_load(self, classified: Classified, status: int, body: bytes) -> bool:
+        """Whether the runtime's 5xx answer (`body`: its first bytes) to a request that
+        may load is its own refusal of the request once the model was loaded: the model is
+        resident and nothing failed to load. False (the default): the load failed."""
+        return False
 
     def process_ended(self) -> None:
         """The process stopped or died: the next one starts as its command says."""

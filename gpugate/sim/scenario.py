@@ -141,6 +141,8 @@ class ComfyUISpec:
     record: Path | None = None
     """A file to which every `POST /prompt` answer is appended as a JSON line (a fuzzer's
     oracle: gpugate.sim.comfyui.record)."""
+    custom_nodes: tuple[str, ...] = ()
+    """Custom node packs it loads (gpugate.sim.comfyui.custom_pack: `checked_nodes`)."""
 
 
 @attrs.frozen
@@ -181,7 +183,7 @@ def _host(data: dict[str, Any], path: Path) -> HostSpec:
     holders = tuple(_holder(h, f"holders[{i}]") for i, h in enumerate(data.get("holders") or []))
     for i, holder in enumerate(holders):
         _check_gpus(holder, f"holders[{i}]", len(gpus))
-    ollama = parse_ollama(data["ollama"]) if data.get("ollama") is not None else None
+    ollama = parse_ollama(data["ollama"], path.parent) if data.get("ollama") is not None else None
     if ollama is not None:
         for i, gpu in enumerate(ollama.devices(len(gpus))):
             if gpu >= len(gpus):
@@ -293,6 +295,7 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
     simple = {"listen", "gpu", "context", "steps_per_second", "node_seconds", "version"}
     knobs = {"load_seconds_per_gib", "sampler_bytes_per_megapixel", "enable_cors_header"}
     knobs |= {"max_upload_size", "preview_method", "disable_smart_memory", "record"}
+    knobs |= {"custom_nodes"}
     _only(data, "comfyui", simple | knobs | {"models"})
     files = []
     models = data.get("models") or {}
@@ -304,6 +307,11 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
         for name in entries:
             files.append(ComfyModelFile(folder, str(name), _field_size(entries, name, where, 0)))
     cors = data.get("enable_cors_header")
+    packs = data.get("custom_nodes") or []
+    from gpugate.sim.comfyui.custom_pack import PACKS
+
+    if not isinstance(packs, list) or any(p not in PACKS for p in packs):
+        raise ValueError(f"comfyui.custom_nodes: expected a list of {sorted(PACKS)}, got {packs!r}")
     smart = data.get("disable_smart_memory", False)
     if not isinstance(smart, bool):
         raise ValueError(f"comfyui.disable_smart_memory: expected true or false, got {smart!r}")
@@ -328,6 +336,7 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
         disable_smart_memory=smart,
         version=str(data.get("version", default["version"])),
         record=record_path(data, "comfyui", base),
+        custom_nodes=tuple(packs),
     )
     if spec.gpu is not None and spec.gpu >= gpus:
         raise ValueError(f"comfyui.gpu: no GPU {spec.gpu} (the host has {gpus})")

@@ -241,3 +241,10 @@ def test_errors_carry_the_warnings_found_with_them() -> None:
         (12, "consumers.comfyui.envelope", Severity.ERROR),
     ]
     assert info.value.errors == info.value.issues[1:]
+
+
+def test_a_maximum_lease_ttl_under_the_shortest_ttl() -> None:
+    assert errors("gate:\n  max_lease_ttl: 500ms\n" + ollama()) == [
+        Found(2, "gate.max_lease_ttl", "must be at least 1s, the shortest ttl a lease has")
+    ]
+    assert load("gate:\n  max_lease_ttl: 10m\n" + ollama()).config.gate.max_lease_ttl == 600.0

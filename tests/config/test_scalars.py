@@ -206,7 +206,8 @@ def test_a_bad_consumer_value_is_reported_where_it_is(fields: dict[str, str], fo
                 1,
                 "gate",
                 "expected a mapping with keys control, database, shutdown_grace, proc_root, "
-                "nvml_library, control_tokens, control_public, history_retention, agent_check, "
+                "nvml_library, control_tokens, control_public, history_retention, max_lease_ttl, "
+                "agent_check, "
                 "got 5 (a number)",
             ),
         ),

@@ -149,6 +149,14 @@ async def test_more_bytes_than_the_card_has_is_65_not_a_wait(stack, cli):
     assert stack.gate.explicit_leases() == []
 
 
+async def test_a_ttl_past_the_gate_s_maximum_is_65_and_nothing_runs(stack, cli, tmp_path):
+    ran = tmp_path / "ran"
+    code, _, err = await cli(*LEASE, "--ttl", "2h", "--", "touch", str(ran))
+    assert code == Exit.DATAERR
+    assert err.startswith("gpugate lease: BAD_REQUEST: ttl: at most 1h (gate.max_lease_ttl), ")
+    assert not ran.exists() and stack.gate.explicit_leases() == []
+
+
 async def test_admit_for_a_consumer_with_no_envelope_is_65(cli):
     # The ollama consumer sizes each model; it has no envelope of its own to admit.
     code, _, err = await cli("admit", "ollama")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import attrs
 import ollama
 import pytest
 
@@ -134,3 +135,35 @@ async def test_renewing_or_releasing_an_unknown_lease_is_a_conflict(stack):
         status, headers, body = await call(stack, method, path)
         assert status == 409 and headers["X-GPUGate-Failure"] == "LEASE_CONFLICT"
         assert "LEASE_CONFLICT" in body["error"]["message"]
+
+
+async def test_a_ttl_up_to_the_maximum_is_granted_and_a_longer_one_refused(stack):
+    assert stack.gate.config.gate.max_lease_ttl == 3600.0  # the default
+    status, _, answer = await call(
+        stack, "POST", "/gate/v1/leases", {"consumer": "ollama", "bytes": "1GiB", "ttl": "1h1s"}
+    )
+    assert status == 400 and answer["error"]["class"] == "BAD_REQUEST"
+    assert answer["error"]["message"] == (
+        "ttl: at most 1h (gate.max_lease_ttl), got 1h1s: a holder that dies leaves its "
+        "bytes leased for the ttl; ask for a shorter one and renew it"
+    )
+    assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
+    status, _, lease = await call(
+        stack, "POST", "/gate/v1/leases", {"consumer": "ollama", "bytes": "1GiB", "ttl": "1h"}
+    )
+    assert status == 201 and lease["ttl"] == 3600.0
+    await call(stack, "DELETE", f"/gate/v1/leases/{lease['id']}")
+    assert stack.gate.core.leases() == []
+
+
+async def test_a_lowered_maximum_cuts_a_held_lease_s_ttl_at_its_next_renewal(stack):
+    status, _, lease = await call(
+        stack, "POST", "/gate/v1/leases", {"consumer": "ollama", "bytes": "1GiB", "ttl": "30m"}
+    )
+    assert status == 201 and lease["ttl"] == 1800.0
+    gate = stack.gate
+    gate.config = attrs.evolve(gate.config, gate=attrs.evolve(gate.config.gate, max_lease_ttl=60.0))
+    status, _, renewed = await call(stack, "POST", f"/gate/v1/leases/{lease['id']}/renew")
+    assert status == 200 and renewed["ttl"] == 60.0 and renewed["expires_in"] <= 60.0
+    await call(stack, "DELETE", f"/gate/v1/leases/{lease['id']}")
+    assert stack.gate.core.leases() == []

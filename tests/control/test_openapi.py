@@ -63,11 +63,19 @@ async def test_the_errors_routes_answer_for_bad_input_are_documented(stack):
             ("post", "/gate/v1/gpus/x/resume", "/gate/v1/gpus/{index}/resume"),
             ("get", "/gate/v1/events?class=vip", "/gate/v1/events"),
             ("get", "/gate/v1/events?failure=NOPE", "/gate/v1/events"),
+            ("get", "/gate/v1/events?recent=x", "/gate/v1/events"),
+            ("get", "/gate/v1/stream?class=vip", "/gate/v1/stream"),
+            ("get", "/gate/v1/history?gpu=x", "/gate/v1/history"),
+            ("get", "/gate/v1/leases?scope=x", "/gate/v1/leases"),
+            ("post", "/gate/v1/leases", "/gate/v1/leases"),
+            ("post", "/gate/v1/leases?big", "/gate/v1/leases"),
         ]
+        bodies = {"/gate/v1/leases": b"[" * 100, "/gate/v1/leases?big": b" " * (1 << 17)}
         for method, url, path in asked:
-            async with session.request(method, stack.control_url + url) as resp:
+            body = bodies.get(url)
+            async with session.request(method, stack.control_url + url, data=body) as resp:
                 status = resp.status
                 error = (await resp.json())["error"]
-            assert status in (400, 404), (url, status)
+            assert status in (400, 404, 413), (url, status)
             assert error["class"] and error["message"], url
             assert str(status) in paths[path][method]["responses"], (url, status)

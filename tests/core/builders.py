@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.effects import Unload
 from gpugate.core.observation import (
     GpuObservation,
     HostObservation,
@@ -98,3 +99,47 @@ def make_core(
             reconcilable=frozenset(reconcilable),
         )
     )
+
+
+class Card:
+    """A core on one 16 GiB card for consumers `ollama` and `comfy`: Ollama's models loaded
+    and idle, then samples on request of what `loaded`, `comfy` and `external` hold."""
+
+    def __init__(self, *models: tuple[str, int, PriorityClass], external: int = 0) -> None:
+        self.core = make_core(consumers=("comfy", "ollama"))
+        self.now = 0.0
+        self.external = external
+        self.loaded: dict[str, int] = {}
+        self.comfy = 0
+        self.sample()
+        for model, nbytes, klass in models:
+            admission = self.core.submit(demand(model, nbytes, priority=klass), self.now)
+            assert admission.lease is not None
+            self.core.loaded(admission.lease.id, self.now)
+            self.core.release(admission.lease.id, self.now)
+            self.loaded[model] = nbytes
+        self.sample()
+
+    def sample(self):
+        processes = [proc(100 + i, n, "ollama") for i, n in enumerate(self.loaded.values())]
+        if self.comfy:
+            processes.append(proc(300, self.comfy, "comfy"))
+        if self.external:
+            processes.append(proc(500, self.external, "plex", managed=False))
+        return self.core.observe(host(gpu(*processes), at=self.now), self.now)
+
+    def unloaded(self, unload: Unload):
+        """An unload is done once a sample shows its bytes back, as the gate confirms it."""
+        self.loaded.pop(unload.key.model, None)
+        effects = self.sample()
+        return [*effects, *self.core.unloaded(unload.key, self.now, reclaimed=True)]
+
+    @property
+    def schedulable(self) -> int:
+        budget = self.core.budget(0)
+        assert budget is not None
+        return budget.schedulable
+
+
+def unloads(effects) -> list[Unload]:
+    return [e for e in effects if isinstance(e, Unload)]

@@ -205,3 +205,16 @@ TestExplicitLeaseWorld.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_a_renewal_keeps_a_ttl_within_the_longest_allowed_now(core):
+    lease = core.ask(terms(1 * GiB, ttl=600.0), 0.0).lease
+    assert core.renew(lease.id, 10.0, longest=900.0) == []
+    assert core.lease(lease.id).expires_at == 610.0
+    # The bound was lowered (a reload): from this renewal on the lease lives by it.
+    assert core.renew(lease.id, 20.0, longest=60.0) == []
+    assert core.lease(lease.id).expires_at == 80.0
+    assert core.lease(lease.id).demand.lease_ttl == 60.0
+    assert core.next_wakeup() == 80.0
+    assert [e.reason for e in events(core.tick(80.0), EventKind.LEASE_RELEASED)] == ["expired"]
+    assert core.leases() == []

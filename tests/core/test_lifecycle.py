@@ -173,6 +173,101 @@ def test_found_reports_set_the_state_without_a_lease():
     assert lives.get(W).since == 2.0
 
 
+def test_a_stop_on_purpose_is_a_state_and_a_failure_lasts_until_a_start_succeeds():
+    core = core_with(Eviction.STOP)
+    life = core.lifecycle(W)
+    assert life.stopped_on_purpose, "not started yet"
+    started(core)
+    core.evict(KEY, 10.0, force=False)
+    assert life.stopped_on_purpose and not life.failing  # stopping
+    core.reported(W, LifeReport.STOPPED, 11.0)
+    core.unloaded(KEY, 11.0, reclaimed=True)
+    assert life.stopped_on_purpose
+    core.observe(host(gpu(), at=12.0), 12.0)
+    lease = core.submit(start_demand(), 12.0).lease
+    core.start(W, lease.id, 12.0)
+    core.reported(W, LifeReport.START_FAILED, 13.0)
+    assert life.failing and not life.stopped_on_purpose
+    core.reported(W, LifeReport.FOUND_STOPPED, 14.0)
+    assert life.failing, "found stopped after a failure: still failing"
+    core.observe(host(gpu(), at=20.0), 20.0)
+    started(core, 20.0)
+    assert not life.failing
+    core.reported(W, LifeReport.EXITED, 30.0, "killed by SIGABRT")
+    assert life.failing and life.state is LifeState.STOPPED
+
+
+BASE = ResidentKey(W, "base")
+
+
+def switch_demand(model: str = "base", envelope: int = 2 * GiB):
+    """whisper-server's /load: the new model, leased `envelope`, in the old one's place."""
+    import attrs
+
+    return attrs.evolve(
+        demand(model, envelope, consumer=W),
+        scope=LeaseScope.PROCESS,
+        appear_within=120.0,
+        replaces=KEY,
+        switch=True,
+    )
+
+
+def test_a_switch_to_a_smaller_model_ends_with_its_answer_whatever_nvml_shows():
+    core = core_with(Eviction.STOP)
+    started(core)
+    core.observe(host(gpu(proc(300, 2 * GiB, W)), at=3.0), 3.0)
+    lease = core.submit(switch_demand(), 4.0).lease
+    assert lease is not None and lease.pending == 2 * GiB
+    assert lease.appear_by is None, "no deadline to show its memory"
+    assert core.resident(KEY) is None, "the runtime frees the old model first"
+    # base holds a quarter of its lease: NVML never shows the 2 GiB.
+    core.observe(host(gpu(proc(300, GiB // 4, W)), at=5.0), 5.0)
+    assert core.lease(lease.id) is lease and lease.pending == 2 * GiB
+    core.loaded(lease.id, 5.5)  # whisper-server answered 200
+    assert lease.pending == 0
+    resident = core.resident(BASE)
+    assert resident is not None and resident.state is ResidentState.RESIDENT
+    assert resident.process and resident.tracks_observed
+    request = core.submit(demand("base", GiB // 4, consumer=W), 5.6)
+    assert request.lease is not None and request.lease.pending == 0, "served at once"
+    core.release(request.lease.id, 6.0)
+    core.release(lease.id, 6.0)
+    assert core.leases() == []
+    core.observe(host(gpu(proc(300, GiB // 4, W)), at=7.0), 7.0)
+    assert core.resident(BASE).bytes == GiB // 4, "the next sample corrects the books"
+    late = [e for e in core.tick(600.0) if isinstance(e, Event) and e.kind is EventKind.FAILURE]
+    assert late == []
+
+
+def test_a_refused_switch_leaves_the_old_model_as_the_runtime_does():
+    core = core_with(Eviction.STOP)
+    started(core)
+    # The /load's own 0-byte lease on the running model, then its switch.
+    busy = core.submit(demand("turbo", 2 * GiB, consumer=W), 3.0).lease
+    assert busy is not None and busy.pending == 0
+    lease = core.submit(switch_demand("missing"), 3.0).lease
+    assert lease is not None and core.resident(KEY) is None
+    core.release(lease.id, 3.5, failed=True)  # whisper-server answered 400
+    old = core.resident(KEY)
+    assert old is not None and old.state is ResidentState.RESIDENT and old.process
+    assert old.in_flight == 1, "busy with the /load's own lease"
+    core.release(busy.id, 3.6)
+    assert old.idle and core.leases() == []
+    assert core.resident(ResidentKey(W, "missing")) is None
+
+
+def test_a_switch_its_process_did_not_survive_leaves_no_model():
+    core = core_with(Eviction.STOP)
+    started(core)
+    lease = core.submit(switch_demand(), 3.0).lease
+    assert lease is not None
+    # The new model failed to initialise: whisper-server exits without an answer.
+    core.reported(W, LifeReport.EXITED, 4.0, "exit status 1")
+    assert core.lease(lease.id) is None
+    assert core.residents() == []
+
+
 class LifecycleWorld(RuleBasedStateMachine):
     """Random starts, reports and evictions of a process runtime beside Ollama's loads."""
 

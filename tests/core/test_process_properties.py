@@ -1,15 +1,21 @@
 """Property tests of a process runtime's lifetime in the core, over random event sequences.
 
 A whisper-like consumer is started under PROCESS leases, answers (`process_ready`), switches
-models with a `/load` that replaces the running one, serves requests, crashes
+models with a `/load` that replaces the running one (leased an envelope that may be larger
+than what the new model holds), which it answers or refuses, serves requests, crashes
 (`process_ended`) and is evicted, beside an Ollama consumer's loads and an external user
-that grows and shrinks; NVML shows what the process holds, or nothing (a CPU build).
+that grows and shrinks; NVML shows what the process holds, or nothing (a CPU build). The
+same, for a consumer with a lifecycle (started, reported up, stopped, exited).
 After every step:
 
 * a grant never left committed + external + reserve above total (nor further above it than
   before: NVML may show a process's memory after the books gave it to the model replacing
   it, until the process frees it);
 * every lease belongs to live work (a start, a switch or a request not yet over);
+* no start or switch lease outlives its answer: a start's ends when the process answers;
+  a switch's carries no bytes once answered, never waits for NVML (no deadline to show its
+  memory), and a request for the new model is served at once; a switch refused leaves the
+  old model resident while its process runs;
 * the consumer has at most one process resident, and none once its process ended.
 """
 
@@ -22,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Grant, Reject, Unload
+from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.residents import ResidentState
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
@@ -33,9 +40,15 @@ MODELS = {"turbo": 2 * GiB, "base": GiB // 4, "medium": 3 * GiB}
 
 
 class ProcessWorld(RuleBasedStateMachine):
+    lifecycle = False
+    """The consumer has a lifecycle (the gate's process runtimes): starts, stops and exits
+    are reported through it."""
+
     def __init__(self) -> None:
         super().__init__()
         self.core = make_core(max_wait=30.0, consumers=(W, "ollama"))
+        if self.lifecycle:
+            self.core.register_lifecycle(W, Eviction.STOP, 0.0)
         self.now = 0.0
         self.external = 0
         self.shows = True
@@ -81,6 +94,8 @@ class ProcessWorld(RuleBasedStateMachine):
             elif isinstance(effect, Unload):
                 if effect.key.consumer == W:
                     self.running = None  # eviction is a stop
+                    if self.lifecycle:
+                        self._apply(self.core.reported(W, LifeReport.STOPPED, self.now), before)
                 self._apply(self.core.unloaded(effect.key, self.now, reclaimed=True), before)
         if granted:
             assert self._used() <= max(TOTAL, before)
@@ -120,29 +135,64 @@ class ProcessWorld(RuleBasedStateMachine):
         if lease is None:
             return
         self.running = lease.key.model
-        self._call(self.core.process_ready, lease_id, self.now)
+        if self.lifecycle:
+            self._call(self.core.start, W, lease_id, self.now)
+            assert self.core.lifecycle(W).state is LifeState.STARTING
+            self._call(self.core.reported, W, LifeReport.UP, self.now)
+        else:
+            self._call(self.core.process_ready, lease_id, self.now)
+        assert self.core.lease(lease_id) is None, "a start's lease ends with its answer"
 
-    @rule(model=st.sampled_from(sorted(MODELS)))
+    @rule(model=st.sampled_from(sorted(MODELS)), extra=st.integers(min_value=0, max_value=2))
     @precondition(lambda self: self.running is not None and not self._pending("load"))
-    def load(self, model):
+    def load(self, model, extra):
+        # Leased `extra` GiB more than the model holds (an envelope not its own).
         old = self._process_resident()
         wanted = attrs.evolve(
-            demand(model, MODELS[model], consumer=W),
+            demand(model, MODELS[model] + extra * GiB, consumer=W),
             scope=LeaseScope.PROCESS,
             appear_within=20.0,
             replaces=None if old is None else old.key,
+            switch=True,
         )
         self._submit("load", wanted)
 
-    @rule()
-    @precondition(lambda self: "load" in self.work.values())
-    def load_answered(self):
+    @rule(ok=st.booleans())
+    @precondition(
+        # Only a process that runs answers (a /load granted while it starts again after a
+        # crash waits for its port).
+        lambda self: (
+            "load" in self.work.values()
+            and self.running is not None
+            and "start" not in self.work.values()
+        )
+    )
+    def load_answered(self, ok):
         lease_id = next(i for i, what in self.work.items() if what == "load")
         lease = self.core.lease(lease_id)
         del self.work[lease_id]
-        if lease is not None:
-            self.running = lease.key.model
-            self._call(self.core.release, lease_id, self.now)
+        if lease is None:
+            return
+        if not ok:
+            # Refused before it freed anything: the process keeps its model.
+            out = self.core.books.switched_out.get(lease_id)
+            self._call(self.core.release, lease_id, self.now, failed=True)
+            if out is not None and lease.key != out.key:
+                back = self.core.resident(out.key)
+                assert back is not None and back.state is ResidentState.RESIDENT and back.process
+            return
+        self.running = lease.key.model
+        self._call(self.core.loaded, lease_id, self.now)
+        assert lease.pending == 0, "its answer ends what it waited for"
+        resident = self.core.resident(lease.key)
+        assert resident is not None and resident.state is ResidentState.RESIDENT
+        assert resident.process and resident.tracks_observed
+        # The next request on the new model is served at once, whatever NVML shows.
+        admission = self.core.submit(demand(lease.key.model, resident.bytes, consumer=W), self.now)
+        assert admission.lease is not None and admission.lease.pending == 0
+        self._call(self.core.release, admission.lease.id, self.now)
+        self._call(self.core.release, lease_id, self.now)
+        assert self.core.lease(lease_id) is None
 
     @rule()
     @precondition(lambda self: self._process_resident() is not None)
@@ -166,7 +216,10 @@ class ProcessWorld(RuleBasedStateMachine):
     @precondition(lambda self: self.running is not None)
     def crash(self):
         self.running = None
-        self._call(self.core.process_ended, W, self.now, "its process ended")
+        if self.lifecycle:
+            self._call(self.core.reported, W, LifeReport.EXITED, self.now, "its process ended")
+        else:
+            self._call(self.core.process_ended, W, self.now, "its process ended")
         for lease_id, what in list(self.work.items()):
             if what in ("start", "load"):
                 del self.work[lease_id]
@@ -197,6 +250,12 @@ class ProcessWorld(RuleBasedStateMachine):
         assert {x.id for x in self.core.leases()} <= set(self.work)
 
     @invariant()
+    def a_switch_never_waits_for_nvml(self):
+        for lease in self.core.leases():
+            if lease.demand.switch:
+                assert lease.appear_by is None
+
+    @invariant()
     def one_process_resident_and_none_without_a_process(self):
         residents = [
             r
@@ -221,10 +280,19 @@ class ProcessWorld(RuleBasedStateMachine):
         assert self.core.waiting() == []
 
 
-TestProcessWorld = ProcessWorld.TestCase
-TestProcessWorld.settings = settings(
+class LifecycleProcessWorld(ProcessWorld):
+    """The same, for a consumer with a lifecycle, as the gate's process runtimes have."""
+
+    lifecycle = True
+
+
+SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TestProcessWorld = ProcessWorld.TestCase
+TestProcessWorld.settings = SETTINGS
+TestLifecycleProcessWorld = LifecycleProcessWorld.TestCase
+TestLifecycleProcessWorld.settings = SETTINGS

@@ -123,7 +123,57 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 0
         assert listening_pids(whisper_port) == [], "the gate's whisper-server went with it"
-        assert not local_token_path().exists(), "its token went with it"
+        assert not local_token_path(ports["control"]).exists(), "its token went with it"
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGTERM)
+        kill_quietly(demo)
+
+
+async def test_the_demos_whisper_is_up_at_ready_and_a_smaller_model_loaded_serves_at_once():
+    # The demo's whisper has no envelope per model: base.en (200 MiB in the simulation) is
+    # leased the consumer's 2,050 MiB. A lease that waited for NVML to show them would hold
+    # the next transcription until `start_admission_timeout` (120 s by default).
+    base = free_port_base()
+    ports = demo_ports(base)
+    gate_whisper = f"http://127.0.0.1:{ports['whisper']}"
+    control = f"http://127.0.0.1:{ports['control']}"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        reader = LineReader(demo.stdout)
+        assert reader.until("gpugate: ready", timeout=60).strip() == "gpugate: ready"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(control + "/gate/v1/status") as resp:
+                consumers = (await resp.json())["consumers"]
+            (whisper,) = [c for c in consumers if c["consumer"] == "whisper"]
+            assert whisper["lifecycle"]["state"] == "up", "ready means its whisper is up"
+
+            form = aiohttp.FormData()
+            form.add_field("model", "models/ggml-base.en.bin", content_type="text/plain")
+            async with session.post(gate_whisper + "/load", data=form) as resp:
+                assert resp.status == 200, await resp.text()
+                lease = int(resp.headers["X-GPUGate-Lease"])
+            form = aiohttp.FormData()
+            form.add_field("file", wav_bytes(0.5), filename="a.wav", content_type="audio/wav")
+            # Bounded far below the 120 s a lease waiting for NVML would take.
+            async with asyncio.timeout(60):
+                async with session.post(gate_whisper + "/inference", data=form) as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert "text" in await resp.json()
+            async with session.get(control + "/gate/v1/events") as resp:
+                events = [json.loads(line) for line in (await resp.text()).splitlines()]
+        ended = [e for e in events if e.get("lease") == lease and e["event"] == "lease_released"]
+        assert [e["reason"] for e in ended] == ["done"], "ended by whisper-server's answer"
+        failures = [e for e in events if e["event"] == "failure" and e.get("consumer") == "whisper"]
+        assert failures == [], failures
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 0
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGTERM)

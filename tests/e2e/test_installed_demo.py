@@ -323,7 +323,8 @@ def test_the_installed_demo_runs_beside_a_real_ollama_and_its_commands_work_anyw
         left = [pid for pid in below if alive(pid)]
         assert not left, f"left running after the demo stopped: {left}"
         assert not prompt.parent.exists(), "the demo's files went with it"
-        assert not (tmp_path / "run" / "gpugate" / "control.token").exists()
+        token = tmp_path / "run" / "gpugate" / f"control-{ports['control']}.token"
+        assert not token.exists(), "its gate's token went with it"
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGTERM)

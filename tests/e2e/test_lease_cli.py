@@ -18,6 +18,7 @@ import pytest
 from gpugate.core.units import GiB
 from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
+from tests.control.sse import sse_messages
 from tests.gate.harness import free_ports
 from tests.sim.processes import LineReader, kill_quietly, pid_exists
 
@@ -222,27 +223,55 @@ async def test_a_signal_is_passed_on_and_the_lease_released(served):
     assert (await served.status())["leases"] == []
 
 
-async def test_sigkill_leaves_the_lease_to_lapse_by_its_ttl(served):
+async def test_sigkill_ends_the_command_too_and_the_lease_lapses_by_its_ttl(served):
     process = served.lease(
-        "--consumer", "ollama", "--bytes", "1GiB", "--ttl", "1s", command=["sleep", "60"]
+        "--consumer", "ollama", "--bytes", "1GiB", "--ttl", "2s", command=["sleep", "300"]
     )
+    sleeper: int | None = None
     try:
         await until(served, lambda doc: len(doc["leases"]) == 1)
         children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        process.kill()
-        assert await wait_exit(process) == -signal.SIGKILL
-        killed_at = time.monotonic()
-        # An outside observer: poll the gate's events until the lapse is recorded.
-        while not any(e.get("class") == "LEASE_TIMEOUT" for e in await served.events()):
-            assert time.monotonic() - killed_at < 3.0, "the lease did not lapse within its ttl"
-            await asyncio.sleep(0.05)
-        assert time.monotonic() - killed_at <= 1.5
-        assert (await served.status())["leases"] == []
+        assert len(children) == 1
+        sleeper = int(children[0])
+        assert Path(f"/proc/{sleeper}/comm").read_text().strip() == "sleep"
+        ended = pid_ended(sleeper)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                served.control + "/gate/v1/events?follow=1&failure=LEASE_TIMEOUT",
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=60),
+            ) as stream,
+        ):
+            assert stream.status == 200
+            process.kill()
+            assert await wait_exit(process) == -signal.SIGKILL
+            # The command went with it: its pidfd says so, with no lease left to cover it.
+            await asyncio.wait_for(ended, 60)
+            # And the lease, which nothing renews now, lapses by its ttl.
+            kind, event = await asyncio.wait_for(anext(sse_messages(stream)), 60)
+        assert (kind, event["event"], event["class"]) == ("event", "failure", "LEASE_TIMEOUT")
+        status = await served.status()
+        assert status["leases"] == [] and status["queue"] == []
     finally:
         kill_quietly(process)
-        for pid in children if "children" in locals() else []:
-            if pid_exists(int(pid)):
-                os.kill(int(pid), signal.SIGKILL)
+        if sleeper is not None and pid_exists(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def pid_ended(pid: int) -> asyncio.Future[None]:
+    """Resolved once the process `pid` has ended (its pidfd turns readable)."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    fd = os.pidfd_open(pid)
+
+    def readable() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, readable)
+    return ended
 
 
 async def until(served: Served, predicate, timeout: float = 20.0) -> None:
@@ -251,3 +280,12 @@ async def until(served: Served, predicate, timeout: float = 20.0) -> None:
     while not predicate(await served.status()):
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+def test_the_wrapper_renews_by_the_ttl_each_renewal_answers():
+    from gpugate.lease_cli import _renewed_ttl
+
+    # A bound lowered by a reload shortens the ttl from a renewal on: renew by the new one.
+    assert _renewed_ttl({"id": 3, "ttl": 60.0, "expires_in": 60.0}, 1800.0) == 60.0
+    for answer in ({}, {"ttl": None}, {"ttl": "60"}, {"ttl": True}, {"ttl": 0.5}, [], None):
+        assert _renewed_ttl(answer, 30.0) == 30.0

@@ -38,6 +38,7 @@ class Answer:
     """None: the connection closed without a status line (a legitimate answer to garbage)."""
     failure: str | None
     body: bytes
+    content_type: str = ""
 
 
 async def exchange(port: int, raw: bytes, *, close_after: bool) -> Answer:
@@ -63,12 +64,17 @@ async def exchange(port: int, raw: bytes, *, close_after: bool) -> Answer:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    failure = None
+    failure, content_type = None, ""
     for line in lines[1:]:
         name, _, value = line.partition(":")
         if name.strip().lower() == "x-gpugate-failure":
             failure = value.strip()
-    return Answer(status, failure, body)
+        elif name.strip().lower() == "content-type":
+            content_type = value.strip()
+        elif name.strip().lower() == "content-length" and value.strip().isdigit():
+            # What follows is the answer to bytes the client sent past its body's end.
+            body = body[: int(value.strip())]
+    return Answer(status, failure, body, content_type)
 
 
 def rss(pid: int) -> int:

@@ -150,6 +150,13 @@ def generate(rng: random.Random, host: str) -> FuzzRequest:
     headers += rng.sample(HEADERS, rng.choice([0, 0, 0, 1, 1, 2, 3]))
     if rng.random() < 0.8:
         headers.append("Content-Type: application/json")
+    return frame(rng, target, method, path, headers, body)
+
+
+def frame(
+    rng: random.Random, target: Target, method: str, path: str, headers: list[str], body: bytes
+) -> FuzzRequest:
+    """The request as written on the socket, its body framed one of the Framing ways."""
     framing = rng.choices(
         list(Framing), weights=[80, 5, 4, 5, 2, 4] if body else [90, 2, 2, 2, 1, 3]
     )[0]

@@ -11,7 +11,12 @@ could load a model. Checked, for every case:
 * wrongful: a request a reader says its runtime refused was admitted as a demand (leased,
   or queued for capacity: either may have evicted someone's model);
 * no 5xx the gate originated except the runtimes' own answers it writes in their shape,
-  no traceback on its stderr, no lease or ticket left at the end.
+  no traceback on its stderr, no lease or ticket left at the end;
+* mislabelled: a request Ollama refuses only once its model is loaded (a format or a
+  template it cannot use) was answered as a failed load (MODEL_LOAD_FAILED, GPU_OOM);
+* the simulated Ollama read every request as the oracle did (oracle_compare.py): whether it
+  could load, which model, keep_alive and runner options, what it refused once loaded,
+  whether its body was malformed.
 
 Prints a table and, on failure, the seed and each failing case's bytes; `--case ID` replays
 one case of a seed on a fresh stack. Exits 1 when a check fails.
@@ -34,6 +39,7 @@ import aiohttp
 import attrs
 import httptools
 
+from tests.faults.oracle_compare import Comparison, compare, read_readings
 from tests.faults.oracle_stack import OracleStack, oracle_stack
 from tests.faults.oraclegen import Case, Corpus, Listener
 from tests.faults.records import WhisperRoute, read_prompt_records, read_whisper_records
@@ -43,6 +49,7 @@ from tests.oracle.oracle import read_records
 CONCURRENCY = 16
 ANSWER_TIMEOUT = 20.0
 UPSTREAM_CLASSES = {"RUNTIME_CRASH", "TIMEOUT", "MODEL_LOAD_FAILED", "GPU_OOM", "START_BACKOFF"}
+LOAD_FAILURES = {"MODEL_LOAD_FAILED", "GPU_OOM"}
 RUNTIME_SHAPED = (
     b"Unsupported transfer encoding",  # Go's net/http, for a coding it does not frame
     b"500 Internal Server Error\n\nServer got itself in trouble",  # aiohttp, ComfyUI
@@ -134,6 +141,7 @@ class Report:
     outcomes: Counter[str] = attrs.field(factory=Counter)
     bypasses: list[str] = attrs.field(factory=list)
     wrongful: list[str] = attrs.field(factory=list)
+    mislabelled: list[str] = attrs.field(factory=list)
     gate_5xx: list[str] = attrs.field(factory=list)
     timeouts: list[str] = attrs.field(factory=list)
     tracebacks: int = 0
@@ -147,6 +155,8 @@ class Report:
     undecided: int = 0
     reasons: Counter[str] = attrs.field(factory=Counter)
     """Why the oracle said Ollama would not load, by the reason's first word."""
+    readings: Comparison = attrs.field(factory=Comparison)
+    """The simulated Ollama's reading of each request against the oracle's."""
     whisper_loads: int = 0
     prompts_queued: int = 0
     prompts_refused: int = 0
@@ -157,8 +167,10 @@ class Report:
         for name, items in (
             ("bypass", self.bypasses),
             ("wrongful", self.wrongful),
+            ("mislabelled", self.mislabelled),
             ("gate 5xx", self.gate_5xx),
             ("no answer", self.timeouts),
+            ("simulator reads otherwise", self.readings.disagreements),
         ):
             found += [f"{name}: {item}" for item in items[:20]]
         if self.tracebacks:
@@ -179,6 +191,13 @@ class Report:
             ("Ollama requests the oracle read as loads", str(self.loads_read)),
             ("Ollama requests the oracle read as refused", str(self.refusals_read)),
             ("Ollama requests the oracle could not decide", str(self.undecided)),
+            ("Ollama requests the simulator read too (compared)", str(self.readings.compared)),
+            (
+                "  of which loads / refused once loaded / malformed",
+                f"{self.readings.loads} / {self.readings.refused_after_load} / "
+                f"{self.readings.malformed}",
+            ),
+            ("simulator and oracle disagree", str(len(self.readings.disagreements))),
             (
                 "ComfyUI prompts queued / refused by ComfyUI",
                 f"{self.prompts_queued} / {self.prompts_refused}",
@@ -186,11 +205,16 @@ class Report:
             ("whisper /load switches", str(self.whisper_loads)),
             ("bypasses (a load without its lease)", str(len(self.bypasses))),
             ("wrongful (a refused request admitted)", str(len(self.wrongful))),
+            ("mislabelled (a refusal once loaded as a failed load)", str(len(self.mislabelled))),
             ("gate-originated 5xx", str(len(self.gate_5xx))),
             ("cases without an answer", str(len(self.timeouts))),
             ("tracebacks on stderr", str(self.tracebacks)),
             ("leases / tickets left", f"{self.leases_left} / {self.tickets_left}"),
             ("events dropped", str(self.events_dropped)),
+        ]
+        rows += [
+            (f"  loads on a route not simulated: {k}", str(v))
+            for k, v in sorted(self.readings.unsimulated.items())
         ]
         rows += [(f"  refused: {k}", str(v)) for k, v in self.reasons.most_common()]
         rows += [(f"  {k}", str(v)) for k, v in sorted(self.outcomes.items())]
@@ -315,7 +339,9 @@ def judge(
 ) -> None:
     """Every reader's record against the gate's answers and grants."""
     forwarded: set[str] = set()
-    for record in read_records(s.ollama_records):
+    records = read_records(s.ollama_records)
+    report.readings = compare(records, read_readings(s.ollama_readings))
+    for record in records:
         if not record.case:
             continue  # the gate's own calls: listings, sizes, unloads
         forwarded.add(record.case)
@@ -334,6 +360,10 @@ def judge(
                 )
             elif grant.wall > record.t + 0.002:
                 report.bypasses.append(f"case {case_id} reached Ollama before its grant")
+            if record.after_load and answer is not None and answer.failure in LOAD_FAILURES:
+                report.mislabelled.append(
+                    f"case {case_id}: {answer.status} {answer.failure} for {record.after_load!r}"
+                )
         else:
             report.refusals_read += 1
             report.reasons[record.reason.split(":")[0].split(" ")[0]] += 1

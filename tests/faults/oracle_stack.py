@@ -2,9 +2,10 @@
 
 Ollama's listener forwards to the Go oracle (tests/oracle/), which reads each request as
 Ollama v0.24.0 does, records whether it could load a model, and passes it on to the
-simulated Ollama. The simulated ComfyUI records every prompt it queued or refused, read by
-its own aiohttp server and its own validation; the simulated whisper-server (the gate's
-child, started under a lease) every `/load` and `/inference` it answered.
+simulated Ollama, which records its own reading of the same bytes (oracle_compare.py).
+The simulated ComfyUI records every prompt it queued or refused, read by its own aiohttp
+server and its own validation; the simulated whisper-server (the gate's child, started
+under a lease) every `/load` and `/inference` it answered.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from tests.oracle.oracle import start_oracle
 COMFY_FILES = {"checkpoints": {"v1-5-pruned-emaonly-fp16.safetensors": 2034}}  # MiB
 
 
-def host_yaml(ollama: int, comfy: int, prompts: Path) -> str:
-    """A 16 GiB card with a Plex transcode, a simulated Ollama and ComfyUI."""
+def host_yaml(ollama: int, comfy: int, prompts: Path, readings: Path) -> str:
+    """A 16 GiB card with a Plex transcode, a simulated Ollama and ComfyUI, each recording
+    what it read."""
     models = "".join(
         f"    - {{name: '{name}', size: {mib}MiB, load_seconds: 0.02, "
         f"embedding: {str(name == 'bge-m3').lower()}}}\n"
@@ -51,6 +53,7 @@ def host_yaml(ollama: int, comfy: int, prompts: Path) -> str:
           listen: 127.0.0.1:{ollama}
           tokens_per_second: 2000
           keep_alive: 5m
+          record: {readings}
           models:
         """)
         + models
@@ -174,6 +177,9 @@ class OracleStack:
     gate: GateProcess
     oracle: subprocess.Popen[str]
     ollama_records: Path
+    """The oracle's record of each request, as Ollama reads it."""
+    ollama_readings: Path
+    """The simulated Ollama's record of each request it read."""
     prompt_records: Path
     whisper_records: Path
 
@@ -185,8 +191,9 @@ async def oracle_stack(directory: Path) -> AsyncIterator[OracleStack]:
     prompts = directory / "prompts.jsonl"
     whispers = directory / "whisper.jsonl"
     loads = directory / "ollama.jsonl"
+    readings = directory / "ollama-readings.jsonl"
     host_file = directory / "host.yaml"
-    host_file.write_text(host_yaml(ports.ollama, ports.comfy, prompts))
+    host_file.write_text(host_yaml(ports.ollama, ports.comfy, prompts, readings))
     config = directory / "consumers.yaml"
     config.write_text(gate_yaml(ports, whispers))
     with running_host(host_file, directory / "state", ports.ollama) as host:
@@ -204,7 +211,9 @@ async def oracle_stack(directory: Path) -> AsyncIterator[OracleStack]:
         )
         try:
             await asyncio.to_thread(gate.start)
-            yield OracleStack(directory, ports, host, gate, oracle, loads, prompts, whispers)
+            yield OracleStack(
+                directory, ports, host, gate, oracle, loads, readings, prompts, whispers
+            )
         finally:
             await asyncio.to_thread(gate.stop)
             oracle.terminate()

@@ -7,6 +7,9 @@ written from the runtimes' documented request shapes, not from the gate's reader
 * per-route Ollama bodies (native and OpenAI-compatible) with each field's type changed,
   nested fields of the wrong type, key case and duplicates, lone surrogates, trailing
   bytes, nesting to 10,000 and past it, model-name spellings, keep_alive forms;
+* loads bent where a copy of Go's JSON reading goes wrong (oraclegen_go.py): null members,
+  keys Go folds and keys only Python folds, case-variant duplicates, nested options, the
+  formats and templates Ollama refuses once the model is loaded;
 * framing: every hop-by-hop header named in `Connection`, Content-Length and
   Transfer-Encoding combinations, pipelined and smuggled requests, upgrades;
 * content encodings on both runtimes; origins and hosts, absolute-form request lines;
@@ -26,6 +29,8 @@ import wave
 import zlib
 
 import attrs
+
+from tests.faults.oraclegen_go import go_reading_body
 
 MODELS = ("gemma3:12b", "llama3.2:3b", "bge-m3")
 """The simulated Ollama's models (tests.faults.stack)."""
@@ -197,9 +202,16 @@ def _nest(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+GO_READING_ROUTES = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
+                     "/v1/chat/completions", "/v1/completions", "/v1/embeddings")  # fmt: skip
+
+
 def ollama_body(rng: random.Random, route: str) -> str:
-    """A body for an Ollama demand route: half of them a plain request of an installed
-    model (the loads), the rest a plausible request with faults."""
+    """A body for an Ollama demand route: half of them a load bent where a copy of Go's
+    JSON reading goes wrong (oraclegen_go), a quarter a plain request of an installed
+    model, the rest a plausible request with faults."""
+    if route in GO_READING_ROUTES and rng.random() < 0.5:
+        return go_reading_body(rng, route)
     if rng.random() < 0.5:
         pairs = [("model", json.dumps(rng.choice(NAMES[:12])))]
         pairs += list(VALID[route].items())

@@ -84,8 +84,11 @@ def gate_yaml(
     ttl: str = "20s",
     timeouts: str = "{connect: 1s, first_byte: 2s, idle: 1s, control: 1s}",
     budget: str = "",
+    settings: str = "",
+    extra: str = "",
 ) -> str:
-    """consumers.yaml: one Ollama consumer with every model's envelope, Plex as external."""
+    """consumers.yaml: one Ollama consumer with every model's envelope, Plex as external.
+    `settings`: more lines of the `gate:` section; `extra`: more top-level sections."""
     models = "".join(
         f"      {name}: {{envelope: {mib}MiB, class: {CLASSES.get(name, 'interactive')}}}\n"
         for name, mib in MODELS.items()
@@ -97,6 +100,7 @@ def gate_yaml(
           control: 127.0.0.1:{control}
           shutdown_grace: 2s
         """)
+        + textwrap.indent(textwrap.dedent(settings), "  ")
         + db
         + textwrap.dedent("""\
         budget:
@@ -129,6 +133,7 @@ def gate_yaml(
           plex:
             processes: {commands: ["Plex Transcoder"]}
         """)
+        + textwrap.dedent(extra)
     )
 
 

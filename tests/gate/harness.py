@@ -69,6 +69,8 @@ class Stack:
     config: Config
     gate_url: str
     control_url: str
+    lines: list[str] = attrs.field(factory=list)
+    """What `gpugate serve` printed once ready, its last line `gpugate: ready ...`."""
 
     @property
     def sim_url(self) -> str:
@@ -184,7 +186,7 @@ async def running_stack(
         lines = await asyncio.wait_for(asyncio.shield(ready), 20)
         gate_url = lines[0].split(" listening on ")[1].split(" ")[0]
         control_url = next(x for x in lines if "control on" in x).split(" on ")[1].split(" ")[0]
-        yield Stack(host, sim, holder["gate"], config, gate_url, control_url)
+        yield Stack(host, sim, holder["gate"], config, gate_url, control_url, lines)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)

@@ -1,5 +1,5 @@
 """A process runtime's real lifetime behind the gate: found before it is started, ready
-when it answers, started again after a crash with a backoff, started only for work.
+when it answers, started again after a crash with a backoff, a /load in the old model's place.
 
 The simulated whisper-server runs as the gate's supervised child, or as a process the
 test starts itself (one an earlier gate left behind, or one started by hand).
@@ -8,7 +8,6 @@ test starts itself (one an earlier gate left behind, or one started by hand).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -264,37 +263,6 @@ async def test_an_always_warm_process_killed_is_started_again_under_a_lease(
         assert (await transcribe(f"http://127.0.0.1:{listen}"))[0] == 200
 
 
-async def test_only_work_starts_a_stopped_process_or_keeps_it_warm(
-    tmp_path, sim_host, fakenvml_path, ports
-):
-    listen, upstream = ports
-    argv = whisper_argv(spec_for(upstream), sim_host.directory)
-    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv) as stack:
-        gate = stack.gate
-        url = f"http://127.0.0.1:{listen}"
-        granted = []
-        gate.events.subscribe(lambda e: e.kind is EventKind.LEASE_GRANTED and granted.append(e))
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url + "/health") as resp:
-                await resp.read()
-                # Nothing runs there: what a refused connection is, at once.
-                assert resp.status == 502
-                assert resp.headers[FAILURE_HEADER] == "RUNTIME_CRASH"
-            assert not process_of(stack).running and granted == []
-            assert (await transcribe(url))[0] == 200
-            resident = gate.core.resident(ResidentKey("whisper", TURBO))
-            assert resident is not None
-            used = resident.last_used
-            granted.clear()
-            for path in ("/health", "/"):
-                async with session.get(url + path) as resp:
-                    await resp.read()
-                    assert resp.status == 200
-            assert granted == [] and resident.last_used == used
-            assert json.loads((await transcribe(url))[1])["text"] is not None
-            assert resident.last_used > used
-
-
 MEDIUM = "models/ggml-medium.bin"
 
 
@@ -327,7 +295,7 @@ async def test_a_load_takes_the_old_models_place_not_memory_beside_it(
             budget = gate.core.budget(0)
             assert budget is not None and budget.schedulable < 2500 * MiB
             switched = stack.next_event(
-                EventKind.LEASE_RELEASED, key=ResidentKey("whisper", MEDIUM), reason="resident"
+                EventKind.LEASE_RELEASED, key=ResidentKey("whisper", MEDIUM), reason="done"
             )
             form = aiohttp.FormData()
             form.add_field("model", MEDIUM, content_type="text/plain")

@@ -186,8 +186,9 @@ async def test_load_is_a_demand_for_the_new_models_envelope(
         url = f"http://127.0.0.1:{ports[0]}"
         assert (await transcribe(url))[0] == 200
         granted = stack.next_event(EventKind.LEASE_GRANTED, key=ResidentKey("whisper", BASE))
+        # Ended by whisper-server's answer, as a request's lease is.
         switched = stack.next_event(
-            EventKind.LEASE_RELEASED, key=ResidentKey("whisper", BASE), reason="resident"
+            EventKind.LEASE_RELEASED, key=ResidentKey("whisper", BASE), reason="done"
         )
         form = aiohttp.FormData()
         form.add_field("model", BASE, content_type="text/plain")  # multipart, as curl -F

@@ -15,8 +15,10 @@ import openai
 import pytest
 
 from gpugate.core.effects import EventKind
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import GiB, MiB
+from gpugate.gate.process_absent import PROCESS_HEADER
 from gpugate.sim.vllm import SimVllm, VllmServerSpec
 from tests.gate.harness import Stack, free_ports, running_stack
 
@@ -175,3 +177,25 @@ async def test_the_gates_refusal_is_in_vllms_error_shape(tmp_path, sim_host, fak
         assert isinstance(body, dict) and body["code"] == caught.value.status_code
         assert set(body) == {"message", "type", "param", "code"}
         assert gate.core.leases() == []
+
+
+async def test_a_vllm_the_books_lost_is_still_asked_itself_never_stood_in_for(
+    tmp_path, sim_host, fakenvml_path
+):
+    # The gate neither starts nor stops vLLM's server: whatever its lifecycle says, a read
+    # goes to vLLM, which answers it (asleep too); the gate answers nothing in its place.
+    async with vllm_stack(tmp_path, sim_host, fakenvml_path) as (stack, _sim, url):
+        gate = stack.gate
+        await until(lambda: gate.core.resident(KEY) is not None)
+        gate.life_report("vllm", LifeReport.FOUND_STOPPED)
+        granted = []
+        gate.events.subscribe(
+            lambda e: e.kind is EventKind.LEASE_GRANTED and granted.append(e), routine=True
+        )
+        async with aiohttp.ClientSession() as session:
+            for path in ("/health", "/v1/models"):
+                async with session.get(url + path) as resp:
+                    await resp.read()
+                    assert resp.status == 200
+                    assert PROCESS_HEADER not in resp.headers, "vLLM's own answer"
+        assert granted == []

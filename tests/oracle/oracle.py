@@ -1,7 +1,8 @@
 """Start the Ollama oracle (build/oracle/ollama-oracle) and read what it recorded.
 
 The oracle is a Go reverse proxy that reads each request as Ollama v0.24.0 would and
-records, before forwarding it, whether Ollama would have reached its scheduler with it.
+records, before forwarding it, whether Ollama would have reached its scheduler with it,
+with what keep_alive and runner options, and what it would refuse once the model loaded.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ class Record:
     undecided: bool = False
     host: str = ""
     origin: str = ""
+    malformed: bool = False
+    """The body did not decode into the route's request type (Ollama's 400)."""
+    keep_alive: int | None = None
+    """A load's keep_alive in nanoseconds; None: not given."""
+    runner: dict[str, int | bool] | None = None
+    """The runner options a load's request sets (api.Runner's, as Options.FromMap sets them)."""
+    after_load: str = ""
+    """The 500 Ollama answers once the model is loaded (a format or template it refuses)."""
 
 
 def start_oracle(

@@ -305,7 +305,9 @@ JSON_CASES: list[tuple[str, str, bytes, bool, str, str]] = [
         b'{"model":"tiny","prompt":"x","deep":' + b"[" * (DEEP + 1) + b"]" * (DEEP + 1) + b"}",
         False,
         "",
-        "decode: exceeded max depth",
+        # Go 1.26's v1 scanner words it as a syntax error at the bracket (scanner.go
+        # pushParseState); the v2 decoder behind Go 1.27's encoding/json does not.
+        "decode: invalid character '[' exceeded max depth",
     ),
     # Names: whitespace is trimmed, case folds to an installed model (not for /api/embeddings).
     ("name-spaces", "/api/generate", body(model="  tiny\t\n", prompt="x"), True, "tiny:latest", ""),
@@ -626,3 +628,70 @@ def test_records_are_written_before_forwarding_and_stamped_at_arrival(oracle: Or
     status, record = oracle.send("POST", "/api/generate", "stamp", body(model="tiny", prompt="x"))
     assert status == 200 and record.could_load
     assert all(r.t <= record.t for r in before)
+
+
+# (case, path, body, could_load, keep_alive, runner, after_load, malformed)
+READING_CASES: list[tuple[str, str, bytes, bool, int | None, dict, str, bool]] = [
+    # Go leaves a string field as it was on null: the model is still "tiny".
+    ("null-model", "/api/generate", b'{"model":"tiny","model":null,"prompt":"x"}',
+     True, None, {}, "", False),
+    # and sets a pointer to nil: no keep_alive.
+    ("null-keep-alive", "/api/generate",
+     b'{"model":"tiny","prompt":"x","keep_alive":"1m","KEEP_ALIVE":null}',
+     True, None, {}, "", False),
+    # Runner options as FromMap sets them: int64() of the number, null skipped, exact keys.
+    ("runner-options", "/api/chat",
+     b'{"model":"tiny","messages":[],"keep_alive":90,"options":{"num_ctx":2048.7,"NUM_GPU":1,'
+     b'"use_mmap":false,"num_batch":null},"options":{"main_gpu":1e300}}',
+     True, 90_000_000_000, {"num_ctx": 2048, "use_mmap": False, "main_gpu": -(2**63)}, "", False),
+    # A dotless i does not fold to i: "optıons" is no field, its bad option unread.
+    ("dotless-i", "/api/generate",
+     '{"model":"tiny","prompt":"x","optıons":{"num_ctx":"x"}}'.encode(),
+     True, None, {}, "", False),
+    # The long s folds to s: "ſystem" is the system field, which raw refuses.
+    ("long-s", "/api/generate", '{"model":"tiny","prompt":"x","ſystem":"s","raw":true}'.encode(),
+     False, None, {}, "", False),
+    ("kelvin", "/api/generate", '{"model":"tiny","prompt":"x","\u212aeep_alive":[]}'.encode(),
+     False, None, {}, "", True),
+    # Refused only once the model is loaded.
+    ("format-yaml", "/api/generate", b'{"model":"tiny","prompt":"x","format":"yaml"}',
+     True, None, {},
+     'invalid format: "\\"yaml\\""; expected "json" or a valid JSON Schema object', False),
+    ("format-chat", "/api/chat", b'{"model":"tiny","messages":[{"role":"user"}],"format":1}',
+     True, None, {}, 'invalid format: "1"; expected "json" or a valid JSON Schema object',
+     False),
+    ("format-load-only", "/api/generate", b'{"model":"tiny","format":"yaml"}',
+     True, None, {}, "", False),
+    ("template-open", "/api/generate", b'{"model":"tiny","prompt":"x","template":"{{"}',
+     True, None, {}, "template: :1: unclosed action", False),
+    ("template-raw", "/api/generate",
+     b'{"model":"tiny","prompt":"x","template":"","raw":true,"format":"json"}',
+     True, None, {}, "", False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "payload", "could_load", "keep_alive", "runner", "after_load", "malformed"),
+    READING_CASES,
+    ids=[c[0] for c in READING_CASES],
+)
+def test_the_reading_of_each_request_is_recorded(
+    oracle: Oracle,
+    case: str,
+    path: str,
+    payload: bytes,
+    could_load: bool,
+    keep_alive: int | None,
+    runner: dict,
+    after_load: str,
+    malformed: bool,
+) -> None:
+    _, record = oracle.send("POST", path, case, payload, {"Content-Type": "application/json"})
+    assert (record.could_load, record.malformed) == (could_load, malformed), record
+    if could_load:
+        assert record.model == "tiny:latest"
+        assert (record.keep_alive, record.runner, record.after_load) == (
+            keep_alive,
+            runner,
+            after_load,
+        )

@@ -366,7 +366,10 @@ def test_catalog_reads_kinds_bounds_and_outputs(catalog: Catalog) -> None:
 
 
 def test_catalog_marks_classes_that_validate_by_code(catalog: Catalog) -> None:
-    assert catalog.nodes["LoadImage"].by_code
+    # LoadImage's code is a file check the gate runs itself.
+    load = catalog.nodes["LoadImage"]
+    assert not load.by_code and load.file_check is not None
+    assert load.file_check.input == "image"
     assert catalog.nodes["Image Sharpen (pack)"].by_code
     assert not catalog.nodes["SaveVideo"].by_code
     odd = parse_object_info({"Odd": {"input": {"required": {"x": "INT"}}, "output": []}})
@@ -691,28 +694,41 @@ def test_the_prompt_is_not_changed(catalog: Catalog) -> None:
 # -- what the catalog cannot decide -----------------------------------------------------------
 
 
-def test_class_with_validation_code_is_unknown(catalog: Catalog) -> None:
+def test_a_file_not_asked_about_is_unknown(catalog: Catalog) -> None:
     prompt = txt2img()
     prompt["10"] = {"class_type": "LoadImage", "inputs": {"image": "missing.png"}}
     prompt["9"]["inputs"]["images"] = ["10", 0]
     verdict = validate(prompt, catalog)
     assert verdict.outcome is Outcome.UNKNOWN and verdict.will_queue
-    assert "LoadImage" in verdict.reason
+    assert "missing.png" in verdict.reason
 
 
-def test_custom_node_in_the_path_is_unknown(catalog: Catalog) -> None:
+def test_custom_node_behind_an_invalid_one_is_invalid(catalog: Catalog) -> None:
+    # Whatever its own code says, it links to a node that fails: ComfyUI refuses the
+    # output, in words only it can write (the pack's own errors, if any).
     prompt = txt2img()
     prompt["10"] = {"class_type": "Image Sharpen (pack)", "inputs": {"image": ["8", 0]}}
     prompt["9"]["inputs"]["images"] = ["10", 0]
     prompt["4"]["inputs"]["ckpt_name"] = "missing.safetensors"
-    assert validate(prompt, catalog).outcome is Outcome.UNKNOWN
+    verdict = validate(prompt, catalog)
+    assert verdict.outcome is Outcome.REFUSE and not verdict.exact
+    assert "validates by code" in verdict.reason
+
+
+def test_custom_node_in_the_path_of_a_valid_graph_is_unknown(catalog: Catalog) -> None:
+    prompt = txt2img()
+    prompt["10"] = {"class_type": "Image Sharpen (pack)", "inputs": {"image": ["8", 0]}}
+    prompt["9"]["inputs"]["images"] = ["10", 0]
+    verdict = validate(prompt, catalog)
+    assert verdict.outcome is Outcome.UNKNOWN and "validates by code" in verdict.reason
 
 
 def test_custom_node_outside_validated_paths_does_not_matter(catalog: Catalog) -> None:
     prompt = txt2img()
     prompt["10"] = {"class_type": "Image Sharpen (pack)", "inputs": {"image": ["8", 0]}}
     prompt["4"]["inputs"]["ckpt_name"] = "missing.safetensors"
-    assert validate(prompt, catalog).outcome is Outcome.REFUSE
+    verdict = validate(prompt, catalog)
+    assert verdict.outcome is Outcome.REFUSE and verdict.exact
 
 
 def test_any_type_mismatch_is_unknown(catalog: Catalog) -> None:
@@ -722,9 +738,9 @@ def test_any_type_mismatch_is_unknown(catalog: Catalog) -> None:
     assert validate(prompt, catalog).outcome is Outcome.UNKNOWN
 
 
-def test_cycle_is_unknown(catalog: Catalog) -> None:
+def test_cycle_is_refused_in_comfyuis_words(catalog: Catalog) -> None:
     verdict = validate(txt2img(latent_image=["3", 0]), catalog)
-    assert verdict.outcome is Outcome.UNKNOWN
+    assert verdict.outcome is Outcome.REFUSE and not verdict.exact
     assert verdict.reason == "the graph has a cycle"
 
 
@@ -745,10 +761,20 @@ def test_long_chain_is_unknown(catalog: Catalog) -> None:
 def test_custom_output_type_mismatch_is_unknown(catalog: Catalog) -> None:
     # A pack's "IMAGE" may be a str whose `__ne__` matches LATENT too.
     prompt = txt2img()
-    prompt["10"] = {"class_type": "Image Sharpen (pack)", "inputs": {"image": ["8", 0]}}
+    prompt["10"] = {"class_type": "Image Sharpen (pack)", "inputs": {"image": ["5", 0]}}
     prompt["8"]["inputs"]["samples"] = ["10", 0]
     verdict = validate(prompt, catalog)
     assert verdict.outcome is Outcome.UNKNOWN and "validates by code" in verdict.reason
+
+
+def test_custom_output_in_a_cycle_is_refused(catalog: Catalog) -> None:
+    # The link either matches, and ComfyUI recurses round the cycle, or it does not, and
+    # VAEDecode has a return_type_mismatch: refused either way.
+    prompt = txt2img()
+    prompt["10"] = {"class_type": "Image Sharpen (pack)", "inputs": {"image": ["8", 0]}}
+    prompt["8"]["inputs"]["samples"] = ["10", 0]
+    verdict = validate(prompt, catalog)
+    assert verdict.outcome is Outcome.REFUSE and not verdict.exact
 
 
 def test_shapes_comfyui_answers_with_500_are_unknown(catalog: Catalog) -> None:

@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from gpugate.runtimes.base import RouteKind
+from gpugate.runtimes.ollama.adapter import OllamaReading
 from gpugate.runtimes.ollama.needs import (
     Handler,
     ModelFacts,
@@ -38,8 +39,8 @@ _PNG = b'"image":"data:image/png;base64,iVBORw0KGgo="'
 def needs_of(path: str, body: bytes) -> Needs:
     result = ADAPTER.classify("POST", path, body, "application/json")
     assert result.kind is RouteKind.DEMAND, body
-    assert isinstance(result.reading, Needs)
-    return result.reading
+    assert isinstance(result.reading, OllamaReading)
+    return result.reading.needs
 
 
 def _table(path: str, rows: list[tuple[bytes, Needs]]):
@@ -291,7 +292,7 @@ def test_transcriptions_end_in_chat_with_nothing_more():
     result = ADAPTER.classify(
         "POST", "/v1/audio/transcriptions", body, "multipart/form-data; boundary=B"
     )
-    assert result.kind is RouteKind.DEMAND and result.reading == CHAT
+    assert result.kind is RouteKind.DEMAND and result.reading == OllamaReading(CHAT)
 
 
 _ANY_BODY = {

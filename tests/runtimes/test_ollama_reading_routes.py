@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.ollama.needs import ModelFacts, Needs, refused
+from gpugate.runtimes.ollama.adapter import OllamaReading
+from gpugate.runtimes.ollama.needs import ModelFacts, refused
 from tests.runtimes.test_ollama_adapter import ADAPTER
 
 _MSG = b'"messages":[{"role":"user","content":"hi"}]'
@@ -82,8 +83,8 @@ def test_what_generate_refuses_only_for_a_model_that_is_not_an_image_model(body)
     # GenerateHandler hands an image model's request on before these checks (routes.go:368).
     classified = kind("/api/generate", body)
     assert classified.kind is RouteKind.DEMAND
-    needs = classified.reading
-    assert isinstance(needs, Needs)
+    assert isinstance(classified.reading, OllamaReading)
+    needs = classified.reading.needs
     assert refused(needs, ModelFacts(frozenset({"completion"})))
     assert not refused(needs, ModelFacts(frozenset({"image"})))
 

@@ -201,7 +201,7 @@ async def test_object_info_entries_are_those_of_comfyui_0_3_64(
         assert json.dumps(entry) == json.dumps(expected), expected["name"]
     # NODE_CLASS_MAPPINGS order: nodes.py's classes first, then comfy_extras' as they load.
     assert list(catalog)[:3] == ["KSampler", "CheckpointLoaderSimple", "CLIPTextEncode"]
-    assert list(catalog)[-3:] == ["UpscaleModelLoader", "ImageUpscaleWithModel", "FluxGuidance"]
+    assert list(catalog)[-3:] == ["ImageUpscaleWithModel", "MaskToImage", "FluxGuidance"]
 
 
 async def test_object_info_of_one_class_known_or_not(

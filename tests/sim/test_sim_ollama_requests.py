@@ -143,7 +143,7 @@ async def test_nesting_depth_is_gos(sim: SimOllama, depth: int, status: int) -> 
     got, answer = await post(sim, "/api/generate", body)
     assert got == status, answer
     if status == 400:
-        assert answer == {"error": "exceeded max depth"}
+        assert answer == {"error": "invalid character '[' exceeded max depth"}
     assert loads(sim) == (1 if status == 200 else 0)
 
 

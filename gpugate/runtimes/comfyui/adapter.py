@@ -53,7 +53,8 @@ from gpugate.runtimes.comfyui.origin import (
     server_error,
 )
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
-from gpugate.runtimes.comfyui.vetting import PromptVetting
+from gpugate.runtimes.comfyui.validation import Outcome
+from gpugate.runtimes.comfyui.vetting import CONTENT_TYPE, PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
 
@@ -157,12 +158,18 @@ class ComfyUIAdapter(RuntimeAdapter):
     async def vet(
         self, classified: Classified, session: aiohttp.ClientSession, now: float
     ) -> Vetted | None:
-        """ComfyUI's own 400 for a prompt it will refuse, from its node catalog."""
+        """ComfyUI's own 400 for a prompt it will refuse, from its node catalog and its
+        files; a prompt only ComfyUI can judge (or word the refusal of) is leased only
+        once ComfyUI has accepted it."""
         demand = classified.reading
         if not isinstance(demand, PromptDemand) or not self.settings.validate_prompts:
             return None
-        reply = await self.vetting.refusal(demand, session, now)
-        return None if reply is None else Vetted(reply)
+        verdict = await self.vetting.verdict(demand, session, now)
+        if verdict.outcome is Outcome.QUEUE:
+            return None
+        if verdict.outcome is Outcome.REFUSE and verdict.exact:
+            return Vetted(ErrorReply(400, verdict.body, CONTENT_TYPE))
+        return Vetted(runtime_decides=True)
 
     def size(
         self, classified: Classified, measured: Measured | None, ceiling: int | None

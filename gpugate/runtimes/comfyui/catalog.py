@@ -9,7 +9,9 @@ Which classes `validate` cannot decide from the catalog alone (`NodeSpec.by_code
 - classes of custom node packs (`python_module` not ComfyUI's own): they may define
   `VALIDATE_INPUTS`, which skips checks and adds its own, and type strings whose `__ne__`
   matches more than the text says;
-- ComfyUI 0.3.64's own classes with a validation function (`CODE_VALIDATED`);
+- ComfyUI 0.3.64's own classes with a validation function the gate does not copy
+  (`CODE_VALIDATED`); those whose function is a file check (the LoadImage family,
+  `FILE_CHECKS`) the gate runs itself;
 - entries whose inputs are not `[type]` or `[type, {options}]`.
 """
 
@@ -26,15 +28,51 @@ CORE_MODULES = ("nodes", "comfy_extras.", "comfy_api_nodes.")
 
 CODE_VALIDATED = frozenset(
     {
-        "LoadLatent", "LoadImage", "LoadImageMask", "LoadImageOutput",  # nodes.py:537,1700,1749
-        "LoadAudio",  # comfy_extras/nodes_audio.py:346
-        "LoadVideo",  # comfy_extras/nodes_video.py:199
         "FluxProUltraImageNode",  # comfy_api_nodes/nodes_bfl.py:205
         "KlingCameraControls",  # comfy_api_nodes/nodes_kling.py:711
         "TripoConversionNode",  # comfy_api_nodes/nodes_tripo.py:524
+        "LoadImageSetNode",  # comfy_extras/nodes_train.py:214 (a list of names)
     }
 )  # fmt: skip
-"""ComfyUI 0.3.64's own classes with `VALIDATE_INPUTS` / `validate_inputs`: code decides."""
+"""ComfyUI 0.3.64's own classes with `VALIDATE_INPUTS` / `validate_inputs` whose code the
+gate does not copy: only ComfyUI can tell."""
+
+
+@attrs.frozen
+class FileCheck:
+    """A class whose VALIDATE_INPUTS is `folder_paths.exists_annotated_filepath(name)`: the
+    named input's value must name a file ComfyUI has (input folder unless annotated)."""
+
+    module: str
+    """The class's `python_module`: a pack that replaces the class is not this check."""
+    input: str
+    message: str
+    """What the function returns when the file is not there, `{}` the name."""
+    function: str
+    """The function's qualified name, as Python's TypeError names it."""
+
+
+FILE_CHECKS = {
+    "LoadImage": FileCheck("nodes", "image", "Invalid image file: {}", "LoadImage.VALIDATE_INPUTS"),
+    "LoadImageMask": FileCheck(
+        "nodes", "image", "Invalid image file: {}", "LoadImageMask.VALIDATE_INPUTS"
+    ),
+    # It inherits LoadImage's function, which looks in the input folder unless annotated.
+    "LoadImageOutput": FileCheck(
+        "nodes", "image", "Invalid image file: {}", "LoadImage.VALIDATE_INPUTS"
+    ),
+    "LoadLatent": FileCheck(
+        "nodes", "latent", "Invalid latent file: {}", "LoadLatent.VALIDATE_INPUTS"
+    ),
+    "LoadAudio": FileCheck(
+        "comfy_extras.nodes_audio", "audio", "Invalid audio file: {}", "LoadAudio.VALIDATE_INPUTS"
+    ),
+    "LoadVideo": FileCheck(
+        "comfy_extras.nodes_video", "file", "Invalid video file: {}", "LoadVideo.validate_inputs"
+    ),
+}
+"""nodes.py:537 (LoadLatent), 1700 (LoadImage, and LoadImageOutput by inheritance), 1749
+(LoadImageMask); comfy_extras/nodes_audio.py:346; comfy_extras/nodes_video.py:199."""
 
 CONVERTED = ("INT", "FLOAT", "STRING", "BOOLEAN")
 """Types whose literal values ComfyUI converts with int(), float(), str(), bool()."""
@@ -106,6 +144,8 @@ class NodeSpec:
     python_module: str = ""
     by_code: bool = False
     """Validation of this class runs code the catalog cannot describe."""
+    file_check: FileCheck | None = None
+    """Its validation code is a file check the gate runs itself."""
 
     @property
     def validated_inputs(self) -> tuple[InputSpec, ...]:
@@ -187,6 +227,10 @@ def _node(name: str, info: Any) -> NodeSpec:
     module = info.get("python_module")
     module = module if isinstance(module, str) else ""
     by_code = name in CODE_VALIDATED or not _core(module)
+    file_check = FILE_CHECKS.get(name)
+    if file_check is not None and file_check.module != module:
+        file_check = None
+        by_code = True
     # ComfyUI's validate_prompt asks `OUTPUT_NODE is True`; node_info writes True only then
     # for every class ComfyUI ships.
     output_node = info.get("output_node") is True
@@ -218,7 +262,9 @@ def _node(name: str, info: Any) -> NodeSpec:
                 by_code = True
                 continue
             inputs.append(parsed)
-    return NodeSpec(name, tuple(inputs), outputs, output_node, module, by_code)
+    if file_check is not None and all(i.name != file_check.input for i in inputs):
+        by_code = True
+    return NodeSpec(name, tuple(inputs), outputs, output_node, module, by_code, file_check)
 
 
 def parse_object_info(answer: Any) -> Catalog:

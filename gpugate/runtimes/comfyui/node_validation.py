@@ -41,6 +41,16 @@ def full_type_name(klass: type) -> str:
     return module + "." + klass.__qualname__
 
 
+def _is_link(value: Any) -> bool:
+    """comfy_execution/graph_utils.py `is_link`."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], (int, float))
+    )
+
+
 def _thaw(value: Any) -> Any:
     """A catalog tuple back to the JSON list ComfyUI holds."""
     return [_thaw(v) for v in value] if isinstance(value, tuple) else value
@@ -59,15 +69,34 @@ def types_match(received_type: Any, input_type: Any) -> bool:
     return len(received & wanted) > 0
 
 
-class Validator:
-    """`validate_inputs` with its `validated` memo, over one prompt and catalog."""
+Validity = bool | None
+"""A node's validity: True, False, or None when only ComfyUI can tell."""
+NodeResult = tuple[Validity, list[Reason], Any]
+"""`validate_inputs`'s `(valid, errors, unique_id)`, valid None when the gate cannot tell."""
 
-    def __init__(self, prompt: Mapping[Any, Any], catalog: Catalog) -> None:
+
+class Validator:
+    """`validate_inputs` with its `validated` memo, over one prompt and catalog.
+
+    `files` says which names `folder_paths.exists_annotated_filepath` finds (the file
+    checks of the LoadImage family); a name it lacks is one the gate cannot judge.
+    """
+
+    def __init__(
+        self,
+        prompt: Mapping[Any, Any],
+        catalog: Catalog,
+        files: Mapping[str, bool] | None = None,
+    ) -> None:
         self.prompt = prompt
         self.catalog = catalog
-        self.validated: dict[Any, tuple[bool, list[Reason], Any]] = {}
+        self.files: Mapping[str, bool] = files or {}
+        self.validated: dict[Any, NodeResult] = {}
         self.active: list[Any] = []
         self.tracebacks = False
+        self.uncertain: list[str] = []
+        """Why the body of a refusal may not be ComfyUI's: nodes whose own errors only
+        ComfyUI can write (code the catalog cannot describe, a cycle)."""
 
     def spec(self, class_type: Any) -> NodeSpec:
         spec = self.catalog.get(class_type)
@@ -75,28 +104,39 @@ class Validator:
         assert spec is not None
         return spec
 
-    def inputs(self, unique_id: Any) -> tuple[bool, list[Reason], Any]:
+    def inputs(self, unique_id: Any) -> NodeResult:
         if unique_id in self.validated:
             return self.validated[unique_id]
         if unique_id in self.active:
-            # ComfyUI recurses until Python's limit; what it then reports is not worth copying.
-            raise CannotTell("the graph has a cycle")
+            # ComfyUI recurses round the cycle until Python's recursion limit; the
+            # RecursionError is caught as an exception of an inner node, so every node on
+            # the cycle, and every node linking to it, is invalid. What the caught
+            # exception leaves in node_errors depends on where the stack ran out.
+            self.uncertain.append("the graph has a cycle")
+            return (False, [], unique_id)
         if len(self.active) >= MAX_DEPTH:
-            raise CannotTell(f"a chain of links deeper than {MAX_DEPTH}")
+            # Whether ComfyUI's own recursion runs out here depends on its stack.
+            self.uncertain.append(f"a chain of links deeper than {MAX_DEPTH}")
+            return (None, [], unique_id)
         self.active.append(unique_id)
         try:
-            return self._inputs(unique_id)
+            ret = self._inputs(unique_id)
+        except CannotTell as why:
+            self.uncertain.append(why.reason)
+            ret = (None, [], unique_id)
         finally:
             self.active.pop()
+        self.validated[unique_id] = ret
+        return ret
 
-    def _inputs(self, unique_id: Any) -> tuple[bool, list[Reason], Any]:
+    def _inputs(self, unique_id: Any) -> NodeResult:
         inputs = self.prompt[unique_id]["inputs"]
         class_type = self.prompt[unique_id]["class_type"]
         node = self.spec(class_type)
         if node.by_code:
-            raise CannotTell(f"{class_type} validates by code")
+            return self._by_code(unique_id, node, inputs)
         errors: list[Reason] = []
-        valid = True
+        valid: Validity = True
         for spec in node.validated_inputs:
             x = spec.name
             if x not in inputs:
@@ -116,16 +156,79 @@ class Validator:
                 outcome = self._link(spec, val, info, errors)
                 if outcome is False:
                     valid = False
+                elif outcome is None and valid is True:
+                    valid = None
+                continue
+            if node.file_check is not None and x == node.file_check.input:
+                # An argument of VALIDATE_INPUTS: converted, but not checked against min,
+                # max or the value list; the function judges it below.
                 continue
             error = self._literal(spec, val, info)
             if error is not None:
                 errors.append(error)
-        ret = (False, errors, unique_id) if errors or valid is not True else (True, [], unique_id)
-        self.validated[unique_id] = ret
-        return ret
+        if node.file_check is not None:
+            error = self._file(node, inputs)
+            if error is not None:
+                errors.append(error)
+        if errors or valid is False:
+            return (False, errors, unique_id)
+        return (None, [], unique_id) if valid is None else (True, [], unique_id)
 
-    def _link(self, spec: InputSpec, val: list[Any], info: list[Any], errors: list[Reason]) -> bool:
-        """A `[node_id, slot]` input; False when the linked node is invalid."""
+    def _by_code(self, unique_id: Any, node: NodeSpec, inputs: Mapping[str, Any]) -> NodeResult:
+        """A node whose validation runs code the catalog cannot describe: its own errors
+        are ComfyUI's to find, but an invalid node it links to makes it invalid (ComfyUI
+        follows the link, or refuses its type)."""
+        self.uncertain.append(f"{node.name} validates by code")
+        valid: Validity = None
+        for spec in node.validated_inputs:
+            val = inputs.get(spec.name)
+            if not isinstance(val, list) or len(val) != 2:
+                continue
+            # Read as ComfyUI reads a link before its type check: these may raise.
+            linked = self.spec(self.prompt[val[0]]["class_type"])
+            if not linked.outputs and linked.by_code:
+                continue  # its RETURN_TYPES are not in the catalog
+            linked.outputs[val[1]]
+            if self._follow(spec, val, spec.config) is False:
+                valid = False
+        return (valid, [], unique_id)
+
+    def _file(self, node: NodeSpec, inputs: Mapping[str, Any]) -> Reason | None:
+        """The LoadImage family's VALIDATE_INPUTS: `exists_annotated_filepath(name)`
+        (nodes.py `LoadImage.VALIDATE_INPUTS`, folder_paths.py). It runs after the other
+        checks whatever they found; what makes it raise raises here too."""
+        check = node.file_check
+        assert check is not None
+        x = check.input
+        if x not in inputs:
+            # execution.get_input_data passes only the inputs the prompt gives.
+            raise TypeError(f"{check.function}() missing 1 required positional argument: '{x}'")
+        val = inputs[x]
+        if isinstance(val, dict) and "__value__" in val:
+            val = val["__value__"]
+        if _is_link(val):
+            # get_input_data passes None for a link while validating (no outputs yet).
+            val = None
+        if not isinstance(val, str):
+            # folder_paths.annotated_filepath's `name.endswith`.
+            raise AttributeError(f"'{type(val).__name__}' object has no attribute 'endswith'")
+        exists = self.files.get(val)
+        if exists is None:
+            raise CannotTell(f"whether ComfyUI has the file {val!r}")
+        if exists:
+            return None
+        return reason(
+            "custom_validation_failed",
+            "Custom validation failed for node",
+            f"{x} - {check.message.format(val)}",
+            {"input_name": x},
+        )
+
+    def _link(
+        self, spec: InputSpec, val: list[Any], info: list[Any], errors: list[Reason]
+    ) -> Validity:
+        """A `[node_id, slot]` input: False when the linked node is invalid, None when
+        only ComfyUI can tell whether the link is (or the node behind it)."""
         x = spec.name
         if len(val) != 2:
             errors.append(
@@ -143,15 +246,16 @@ class Validator:
         linked = self.spec(o_class_type)
         r = linked.outputs
         received_type = _thaw(r[val[1]])
-        if linked.by_code:
-            # Its output type may be a str whose `__ne__` matches more than its text, and
-            # validating it runs its own code.
-            raise CannotTell(f"{x} links to {o_class_type}, which validates by code")
         input_type = spec.input_type
+        if linked.by_code or (
+            not types_match(received_type, input_type) and "*" in (received_type, input_type)
+        ):
+            # Its output type may be a str whose `__ne__` matches more than its text (a
+            # pack's types, ComfyUI's `*`): the link either matches and ComfyUI follows it,
+            # or ComfyUI refuses its type. Invalid behind it is invalid either way.
+            self.uncertain.append(f"{x} links {received_type} to {input_type}")
+            return False if self._follow(spec, val, info) is False else None
         if not types_match(received_type, input_type):
-            if received_type == "*" or input_type == "*":
-                # ComfyUI's IO types match `*` through `__ne__`; a plain string does not.
-                raise CannotTell(f"{x} links {received_type} to {input_type}")
             details = f"{x}, received_type({received_type}) mismatch input_type({input_type})"
             errors.append(
                 reason(
@@ -167,9 +271,15 @@ class Validator:
                 )
             )
             return True
+        return self._follow(spec, val, info)
+
+    def _follow(self, spec: InputSpec, val: list[Any], info: list[Any]) -> Validity:
+        """Validate the node a link names, as ComfyUI recurses into it: an exception there
+        is that node's reason (exception_during_inner_validation)."""
+        x = spec.name
+        o_id = val[0]
         try:
-            if self.inputs(o_id)[0] is False:
-                return False
+            outcome = self.inputs(o_id)[0]
         except Exception as ex:
             self.tracebacks = True
             self.validated[o_id] = (
@@ -192,7 +302,7 @@ class Validator:
                 o_id,
             )
             return False
-        return True
+        return True if outcome is True else outcome
 
     def _literal(self, spec: InputSpec, val: Any, info: list[Any]) -> Reason | None:
         """A literal value: converted, then checked against min, max and the value list."""

@@ -10,10 +10,15 @@ Where ComfyUI iterates a set (the output ids, each node's input names), the orde
 its process's string hashing; this code takes outputs in prompt order and inputs in
 declaration order (required, then optional), one of the orders ComfyUI can take.
 
-It refuses only when ComfyUI certainly refuses. It answers UNKNOWN when the answer depends
-on code the catalog cannot describe (`NodeSpec.by_code` classes, an `*` type that may match
-anything), on a cycle, or on a graph deeper than `MAX_DEPTH`; and when ComfyUI itself would
-fail with a 500 rather than a 400.
+It refuses only when ComfyUI certainly refuses. A node whose validation runs code the
+catalog cannot describe (`NodeSpec.by_code` classes, an `*` type that may match anything, a
+file the gate was not told about) is one the gate cannot judge, but validation goes on
+around it: the nodes it links to are validated, and a node linking to a certainly invalid
+one is invalid whatever the code says. A cycle is invalid (ComfyUI's recursion runs out
+round it). The verdict is UNKNOWN when no output is certainly valid and some output's
+validity rests on what only ComfyUI can tell, and when ComfyUI itself would fail with a
+500 rather than a 400. A refusal whose body only ComfyUI can write (a traceback, a node
+whose own errors come from its code, a cycle) is `exact=False`.
 """
 
 from __future__ import annotations
@@ -63,11 +68,12 @@ class Verdict:
     failures: tuple[NodeFailure, ...] = ()
     """`node_errors`, also for a QUEUE whose other outputs failed (ComfyUI answers 200)."""
     exact: bool = True
-    """False when the body holds an exception's traceback, which only ComfyUI can write."""
+    """False when only ComfyUI can write the body: it holds an exception's traceback, or
+    errors of nodes whose validation the gate cannot run (`reason` says which)."""
     refetch: frozenset[str] = frozenset()
     """Classes to fetch anew (`/object_info/{class}`) before the refusal is trusted."""
     reason: str = ""
-    """UNKNOWN: why the catalog cannot decide."""
+    """UNKNOWN, or a REFUSE that is not exact: why the gate cannot decide, or cannot word it."""
 
     @property
     def will_queue(self) -> bool:
@@ -84,6 +90,7 @@ def _refusal(
     *,
     exact: bool = True,
     refetch: frozenset[str] = frozenset(),
+    why: str = "",
 ) -> Verdict:
     body = json.dumps({"error": error, "node_errors": node_errors}).encode()
     return Verdict(
@@ -93,6 +100,7 @@ def _refusal(
         failures=_failures(node_errors),
         exact=exact,
         refetch=refetch,
+        reason=why,
     )
 
 
@@ -135,14 +143,20 @@ def _outputs(
     return outputs
 
 
-def _validate(prompt: Mapping[Any, Any], catalog: Catalog, partial_targets: Any) -> Verdict:
+def _validate(
+    prompt: Mapping[Any, Any],
+    catalog: Catalog,
+    partial_targets: Any,
+    files: Mapping[str, bool] | None,
+) -> Verdict:
     outputs = _outputs(prompt, catalog, partial_targets)
     if isinstance(outputs, Verdict):
         return outputs
     if not outputs:
         return _refusal(_top("prompt_no_outputs", "Prompt has no outputs", ""), {})
-    validator = Validator(prompt, catalog)
+    validator = Validator(prompt, catalog, files)
     good_outputs: list[Any] = []
+    unknown_outputs: list[Any] = []
     failed: list[tuple[Any, list[Reason]]] = []
     node_errors: dict[Any, Any] = {}
     for o in outputs:
@@ -163,6 +177,11 @@ def _validate(prompt: Mapping[Any, Any], catalog: Catalog, partial_targets: Any)
         if valid is True:
             good_outputs.append(o)
             continue
+        if valid is None:
+            # Valid or not, as only ComfyUI can tell: either way it adds no node_errors of
+            # nodes the gate judged that the failed outputs do not add too.
+            unknown_outputs.append(o)
+            continue
         failed.append((o, reasons))
         for node_id, (ok, why, _) in validator.validated.items():
             # Nodes downstream of a failed one are invalid without reasons: not reported.
@@ -176,6 +195,8 @@ def _validate(prompt: Mapping[Any, Any], catalog: Catalog, partial_targets: Any)
                 node_errors[node_id]["dependent_outputs"].append(o)
     if good_outputs:
         return Verdict(Outcome.QUEUE, failures=_failures(node_errors))
+    if unknown_outputs:
+        return Verdict(Outcome.UNKNOWN, reason="; ".join(dict.fromkeys(validator.uncertain)))
     details = "\n".join(f"{e['message']}: {e['details']}" for _, errors in failed for e in errors)
     error = _top("prompt_outputs_failed_validation", "Prompt outputs failed validation", details)
     refetch = frozenset(
@@ -183,15 +204,28 @@ def _validate(prompt: Mapping[Any, Any], catalog: Catalog, partial_targets: Any)
         for entry in node_errors.values()
         if any(e["type"] == "value_not_in_list" for e in entry["errors"])
     )
-    return _refusal(error, node_errors, exact=not validator.tracebacks, refetch=refetch)
+    why = "; ".join(dict.fromkeys(validator.uncertain))
+    if validator.tracebacks:
+        why = "; ".join(filter(None, ("the body holds a traceback", why)))
+    exact = not validator.tracebacks and not validator.uncertain
+    return _refusal(error, node_errors, exact=exact, refetch=refetch, why=why)
 
 
-def validate(prompt: Any, catalog: Catalog, partial_targets: Any = None) -> Verdict:
-    """What ComfyUI answers to a `POST /prompt` of this `prompt` (and its targets)."""
+def validate(
+    prompt: Any,
+    catalog: Catalog,
+    partial_targets: Any = None,
+    files: Mapping[str, bool] | None = None,
+) -> Verdict:
+    """What ComfyUI answers to a `POST /prompt` of this `prompt` (and its targets).
+
+    `files`: for each name a file input of the LoadImage family gives, whether ComfyUI has
+    that file (`exists_annotated_filepath`); a name not in it is one the gate cannot judge.
+    """
     if not isinstance(prompt, dict):
         return Verdict(Outcome.UNKNOWN, reason="the prompt is not an object")
     try:
-        return _validate(prompt, catalog, partial_targets)
+        return _validate(prompt, catalog, partial_targets, files)
     except CannotTell as why:
         return Verdict(Outcome.UNKNOWN, reason=why.reason)
     except RecursionError:

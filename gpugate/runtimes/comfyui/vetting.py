@@ -8,8 +8,13 @@ prompt ComfyUI will refuse gets ComfyUI's own answer and nobody's model is evict
 The catalog is fetched once and kept; it is fetched whole again after `CATALOG_TTL`
 (custom nodes change only when ComfyUI restarts, and its process then gets a new catalog),
 and class by class before a refusal that may come from a stale file list is trusted
-(ComfyUI lists its model folders again when it validates). Whatever the gate cannot decide
-from the catalog goes on to admission as before; a catalog that cannot be fetched only
+(ComfyUI lists its model folders again when it validates). The files the LoadImage family
+names are asked about anew for every prompt (input_files.py).
+
+The outcome is one of three: ComfyUI will queue it (leased as usual), ComfyUI will refuse
+it with this body (the gate answers it), or only ComfyUI can tell or word it (a node whose
+validation is its own code, a cycle, a traceback): the adapter then has it forwarded with
+no lease, leased only once ComfyUI has accepted it. A catalog that cannot be fetched only
 means the prompt is admitted unvetted.
 """
 
@@ -23,7 +28,8 @@ import aiohttp
 from gpugate.runtimes.base import AdapterError
 from gpugate.runtimes.comfyui.catalog import Catalog, parse_object_info
 from gpugate.runtimes.comfyui.graph import PromptDemand
-from gpugate.runtimes.comfyui.validation import Outcome, classes_to_refetch, validate
+from gpugate.runtimes.comfyui.input_files import files_present, named_files
+from gpugate.runtimes.comfyui.validation import Outcome, Verdict, classes_to_refetch, validate
 from gpugate.runtimes.replies import ErrorReply
 
 CATALOG_TTL = 300.0
@@ -45,17 +51,18 @@ class PromptVetting:
         self.catalog: Catalog | None = None
         self.fetched_at = float("-inf")
 
-    async def refusal(
+    async def verdict(
         self, demand: PromptDemand, session: aiohttp.ClientSession, now: float
-    ) -> ErrorReply | None:
-        """ComfyUI's 400 for a prompt it will refuse; None when it will queue it, or when
-        the gate cannot tell. Raises CatalogError or aiohttp's errors when ComfyUI does not
-        answer as it should (the caller admits the prompt then)."""
+    ) -> Verdict:
+        """What ComfyUI will answer the prompt, as far as the gate can tell. Raises
+        CatalogError or aiohttp's errors when ComfyUI does not answer as it should (the
+        caller admits the prompt then)."""
         if self.catalog is None or now - self.fetched_at > CATALOG_TTL:
             self.catalog = await self._fetch(session, "/object_info")
             self.fetched_at = now
         catalog = self.catalog
-        verdict = validate(demand.prompt, catalog, demand.targets)
+        files = await self._files(demand, catalog, session)
+        verdict = validate(demand.prompt, catalog, demand.targets, files)
         fresh: set[str] = set()
         while verdict.outcome is Outcome.REFUSE:
             stale = classes_to_refetch(verdict, fresh)
@@ -66,10 +73,27 @@ class PromptVetting:
                 catalog = catalog.refreshed([name], await self._fetch(session, path))
             fresh |= stale
             self.catalog = catalog
-            verdict = validate(demand.prompt, catalog, demand.targets)
-        if verdict.outcome is Outcome.REFUSE:
+            files = await self._files(demand, catalog, session)
+            verdict = validate(demand.prompt, catalog, demand.targets, files)
+        return verdict
+
+    async def refusal(
+        self, demand: PromptDemand, session: aiohttp.ClientSession, now: float
+    ) -> ErrorReply | None:
+        """ComfyUI's 400 for a prompt it will refuse, when the gate can write it; None
+        otherwise."""
+        verdict = await self.verdict(demand, session, now)
+        if verdict.outcome is Outcome.REFUSE and verdict.exact:
             return ErrorReply(400, verdict.body, CONTENT_TYPE)
         return None
+
+    async def _files(
+        self, demand: PromptDemand, catalog: Catalog, session: aiohttp.ClientSession
+    ) -> dict[str, bool]:
+        names = named_files(demand.prompt, catalog)
+        if not names:
+            return {}
+        return await files_present(session, self.base_url, names, self.timeout)
 
     async def _fetch(self, session: aiohttp.ClientSession, path: str) -> Catalog:
         async with session.get(self.base_url + path, timeout=self.timeout) as resp:

@@ -21,6 +21,7 @@ from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
 from gpugate.runtimes.llamaserver.reading import is_proxied
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
+from gpugate.runtimes.replies import ErrorReply
 
 
 class LlamaSingleAdapter(ProcessAdapter):
@@ -52,6 +53,11 @@ class LlamaSingleAdapter(ProcessAdapter):
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
     ) -> Classified:
         return Classified(RouteKind.PASS, ApiFamily.LLAMA)
+
+    def up_health(self) -> ErrorReply:
+        # Its `/health` once the model is loaded (docs/runtimes/llamaserver.md), in the
+        # content type of its JSON answers (the gate's llama error shape, answers.py).
+        return ErrorReply(200, b'{"status":"ok"}', "application/json; charset=utf-8")
 
     async def health(self, session: aiohttp.ClientSession) -> bool:
         """`GET /health` answers 200 once the model is loaded (503 while it loads)."""

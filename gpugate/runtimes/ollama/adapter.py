@@ -29,6 +29,8 @@ from gpugate.runtimes.base import (
     Vetted,
 )
 from gpugate.runtimes.dialect import BodyCoding
+from gpugate.runtimes.ollama.afterload import NONE as NO_REFUSAL
+from gpugate.runtimes.ollama.afterload import AfterLoad, after_load
 from gpugate.runtimes.ollama.gojson import Bound, GoJsonError, go_string, splice
 from gpugate.runtimes.ollama.gojson_fast import read_struct
 from gpugate.runtimes.ollama.gojson_scan import ScanError
@@ -66,6 +68,15 @@ OPENAI_LOADS = {*ZSTD_ROUTES, "/v1/audio/transcriptions"}
 """The /v1 routes that load: the JSON ones behind the cloud passthrough, and transcriptions."""
 RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
 """Load-time options: a change makes Ollama reload the model (sched.go needsReload)."""
+
+
+@attrs.frozen
+class OllamaReading:
+    """The adapter's reading of a demand (Classified.reading): what it needs of its model,
+    checked before a lease, and what Ollama can refuse it for once the model is loaded."""
+
+    needs: Needs
+    after_load: AfterLoad = NO_REFUSAL
 
 
 def normalize_model(name: str) -> str:
@@ -182,8 +193,9 @@ class OllamaAdapter(RuntimeAdapter):
         if api is ApiFamily.OPENAI:
             residency = self.residency(ref.name)
             # /v1 cannot carry keep_alive, so the gate owns these models' idle time.
+            reading = OllamaReading(needs)
             return Classified(
-                RouteKind.DEMAND, api, ref.name, idle_ttl=residency.idle_ttl, reading=needs
+                RouteKind.DEMAND, api, ref.name, idle_ttl=residency.idle_ttl, reading=reading
             )
         return self._classify_native(path, bound, ref.name, needs)
 
@@ -205,7 +217,7 @@ class OllamaAdapter(RuntimeAdapter):
             body=_rewrite_keep_alive(bound, requested, effective),
             idle_ttl=None if effective.forever else effective.seconds,
             sets_ttl=True,
-            reading=needs,
+            reading=OllamaReading(needs, after_load(path, bound)),
         )
 
     def _classify_multipart(
@@ -221,7 +233,7 @@ class OllamaAdapter(RuntimeAdapter):
             api,
             ref.name,
             idle_ttl=residency.idle_ttl,
-            reading=TRANSCRIPTION_NEEDS,
+            reading=OllamaReading(TRANSCRIPTION_NEEDS),
         )
 
     # -- talking to Ollama -----------------------------------------------------------------
@@ -307,6 +319,12 @@ class OllamaAdapter(RuntimeAdapter):
             layers=facts.layers if facts is not None and facts.layers else None,
         )
 
+    def refused_after_load(self, classified: Classified, status: int, body: bytes) -> bool:
+        """Ollama's 500 for a format or a template it refuses once the model is loaded
+        (afterload.py): the model is resident, nothing failed to load."""
+        reading = classified.reading
+        return isinstance(reading, OllamaReading) and reading.after_load.refused(status, body)
+
     async def health(self, session: aiohttp.ClientSession) -> bool:
         """Ollama answers GET /api/version with 200 once it serves."""
         async with session.get(self._url("/api/version"), headers=self._headers()) as resp:
@@ -352,9 +370,10 @@ class OllamaAdapter(RuntimeAdapter):
     ) -> Vetted | None:
         """A request the model itself makes Ollama refuse (a capability it lacks, a remote
         stub) goes up unleased, for Ollama to word the refusal."""
-        needs = classified.reading
-        if not isinstance(needs, Needs) or classified.model is None:
+        reading = classified.reading
+        if not isinstance(reading, OllamaReading) or classified.model is None:
             return None
+        needs = reading.needs
         cache = self.model_facts
         if needs.exact_name is not None:
             installed = await cache.installed(session, now)

@@ -16,14 +16,16 @@ from gpugate.sim.comfyui.nodes import NODES, Api, NodeDef
 Files = Mapping[str, list[str]]
 
 
-def object_info(files: Files) -> dict[str, Any]:
+def object_info(files: Files, nodes: Mapping[str, NodeDef] = NODES) -> dict[str, Any]:
     """Every class, in registration order."""
-    return {name: node_info(node, files) for name, node in NODES.items()}
+    return {name: node_info(node, files) for name, node in nodes.items()}
 
 
-def object_info_node(name: str, files: Files) -> dict[str, Any]:
+def object_info_node(
+    name: str, files: Files, nodes: Mapping[str, NodeDef] = NODES
+) -> dict[str, Any]:
     """`/object_info/{node_class}`: the one class, or `{}` for a class ComfyUI does not have."""
-    node = NODES.get(name)
+    node = nodes.get(name)
     return {} if node is None else {name: node_info(node, files)}
 
 
@@ -65,6 +67,8 @@ def _v1(node: NodeDef, files: Files) -> dict[str, Any]:
         info["output_tooltips"] = list(node.output_tooltips)
     if node.deprecated:
         info["deprecated"] = True
+    if node.experimental:
+        info["experimental"] = True
     return info
 
 

@@ -17,7 +17,7 @@ import gpugate.sim.comfyui.work as work
 from gpugate.sim.comfyui.hub import Hub, preview_frame, preview_with_metadata
 from gpugate.sim.comfyui.images import grey_jpeg
 from gpugate.sim.comfyui.memory import Part, TorchOutOfMemory, Vram
-from gpugate.sim.comfyui.nodes import NODES
+from gpugate.sim.comfyui.nodes import NODES, NodeDef, node_table
 from gpugate.sim.comfyui.promptqueue import ExecutionStatus, PromptQueue, QueueItem
 from gpugate.sim.comfyui.validation import full_type_name
 from gpugate.sim.scenario import ComfyUISpec
@@ -48,7 +48,13 @@ def _is_link(value: Any) -> bool:
 class ExecutionList:
     """Which node runs next: upstream's ExecutionList and its `ux_friendly_pick_node`."""
 
-    def __init__(self, prompt: Mapping[str, Any], cached: set[str]) -> None:
+    def __init__(
+        self,
+        prompt: Mapping[str, Any],
+        cached: set[str],
+        nodes: Mapping[str, NodeDef] = NODES,
+    ) -> None:
+        self.nodes = nodes
         self.prompt = prompt
         self.cached = cached
         self.pending: dict[str, None] = {}
@@ -82,7 +88,7 @@ class ExecutionList:
             return None
 
         def is_output(node_id: str) -> bool:
-            return NODES[self.prompt[node_id]["class_type"]].output_node
+            return self.nodes[self.prompt[node_id]["class_type"]].output_node
 
         for node_id in ready:
             if is_output(node_id):
@@ -120,6 +126,7 @@ class Executor:
         self.output_dir = output_dir
         self.temp_dir = temp_dir
         self.files = {(m.folder, m.name): m.size for m in spec.models}
+        self.nodes = node_table(spec.custom_nodes)
         self.cache: dict[str, Cached] = {}
         self.client_id: str | None = None
         self.last_node_id: str | None = None
@@ -191,7 +198,7 @@ class Executor:
         executed: list[str] = []
         ui_outputs: dict[str, Any] = {}
         meta: dict[str, Any] = {}
-        plan = ExecutionList(prompt, set(cached))
+        plan = ExecutionList(prompt, set(cached), self.nodes)
         for output in item.outputs:
             plan.add_node(output)
         while (node_id := plan.next()) is not None:
@@ -267,7 +274,7 @@ class Executor:
 
         run = work.NodeRun(
             node_id,
-            NODES[item.prompt[node_id]["class_type"]],
+            self.nodes[item.prompt[node_id]["class_type"]],
             inputs,
             item.prompt,
             item.extra_data,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpugate.sim.comfyui.custom_pack import PACKS
+from gpugate.sim.comfyui.image_nodes import IMAGE_NODES, LOAD_IMAGE_OUTPUT, MASK_TO_IMAGE
 from gpugate.sim.comfyui.nodetypes import (
     CLIP_TYPES,
     DUAL_CLIP_TYPES,
@@ -32,7 +34,7 @@ from gpugate.sim.comfyui.nodetypes import (
 __all__ = [
     "CLIP_TYPES", "DUAL_CLIP_TYPES", "MAX_RESOLUTION", "MODEL_FOLDERS", "NODES", "PIXEL_SPACE",
     "PRIMITIVES", "SAMPLERS", "SCHEDULERS", "TAESD", "WEIGHT_DTYPES", "Api", "InputDef",
-    "NodeDef", "Work", "vae_list",
+    "NodeDef", "Work", "node_table", "vae_list",
 ]  # fmt: skip
 
 
@@ -188,5 +190,27 @@ _TABLE = (
         api=Api.V3, python_module="comfy_extras.nodes_flux"),
 )  # fmt: skip
 
-NODES: dict[str, NodeDef] = {node.class_type: node for node in _TABLE}
+_IMAGES = {node.class_type: node for node in (*IMAGE_NODES, LOAD_IMAGE_OUTPUT)}
+_ORDER = (
+    "KSampler", "CheckpointLoaderSimple", "CLIPTextEncode", "VAEDecode", "VAEEncode",
+    "VAELoader", "EmptyLatentImage", "SaveImage", "PreviewImage", "LoadImage", "LoadImageMask",
+    "LoadImageOutput", "ImageScale", "ImageInvert", "EmptyImage", "LoraLoader", "CLIPLoader",
+    "UNETLoader", "DualCLIPLoader", "ControlNetApply", "ControlNetLoader", "UpscaleModelLoader",
+    "ImageUpscaleWithModel", "MaskToImage", "FluxGuidance",
+)  # fmt: skip
+NODES: dict[str, NodeDef] = {
+    name: node
+    for name in _ORDER
+    for node in (*_TABLE, *_IMAGES.values(), MASK_TO_IMAGE)
+    if node.class_type == name
+}
 """By class name, in the order ComfyUI 0.3.64 registers them (NODE_CLASS_MAPPINGS)."""
+
+
+def node_table(packs: tuple[str, ...] = ()) -> dict[str, NodeDef]:
+    """NODES and the classes of the named custom node packs (custom_pack.PACKS), as
+    ComfyUI registers custom nodes after its own."""
+    table = dict(NODES)
+    for pack in packs:
+        table.update({node.class_type: node for node in PACKS[pack]})
+    return table

@@ -6,7 +6,10 @@ The classes themselves are in nodes.py; catalog.py writes them as `/object_info`
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import mimetypes
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -52,6 +55,28 @@ TAESD = (
 )
 """VAELoader's tiny autoencoders: the name offered, and the vae_approx files it needs."""
 PIXEL_SPACE = "pixel_space"
+INPUT_IMAGES = "<input images>"
+"""The key under which `files` lists the input folder's images (LoadImage's combo)."""
+INPUT_FILES = "<input files>"
+"""The key under which `files` lists the input folder's files (LoadImageMask's combo)."""
+
+
+def _content_type(name: str) -> str:
+    """folder_paths.filter_files_content_types: the MIME type's first half, by the name."""
+    kind = mimetypes.guess_type(name, strict=False)[0]
+    return "" if kind is None else kind.split("/")[0]
+
+
+def input_listing(input_dir: Path) -> dict[str, list[str]]:
+    """nodes.py `LoadImage.INPUT_TYPES` and `LoadImageMask.INPUT_TYPES`: the input folder's
+    files, and those `folder_paths.filter_files_content_types` takes for images (a type
+    `mimetypes.guess_type` gives from the name), sorted."""
+    try:
+        names = [n for n in os.listdir(input_dir) if os.path.isfile(os.path.join(input_dir, n))]
+    except OSError:
+        names = []
+    images = [n for n in names if _content_type(n) == "image"]
+    return {INPUT_FILES: sorted(names), INPUT_IMAGES: sorted(images)}
 
 
 class Api(enum.Enum):
@@ -81,6 +106,10 @@ class Work(enum.Enum):
     EMPTY_IMAGE = "empty_image"
     SAVE_IMAGE = "save_image"
     PREVIEW_IMAGE = "preview_image"
+    LOAD_IMAGE = "load_image"
+    PASS_IMAGE = "pass_image"
+    """Its image (or mask) goes on unchanged: a resize, an invert, a conversion."""
+    ENCODE_IMAGE = "encode_image"
 
 
 def vae_list(files: Mapping[str, list[str]]) -> list[str]:
@@ -112,6 +141,9 @@ class InputDef:
     """A combo over `vae_list`."""
     required: bool = True
     api: Api = Api.V1
+    listed: bool = True
+    """A V1 COMBO declared as its values; False: declared as the type name COMBO with
+    options (LoadImageOutput's image), which validation does not check."""
 
     @property
     def is_link(self) -> bool:
@@ -124,7 +156,7 @@ class InputDef:
         A V3 `io.Combo` is declared as the type name COMBO with the values among its
         options, which ComfyUI 0.3.64's validation does not check.
         """
-        return self.type == "COMBO" and self.api is Api.V1
+        return self.type == "COMBO" and self.api is Api.V1 and self.listed
 
     def combo(self, files: Mapping[str, list[str]]) -> list[str]:
         """The values a combo offers."""
@@ -136,6 +168,8 @@ class InputDef:
         """`(input_type, extra_info)` as validation echoes it in `input_config`."""
         if self.is_list:
             return [self.combo(files), dict(self.options)]
+        if self.type == "COMBO" and not self.listed:
+            return ["COMBO", dict(self.options)]
         if self.type == "COMBO":
             # Combo.Input.as_dict: `multiselect` and `options` after the widget's own keys.
             return ["COMBO", {**self.options, "multiselect": False, "options": self.combo(files)}]
@@ -146,6 +180,18 @@ class InputDef:
         (a V3 input always has its options, even empty)."""
         head, options = self.info(files)
         return [head, options] if options or self.api is Api.V3 else [head]
+
+
+@attrs.frozen
+class Validate:
+    """A class's own `VALIDATE_INPUTS(s, *args)`: ComfyUI passes it the named inputs'
+    values and skips their min, max and value-list checks."""
+
+    args: tuple[str, ...]
+    judge: Callable[[Mapping[str, Any], Callable[[str], bool]], bool | str]
+    """The values by name, and `exists_annotated_filepath`: True, False or a message."""
+    function: str
+    """Its qualified name, as Python's TypeError names it."""
 
 
 @attrs.frozen
@@ -163,6 +209,7 @@ class NodeDef:
     output_tooltips: tuple[str | None, ...] | None = None
     output_node: bool = False
     deprecated: bool = False
+    experimental: bool = False
     hidden: tuple[tuple[str, str], ...] = ()
     """Hidden inputs (never validated): name and kind, such as ("prompt", "PROMPT")."""
     api: Api = Api.V1
@@ -171,6 +218,7 @@ class NodeDef:
     """Where LOAD_FILE finds its file."""
     role: str = ""
     """What LOAD_FILE produces: the role of its weights (model, clip, vae, ...)."""
+    validate: Validate | None = None
 
     def input(self, name: str) -> InputDef | None:
         return next((i for i in self.inputs if i.name == name), None)

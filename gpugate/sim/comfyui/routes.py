@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +21,7 @@ from aiohttp import web
 import gpugate.sim.comfyui.catalog as catalog
 from gpugate.sim.comfyui.executor import Executor
 from gpugate.sim.comfyui.hub import Hub
-from gpugate.sim.comfyui.nodes import MODEL_FOLDERS
+from gpugate.sim.comfyui.nodes import MODEL_FOLDERS, NodeDef
 from gpugate.sim.comfyui.promptqueue import SENSITIVE_EXTRA_DATA_KEYS, PromptQueue, QueueItem
 from gpugate.sim.comfyui.record import PromptRecords, answer_recorded
 from gpugate.sim.comfyui.validation import validate_prompt
@@ -39,8 +40,11 @@ class SimComfyUI(Protocol):
     queue: PromptQueue
     executor: Executor
     prompt_records: PromptRecords | None
+    nodes: Mapping[str, NodeDef]
 
     def queue_info(self) -> dict[str, Any]: ...
+
+    def exists(self, name: str) -> bool: ...
 
     def files(self, folder: str) -> list[str]: ...
 
@@ -122,11 +126,13 @@ class Routes:
 
     async def object_info(self, request: web.Request) -> web.StreamResponse:
         # The folders are listed anew for every answer, as get_filename_list re-lists them.
-        return web.json_response(catalog.object_info(self.sim.file_lists()))
+        return web.json_response(catalog.object_info(self.sim.file_lists(), self.sim.nodes))
 
     async def object_info_node(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["node_class"]
-        return web.json_response(catalog.object_info_node(name, self.sim.file_lists()))
+        return web.json_response(
+            catalog.object_info_node(name, self.sim.file_lists(), self.sim.nodes)
+        )
 
     async def system_stats(self, request: web.Request) -> web.StreamResponse:
         sim = self.sim
@@ -192,7 +198,11 @@ class Routes:
         prompt = json_data["prompt"]
         prompt_id = str(json_data.get("prompt_id", uuid.uuid4()))
         valid = validate_prompt(
-            prompt, sim.file_lists(), json_data.get("partial_execution_targets")
+            prompt,
+            sim.file_lists(),
+            json_data.get("partial_execution_targets"),
+            nodes=sim.nodes,
+            exists=sim.exists,
         )
         extra_data = json_data.get("extra_data", {})
         if "client_id" in json_data:

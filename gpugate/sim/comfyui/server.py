@@ -16,9 +16,12 @@ import gpugate.sim.comfyui.origin as origin
 from gpugate.sim.comfyui.executor import Executor
 from gpugate.sim.comfyui.hub import Hub
 from gpugate.sim.comfyui.memory import Vram
+from gpugate.sim.comfyui.nodes import node_table
+from gpugate.sim.comfyui.nodetypes import input_listing
 from gpugate.sim.comfyui.promptqueue import PromptQueue
 from gpugate.sim.comfyui.record import PromptRecords
 from gpugate.sim.comfyui.routes import Routes
+from gpugate.sim.comfyui.validation import annotated_exists
 from gpugate.sim.cuda import NO_DEVICE_TORCH, VISIBLE_ENV, parse_visible
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.holder import holder_argv, set_cmdline, set_comm
@@ -105,6 +108,8 @@ class SimComfyUI:
         self.hub = Hub(self.server_features)
         self.queue = PromptQueue(self._queue_updated)
         self.vram = Vram(gpu, 0, pid or 0, load_seconds_per_gib=spec.load_seconds_per_gib)
+        self.nodes = node_table(spec.custom_nodes)
+        """The classes it knows: ComfyUI's own, then its custom node packs'."""
         self.executor = Executor(
             spec, self.queue, self.hub, self.vram, self.output_dir, self.temp_dir
         )
@@ -139,7 +144,14 @@ class SimComfyUI:
         return sorted(m.name for m in self.spec.models if m.folder == folder)
 
     def file_lists(self) -> dict[str, list[str]]:
-        return {folder: self.files(folder) for folder in {m.folder for m in self.spec.models}}
+        lists = {folder: self.files(folder) for folder in {m.folder for m in self.spec.models}}
+        lists.update(input_listing(self.input_dir))
+        return lists
+
+    def exists(self, name: str) -> bool:
+        """folder_paths `exists_annotated_filepath` over its input, output and temp folders."""
+        folders = {"input": self.input_dir, "output": self.output_dir, "temp": self.temp_dir}
+        return annotated_exists(folders)(name)
 
     @property
     def pid(self) -> int:

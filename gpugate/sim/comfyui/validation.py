@@ -8,13 +8,15 @@ route, or an `exception_during_validation` reason for the output being validated
 
 from __future__ import annotations
 
+import os
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-from gpugate.sim.comfyui.nodes import NODES, InputDef
+from gpugate.sim.comfyui.nodes import NODES, InputDef, NodeDef
 
 Reason = dict[str, Any]
 
@@ -50,10 +52,48 @@ def validate_node_input(received_type: Any, input_type: Any) -> bool:
     return len(received & wanted) > 0
 
 
+def _is_link(value: Any) -> bool:
+    """comfy_execution/graph_utils.py `is_link`."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], (int, float))
+    )
+
+
+def annotated_exists(folders: Mapping[str, Path]) -> Callable[[str], bool]:
+    """folder_paths.py `exists_annotated_filepath` over these input, output and temp
+    folders: `os.path.exists` of the name joined to the folder its annotation names (the
+    input folder without one). A directory exists too."""
+
+    def exists(name: str) -> bool:
+        base = folders["input"]
+        for folder in ("output", "input", "temp"):
+            if name.endswith(f"[{folder}]"):
+                name, base = name[: -(len(folder) + 3)], folders[folder]
+                break
+        return os.path.exists(os.path.join(base, name))
+
+    return exists
+
+
+def _nothing_exists(name: str) -> bool:
+    return False
+
+
 class _Validator:
-    def __init__(self, prompt: Any, files: Mapping[str, list[str]]) -> None:
+    def __init__(
+        self,
+        prompt: Any,
+        files: Mapping[str, list[str]],
+        nodes: Mapping[str, NodeDef] = NODES,
+        exists: Callable[[str], bool] = _nothing_exists,
+    ) -> None:
         self.prompt = prompt
         self.files = files
+        self.nodes = nodes
+        self.exists = exists
         self.validated: dict[Any, tuple[bool, list[Reason], Any]] = {}
 
     def info(self, spec: InputDef) -> list[Any]:
@@ -63,7 +103,8 @@ class _Validator:
         if unique_id in self.validated:
             return self.validated[unique_id]
         inputs = self.prompt[unique_id]["inputs"]
-        node = NODES[self.prompt[unique_id]["class_type"]]
+        node = self.nodes[self.prompt[unique_id]["class_type"]]
+        checked = node.validate.args if node.validate is not None else ()
         errors: list[Reason] = []
         valid = True
         for spec in node.inputs:
@@ -93,7 +134,7 @@ class _Validator:
                     )
                     continue
                 o_id = val[0]
-                received = NODES[self.prompt[o_id]["class_type"]].outputs[val[1]]
+                received = self.nodes[self.prompt[o_id]["class_type"]].outputs[val[1]]
                 if not validate_node_input(received, info[0]):
                     details = f"{x}, received_type({received}) mismatch input_type({info[0]})"
                     errors.append(
@@ -163,6 +204,9 @@ class _Validator:
                     )
                 )
                 continue
+            if x in checked:
+                # An argument of VALIDATE_INPUTS: it judges the value itself.
+                continue
             options = spec.options
             extra = {"input_name": x, "input_config": info, "received_value": val}
             if "min" in options and val < options["min"]:
@@ -203,15 +247,58 @@ class _Validator:
                         )
                     )
                     continue
+        if node.validate is not None:
+            errors.extend(self._validate_inputs(node, inputs))
         result = (False, errors, unique_id) if errors or not valid else (True, [], unique_id)
         self.validated[unique_id] = result
         return result
 
+    def _validate_inputs(self, node: NodeDef, inputs: Mapping[str, Any]) -> list[Reason]:
+        """The class's VALIDATE_INPUTS, called as execution.py calls it: with the inputs
+        it names that the prompt gives (get_input_data: None for a link), anything but True
+        an error for each of them. A missing argument raises Python's TypeError."""
+        check = node.validate
+        assert check is not None
+        given = {}
+        for x, val in inputs.items():
+            if node.input(x) is not None and x in check.args:
+                given[x] = None if _is_link(val) else val
+        missing = [x for x in check.args if x not in given]
+        if missing:
+            raise TypeError(
+                f"{check.function}() missing 1 required positional argument: '{missing[0]}'"
+            )
+        verdict = check.judge(given, self.exists)
+        if verdict is True:
+            return []
+        errors = []
+        for x in given:
+            details = x if verdict is False else f"{x} - {verdict}"
+            errors.append(
+                _error(
+                    "custom_validation_failed",
+                    "Custom validation failed for node",
+                    details,
+                    {"input_name": x},
+                )
+            )
+        return errors
+
 
 def validate_prompt(
-    prompt: Any, files: Mapping[str, list[str]], partial_targets: Any = None
+    prompt: Any,
+    files: Mapping[str, list[str]],
+    partial_targets: Any = None,
+    *,
+    nodes: Mapping[str, NodeDef] = NODES,
+    exists: Callable[[str], bool] = _nothing_exists,
 ) -> Validation:
-    """Validate an API-format graph; exceptions upstream would raise propagate (a 500)."""
+    """Validate an API-format graph; exceptions upstream would raise propagate (a 500).
+
+    `nodes`: the classes ComfyUI has; `exists`: folder_paths `exists_annotated_filepath`.
+    A cycle recurses until Python's recursion limit, as upstream's recursion does: the
+    RecursionError is an exception of an inner node, every node round the cycle invalid.
+    """
     outputs: dict[Any, None] = {}
     for x in prompt:
         if "class_type" not in prompt[x]:
@@ -227,7 +314,7 @@ def validate_prompt(
                 {},
             )
         class_type = prompt[x]["class_type"]
-        node = NODES.get(class_type)
+        node = nodes.get(class_type)
         if node is None:
             return Validation(
                 False,
@@ -246,7 +333,7 @@ def validate_prompt(
         return Validation(
             False, _error("prompt_no_outputs", "Prompt has no outputs", "", {}), [], {}
         )
-    validator = _Validator(prompt, files)
+    validator = _Validator(prompt, files, nodes, exists)
     good: list[Any] = []
     failed: list[tuple[Any, list[Reason]]] = []
     node_errors: dict[Any, Any] = {}

@@ -73,6 +73,7 @@ class NodeRun:
     temp_dir: Path
     step: Callable[[int, int], Awaitable[None]]
     """The sampler's per-step hook: interrupt check, progress, preview."""
+    input_dir: Path | None = None
 
     async def busy(self) -> None:
         if self.spec.node_seconds > 0:
@@ -205,6 +206,33 @@ async def _empty_image(n: NodeRun) -> tuple[tuple[Any, ...], None]:
     return (Images(i["width"], i["height"], i["batch_size"], i["color"]),), None
 
 
+async def _load_image(n: NodeRun) -> tuple[tuple[Any, ...], None]:
+    # folder_paths.get_annotated_filepath, then PIL's open: a directory fails here.
+    name: str = n.inputs["image"]
+    base = n.input_dir or n.output_dir.parent / "input"
+    for folder, root in (("output", n.output_dir), ("input", base), ("temp", n.temp_dir)):
+        if name.endswith(f"[{folder}]"):
+            name, base = name[: -(len(folder) + 3)], root
+            break
+    path = os.path.join(base, name)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"[Errno 21] Is a directory: '{path}'")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"[Errno 2] No such file or directory: '{path}'")
+    image = Images(64, 64, 1, 0x808080)
+    return ((image,) if n.node.class_type == "LoadImageMask" else (image, image)), None
+
+
+async def _pass_image(n: NodeRun) -> tuple[tuple[Any, ...], None]:
+    return (next(v for v in n.inputs.values() if isinstance(v, Images)),), None
+
+
+async def _encode_image(n: NodeRun) -> tuple[tuple[Any, ...], None]:
+    await n.vram.load(n.inputs["vae"].parts)
+    image: Images = n.inputs["pixels"]
+    return (Latent(image.width, image.height, image.batch),), None
+
+
 async def _save_image(n: NodeRun) -> tuple[tuple[Any, ...], Ui]:
     prefix = n.inputs.get("filename_prefix", "ComfyUI")
     return (), {"images": _save(n, n.output_dir, prefix, "output")}
@@ -272,4 +300,7 @@ _WORK: dict[Work, Callable[[NodeRun], Awaitable[tuple[tuple[Any, ...], Any]]]] =
     Work.EMPTY_IMAGE: _empty_image,
     Work.SAVE_IMAGE: _save_image,
     Work.PREVIEW_IMAGE: _preview_image,
+    Work.LOAD_IMAGE: _load_image,
+    Work.PASS_IMAGE: _pass_image,
+    Work.ENCODE_IMAGE: _encode_image,
 }

@@ -6,19 +6,17 @@ import contextlib
 
 from aiohttp import web
 
-from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
+from gpugate.sim.ollama.afterload import format_refusal, generate_refusal
+from gpugate.sim.ollama.binding import BindError, bind, text_field
 from gpugate.sim.ollama.catalog import Capability, CatalogModel
 from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate.sim.ollama.gofold import go_quote
 from gpugate.sim.ollama.names import go_trim_space
 from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
+from gpugate.sim.ollama.record import reading
+from gpugate.sim.ollama.requests import CHAT, EMBED, EMBEDDINGS, GENERATE
 from gpugate.sim.ollama.runnerref import Lease, ScheduleError
-from gpugate.sim.ollama.services import (
-    Services,
-    bind_message,
-    go_quote,
-    keep_alive_of,
-    services,
-)
+from gpugate.sim.ollama.services import Services, bind_message, keep_alive_of, services
 from gpugate.sim.ollama.wire import (
     NDJSON,
     api_error,
@@ -27,57 +25,6 @@ from gpugate.sim.ollama.wire import (
     now_ns,
     rfc3339,
     stream_write,
-)
-
-GENERATE = Struct(
-    "api.GenerateRequest",
-    {
-        "model": GoType.STRING,
-        "prompt": GoType.STRING,
-        "suffix": GoType.STRING,
-        "system": GoType.STRING,
-        "template": GoType.STRING,
-        "context": GoType.INTS,
-        "stream": GoType.BOOL,
-        "raw": GoType.BOOL,
-        "keep_alive": GoType.DURATION,
-        "images": GoType.STRINGS,
-        "options": GoType.OPTIONS,
-        "think": GoType.ANY,
-        "top_logprobs": GoType.INT,
-    },
-)
-CHAT = Struct(
-    "api.ChatRequest",
-    {
-        "model": GoType.STRING,
-        "messages": GoType.MESSAGES,
-        "stream": GoType.BOOL,
-        "keep_alive": GoType.DURATION,
-        "options": GoType.OPTIONS,
-        "think": GoType.ANY,
-        "top_logprobs": GoType.INT,
-    },
-)
-EMBED = Struct(
-    "api.EmbedRequest",
-    {
-        "model": GoType.STRING,
-        "input": GoType.ANY,
-        "keep_alive": GoType.DURATION,
-        "truncate": GoType.BOOL,
-        "dimensions": GoType.INT,
-        "options": GoType.OPTIONS,
-    },
-)
-EMBEDDINGS = Struct(
-    "api.EmbeddingRequest",
-    {
-        "model": GoType.STRING,
-        "prompt": GoType.STRING,
-        "keep_alive": GoType.DURATION,
-        "options": GoType.OPTIONS,
-    },
 )
 
 
@@ -171,11 +118,13 @@ async def _schedule(
 
 async def generate(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
     try:
         body = bind(await request.read(), GENERATE)
-        keep_alive = keep_alive_of(body)
     except BindError as exc:
+        read.malformed = True
         return api_error(400, bind_message(exc))
+    keep_alive = keep_alive_of(body)
     if not _top_logprobs_ok(body):
         return api_error(400, "top_logprobs must be between 0 and 20")
     name = text_field(body, "model")
@@ -187,22 +136,34 @@ async def generate(request: web.Request) -> web.StreamResponse:
         svc.scheduler.expire(model)
         head = {"model": name, "created_at": rfc3339(now_ns()), "response": ""}
         return json_response({**head, "done": True, "done_reason": "unload"})
+    raw = body.get("raw") is True
+    if raw and (text_field(body, "template") or text_field(body, "system") or body.get("context")):
+        return api_error(400, "raw mode does not support template, system, or context")
     if body.get("think") not in (None, False):
         return api_error(400, f"{go_quote(name)} does not support thinking")
     if Capability.COMPLETION not in model.capabilities:
         return api_error(400, f"{go_quote(name)} does not support generate")
+    if text_field(body, "suffix"):
+        # scheduleRunner's CheckCapabilities: no simulated model can insert
+        return api_error(400, f"{model.name.full} does not support insert")
     try:
         options = parse_options(model, options_of(body))
     except OptionError as exc:
         return api_error(500, str(exc))
     completion = Completion(svc, name, chat=False, stream=body.get("stream") is not False)
-    lease = await _schedule(svc, model, options, keep_alive)
+    lease = await _schedule(
+        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
+    )
     if isinstance(lease, web.Response):
         return lease
     try:
         if prompt == "":
             head = {"model": name, "created_at": rfc3339(now_ns()), "response": ""}
             return json_response({**head, "done": True, "done_reason": "load"})
+        refused = generate_refusal(body, raw)
+        if refused is not None:
+            read.after_load = refused.message
+            return refused.answer(completion.stream)
         return await completion.run(request, lease, prompt, options)
     finally:
         svc.scheduler.release(lease)
@@ -234,14 +195,16 @@ def chat_prompt(messages: list[object]) -> str:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
     try:
         body = bind(await request.read(), CHAT)
-        keep_alive = keep_alive_of(body)
         messages = body.get("messages") or []
         assert isinstance(messages, list)
         prompt = chat_prompt(messages)
     except BindError as exc:
+        read.malformed = True
         return api_error(400, bind_message(exc))
+    keep_alive = keep_alive_of(body)
     if not _top_logprobs_ok(body):
         return api_error(400, "top_logprobs must be between 0 and 20")
     name = text_field(body, "model")
@@ -259,12 +222,17 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return api_error(400, f"{go_quote(name)} does not support thinking")
     if Capability.COMPLETION not in model.capabilities:
         return api_error(400, f"{go_quote(name)} does not support chat")
+    if body.get("tools"):
+        # scheduleRunner's CheckCapabilities: no simulated model calls tools
+        return api_error(400, f"{model.name.full} does not support tools")
     try:
         options = parse_options(model, options_of(body))
     except OptionError as exc:
         return api_error(500, str(exc))
     completion = Completion(svc, name, chat=True, stream=body.get("stream") is not False)
-    lease = await _schedule(svc, model, options, keep_alive)
+    lease = await _schedule(
+        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
+    )
     if isinstance(lease, web.Response):
         return lease
     try:
@@ -272,6 +240,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
             head = {"model": name, "created_at": rfc3339(now_ns())}
             message = {"role": "assistant", "content": ""}
             return json_response({**head, "message": message, "done_reason": "load", "done": True})
+        refused = format_refusal(body)
+        if refused is not None:
+            read.after_load = refused.message
+            return refused.answer(completion.stream)
         return await completion.run(request, lease, prompt, options)
     finally:
         svc.scheduler.release(lease)
@@ -289,12 +261,14 @@ def _embed_inputs(value: object) -> list[str]:
 
 async def embed(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
     started = now_ns()
     try:
         body = bind(await request.read(), EMBED)
-        keep_alive = keep_alive_of(body)
     except BindError as exc:
+        read.malformed = True
         return api_error(400, bind_message(exc))
+    keep_alive = keep_alive_of(body)
     name = text_field(body, "model")
     if not go_trim_space(name):
         return api_error(404, f"model '{name}' not found")
@@ -309,7 +283,9 @@ async def embed(request: web.Request) -> web.StreamResponse:
         options = parse_options(model, options_of(body))
     except OptionError as exc:
         return api_error(500, str(exc))
-    lease = await _schedule(svc, model, options, keep_alive)
+    lease = await _schedule(
+        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
+    )
     if isinstance(lease, web.Response):
         return lease
     try:
@@ -339,11 +315,13 @@ def _renormalise(vector: list[float]) -> list[float]:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
     try:
         body = bind(await request.read(), EMBEDDINGS)
-        keep_alive = keep_alive_of(body)
     except BindError as exc:
+        read.malformed = True
         return api_error(400, bind_message(exc))
+    keep_alive = keep_alive_of(body)
     name = text_field(body, "model")
     if not go_trim_space(name):
         return api_error(400, "model is required")
@@ -354,7 +332,9 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         options = parse_options(model, options_of(body))
     except OptionError as exc:
         return api_error(500, str(exc))
-    lease = await _schedule(svc, model, options, keep_alive)
+    lease = await _schedule(
+        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
+    )
     if isinstance(lease, web.Response):
         return lease
     try:

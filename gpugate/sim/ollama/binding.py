@@ -1,19 +1,30 @@
-"""Request bodies read the way gin's ShouldBindJSON reads them, with Go's error texts.
+"""Request bodies read the way gin's ShouldBindJSON reads them into Ollama's request
+structs, with Go's error texts.
 
-gin decodes the body with one `json.Decoder.Decode`: an empty body is io.EOF (Ollama
-answers "missing request body"), bytes after the first JSON value are ignored, a syntax
-error is `invalid character ...`, and a field of the wrong JSON type is
-`json: cannot unmarshal <kind> into Go struct field <Struct>.<field> of type <type>`.
+gin decodes the body with one `json.Decoder.Decode` of Go 1.26's encoding/json (the v1
+decoder, decode.go): an empty body is io.EOF (Ollama answers "missing request body"), bytes
+after the first JSON value are ignored, a syntax error is `invalid character ...`, and a
+field of the wrong JSON type is `json: cannot unmarshal <kind> into Go struct field
+<Struct>.<field> of type <type>` (the first one is kept and decoding goes on).
 
-Object keys find struct fields as Go's decoder finds them: an exact match, else a
-case-insensitive one (fold.go); every duplicate is decoded and the last one wins, and a
-second object for a map field is decoded into the map the first one made. Strings keep
-invalid UTF-8 and lone surrogate escapes as U+FFFD. A number beyond float64 is an error
-only where it is decoded into a number (an unknown field is skipped unread).
+Members are decoded in order, each into the field its key finds (exactly, else folded as
+gofold.go_fold says), so the last duplicate wins:
+
+* `null` sets a pointer, slice, map or interface field back to nil and leaves any other
+  field as it was (decode.go literalStore): `{"model":"m","model":null}` names model "m";
+* a second object for a map field is decoded into the map the first one made;
+* a field whose type has its own UnmarshalJSON (api.Duration, api.ThinkValue) is decoded
+  as its member is reached, and its error ends decoding there; json.RawMessage keeps the
+  member's bytes (`null` too).
+
+Strings keep invalid UTF-8 and lone surrogate escapes as U+FFFD. A number beyond float64
+is an error only where it is decoded into a number (an unknown field is skipped unread).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import json
 import math
@@ -21,8 +32,23 @@ import re
 
 import attrs
 
-from gpugate.sim.ollama.jsonscan import TooDeep, scan
-from gpugate.sim.ollama.messages import API_MESSAGE, OPENAI_MESSAGE, Found, check_messages
+from gpugate.sim.ollama.duration import DurationError, decode_keep_alive
+from gpugate.sim.ollama.gofold import go_fold
+from gpugate.sim.ollama.govalue import Pairs, Spec, decode_into, go_text, plain
+from gpugate.sim.ollama.jsonscan import TooDeep, scan, syntax_message
+from gpugate.sim.ollama.messages import (
+    API_MESSAGE,
+    API_TOOL,
+    OPENAI_MESSAGE,
+    REASONING,
+    RESPONSE_FORMAT,
+    STREAM_OPTIONS,
+    Found,
+    Leaf,
+    Shape,
+    check_fields,
+    check_messages,
+)
 
 
 class BindError(ValueError):
@@ -37,31 +63,72 @@ class EmptyBody(BindError):
 
 
 class GoType(enum.Enum):
-    """The Go type of a request struct field, as Go's error messages name it."""
+    """A request field's Go type: its name in Go's errors, and whether it is a pointer,
+    slice, map or interface (null sets it to nil) or a value (null leaves it)."""
 
-    STRING = "string"
-    BOOL = "bool"
-    INT = "int"
-    FLOAT = "float64"
-    OPTIONS = "map[string]interface {}"
-    ANY = "interface {}"
-    MESSAGES = "[]api.Message"
-    OPENAI_MESSAGES = "[]openai.Message"
-    STRINGS = "[]string"
-    INTS = "[]int"
-    STREAM_OPTIONS = "openai.StreamOptions"
-    DURATION = "api.Duration"
+    STRING = ("string", False)
+    STRING_POINTER = ("string", True)
+    BOOL = ("bool", False)
+    BOOL_POINTER = ("bool", True)
+    INT = ("int", False)
+    INT_POINTER = ("int", True)
+    INT32 = ("int32", False)
+    FLOAT = ("float64", False)
+    FLOAT_POINTER = ("float64", True)
+    FLOAT32 = ("float32", False)
+    FLOAT32_POINTER = ("float32", True)
+    OPTIONS = ("map[string]interface {}", True)
+    ANY = ("interface {}", True)
+    MESSAGES = ("[]api.Message", True)
+    OPENAI_MESSAGES = ("[]openai.Message", True)
+    STRINGS = ("[]string", True)
+    INTS = ("[]int", True)
+    IMAGES = ("[]api.ImageData", True)
+    TOOLS = ("api.Tools", True)
+    STREAM_OPTIONS = ("openai.StreamOptions", True)
+    REASONING = ("openai.Reasoning", True)
+    RESPONSE_FORMAT = ("openai.ResponseFormat", True)
+    DURATION = ("api.Duration", True)
+    """*api.Duration: its UnmarshalJSON; bound as nanoseconds."""
+    THINK = ("api.ThinkValue", True)
+    """*api.ThinkValue: its UnmarshalJSON; bound as True, False or a level string."""
+    RAW = ("json.RawMessage", False)
+    """Its UnmarshalJSON keeps the member's text, `null` included; bound as that text."""
+
+    @property
+    def go_name(self) -> str:
+        return self.value[0]
+
+    @property
+    def nullable(self) -> bool:
+        return self.value[1]
 
 
-_NUMERIC = (GoType.INT, GoType.FLOAT, GoType.OPTIONS, GoType.ANY, GoType.DURATION)
-"""Fields whose numbers Go converts (to int, float64 or interface{}) as it decodes them."""
-_MESSAGE_FIELDS = ("role", "content", "images", "tool_calls", "thinking")
+_NUMERIC = (GoType.INT, GoType.INT_POINTER, GoType.INT32, GoType.FLOAT, GoType.FLOAT_POINTER)
+_NUMERIC += (GoType.FLOAT32, GoType.FLOAT32_POINTER, GoType.OPTIONS, GoType.ANY)
+"""Fields whose numbers Go converts (to an int, a float or interface{}) as it decodes them."""
+_SHAPES: dict[GoType, tuple[Shape, str]] = {
+    GoType.TOOLS: (API_TOOL, "api.Tools"),
+    GoType.STREAM_OPTIONS: (STREAM_OPTIONS, ""),
+    GoType.REASONING: (REASONING, ""),
+    GoType.RESPONSE_FORMAT: (RESPONSE_FORMAT, ""),
+}
+_VALUES: dict[GoType, Spec] = {
+    GoType.MESSAGES: ("[]api.Message", API_MESSAGE),
+    GoType.OPENAI_MESSAGES: ("[]openai.Message", OPENAI_MESSAGE),
+    GoType.TOOLS: ("api.Tools", API_TOOL),
+    GoType.STREAM_OPTIONS: STREAM_OPTIONS,
+    GoType.REASONING: REASONING,
+    GoType.RESPONSE_FORMAT: RESPONSE_FORMAT,
+    GoType.STRINGS: ("[]string", Leaf.STRING),
+    GoType.INTS: ("[]int", Leaf.INT),
+    GoType.IMAGES: ("[]api.ImageData", Leaf.IMAGE),
+}
+"""Fields whose value a duplicate member decodes into (govalue.decode_into), not over."""
+_THINK_LEVELS = ("high", "medium", "low", "max")
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_FOLDS = str.maketrans({"\u212a": "K", "\u017f": "S"})
-
-
-class _Pairs(list[tuple[str, object]]):
-    """A JSON object as its members in order, duplicates included."""
+_INT_RANGE = {GoType.INT: 63, GoType.INT_POINTER: 63, GoType.INT32: 31}
+_FLOAT32_MAX = 3.4028235677973366e38
 
 
 class _BigNumber(float):
@@ -83,38 +150,6 @@ def _integer(text: str) -> int | float:
     return int(text) if len(text) <= 40 else _number(text)
 
 
-def _fold(key: str) -> str:
-    """Go's foldName for keys that can match an ASCII field name."""
-    return key.translate(_FOLDS).upper()
-
-
-def _go_text(text: str) -> str:
-    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
-
-
-def _plain(value: object) -> object:
-    """Decoded members as Go holds them in a map or interface{}: last duplicate wins.
-    Without recursion: a value may nest 10000 deep."""
-    root: list[object] = [value]
-    stack: list[tuple[list | dict, int | str]] = [(root, 0)]
-    while stack:
-        holder, slot = stack.pop()
-        item = holder[slot]
-        if isinstance(item, _Pairs):
-            made: dict[str, object] = {}
-            for k, v in item:
-                made[_go_text(k)] = v
-            holder[slot] = made
-            stack.extend((made, k) for k in made)
-        elif isinstance(item, list):
-            copied = list(item)
-            holder[slot] = copied
-            stack.extend((copied, i) for i in range(len(copied)))
-        elif isinstance(item, str):
-            holder[slot] = _go_text(item)
-    return root[0]
-
-
 def _big_number(value: object) -> _BigNumber | None:
     stack = [value]
     while stack:
@@ -128,24 +163,28 @@ def _big_number(value: object) -> _BigNumber | None:
     return None
 
 
-def _fold_message(message: object) -> object:
-    """An api.Message: its keys fold to its fields as the request's own keys do."""
-    if not isinstance(message, dict):
-        return message
-    folded = {name.upper(): name for name in _MESSAGE_FIELDS}
-    return {folded.get(_fold(k), k): v for k, v in message.items()}
-
-
 @attrs.frozen
 class Struct:
-    """A Go request struct: its name in error messages and the fields we check."""
+    """A Go request struct: its name in error messages and every field Go decodes."""
 
     name: str
     fields: dict[str, GoType]
+    folded: dict[str, str] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        # typeFields: the first field of each folded name keeps it
+        folded: dict[str, str] = {}
+        for name in self.fields:
+            folded.setdefault(go_fold(name), name)
+        object.__setattr__(self, "folded", folded)
+
+    def field_for(self, key: str) -> str | None:
+        """decode.go object(): the field by the exact key, else by its folded name."""
+        return key if key in self.fields else self.folded.get(go_fold(key))
 
 
 def _json_kind(value: object) -> str:
-    if isinstance(value, _Pairs | dict):
+    if isinstance(value, Pairs | dict):
         return "object"
     if isinstance(value, bool):
         return "bool"
@@ -158,18 +197,40 @@ def _json_kind(value: object) -> str:
     return "object"
 
 
-def _fits(value: object, kind: GoType) -> bool:
-    if value is None or kind in (GoType.ANY, GoType.DURATION):
+def _base64(text: str) -> bool:
+    try:
+        base64.b64decode(text.replace("\r", "").replace("\n", ""), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _image(value: object) -> bool:
+    """api.ImageData ([]byte): a base64 string, or an array of bytes."""
+    if value is None:
         return True
-    if kind is GoType.STRING:
+    if isinstance(value, str):
+        return _base64(value)
+    return isinstance(value, list) and all(
+        v is None or (type(v) is int and 0 <= v <= 255) for v in value
+    )
+
+
+def _fits(value: object, kind: GoType) -> bool:
+    if value is None or kind is GoType.ANY:
+        return True
+    if kind in (GoType.STRING, GoType.STRING_POINTER):
         return isinstance(value, str)
-    if kind is GoType.BOOL:
+    if kind in (GoType.BOOL, GoType.BOOL_POINTER):
         return isinstance(value, bool)
-    if kind is GoType.INT:
-        return isinstance(value, int | _BigNumber) and not isinstance(value, bool)
-    if kind is GoType.FLOAT:
+    if kind in _INT_RANGE:
+        bits = _INT_RANGE[kind]
+        return type(value) is int and -(1 << bits) <= value < (1 << bits)
+    if kind in (GoType.FLOAT32, GoType.FLOAT32_POINTER):
+        return type(value) in (int, float) and abs(value) <= _FLOAT32_MAX
+    if kind in (GoType.FLOAT, GoType.FLOAT_POINTER):
         return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind in (GoType.OPTIONS, GoType.STREAM_OPTIONS):
+    if kind is GoType.OPTIONS:
         return isinstance(value, dict)
     if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES):
         return isinstance(value, list)  # the elements are messages.py's
@@ -177,152 +238,162 @@ def _fits(value: object, kind: GoType) -> bool:
         return isinstance(value, list) and all(isinstance(v, str | None) for v in value)
     if kind is GoType.INTS:
         return isinstance(value, list) and all(
-            isinstance(v, int | None) and not isinstance(v, bool) for v in value
+            v is None or (type(v) is int and -(1 << 63) <= v < (1 << 63)) for v in value
         )
-    return True
+    if kind is GoType.IMAGES:
+        return isinstance(value, list) and all(_image(v) for v in value)
+    return True  # the struct types are checked by messages.py's walk
 
 
-def _quote_char(char: str) -> str:
-    if char == "'":
-        return "'\\''"
-    if char == '"':
-        return "'\"'"
-    return "'" + json.dumps(char)[1:-1] + "'"
+def _think(value: object) -> bool | str:
+    """api.ThinkValue.UnmarshalJSON (api/types.go): a bool, or one of the level strings."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value not in _THINK_LEVELS:
+            raise BindError(
+                f"invalid think value: {json.dumps(value)} "
+                '(must be "high", "medium", "low", "max", true, or false)'
+            )
+        return value
+    raise BindError(
+        'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'
+    )
 
 
-def _open_container(text: str, pos: int) -> str:
-    """The innermost bracket open at `pos` ('{', '[' or '')."""
-    stack: list[str] = []
-    in_string = escaped = False
-    for char in text[:pos]:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            stack.append(char)
-        elif char in "}]" and stack:
-            stack.pop()
-    return stack[-1] if stack else ""
-
-
-def _syntax_message(text: str, err: json.JSONDecodeError) -> str:
-    if err.pos >= len(text.rstrip()):
-        return "unexpected EOF"
-    char = _quote_char(text[err.pos])
-    msg = err.msg
-    if msg.startswith("Expecting property name"):
-        return f"invalid character {char} looking for beginning of object key string"
-    if msg.startswith("Expecting ':'"):
-        return f"invalid character {char} after object key"
-    if msg.startswith("Expecting ','"):
-        where = (
-            "object key:value pair" if _open_container(text, err.pos) == "{" else "array element"
-        )
-        return f"invalid character {char} after {where}"
-    if msg.startswith("Expecting digit"):
-        return f"invalid character {char} in numeric literal"
-    if msg.startswith("Expecting decimal digit"):
-        return f"invalid character {char} after decimal point in numeric literal"
-    if msg.startswith("Expecting exponent digit"):
-        return f"invalid character {char} in exponent of numeric literal"
-    if msg.startswith(("Invalid control character", "Unterminated string")):
-        return f"invalid character {char} in string literal"
-    literal = _LITERALS.get(text[err.pos])
-    if literal is not None:
-        for offset, wanted in enumerate(literal[1:], 1):
-            at = err.pos + offset
-            if at >= len(text):
-                return "unexpected EOF"
-            if text[at] != wanted:
-                got, expected = _quote_char(text[at]), _quote_char(wanted)
-                return f"invalid character {got} in literal {literal} (expecting {expected})"
-    return f"invalid character {char} looking for beginning of value"
-
-
-_LITERALS = {"t": "true", "f": "false", "n": "null"}
-
-
-def decode(body: bytes) -> object:
-    """The first JSON value in the body (the rest is ignored, as json.Decoder does)."""
+def decode(body: bytes, *, whole: bool = False) -> object:
+    """The first JSON value in the body (the rest is ignored, as json.Decoder does); with
+    `whole`, as json.Unmarshal reads it: anything but whitespace after it is an error."""
     # One U+FFFD per invalid byte, as Go's decoder replaces them.
-    text = _go_text(body.decode("utf-8", errors="surrogateescape"))
+    text = go_text(body.decode("utf-8", errors="surrogateescape"))
     start = len(text) - len(text.lstrip(" \t\r\n"))
     if start == len(text):
         raise EmptyBody()
+    spans: list[tuple[int, int]] = []
     try:
-        value, _ = scan(text, start, pairs=_Pairs, number=_number, integer=_integer)
+        value, end = scan(text, start, pairs=Pairs, number=_number, integer=_integer, spans=spans)
     except TooDeep as exc:
         raise BindError(str(exc)) from None
     except json.JSONDecodeError as err:
-        raise BindError(_syntax_message(text, err)) from None
+        raise BindError(syntax_message(text, err)) from None
+    if whole and text[end:].strip(" \t\r\n"):
+        raise BindError("invalid character after top-level value")
+    if isinstance(value, Pairs):
+        value.text = text
+        value.spans = spans
     return value
 
 
+def exact_member(body: bytes, key: str) -> object:
+    """json.Unmarshal of the whole body into map[string]json.RawMessage, then the member
+    named exactly `key` (the last of them), as plain values; None when the body does not
+    unmarshal or has no such member."""
+    try:
+        value = decode(body, whole=True)
+    except BindError:
+        return None
+    if not isinstance(value, Pairs):
+        return None
+    found = None
+    for name, member in value:
+        if go_text(name) == key:
+            found = member
+    return plain(found)
+
+
 def bind(body: bytes, struct: Struct) -> dict[str, object]:
-    """Decode a request body into a JSON object whose checked fields have their Go types."""
+    """Decode a request body into a JSON object whose fields have their Go types' values.
+
+    A field absent from the result was never set (or its member was null and left it);
+    None is a pointer, slice, map or interface set to nil.
+    """
     value = decode(body)
     if value is None:
         return {}  # null leaves the struct as it was
-    if not isinstance(value, _Pairs):
+    if not isinstance(value, Pairs):
         raise BindError(
             f"json: cannot unmarshal {_json_kind(value)} into Go value of type {struct.name}"
         )
     short = struct.name.rsplit(".", 1)[-1]
-    folded = {name.upper(): name for name in struct.fields}
     bound: dict[str, object] = {}
     saved: str | None = None  # Go keeps the first type error and decodes on
-    for key, raw in value:
-        key = _go_text(key)
-        name = key if key in struct.fields else folded.get(_fold(key))
-        item = _plain(raw)
+    for index, (key, raw) in enumerate(value):
+        key = go_text(key)
+        name = struct.field_for(key)
         if name is None:
-            # Go skips it unconverted; kept for the simulation's own `options` extension
-            bound[key] = item
+            # Go skips it unread; kept for the simulation's own `options` extension
+            bound[key] = plain(raw)
             continue
         kind = struct.fields[name]
-        if not _fits(item, kind):
-            saved = saved or (
-                f"json: cannot unmarshal {_json_kind(raw)} into Go struct field "
-                f"{short}.{name} of type {kind.value}"
-            )
+        if kind is GoType.RAW:
+            bound[name] = value.raw(index)
             continue
-        big = _big_number(item) if kind in _NUMERIC else None
-        if big is not None:
-            target = "int" if kind is GoType.INT else "float64"
-            message = (
-                f"json: cannot unmarshal number {big.text} into Go struct field "
-                f"{short}.{name} of type {target}"
-            )
-            if kind is GoType.DURATION:
-                # api.Duration's own json.Unmarshal failed with a type error: the outer
-                # decoder returns it at once, with the field's context added.
-                raise BindError(message)
-            saved = saved or message
+        if raw is None:
+            if kind.nullable:
+                bound[name] = None
             continue
-        if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES) and isinstance(raw, list):
-            shape = API_MESSAGE if kind is GoType.MESSAGES else OPENAI_MESSAGE
-            try:
-                found = check_messages(raw, shape, short, _Pairs)
-            except Found as exc:
-                raise BindError(str(exc)) from None
-            if found is not None:
-                saved = saved or found
-                continue
+        item = plain(raw)
+        if kind is GoType.DURATION:
+            bound[name] = _duration(item, short, name)
+            continue
+        if kind is GoType.THINK:
+            bound[name] = _think(item)
+            continue
+        error = _field_error(raw, item, kind, short, name)
+        if error is not None:
+            saved = saved or error
+            continue
         if kind is GoType.OPTIONS and isinstance(item, dict):
             previous = bound.get(name)
             item = {**previous, **item} if isinstance(previous, dict) else item
-        if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES) and isinstance(item, list):
-            item = [_fold_message(m) for m in item]
+        elif kind in _VALUES:
+            item = decode_into(bound.get(name), raw, _VALUES[kind])
         bound[name] = item
     if saved is not None:
         raise BindError(saved)
     return bound
+
+
+def _duration(item: object, short: str, name: str) -> int:
+    """api.Duration.UnmarshalJSON, whose error ends decoding at once."""
+    big = _big_number(item)
+    if big is not None:
+        # its own json.Unmarshal fails with a type error, which the outer decoder
+        # returns with the field's context (decode.go addErrorContext)
+        raise BindError(
+            f"json: cannot unmarshal number {big.text} into Go struct field "
+            f"{short}.{name} of type float64"
+        )
+    try:
+        return decode_keep_alive(item)
+    except DurationError as exc:
+        raise BindError(str(exc)) from None
+
+
+def _field_error(raw: object, item: object, kind: GoType, short: str, name: str) -> str | None:
+    """The error Go saves for this member, if any; raises Found where decoding stops."""
+    if not _fits(item, kind):
+        return (
+            f"json: cannot unmarshal {_json_kind(raw)} into Go struct field "
+            f"{short}.{name} of type {kind.go_name}"
+        )
+    big = _big_number(item) if kind in _NUMERIC else None
+    if big is not None:
+        target = "float64" if kind in (GoType.OPTIONS, GoType.ANY) else kind.go_name
+        return (
+            f"json: cannot unmarshal number {big.text} into Go struct field "
+            f"{short}.{name} of type {target}"
+        )
+    if kind in (GoType.MESSAGES, GoType.OPENAI_MESSAGES) and isinstance(raw, list):
+        shape = API_MESSAGE if kind is GoType.MESSAGES else OPENAI_MESSAGE
+        try:
+            return check_messages(raw, shape, short, Pairs)
+        except Found as exc:
+            raise BindError(str(exc)) from None
+    if kind in _SHAPES:
+        shape, slice_of = _SHAPES[kind]
+        return check_fields(raw, shape, short, name, Pairs, slice_of=slice_of)
+    return None
 
 
 def text_field(body: dict[str, object], key: str) -> str:

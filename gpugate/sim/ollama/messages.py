@@ -15,13 +15,20 @@ import enum
 
 import attrs
 
+from gpugate.sim.ollama.gofold import go_fold
+
 
 class Leaf(enum.Enum):
     STRING = "string"
+    BOOL = "bool"
     INT = "int"
+    FLOAT = "float64"
     ANY = "interface {}"
+    RAW = "json.RawMessage"
     IMAGE = "api.ImageData"
     ARGUMENTS = "api.ToolCallFunctionArguments"
+    PROPERTIES = "api.ToolPropertiesMap"
+    """An ordered map decoded by jsonparser's ObjectEach: an object, or null."""
 
 
 @attrs.frozen
@@ -34,6 +41,10 @@ class Shape:
     """reflect's String(), which errors name as the type."""
     fields: dict[str, Leaf | Shape | tuple[str, Leaf | Shape]]
     """A field is a leaf, a struct, or ("[]T", element) for a slice."""
+    fresh: bool = False
+    """Its UnmarshalJSON decodes into a new value (api.Message): nothing merges into it."""
+    pointer: bool = False
+    """A pointer to it: null sets it to nil (a struct value keeps what it held)."""
 
 
 _API_CALL = Shape(
@@ -51,7 +62,8 @@ _API_CALL = Shape(
 API_MESSAGE = Shape(
     "Alias",
     "api.Alias",
-    {
+    fresh=True,
+    fields={
         "role": Leaf.STRING,
         "content": Leaf.STRING,
         "thinking": Leaf.STRING,
@@ -113,12 +125,13 @@ def _kind(value: object) -> str:
     return "object"
 
 
-def _member_key(shape: Shape, key: str) -> str | None:
+def member_key(shape: Shape, key: str) -> str | None:
+    """The field of `shape` a member with this key decodes into (exact, else folded)."""
     if key in shape.fields:
         return key
-    folded = key.replace("\u212a", "K").replace("\u017f", "S").upper()
+    folded = go_fold(key)
     for name in shape.fields:
-        if name.upper() == folded:
+        if go_fold(name) == folded:
             return name
     return None
 
@@ -161,6 +174,10 @@ class _Walk:
             self.mismatch(value, "string", struct, path)
         elif leaf is Leaf.INT and (isinstance(value, bool) or not isinstance(value, int)):
             self.mismatch(value, "int", struct, path)
+        elif leaf is Leaf.BOOL and not isinstance(value, bool):
+            self.mismatch(value, "bool", struct, path)
+        elif leaf is Leaf.FLOAT and (isinstance(value, bool) or not isinstance(value, int | float)):
+            self.mismatch(value, "float64", struct, path)
         elif leaf is Leaf.IMAGE:
             if isinstance(value, str):
                 try:
@@ -169,7 +186,7 @@ class _Walk:
                     self.save("illegal base64 data at input byte 0")
             elif not isinstance(value, list):
                 self.mismatch(value, "api.ImageData", struct, path)
-        elif leaf is Leaf.ARGUMENTS and not isinstance(value, self.pairs_type):
+        elif leaf in (Leaf.ARGUMENTS, Leaf.PROPERTIES) and not isinstance(value, self.pairs_type):
             # orderedmap's UnmarshalJSON (jsonparser.ObjectEach) takes only an object
             self.save("Value is not an object")
 
@@ -180,7 +197,7 @@ class _Walk:
             self.mismatch(value, shape.go_type, struct, path)
             return
         for key, member in value:
-            name = _member_key(shape, key)
+            name = member_key(shape, key)
             if name is None:
                 continue
             field = shape.fields[name]
@@ -233,5 +250,63 @@ def check_messages(value: list, shape: Shape, request: str, pairs_type: type) ->
                 walk.save(inner.first)
         else:
             walk.struct(message, shape, shape.name, ["messages"])
+    first = walk.first
+    return first.text() if isinstance(first, TypeMismatch) else first
+
+
+API_TOOL = Shape(
+    "Tool",
+    "api.Tool",
+    {
+        "type": Leaf.STRING,
+        "items": Leaf.ANY,
+        "function": Shape(
+            "ToolFunction",
+            "api.ToolFunction",
+            {
+                "name": Leaf.STRING,
+                "description": Leaf.STRING,
+                "parameters": Shape(
+                    "ToolFunctionParameters",
+                    "api.ToolFunctionParameters",
+                    {
+                        "type": Leaf.STRING,
+                        "$defs": Leaf.ANY,
+                        "items": Leaf.ANY,
+                        "required": ("[]string", Leaf.STRING),
+                        # the values are api.ToolProperty, not checked here
+                        "properties": Leaf.PROPERTIES,
+                    },
+                ),
+            },
+        ),
+    },
+)
+"""api/types.go Tool, the element of ChatRequest.Tools and of the OpenAI request's tools."""
+STREAM_OPTIONS = Shape("StreamOptions", "openai.StreamOptions", {"include_usage": Leaf.BOOL})
+REASONING = Shape("Reasoning", "openai.Reasoning", {"effort": Leaf.STRING})
+RESPONSE_FORMAT = Shape(
+    "ResponseFormat",
+    "openai.ResponseFormat",
+    {
+        "type": Leaf.STRING,
+        "json_schema": Shape("JsonSchema", "openai.JsonSchema", {"schema": Leaf.RAW}, pointer=True),
+    },
+)
+
+
+def check_fields(
+    value: object, shape: Shape, request: str, field: str, pairs_type: type, *, slice_of: str = ""
+) -> str | None:
+    """The first error Go reports for a request field of a struct type (`slice_of`: the
+    slice type it is a slice of), walking every member, as the decoder saves its first."""
+    walk = _Walk(pairs_type)
+    if not slice_of:
+        walk.struct(value, shape, request, [field])
+    elif not isinstance(value, list):
+        walk.mismatch(value, slice_of, request, [field])
+    else:
+        for item in value:
+            walk.struct(item, shape, request, [field])
     first = walk.first
     return first.text() if isinstance(first, TypeMismatch) else first

@@ -88,6 +88,11 @@ class ModelName:
         return f"{self.host}/{self.namespace}/{self._kind}{self.model}:{self.tag}".lower()
 
     @property
+    def full(self) -> str:
+        """Name.String: "registry.ollama.ai/library/llama3.2:latest" (in some errors)."""
+        return f"{self.host}/{self.namespace}/{self._kind}{self.model}:{self.tag}"
+
+    @property
     def short(self) -> str:
         """DisplayShortest: "llama3.2:latest", "user/model:tag", or the full name."""
         if self.host.lower() != DEFAULT_HOST:

@@ -16,14 +16,17 @@ import time
 
 from aiohttp import web
 
-from gpugate.sim.ollama.binding import BindError, GoType, Struct, bind, text_field
+from gpugate.sim.ollama.binding import BindError, bind, exact_member, text_field
 from gpugate.sim.ollama.catalog import Capability, CatalogModel
 from gpugate.sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
-from gpugate.sim.ollama.names import go_trim_space
-from gpugate.sim.ollama.openai_convert import chat_prompt
+from gpugate.sim.ollama.gofold import go_quote
+from gpugate.sim.ollama.names import ModelRef, go_trim_space
+from gpugate.sim.ollama.openai_convert import asks_to_think, chat_prompt, completion_stop
 from gpugate.sim.ollama.options import OptionError, RequestOptions, parse_options
+from gpugate.sim.ollama.record import reading
+from gpugate.sim.ollama.requests import CHAT_COMPLETION, COMPLETION, EMBEDDING
 from gpugate.sim.ollama.runnerref import Lease, ScheduleError
-from gpugate.sim.ollama.services import Services, go_quote, services
+from gpugate.sim.ollama.services import Services, services
 from gpugate.sim.ollama.wire import (
     EVENT_STREAM,
     SSE_DONE,
@@ -33,50 +36,26 @@ from gpugate.sim.ollama.wire import (
     stream_write,
 )
 
-CHAT_COMPLETION = Struct(
-    "openai.ChatCompletionRequest",
-    {
-        "model": GoType.STRING,
-        "messages": GoType.OPENAI_MESSAGES,
-        "stream": GoType.BOOL,
-        "stream_options": GoType.STREAM_OPTIONS,
-        "max_tokens": GoType.INT,
-        "temperature": GoType.FLOAT,
-        "top_p": GoType.FLOAT,
-        "seed": GoType.INT,
-        "reasoning": GoType.ANY,
-        "reasoning_effort": GoType.STRING,
-        "top_logprobs": GoType.INT,
-    },
-)
-COMPLETION = Struct(
-    "openai.CompletionRequest",
-    {
-        "model": GoType.STRING,
-        "prompt": GoType.STRING,
-        "stream": GoType.BOOL,
-        "stream_options": GoType.STREAM_OPTIONS,
-        "max_tokens": GoType.INT,
-        "suffix": GoType.STRING,
-    },
-)
-EMBEDDING = Struct(
-    "openai.EmbedRequest",
-    {
-        "model": GoType.STRING,
-        "input": GoType.ANY,
-        "dimensions": GoType.INT,
-        "encoding_format": GoType.STRING,
-    },
-)
 FINGERPRINT = "fp_ollama"
+
+
+def cloud_passthrough(body: bytes) -> str | None:
+    """cloudPassthroughMiddleware (server/cloud_proxy.go), before any /v1 middleware reads
+    the body: the exact key "model" of the whole body, a string naming a cloud model. Ollama
+    proxies such a request to its cloud unread; here it is the unknown model's 404."""
+    model = exact_member(body, "model")
+    if not isinstance(model, str) or not go_trim_space(model):
+        return None
+    ref = ModelRef.parse(model)
+    return model if ref is not None and ref.source == "cloud" else None
 
 
 def _sim_options(model: CatalogModel, body: dict[str, object]) -> RequestOptions:
     raw = body.get("options")
     sim = {k: v for k, v in raw.items() if k.startswith("sim_")} if isinstance(raw, dict) else {}
-    if body.get("max_tokens") is not None:
-        sim["num_predict"] = body["max_tokens"]
+    max_tokens = body.get("max_tokens")
+    if type(max_tokens) is int:  # a field of the chat and completion requests (*int)
+        sim["num_predict"] = max_tokens
     return parse_options(model, sim, runner_options=False)
 
 
@@ -217,12 +196,21 @@ def _stream_flags(body: dict[str, object]) -> tuple[bool, bool]:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
+    data = await request.read()
+    cloud = cloud_passthrough(data)
+    if cloud is not None:
+        return openai_error(404, f"model '{cloud}' not found")
     try:
-        body = bind(await request.read(), CHAT_COMPLETION)
-        messages = body.get("messages") or []
-        assert isinstance(messages, list)
-        if not messages:
-            return openai_error(400, "[] is too short - 'messages'")
+        body = bind(data, CHAT_COMPLETION)
+    except BindError as exc:
+        read.malformed = True
+        return openai_error(400, str(exc))
+    messages = body.get("messages") or []
+    assert isinstance(messages, list)
+    if not messages:
+        return openai_error(400, "[] is too short - 'messages'")
+    try:
         prompt = chat_prompt(body)
     except BindError as exc:
         return openai_error(400, str(exc))
@@ -235,14 +223,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = svc.catalog.lookup(name)
     if model is None:
         return openai_error(404, f"model '{name}' not found")
+    if asks_to_think(body):
+        return openai_error(400, f"{go_quote(name)} does not support thinking")
     if Capability.COMPLETION not in model.capabilities:
         return openai_error(400, f"{go_quote(name)} does not support chat")
+    if body.get("tools"):
+        return openai_error(400, f"{model.name.full} does not support tools")
     try:
         opts = _sim_options(model, body)
     except OptionError as exc:
         return openai_error(500, str(exc))
     stream, usage = _stream_flags(body)
-    lease = await _lease(svc, model, opts)
+    lease = await _lease(svc, read.loading(model, None, None), opts)
     if isinstance(lease, web.Response):
         return lease
     try:
@@ -254,23 +246,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
+    data = await request.read()
+    cloud = cloud_passthrough(data)
+    if cloud is not None:
+        return openai_error(404, f"model '{cloud}' not found")
     try:
-        body = bind(await request.read(), COMPLETION)
+        body = bind(data, COMPLETION)
+    except BindError as exc:
+        read.malformed = True
+        return openai_error(400, str(exc))
+    try:
+        completion_stop(body)
     except BindError as exc:
         return openai_error(400, str(exc))
+    logprobs = body.get("logprobs")
+    if isinstance(logprobs, int) and logprobs > 20:
+        # CompletionsMiddleware makes it GenerateRequest.TopLogprobs, checked first
+        return openai_error(400, "top_logprobs must be between 0 and 20")
     name = text_field(body, "model")
     model = svc.catalog.lookup(name)
     if model is None:
         return openai_error(404, f"model '{name}' not found")
     if Capability.COMPLETION not in model.capabilities:
         return openai_error(400, f"{go_quote(name)} does not support generate")
+    if text_field(body, "suffix"):
+        return openai_error(400, f"{model.name.full} does not support insert")
     try:
         opts = _sim_options(model, body)
     except OptionError as exc:
         return openai_error(500, str(exc))
     stream, usage = _stream_flags(body)
     answer = OpenAICompletion(name, chat=False, stream=stream, include_usage=usage)
-    lease = await _lease(svc, model, opts)
+    lease = await _lease(svc, read.loading(model, None, None), opts)
     if isinstance(lease, web.Response):
         return lease
     try:
@@ -295,9 +303,15 @@ def _floats_base64(vector: list[float]) -> str:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     svc = services(request)
+    read = reading(request)
+    data = await request.read()
+    cloud = cloud_passthrough(data)
+    if cloud is not None:
+        return openai_error(404, f"model '{cloud}' not found")
     try:
-        body = bind(await request.read(), EMBEDDING)
+        body = bind(data, EMBEDDING)
     except BindError as exc:
+        read.malformed = True
         return openai_error(400, str(exc))
     encoding = text_field(body, "encoding_format")
     if encoding and encoding.lower() not in ("float", "base64"):
@@ -325,7 +339,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         opts = _sim_options(model, body)
     except OptionError as exc:
         return openai_error(500, str(exc))
-    lease = await _lease(svc, model, opts)
+    lease = await _lease(svc, read.loading(model, None, None), opts)
     if isinstance(lease, web.Response):
         return lease
     try:

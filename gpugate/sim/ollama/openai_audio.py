@@ -6,10 +6,12 @@ from aiohttp import web
 
 from gpugate.sim.ollama.catalog import Capability
 from gpugate.sim.ollama.engine import Finished, GenerationFailed, Token
+from gpugate.sim.ollama.gofold import go_quote
 from gpugate.sim.ollama.openai_convert import form_model
 from gpugate.sim.ollama.options import parse_options
+from gpugate.sim.ollama.record import reading
 from gpugate.sim.ollama.runnerref import ScheduleError
-from gpugate.sim.ollama.services import go_quote, services
+from gpugate.sim.ollama.services import services
 from gpugate.sim.ollama.wire import encoder_response, openai_error
 
 
@@ -28,7 +30,8 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         return openai_error(400, f"{go_quote(name)} does not support chat")
     options = parse_options(model, {}, runner_options=False)
     try:
-        lease = await svc.scheduler.acquire(model, options, None)
+        loading = reading(request).loading(model, None, None)
+        lease = await svc.scheduler.acquire(loading, options, None)
     except ScheduleError as exc:
         return openai_error(exc.status, exc.message)
     text: list[str] = []

@@ -91,6 +91,29 @@ def _part(part: object) -> str:
     raise BindError("invalid message format")
 
 
+def _effort(body: dict[str, object]) -> object:
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict):
+        return reasoning.get("effort")
+    return body.get("reasoning_effort")
+
+
+def asks_to_think(body: dict[str, object]) -> bool:
+    """FromChatRequest's think: a reasoning effort other than "none" asks for it, which
+    ChatHandler refuses for a model without `thinking` (routes.go, "does not support
+    thinking")."""
+    effort = _effort(body)
+    return isinstance(effort, str) and effort not in ("", "none")
+
+
+def completion_stop(body: dict[str, object]) -> None:
+    """FromCompleteRequest (openai.go): each element of a `stop` array must be a string."""
+    stop = body.get("stop")
+    for item in stop if isinstance(stop, list) else ():
+        if not isinstance(item, str):
+            raise BindError(f"invalid type for 'stop' field: {_go_type(item)}")
+
+
 def chat_prompt(body: dict[str, object]) -> str:
     """The prompt of a /v1/chat/completions body; BindError with FromChatRequest's words."""
     lines: list[str] = []
@@ -113,11 +136,7 @@ def chat_prompt(body: dict[str, object]) -> str:
                 raise BindError(f"invalid message content type: {_go_type(content)}")
             _calls(calls)
             produced += 1
-    reasoning = body.get("reasoning")
-    if isinstance(reasoning, dict):
-        effort = reasoning.get("effort")
-    else:
-        effort = body.get("reasoning_effort")
+    effort = _effort(body)
     if isinstance(effort, str) and effort and effort not in _EFFORTS:
         raise BindError(
             f"invalid reasoning value: '{effort}' "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 
 from gpugate.sim.ollama.catalog import CatalogModel
+from gpugate.sim.ollama.gofold import go_int64
 
 MIN_NUM_CTX = 4
 DEFAULT_NUM_BATCH = 512
@@ -68,7 +69,8 @@ def _integer(options: dict[str, object], key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise OptionError(f'option "{key}" must be of type integer')
-    return int(value)
+    # A JSON number is a float64 in Go's map; FromMap sets the field to int64(it).
+    return go_int64(value)
 
 
 def _boolean(options: dict[str, object], key: str) -> bool | None:
@@ -80,15 +82,53 @@ def _boolean(options: dict[str, object], key: str) -> bool | None:
     return value
 
 
+_KINDS = {
+    **dict.fromkeys(
+        ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "seed"),
+        "integer",
+    ),
+    **dict.fromkeys(("num_predict", "top_k", "repeat_last_n"), "integer"),
+    **dict.fromkeys(
+        ("top_p", "min_p", "typical_p", "temperature", "repeat_penalty", "presence_penalty"),
+        "float32",
+    ),
+    "frequency_penalty": "float32",
+    "use_mmap": "boolean",
+    "stop": "array",
+}
+"""api/types.go Options (and its Runner): each option's kind, as FromMap names it."""
+
+
+def check_options(options: dict[str, object]) -> None:
+    """Options.FromMap's type checks (a JSON number is a float64; null is skipped), for
+    every option it knows; OptionError with its words for the first one that fails."""
+    for key, value in options.items():
+        kind = _KINDS.get(key)
+        if kind is None or value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind in ("integer", "float32") and not number:
+            raise OptionError(f'option "{key}" must be of type {kind}')
+        if kind == "boolean" and not isinstance(value, bool):
+            raise OptionError(f'option "{key}" must be of type boolean')
+        if kind == "array":
+            if not isinstance(value, list):
+                raise OptionError(f'option "{key}" must be of type array')
+            if not all(isinstance(item, str) for item in value):
+                raise OptionError(f'option "{key}" must be of an array of strings')
+
+
 def parse_options(
     model: CatalogModel, options: dict[str, object] | None, *, runner_options: bool = True
 ) -> RequestOptions:
-    """Read a request's `options` for `model`.
+    """Read a request's `options` for `model`; OptionError as Options.FromMap refuses them.
 
     With `runner_options=False` (the /v1 routes, which cannot set them) the runner
     options are the model's defaults whatever the body says.
     """
     options = options or {}
+    if runner_options:
+        check_options(options)
     num_ctx = _integer(options, "num_ctx") if runner_options else None
     num_batch = _integer(options, "num_batch") if runner_options else None
     num_gpu = _integer(options, "num_gpu") if runner_options else None
@@ -113,6 +153,23 @@ def parse_options(
         load_fail=bool(_boolean(options, "sim_load_fail")),
         tokens=None if tokens is None else max(1, tokens),
     )
+
+
+RUNNER_INTS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread")
+
+
+def runner_set(options: dict[str, object] | None) -> dict[str, int | bool]:
+    """The runner options (api.Runner's) a request's `options` set, as FromMap sets them
+    (a number through int64(), null skipped): what the scheduler compares to reload."""
+    options = options or {}
+    found: dict[str, int | bool] = {}
+    for key in RUNNER_INTS:
+        value = options.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found[key] = go_int64(value)
+    if isinstance(options.get("use_mmap"), bool):
+        found["use_mmap"] = bool(options["use_mmap"])
+    return found
 
 
 def effective_num_ctx(model: CatalogModel, runner: RunnerOptions) -> int:

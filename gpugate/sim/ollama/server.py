@@ -18,11 +18,13 @@ from gpugate.sim.ollama.duration import parse_keep_alive_setting
 from gpugate.sim.ollama.engine import Engine
 from gpugate.sim.ollama.hostcheck import GIN_METHOD_ORDER, HostGuard, listens_on_loopback
 from gpugate.sim.ollama.options import parse_options
+from gpugate.sim.ollama.record import recorded
 from gpugate.sim.ollama.runnerref import ScheduleError
 from gpugate.sim.ollama.scheduler import Scheduler
 from gpugate.sim.ollama.services import SERVICES, Services
 from gpugate.sim.ollama.state import SimState
 from gpugate.sim.ollama.wire import json_response
+from gpugate.sim.recordfile import RecordFile
 from gpugate.sim.scenario import OllamaSpec
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,6 +67,8 @@ class SimOllama:
         self._guard = HostGuard(split_listen(spec.listen)[0], spec.origins)
         self._handlers: set[asyncio.Task[object]] = set()
         self._runner: web.AppRunner | None = None
+        self._records: RecordFile | None = None
+        """Where each loading route's reading goes (`ollama.record`), once started."""
         self.app = self._build_app()
 
     def _build_app(self) -> web.Application:
@@ -80,14 +84,18 @@ class SimOllama:
         get("/api/ps", api_models.ps, allow_head=False)
         post("/api/show", api_models.show)
         post("/api/pull", api_models.pull)
-        post("/api/generate", api_inference.generate)
-        post("/api/chat", api_inference.chat)
-        post("/api/embed", api_inference.embed)
-        post("/api/embeddings", api_inference.embeddings)
-        post("/v1/chat/completions", openai_api.chat_completions)
-        post("/v1/completions", openai_api.completions)
-        post("/v1/embeddings", openai_api.embeddings)
-        post("/v1/audio/transcriptions", openai_audio.transcriptions)
+        loads: list[tuple[str, Handler]] = [
+            ("/api/generate", api_inference.generate),
+            ("/api/chat", api_inference.chat),
+            ("/api/embed", api_inference.embed),
+            ("/api/embeddings", api_inference.embeddings),
+            ("/v1/chat/completions", openai_api.chat_completions),
+            ("/v1/completions", openai_api.completions),
+            ("/v1/embeddings", openai_api.embeddings),
+            ("/v1/audio/transcriptions", openai_audio.transcriptions),
+        ]
+        for path, handler in loads:
+            post(path, recorded(lambda: self._records, handler))
         get("/v1/models", openai_api.list_models, allow_head=False)
         get("/v1/models/{model}", openai_api.retrieve_model, allow_head=False)
         get("/sim/state", self._sim_state, allow_head=False)
@@ -111,6 +119,8 @@ class SimOllama:
                     f"{field}: the simulated host in {self.gpu.directory} has no GPU {gpu}"
                 ) from None
         self._guard.check_host = listens_on_loopback(host)
+        if self.spec.record is not None and self._records is None:
+            self._records = RecordFile(self.spec.record)
         self.scheduler.start()
         # Go's net/http never decodes a request's Content-Encoding: a gzip body reaches the
         # JSON decoder as it is and fails there (400).
@@ -156,6 +166,9 @@ class SimOllama:
             await self._runner.cleanup()
             self._runner = None
         await self.scheduler.close()
+        if self._records is not None:
+            self._records.close()
+            self._records = None
 
     async def __aenter__(self) -> SimOllama:
         return self

@@ -7,7 +7,6 @@ from aiohttp import web
 
 from gpugate.sim.ollama.binding import BindError, EmptyBody
 from gpugate.sim.ollama.catalog import Catalog
-from gpugate.sim.ollama.duration import DurationError, decode_keep_alive
 from gpugate.sim.ollama.engine import Engine
 from gpugate.sim.ollama.scheduler import Scheduler
 from gpugate.sim.scenario import OllamaSpec
@@ -29,20 +28,10 @@ def services(request: web.Request) -> Services:
 
 
 def keep_alive_of(body: dict[str, object]) -> int | None:
-    """The request's keep_alive in nanoseconds; None when absent or null."""
+    """The request's keep_alive in nanoseconds (binding decoded it); None when absent or
+    null."""
     value = body.get("keep_alive")
-    if value is None:
-        return None
-    try:
-        return decode_keep_alive(value)
-    except DurationError as exc:
-        raise BindError(str(exc)) from None
-
-
-def go_quote(text: str) -> str:
-    """Go's %q of a string (close enough for model names)."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+    return value if isinstance(value, int) else None
 
 
 def bind_message(error: BindError) -> str:

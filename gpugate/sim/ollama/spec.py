@@ -10,12 +10,14 @@ ollama:
     - {name: gemma3:12b, size: 7796MiB, block_count: 48, load_seconds: 2s}
   preload:
     - {model: gemma3:12b, keep_alive: 24h}
+  record: readings.jsonl     # one line per request a loading route read (record.py)
 
 The fields are listed in docs/runtimes/ollama.md.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -25,6 +27,7 @@ from gpugate.sim.faultspec import FaultSpec, parse_faults
 from gpugate.sim.specfields import field_size as _field_size
 from gpugate.sim.specfields import number as _number
 from gpugate.sim.specfields import only as _only
+from gpugate.sim.specfields import record_path
 
 DEFAULT_MODELS_PER_GPU = 3
 """server/sched.go `defaultModelsPerGPU`: OLLAMA_MAX_LOADED_MODELS unset allows 3 per GPU."""
@@ -101,6 +104,8 @@ class OllamaSpec:
     preload: tuple[PreloadSpec, ...] = ()
     faults: FaultSpec = attrs.field(factory=FaultSpec)
     """Faults switched on from the start (gpugate.sim.ollama.faults)."""
+    record: Path | None = None
+    """A file to append each loading route's reading of a request to (record.py)."""
 
     def devices(self, host_gpus: int) -> tuple[int, ...]:
         """The host GPUs this Ollama sees, in its order, on a host with `host_gpus` GPUs."""
@@ -117,15 +122,16 @@ class OllamaSpec:
         return DEFAULT_MODELS_PER_GPU * max(gpus, 1)
 
 
-def parse_ollama(data: dict[str, Any]) -> OllamaSpec:
-    """Read the `ollama:` mapping; ValueError naming the field."""
+def parse_ollama(data: dict[str, Any], base: Path | None = None) -> OllamaSpec:
+    """Read the `ollama:` mapping; ValueError naming the field. A relative `record` is
+    taken from `base` (the host file's directory)."""
     # Imported here: they are only needed to read a host file, not by the runner child.
     from gpugate.sim.ollama.duration import DurationError, parse_keep_alive_setting
     from gpugate.sim.ollama.names import ModelName
 
     simple = {"listen", "gpu", "gpus", "keep_alive", "tokens_per_second", "version", "max_queue"}
     knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins", "sched_spread"}
-    _only(data, "ollama", simple | knobs | {"models", "preload", "faults"})
+    _only(data, "ollama", simple | knobs | {"models", "preload", "faults", "record"})
 
     def keep_alive(value: Any, where: str) -> str:
         try:
@@ -191,6 +197,7 @@ def parse_ollama(data: dict[str, Any]) -> OllamaSpec:
         models=models,
         preload=tuple(preload),
         faults=parse_faults(data.get("faults")),
+        record=record_path(data, "ollama", base or Path()),
     )
 
 

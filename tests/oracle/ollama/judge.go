@@ -24,6 +24,13 @@ type verdict struct {
 	Model     string
 	Reason    string
 	Undecided bool
+	// What a request that could load asks of the load: its keep_alive in
+	// nanoseconds (nil: none given) and the runner options it sets.
+	KeepAlive *int64
+	Runner    map[string]any
+	// AfterLoad is the 500 Ollama answers once the model is loaded, when the
+	// request is refused only then (a format or template it cannot use).
+	AfterLoad string
 }
 
 func refuse(reason string) verdict { return verdict{Reason: reason} }
@@ -168,7 +175,7 @@ func (j *judge) v1(r *http.Request, body []byte) verdict {
 		}
 		var chat ChatRequest
 		if err := handoff(converted, &chat); err != nil {
-			return refuse("decode: " + err.Error())
+			return refuse("handoff: " + err.Error())
 		}
 		return j.chat(chat, false)
 	case "/v1/completions":
@@ -183,7 +190,7 @@ func (j *judge) v1(r *http.Request, body []byte) verdict {
 		}
 		var gen GenerateRequest
 		if err := handoff(converted, &gen); err != nil {
-			return refuse("decode: " + err.Error())
+			return refuse("handoff: " + err.Error())
 		}
 		return j.generate(gen)
 	case "/v1/embeddings":
@@ -206,7 +213,7 @@ func (j *judge) v1(r *http.Request, body []byte) verdict {
 		}
 		var embed EmbedRequest
 		if err := handoff(EmbedRequest{Model: req.Model, Input: req.Input, Dimensions: req.Dimensions}, &embed); err != nil {
-			return refuse("decode: " + err.Error())
+			return refuse("handoff: " + err.Error())
 		}
 		return j.embed(embed)
 	case "/v1/responses":
@@ -223,7 +230,7 @@ func (j *judge) v1(r *http.Request, body []byte) verdict {
 		converted.Stream = &stream
 		var chat ChatRequest
 		if err := handoff(converted, &chat); err != nil {
-			return refuse("decode: " + err.Error())
+			return refuse("handoff: " + err.Error())
 		}
 		return j.chat(chat, false)
 	default:
@@ -247,7 +254,7 @@ func (j *judge) v1(r *http.Request, body []byte) verdict {
 		}
 		var chat ChatRequest
 		if err := handoff(converted, &chat); err != nil {
-			return refuse("decode: " + err.Error())
+			return refuse("handoff: " + err.Error())
 		}
 		return j.chat(chat, true)
 	}
@@ -317,7 +324,7 @@ func (j *judge) transcription(r *http.Request, body []byte) verdict {
 	}
 	var chat ChatRequest
 	if err := handoff(converted, &chat); err != nil {
-		return refuse("decode: " + err.Error())
+		return refuse("handoff: " + err.Error())
 	}
 	return j.chat(chat, false)
 }
@@ -376,7 +383,12 @@ func (j *judge) generate(req GenerateRequest) verdict {
 	} else if req.Think != nil && req.Think.Bool() {
 		return verdict{Model: model, Reason: "think: unsupported"}
 	}
-	return j.schedule(m, caps, req.Options)
+	scheduled := j.schedule(m, caps, req.Options)
+	scheduled.KeepAlive = nanoseconds(req.KeepAlive)
+	if scheduled.CouldLoad && req.Prompt != "" {
+		scheduled.AfterLoad = generateAfterLoad(req)
+	}
+	return scheduled
 }
 
 // chat is server/routes.go ChatHandler up to scheduleRunner; relaxThinking is
@@ -408,7 +420,12 @@ func (j *judge) chat(req ChatRequest, relaxThinking bool) verdict {
 	} else if req.Think != nil && req.Think.Bool() && !relaxThinking {
 		return verdict{Model: model, Reason: "think: unsupported"}
 	}
-	return j.schedule(m, caps, req.Options)
+	scheduled := j.schedule(m, caps, req.Options)
+	scheduled.KeepAlive = nanoseconds(req.KeepAlive)
+	if scheduled.CouldLoad && len(req.Messages) > 0 {
+		scheduled.AfterLoad = formatRefusal(req.Format)
+	}
+	return scheduled
 }
 
 // embed is server/routes.go EmbedHandler up to scheduleRunner.
@@ -437,7 +454,9 @@ func (j *judge) embed(req EmbedRequest) verdict {
 	if v != nil {
 		return *v
 	}
-	return j.schedule(m, nil, req.Options)
+	scheduled := j.schedule(m, nil, req.Options)
+	scheduled.KeepAlive = nanoseconds(req.KeepAlive)
+	return scheduled
 }
 
 // embeddings is server/routes.go EmbeddingsHandler up to scheduleRunner.
@@ -446,7 +465,9 @@ func (j *judge) embeddings(req EmbeddingRequest) verdict {
 	if v != nil {
 		return *v
 	}
-	return j.schedule(m, nil, req.Options)
+	scheduled := j.schedule(m, nil, req.Options)
+	scheduled.KeepAlive = nanoseconds(req.KeepAlive)
+	return scheduled
 }
 
 // schedule is server/routes.go scheduleRunner before GetRunner: the
@@ -463,7 +484,33 @@ func (j *judge) schedule(m installed, caps []string, options map[string]any) ver
 	if err := opts.FromMap(options); err != nil {
 		return verdict{Model: model, Reason: "options: " + err.Error()}
 	}
-	return verdict{CouldLoad: true, Model: model}
+	return verdict{CouldLoad: true, Model: model, Runner: runnerOptions(options)}
+}
+
+// runnerOptions are the load-time options (api/types.go Runner) a request's
+// options set, as FromMap sets them: a JSON number (float64 in the map) is
+// converted with int64(), null is skipped. The scheduler reloads a model
+// whose runner was started with others (server/sched.go needsReload).
+func runnerOptions(options map[string]any) map[string]any {
+	set := map[string]any{}
+	for _, key := range []string{"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread"} {
+		if n, ok := options[key].(float64); ok {
+			set[key] = int64(n)
+		}
+	}
+	if b, ok := options["use_mmap"].(bool); ok {
+		set["use_mmap"] = b
+	}
+	return set
+}
+
+// nanoseconds is a request's keep_alive (nil: not given, or null).
+func nanoseconds(d *Duration) *int64 {
+	if d == nil {
+		return nil
+	}
+	ns := int64(d.Duration)
+	return &ns
 }
 
 // hostAllowed is server/routes.go allowedHostsMiddleware for a loopback bind.

@@ -16,6 +16,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -32,6 +33,13 @@ type record struct {
 	Undecided bool    `json:"undecided"`
 	Host      string  `json:"host"`
 	Origin    string  `json:"origin"`
+	// The request's reading, compared with the simulated Ollama's: the body
+	// did not decode (Ollama's 400 before anything else), the keep_alive and
+	// runner options of a load, and the 500 Ollama answers after the load.
+	Malformed bool           `json:"malformed"`
+	KeepAlive *int64         `json:"keep_alive"`
+	Runner    map[string]any `json:"runner"`
+	AfterLoad string         `json:"after_load"`
 }
 
 type recorder struct {
@@ -57,7 +65,14 @@ func main() {
 	upstream := flag.String("upstream", "", "base URL of the Ollama-compatible upstream")
 	recordPath := flag.String("record", "", "file to append one JSON line per request to")
 	bind := flag.String("ollama-bind", "127.0.0.1:11434", "the address Ollama is taken to listen on (its Host check applies only to a loopback bind)")
+	checkTemplates := flag.Bool("check-templates", false, "read one JSON string a line on stdin and write, a JSON string a line, the error Ollama's template.Parse gives it (\"\" for none)")
 	flag.Parse()
+	if *checkTemplates {
+		if err := templateErrors(os.Stdin, os.Stdout); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if *upstream == "" || *recordPath == "" {
 		fmt.Fprintln(os.Stderr, "usage: ollama-oracle -listen ADDR -upstream URL -record PATH")
 		os.Exit(2)
@@ -106,6 +121,10 @@ func main() {
 			Undecided: v.Undecided,
 			Host:      r.Host,
 			Origin:    r.Header.Get("Origin"),
+			Malformed: strings.HasPrefix(v.Reason, "decode: "),
+			KeepAlive: v.KeepAlive,
+			Runner:    v.Runner,
+			AfterLoad: v.AfterLoad,
 		})
 		if err != nil {
 			http.Error(w, "recording: "+err.Error(), http.StatusInternalServerError)
