@@ -494,4 +494,5 @@ class ExchangeWork:
             # The runtime's memory is its process's: a PROCESS demand of a request switches
             # the running process's model, and its answer ends the lease.
             switch=classified.scope is LeaseScope.PROCESS and adapter.process_model() is not None,
+            most_models=adapter.most_models,
         )

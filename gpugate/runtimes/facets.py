@@ -160,6 +160,12 @@ class ResidentControl(abc.ABC):
         """Bytes a model will take before it was ever measured; None: the runtime lacks it."""
         raise NotSupported(f"{self.consumer.name} cannot size {model} before it is loaded")
 
+    @property
+    def most_models(self) -> int | None:
+        """The most models the runtime holds at once, past which it unloads one of its own
+        choosing to load another (`Demand.most_models`); None: no such limit."""
+        return None
+
     def evict_timeout(self) -> float:
         """How long an eviction may take (a process's stop takes its stop timeout)."""
         return self.consumer.timeouts.control
