@@ -197,35 +197,49 @@ class Exchange:
         request may go up again; False when nothing is coming. Raises GateFailure when a
         start it needs cannot be had.
 
-        * A request admitted without its process (one that does not need it) while the
-          process ran, which the books now say is not there (the gate stopped it, or is
-          stopping or starting it): what a request arriving now meets
-          (`ExchangeWork.admit`): a start under way is waited for, a stopped process is
-          started for any request but its health route's.
+        * The books say the process is not there (the gate stopped it, is stopping or
+          starting it, or it ended since this request was admitted, its end reported
+          meanwhile): what a request arriving now meets (`ExchangeWork.admit`): a start
+          under way is waited for, a stopped process is started for any request but its
+          health route's. A lease this request held on the process that ended is
+          released first.
         * A request that needs the process, which is there but not yet listening (a unit
           started it a moment ago: it loads before it binds): its port and health route,
-          within its start timeout."""
+          within its start timeout, or until the process ends (then as above)."""
         link = self.link
         control = link.consumer.control
         processes = self.gate.processes
         method, path = self.method, self.path
         if control is None or not processes.fronts(link):
             return False
-        if self.busy is None and processes.absent(link):
-            if not await processes.settle(link):
+        if not processes.absent(link):
+            if not link.adapter.needs_process(method, path) or not await processes.running(link):
                 return False
-            if not processes.absent(link):
+            try:
+                await wait_ready(
+                    link.consumer.upstream.url,
+                    control.health,
+                    control.start_timeout,
+                    process=link.adapter.process,
+                )
+            except NotReady:
+                return False
+            except ProcessExited:
+                # It ended before it answered: its end is in the books now.
+                if not processes.absent(link):
+                    return False
+            else:
                 return True
-            if processes.stand_in(link, method, path, self.api) is not None:
-                return False
-            self.busy = await processes.serve_lease(link, self.process_priority())
+        if not await processes.settle(link):
+            return False
+        if not processes.absent(link):
             return True
-        if not link.adapter.needs_process(method, path) or not await processes.running(link):
+        if processes.stand_in(link, method, path, self.api) is not None:
             return False
-        try:
-            await wait_ready(link.consumer.upstream.url, control.health, control.start_timeout)
-        except (NotReady, ProcessExited):
-            return False
+        if self.busy is not None:
+            busy, self.busy = self.busy, None
+            self.gate.release(busy)
+        self.busy = await processes.serve_lease(link, self.process_priority())
         return True
 
     def process_priority(self) -> PriorityClass:

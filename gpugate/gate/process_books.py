@@ -4,6 +4,8 @@ elsewhere, the demand for its start or for a request on it, and its failures. Re
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from gpugate.core.classes import PriorityClass
@@ -110,7 +112,10 @@ class ProcessBooks:
         wait = life.backoff.remaining(self.gate.clock())
         if wait <= 0 and not (until_up and life.failing):
             return None
-        when = f"the next start is in {wait:.0f}s" if wait > 0 else "the next request starts it"
+        # Rounded up, as Retry-After is: a start 0.4 s away is not "in 0s".
+        when = (
+            f"the next start is in {math.ceil(wait)}s" if wait > 0 else "the next request starts it"
+        )
         what = f"it failed to start or ended {life.backoff.failures} time(s) in a row; {when}"
         failure = self.failure(link, FailureClass.START_BACKOFF, what)
         return attrs.evolve(failure, retry_after=wait if wait > 0 else None)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 
 import attrs
 
@@ -199,18 +200,33 @@ class ProcessStarts:
             else:
                 return
             with self.under_way.running(name):
-                await self._bring_up(link, priority)
+                await self._bring_up(link, priority, deadline)
 
-    async def _bring_up(self, link: Link, priority: PriorityClass) -> None:
-        """Adopt the consumer's process if it runs, else start it under a PROCESS lease."""
+    async def _bring_up(self, link: Link, priority: PriorityClass, deadline: float) -> None:
+        """Adopt the consumer's process if it runs, else start it under a PROCESS lease.
+
+        A start its backoff holds off (its last start failed, or it ended on its own) is
+        waited for when the backoff ends before `deadline` (the request's own wait), and
+        refused (START_BACKOFF, with Retry-After) only when it ends later: a process that
+        ended once is started again for the next request, a second later, not refused for
+        that second."""
         gate = self.gate
         name = link.consumer.name
-        await self.finder.read_unit(link)
-        process = link.adapter.process
-        running = process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
-        refused = None if running else self.books.backoff(link)
-        if refused is not None:
-            raise GateFailure(refused)
+        while True:
+            await self.finder.read_unit(link)
+            process = link.adapter.process
+            running = (
+                process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
+            )
+            refused = None if running else self.books.backoff(link)
+            if refused is None:
+                break
+            wait = refused.retry_after
+            if wait is None or gate.clock() + wait > deadline:
+                raise GateFailure(refused)
+            log.info("%s: its start waits %.1fs for its backoff", name, wait)
+            # The backoff's end, a time the core set: nothing else would signal it.
+            await asyncio.sleep(wait)
         demand = self.books.demand(link, priority)
         if running:
             # Adopted: what NVML already shows of it is counted (as unexplained); the
@@ -283,7 +299,8 @@ class ProcessStarts:
             gate.life_report(name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}")
             retry = gate.core.start_wait(name, gate.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
-            what = f"its {verb} failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
+            what = f"its {verb} failed: {_short(exc)}"
+            what += f"; next start in {math.ceil(retry)}s at the earliest"
             failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
