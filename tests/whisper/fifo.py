@@ -23,10 +23,36 @@ def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT) 
         time.sleep(0.01)
 
 
-def open_once(path: Path) -> None:
-    """Let the reader that is opening `path` have it, empty (std::ifstream in server.cpp's
-    `is_file_exist` opens it and closes it unread)."""
-    os.close(os.open(path, os.O_WRONLY))  # returns once a reader has it open
+def hold(path: Path) -> int:
+    """Open the pipe for writing, once a reader opens it, and keep it open: every reader
+    that opens it from then on opens at once and waits for data (`feed_held`), none meets
+    an end. A /load opens its model twice: server.cpp's `is_file_exist` (a std::ifstream,
+    closed unread), then `whisper_init`; a writer closed between the two (as soon as the
+    first open returned) could still be open when the second came, which then read an
+    empty file ("bad magic") and the server exited 1."""
+    return os.open(path, os.O_WRONLY)  # returns once a reader has it open
+
+
+def reading(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        entries = list(fds.iterdir())
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            if os.readlink(entry) == str(path):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def feed_held(fd: int, data: bytes) -> None:
+    """Write `data` whole to the pipe held open by `hold`, then close it (its end)."""
+    with os.fdopen(fd, "wb") as pipe:
+        pipe.write(data)
 
 
 def feed(path: Path, data: bytes) -> None:

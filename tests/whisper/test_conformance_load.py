@@ -11,7 +11,7 @@ import pytest
 
 from gpugate.sim.whisper.transcript import wav_bytes
 from tests.whisper.conftest import Models
-from tests.whisper.fifo import feed, make_fifo, open_once, wait_until
+from tests.whisper.fifo import feed_held, hold, make_fifo, reading, wait_until
 from tests.whisper.wire import (
     Connection,
     exchange,
@@ -90,11 +90,14 @@ def test_health_while_a_load_runs_and_inference_after_it(starter, models, tmp_pa
         # is_file_exist opens the pipe and waits for a writer: the load is under way.
         wait_until(lambda: health(server.port) == STUCK, "/health to say loading")
         waiting = pool.submit(transcribe, server.port)
-        open_once(pipe)
+        # One writer from here to the model's last byte: is_file_exist's open returns (it
+        # closes the pipe unread), and whisper_init's open of it waits for data.
+        writer = hold(pipe)
         wait_until(lambda: str(pipe) in server.loads(), "whisper_init to start")
+        wait_until(lambda: reading(server.pid, pipe), "whisper_init to open the pipe")
         assert health(server.port) == STUCK
         assert not waiting.done(), waiting.exception() or waiting.result()
-        feed(pipe, models.multilingual.read_bytes())
+        feed_held(writer, models.multilingual.read_bytes())
         assert loading.result(timeout=60).said == OK, server.stderr()[-2000:]
         assert waiting.result(timeout=60)[0] == 200, server.stderr()[-2000:]
     assert health(server.port) == (200, b'{"status":"ok"}')
