@@ -131,13 +131,14 @@ class Exchange:
     def answered(self, status: int, prefix: bytes = b"") -> list[tuple[str, str]]:
         """The runtime answered with `status` (and `prefix`, when `wants_prefix`): the
         books follow, and the headers for the answer come back."""
-        self.link.adapter.answered(self.classified, status)
+        adapter = self.link.adapter
+        adapter.answered(self.classified, status)
         lease = self.lease
         extra = self.headers()
         if lease is None:
             return extra
         gate = self.gate
-        if status < 400:
+        if adapter.loaded_by(self.classified, status):
             gate.loaded(lease)
             for part in self.parts:
                 gate.loaded(part)

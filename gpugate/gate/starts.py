@@ -159,7 +159,7 @@ class ProcessStarts:
             return None
         if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
             return None
-        return stand_in(link, self.books.backoff(link, until_up=True), api)
+        return stand_in(link, method, self.books.backoff(link, until_up=True), api)
 
     # -- requests --------------------------------------------------------------------------
 

@@ -221,13 +221,12 @@ class ProcessLife:
         and any other request starts it: only the runtime can answer it."""
         return True
 
-    def up_health(self) -> ErrorReply:
-        """What the runtime answers on its health route (`control.health`) once it is up:
-        the gate answers it in the runtime's place while it keeps the process stopped
-        (a request that needs the process starts it, so the service is there). The default
-        is whisper-server's 200 `{"status":"ok"}`, `application/json` (whisper.cpp v1.8.5
-        examples/server/server.cpp, the `/health` handler), the body llama-server answers
-        too (docs/runtimes/llamaserver.md)."""
+    def up_health(self, method: str = "GET") -> ErrorReply:
+        """What the runtime answers on its health route (`control.health`) to `method` (GET
+        or HEAD) once it is up: the gate answers it in the runtime's place while it keeps
+        the process stopped (a request that needs the process starts it, so the service is
+        there). The default is the body and type whisper-server and llama-server answer
+        (200 `{"status":"ok"}`, `application/json`); a runtime gives its own headers."""
         return ErrorReply(200, b'{"status":"ok"}', "application/json")
 
     def process_model(self) -> str | None:
@@ -239,8 +238,15 @@ class ProcessLife:
         answers once the new model is loaded: the answer ends its lease."""
         return None
 
+    def loaded_by(self, classified: Classified, status: int) -> bool:
+        """Whether the runtime's answer `status` to a request that may load (a DEMAND)
+        says the load took effect: the gate then counts the model loaded (a switch
+        done), and `answered` follows the same rule. The default: any status below 400."""
+        return status < 400
+
     def answered(self, classified: Classified, status: int) -> None:
-        """The runtime answered a request with `status` (a model switch took effect)."""
+        """The runtime answered a request with `status` (a model switch took effect when
+        `loaded_by` says so)."""
         return None
 
     def refused_after_load(self, classified: Classified, status: int, body: bytes) -> bool:

@@ -100,6 +100,30 @@ async def test_load_of_another_model_is_a_process_demand_for_its_envelope(adapte
     assert adapter.process_model() == "models/ggml-base.en.bin"
 
 
+@pytest.mark.parametrize("status", [200, 201, 204, 302, 400])
+async def test_a_switch_took_effect_only_when_answered_200_by_the_gate_and_adapter_alike(
+    adapter, status
+):
+    # server.cpp's /load answers 200 `Load was successful!` or 400 (or exits): one rule
+    # for the gate's books (`loaded_by`) and the adapter's current model.
+    body, content_type = await form_body(model="models/ggml-base.en.bin")
+    classified = adapter.classify("POST", "/load", body, content_type)
+    adapter.answered(classified, status)
+    switched = adapter.process_model() == "models/ggml-base.en.bin"
+    assert adapter.loaded_by(classified, status) is switched is (status == 200)
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_its_health_answered_in_its_place_carries_its_own_headers(adapter, method):
+    up = adapter.up_health(method)
+    assert (up.status, up.body, up.content_type) == (200, b'{"status":"ok"}', "application/json")
+    headers = dict(up.headers)
+    assert headers.pop("Server") == "whisper.cpp"
+    assert headers.pop("Access-Control-Allow-Origin") == "*"
+    assert headers.pop("Access-Control-Allow-Headers") == "content-type, authorization"
+    assert headers == ({"Accept-Ranges": "bytes"} if method == "HEAD" else {})
+
+
 async def test_load_of_the_model_it_runs_is_a_demand_too(adapter):
     # whisper-server frees its model and loads the one named, the same one included; and a
     # /load queued before this one may have switched it by the time this one runs.

@@ -54,7 +54,7 @@ class LlamaSingleAdapter(ProcessAdapter):
     ) -> Classified:
         return Classified(RouteKind.PASS, ApiFamily.LLAMA)
 
-    def up_health(self) -> ErrorReply:
+    def up_health(self, method: str = "GET") -> ErrorReply:
         # Its `/health` once the model is loaded (docs/runtimes/llamaserver.md), in the
         # content type of its JSON answers (the gate's llama error shape, answers.py).
         return ErrorReply(200, b'{"status":"ok"}', "application/json; charset=utf-8")

@@ -28,8 +28,12 @@ What decides the adapter (reference/runtime-contracts.md §3, docs/runtimes/whis
   an /inference the gate streams up unread could carry a /load it never saw. With
   `Connection: close` the server ends the connection after its answer (L7274). The
   gate's own calls open a connection each too (`pool_connections = False`).
-* Every response carries `Access-Control-Allow-Origin: *`: there is no origin check to
-  run where the gate listens.
+* Every response carries `Server: whisper.cpp` and `Access-Control-Allow-Origin: *`
+  (`set_default_headers`): there is no origin check to run where the gate listens, and
+  the gate's own answers in its place (a refused /load, its health route while the gate
+  keeps it stopped: `up_health`) carry the same headers.
+* A /load took effect when, and only when, it was answered 200 (`loaded_by`): the gate
+  then counts the switch done, and the adapter's current model follows.
 """
 
 from __future__ import annotations
@@ -165,9 +169,27 @@ class WhisperAdapter(ProcessAdapter):
             replaces=self.current,
         )
 
+    def loaded_by(self, classified: Classified, status: int) -> bool:
+        """A /load took effect only with its 200 `Load was successful!`: server.cpp's
+        handler answers every refusal 400 (no `model`, a path that does not open) and,
+        for a file that opens but does not load, exits without an answer; cpp-httplib
+        sends no other final status for it."""
+        return status == 200
+
     def answered(self, classified: Classified, status: int) -> None:
-        if classified.kind is RouteKind.DEMAND and status == 200 and classified.model:
+        demand = classified.kind is RouteKind.DEMAND and classified.model
+        if demand and self.loaded_by(classified, status):
             self.current = classified.model
+
+    def up_health(self, method: str = "GET") -> ErrorReply:
+        """whisper-server's `GET /health` once its model is loaded, as it sends it: 200
+        `{"status":"ok"}`, `application/json` (server.cpp's `/health` handler) with the
+        headers `set_default_headers` puts on every answer; to a HEAD, cpp-httplib adds
+        `Accept-Ranges: bytes` (httplib.h L6664) and no body."""
+        headers = WHISPER_DEFAULT_HEADERS
+        if method == "HEAD":
+            headers = (("Accept-Ranges", "bytes"), *headers)
+        return ErrorReply(200, b'{"status":"ok"}', "application/json", headers=headers)
 
     async def health(self, session: aiohttp.ClientSession) -> bool:
         """`GET /health` answers 200 (503 while a /load runs)."""
