@@ -81,16 +81,8 @@ def whisper_yaml(listen: int, upstream: int, argv: list[str], log: Path, models:
 
 def server_pid(upstream: int) -> int | None:
     """The whisper-server listening on `upstream` (found by its command line)."""
-    needle = f"--port\0{upstream}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"whisper-server" in cmdline and needle in cmdline:
-                return int(entry.name)
-    return None
+    found = server_pids(upstream)
+    return found[0] if found else None
 
 
 def loads_in(log: Path) -> list[str]:
@@ -153,6 +145,50 @@ class Gated:
         ]
 
 
+def server_pids(upstream: int) -> list[int]:
+    """Every whisper-server listening on `upstream` (found by its command line)."""
+    needle = f"--port\0{upstream}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"whisper-server" in cmdline and needle in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@attrs.frozen
+class Setup:
+    """A gate's configuration with the real whisper-server as consumer `whisper`."""
+
+    text: str
+    listen: int
+    upstream: int
+    control: int
+    log: Path
+    """whisper-server's stderr."""
+    sizes: dict[str, int]
+    """What each model holds on the card (the shadow's numbers)."""
+
+
+def setup_for(
+    binary: Path, models: Models, directory: Path, library: Path, *, extra: str = ""
+) -> Setup:
+    """The gate's configuration: the real whisper-server (`-m` the English model) as
+    consumer `whisper`, and the consumers `extra` (YAML, indented as `whisper_yaml`'s)."""
+    listen, upstream, control = free_ports(3)
+    log = directory / "whisper.err"
+    argv = [str(binary), "-m", str(models.english), "--host", "127.0.0.1",
+            "--port", str(upstream), "-t", "1"]  # fmt: skip
+    text = CONFIG.format(control=control, library=library)
+    text += whisper_yaml(listen, upstream, argv, log, models) + extra
+    sizes = {str(getattr(models, name)): size for name, size in ENVELOPES.items()}
+    return Setup(text, listen, upstream, control, log, sizes)
+
+
 @contextlib.asynccontextmanager
 async def gate_before(
     binary: Path,
@@ -163,23 +199,18 @@ async def gate_before(
     *,
     extra: str = "",
 ) -> AsyncIterator[Gated]:
-    """The gate with the real whisper-server (`-m` the English model) as consumer
-    `whisper`, and the consumers `extra` (YAML, indented as `whisper_yaml`'s) beside it."""
-    listen, upstream, control = free_ports(3)
-    log = directory / "whisper.err"
-    argv = [str(binary), "-m", str(models.english), "--host", "127.0.0.1",
-            "--port", str(upstream), "-t", "1"]  # fmt: skip
-    text = CONFIG.format(control=control, library=library)
-    text += whisper_yaml(listen, upstream, argv, log, models) + extra
-    config = load_config_text(text, directory / "consumers.yaml")
+    """The gate (`setup_for`'s) in this event loop, the shadow of whisper-server's memory
+    beside it."""
+    setup = setup_for(binary, models, directory, library, extra=extra)
+    listen, upstream, control, log = setup.listen, setup.upstream, setup.control, setup.log
+    config = load_config_text(setup.text, directory / "consumers.yaml")
     made: dict[str, Gate] = {}
 
     def make_gate(cfg):  # type: ignore[no-untyped-def]
         made["gate"] = Gate(cfg, Sampler.from_config(cfg), store=Store(cfg.gate.database))
         return made["gate"]
 
-    sizes = {str(getattr(models, name)): size for name, size in ENVELOPES.items()}
-    shadow = asyncio.create_task(GpuShadow(host, upstream, log, sizes).run())
+    shadow = asyncio.create_task(GpuShadow(host, upstream, log, setup.sizes).run())
     ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
     stop = asyncio.Event()
     task = asyncio.create_task(
