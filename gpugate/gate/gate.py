@@ -33,7 +33,7 @@ from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease
 from gpugate.gate.admission import AdmissionWork
 from gpugate.gate.events import ROUTINE, EventHub
-from gpugate.gate.exchange import ExchangeWork
+from gpugate.gate.exchange_work import ExchangeWork
 from gpugate.gate.jobs import JobWatch, JobWork
 from gpugate.gate.links import (
     RECONCILE_INTERVAL,
