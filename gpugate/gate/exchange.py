@@ -240,12 +240,23 @@ class Exchange:
         return self.caller.priority(default) if self.caller is not None else default
 
     def not_answering(self, exc: BaseException) -> ErrorReply:
-        """The gate's answer when the runtime refused the connection and nothing is coming:
-        in place of a process the books say is not there, the health route's stand-in or
-        a failure not reported again (the gate stopped it, or its end was reported once);
+        """The gate's answer when the runtime refused the connection, or closed it without
+        an answer, and nothing is coming: for a switch of a process's model, its load
+        failed (the runtime ends when the model does not load: its end is no crash); in
+        place of a process the books say is not there, the health route's stand-in or a
+        failure not reported again (the gate stopped it, or its end was reported once);
         otherwise a crash, reported."""
         link = self.link
         processes = self.gate.processes
+        lease = self.lease
+        if lease is not None and lease.demand.switch:
+            processes.switch_broke(link)
+            consumer = link.consumer
+            what = (
+                f"MODEL_LOAD_FAILED: {consumer.name} at {consumer.upstream.url}: it did not "
+                f"answer the switch to {self.classified.model} ({exc.__class__.__name__}: {exc})"
+            )
+            return failure_reply(self.api, self._report(FailureClass.MODEL_LOAD_FAILED, what))
         if processes.fronts(link) and processes.absent(link):
             stood = processes.stand_in(link, self.method, self.path, self.api)
             if stood is not None:

@@ -48,6 +48,8 @@ class ProcessFront(Protocol):
 
     async def serve_lease(self, link: Link, priority: PriorityClass) -> Lease: ...
 
+    def switch_broke(self, link: Link) -> None: ...
+
 
 class ExchangeOwner(Protocol):
     """The gate, as a request's exchange sees it: the books it moves and its processes."""

@@ -50,6 +50,14 @@ class ProcessBooks:
             for r in self.residents(link)
         )
 
+    def switching(self, link: Link) -> bool:
+        """Whether a request is switching the process's model now (its lease still open)."""
+        name = link.consumer.name
+        return any(
+            lease.key.consumer == name and lease.demand.switch and lease.pending
+            for lease in self.gate.core.leases()
+        )
+
     def admitted_elsewhere(self, link: Link) -> bool:
         """`gpugate admit` holds a start lease: the process is starting outside the gate."""
         held = self.gate.starts.held(link.consumer.name)

@@ -51,11 +51,11 @@ from gpugate.gate.owner import GateOwner
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
 from gpugate.gate.process_absent import start_timeout as start_timeout_of
 from gpugate.gate.process_books import ProcessBooks
+from gpugate.gate.process_ends import ProcessEnds
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
 from gpugate.runtimes.base import ApiFamily
 from gpugate.runtimes.process import (
-    Exit,
     NotReady,
     ProcessControl,
     ProcessExited,
@@ -105,6 +105,7 @@ class ProcessStarts:
         """The start of each always_warm process at the gate's start, for `warm`."""
         self._last_failure: dict[str, str] = {}
         """Why each consumer's last start failed, in one line (cleared once it is up)."""
+        self.ends = ProcessEnds(gate, self.books, self.envelopes, self._restart)
         for link in gate.links.values():
             process = link.adapter.process
             if process is None:
@@ -112,7 +113,7 @@ class ProcessStarts:
             eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
             gate.core.register_lifecycle(link.consumer.name, eviction, gate.clock())
             if isinstance(process, SupervisedCommand):
-                process.on_exit = lambda exit, link=link: self._exited(link, exit)
+                process.on_exit = lambda exit, link=link: self.ends.exited(link, exit)
 
     async def running(self, link: Link) -> bool:
         """Whether the consumer's process is there (its control says so), bounded."""
@@ -149,6 +150,7 @@ class ProcessStarts:
         process = link.adapter.process
         if process is None or process.sleeps:
             return True
+        await self.ends.wait_for_end(link)
         return await self.under_way.wait(link.consumer.name, start_timeout_of(link))
 
     def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
@@ -188,6 +190,7 @@ class ProcessStarts:
         starting it under a PROCESS lease when it is stopped, adopting it when it runs."""
         gate = self.gate
         name = link.consumer.name
+        await self.ends.wait_for_end(link)
         async with self._locks.setdefault(name, asyncio.Lock()):
             deadline = gate.clock() + self.books.admission_timeout(link)
             while self.books.live(link) is None:
@@ -249,9 +252,14 @@ class ProcessStarts:
         gate.starts.own(lease)
         await self._start(link, lease)
 
+    def switch_broke(self, link: Link) -> None:
+        """A request that switched the process's model got no answer (process_ends.py)."""
+        self.ends.broke(link)
+
     async def _start(self, link: Link, lease: Lease) -> None:
         """Have the core start (or wake) the runtime under `lease`, and wait for the report."""
         name = link.consumer.name
+        self.ends.starting(name)
         outcome = asyncio.get_running_loop().create_future()
         self._outcomes[name] = outcome
         self.gate.start_process(lease)
@@ -402,6 +410,14 @@ class ProcessStarts:
             link.adapter.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
         )
 
+    def _restart(self, link: Link) -> None:
+        """After its process ended: an always_warm one starts again, after its backoff."""
+        if self._always_warm(link):
+            name = link.consumer.name
+            retry = self.gate.core.start_wait(name, self.gate.clock())
+            log.info("%s is always_warm: starting it again in %.1fs", name, retry)
+            self._spawn(self._keep_warm(link), f"restart-{name}")
+
     async def _keep_warm(self, link: Link) -> None:
         """Start an always_warm process again after it ended, once its backoff allows."""
         name = link.consumer.name
@@ -428,29 +444,6 @@ class ProcessStarts:
             if isinstance(process, SupervisedCommand) and process.running:
                 with contextlib.suppress(Exception):
                     await process.stop()
-
-    # -- what happened to a process --------------------------------------------------------
-
-    def _exited(self, link: Link, exit: Exit) -> None:
-        """A process the gate runs ended on its own: one crash event (a start that fails
-        reports its own), its resident and start lease end, always_warm starts again."""
-        name = link.consumer.name
-        link.adapter.process_ended()
-        self.envelopes.ended(name)
-        if self.starting(name):
-            return
-        gate = self.gate
-        if exit.stderr_tail:
-            log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
-                        " | ".join(exit.stderr_tail[-5:]))  # fmt: skip
-        gate.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
-        retry = gate.core.start_wait(name, gate.clock())
-        gate.report(
-            self.books.failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
-        )
-        if self._always_warm(link):
-            log.info("%s is always_warm: starting it again in %.1fs", name, retry)
-            self._spawn(self._keep_warm(link), f"restart-{name}")
 
     def _spawn(self, coro, name: str) -> asyncio.Task[None]:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")

@@ -19,6 +19,7 @@ import attrs
 import pytest
 
 from gpugate.core.effects import EventKind
+from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import LifeState
 from gpugate.gate.process_absent import PROCESS_HEADER
 from tests.clihost import GateProcess
@@ -34,7 +35,7 @@ from tests.whisper.gated import (
     server_pids,
     setup_for,
 )
-from tests.whisper.test_through_gate import transcribe
+from tests.whisper.test_through_gate import raw_exchange, transcribe
 from tests.whisper.wire import Answer, exchange, form_type, model_form, request
 
 FRAMING = {"connection", "keep-alive", "date", PROCESS_HEADER.lower()}
@@ -132,14 +133,15 @@ async def test_after_it_exits_the_next_transcription_starts_it_again(gated, mode
         raw = request(
             "POST", "/load", model_form(str(models.not_a_model)), content_type=form_type()
         )
-        reader, writer = await asyncio.open_connection("127.0.0.1", gated.port)
-        writer.write(raw)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), START)
-        writer.close()
-        assert head.startswith(b"HTTP/1.1 502 "), head
+        status, headers, said = await raw_exchange(gated.port, raw)
+        # Its load failed, and its end was that load's: no crash, no backoff.
+        assert (status, headers.get("X-GPUGate-Failure")) == (502, "MODEL_LOAD_FAILED"), said
     event = await asyncio.wait_for(ended, START)
-    assert ("SIGKILL" if how == "sigkill" else "exit status 1") in event.detail
-    # Started again once the exit's 1 s backoff ends, not refused meanwhile.
+    if how == "sigkill":
+        assert event.detail == "up → stopped: its process ended: killed by SIGKILL (status 137)"
+    else:
+        assert event.detail == "up → stopped: its process ended switching its model: exit status 1"
+    # Started again for the next transcription: after the crash's 1 s backoff, or at once.
     status, text = await transcribe(gated.url)
     assert status == 200, text
     second = server_pid(gated.upstream)
@@ -155,6 +157,9 @@ async def test_after_it_exits_the_next_transcription_starts_it_again(gated, mode
     assert len(starts) == 2, "the restart under a lease of its own"
     await until(lambda: gated.gate.core.leases() == [])
     assert gated.gate.core.waiting() == []
+    failures = [e.failure.failure_class for e in gated.events if e.kind is EventKind.FAILURE]
+    crash, failed_load = FailureClass.RUNTIME_CRASH, FailureClass.MODEL_LOAD_FAILED
+    assert failures == ([crash] if how == "sigkill" else [failed_load])
 
 
 async def test_a_gate_killed_and_started_again_adopts_its_whisper_server(
