@@ -11,6 +11,9 @@ for every /load that passed its checks: the old model is freed by then), the rou
 logged while the case ran was leased, during the case, for that very model; a load with no
 such lease is an unleased switch. After each whisper case a transcription sent to the
 server directly (it takes the server's one mutex) lets any /load under way finish first.
+For the router also: the models it holds after each case (its `GET /models`: loaded or
+loading) are the ones the gate's books hold, and it unloaded none of its own accord at
+`--models-max` (its log's `removing LRU` and `evicting idle LRU`): the gate made the room.
 
 Prints a table; exits 1 when anything loaded unleased.
 """
@@ -36,6 +39,8 @@ import attrs
 import httptools
 
 from gpugate.core.effects import EventKind
+from gpugate.core.failures import FailureClass
+from gpugate.core.residents import ResidentState
 from gpugate.core.units import GiB, MiB
 from gpugate.sim.device import SimDevice, SimulatedGpuHost
 from gpugate.sim.shim import STATE_ENV
@@ -54,6 +59,8 @@ LLAMA = ROOT / "build" / "llama-server"
 LIBRARY = ROOT / "build" / "fakenvml" / "libnvidia-ml.so.1"
 ANSWER_TIMEOUT = 120.0
 SPAWNING = "load: spawning server instance with name="
+ROUTER_EVICTS = ("models_max limit reached, removing LRU", "evicting idle LRU name=")
+"""The router's own unloads at --models-max (server-models.cpp `unload_lru`, `tick`)."""
 
 ROUTER_YAML = """\
   llama:
@@ -75,7 +82,21 @@ class Report:
     whisper_loads: int = 0
     router_loads: int = 0
     unleased: list[str] = attrs.field(factory=list)
+    router_evictions: int = 0
+    """Models the router unloaded of its own accord."""
+    gate_evictions: int = 0
+    """Models the gate unloaded from the router (room made at --models-max)."""
+    whisper_ends: int = 0
+    """whisper-server's exits on a /load of a file that does not load (ended switching)."""
+    crashes: int = 0
+    """RUNTIME_CRASH events for whisper-server."""
+    books_differ: list[str] = attrs.field(factory=list)
+    """Cases after which the router held other models than the gate's books."""
     seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.unleased or self.books_differ or self.router_evictions)
 
     def table(self) -> str:
         rows = [
@@ -83,8 +104,13 @@ class Report:
             ("seed", str(self.seed)),
             ("seconds", f"{self.seconds:.1f}"),
             ("whisper-server loads (its starts and switches)", str(self.whisper_loads)),
+            ("whisper-server exits on a model that did not load", str(self.whisper_ends)),
+            ("whisper-server crashes reported", str(self.crashes)),
             ("llama-server router loads", str(self.router_loads)),
             ("loads without their lease", str(len(self.unleased))),
+            ("router models the gate unloaded to make room", str(self.gate_evictions)),
+            ("router unloads of its own accord", str(self.router_evictions)),
+            ("router cases its books disagree with", str(len(self.books_differ))),
         ]
         rows += [(f"  {k}", str(v)) for k, v in sorted(self.answers.items())]
         width = max(len(k) for k, _ in rows)
@@ -190,24 +216,48 @@ async def settle_whisper(upstream: int) -> None:
     await exchange(upstream, raw)
 
 
-async def settle_router(port: int) -> None:
-    """Wait until the router loads nothing (`/models/load` answers before its load ends)."""
+async def router_statuses(port: int) -> dict[str, str]:
+    """Each model's status in the router's `GET /models`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = await reader.read()
+    finally:
+        writer.close()
+    body = data.split(b"\r\n\r\n", 1)[-1]
+    try:
+        rows = json.loads(body)["data"]
+    except (ValueError, KeyError):
+        rows = []
+    return {str(row.get("id")): str(row.get("status", {}).get("value")) for row in rows}
+
+
+async def settle_router(port: int) -> dict[str, str]:
+    """Wait until the router loads nothing (`/models/load` answers before its load ends);
+    its statuses then."""
     deadline = time.monotonic() + ANSWER_TIMEOUT
-    while time.monotonic() < deadline:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(b"GET /models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            data = await reader.read()
-        finally:
-            writer.close()
-        body = data.split(b"\r\n\r\n", 1)[-1]
-        try:
-            rows = json.loads(body)["data"]
-        except (ValueError, KeyError):
-            rows = []
-        if all(row.get("status", {}).get("value") != "loading" for row in rows):
-            return
+    while True:
+        statuses = await router_statuses(port)
+        if "loading" not in statuses.values() or time.monotonic() > deadline:
+            return statuses
         await asyncio.sleep(0.02)
+
+
+def router_books(gated: Gated) -> set[str]:
+    """The models of consumer `llama` the gate's books hold (loading or resident)."""
+    held = (ResidentState.RESIDENT, ResidentState.LOADING)
+    return {
+        r.key.model
+        for r in gated.gate.core.residents()
+        if r.key.consumer == "llama" and r.state in held
+    }
+
+
+def router_evictions(log: Path) -> int:
+    if not log.exists():
+        return 0
+    text = log.read_text(errors="replace")
+    return sum(text.count(line) for line in ROUTER_EVICTS)
 
 
 def router_loads(log: Path) -> list[str]:
@@ -234,7 +284,14 @@ async def run_cases(
         if case.target is Target.WHISPER:
             await settle_whisper(gated.upstream)
         else:
-            await settle_router(router_port)
+            statuses = await settle_router(router_port)
+            held = {name for name, value in statuses.items() if value in ("loaded", "loading")}
+            books = router_books(gated)
+            if held != books:
+                report.books_differ.append(
+                    f"case {case.id} ({case.kind}): the router holds {sorted(held)}, the "
+                    f"books {sorted(books)} (answered {status}): {case.raw[:200]!r}"
+                )
         new_events = gated.events[events_before:]
         for consumer, loaded in (
             ("whisper", gated.loads()[whisper_before:]),
@@ -282,6 +339,17 @@ async def run(requests: int, seed: int, directory: Path, *, router: float = 0.2)
             started = time.monotonic()
             await run_cases(gated, (router_listen, router_port), router_log, cases, report)
             report.seconds = time.monotonic() - started
+            for event in gated.events:
+                if event.kind is EventKind.EVICTION_STARTED and event.consumer == "llama":
+                    report.gate_evictions += 1
+                if event.consumer != "whisper":
+                    continue
+                if event.kind is EventKind.LIFECYCLE and "ended switching" in (event.detail or ""):
+                    report.whisper_ends += 1
+                failure = event.failure if event.kind is EventKind.FAILURE else None
+                if failure is not None and failure.failure_class is FailureClass.RUNTIME_CRASH:
+                    report.crashes += 1
+        report.router_evictions = router_evictions(router_log)
     return report
 
 
@@ -294,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpugate-real-") as directory:
         report = asyncio.run(run(args.requests, args.seed, Path(directory), router=args.router))
     print(report.table())
-    for problem in report.unleased[:20]:
+    for problem in [*report.unleased, *report.books_differ][:20]:
         print("FAIL", problem)
-    return 1 if report.unleased else 0
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

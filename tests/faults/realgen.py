@@ -1,8 +1,9 @@
 """The hostile corpus tests.faults.real_fuzz sends to the real runtimes behind the gate.
 
 whisper-server: `/load` forms in every shape cpp-httplib reads (or refuses) differently from
-a plain multipart parser: boundaries found inside other parameters, quoted, percent-encoded;
-repeated and missing fields; parts whose Content-Transfer-Encoding nobody undoes; preambles,
+a plain multipart parser, naming models, missing files and files that end the server:
+boundaries found inside other parameters, quoted, percent-encoded; repeated and missing
+fields; parts whose Content-Transfer-Encoding nobody undoes; preambles,
 epilogues that later reads turn into parts, delimiters inside content; NULs; bodies of every
 size, chunked, encoded, behind `Expect`; the route spelled with escapes. `/inference`s, some
 of them bodies the server stops reading with a `/load` where its next read begins.
@@ -86,11 +87,13 @@ class Corpus:
     # -- whisper-server ----------------------------------------------------------------------
 
     def model(self) -> str:
-        """A path to name: mostly models; some that do not exist. None that opens but does
-        not load: the server exits on those, by design, and the gate then holds off its
-        restarts (START_BACKOFF) for longer than a corpus can wait."""
+        """A path to name: mostly models; some that do not exist (whisper-server answers
+        400), and some that open but do not load, a file that is no model and a directory:
+        server.cpp frees its model, fails and exits 1 unanswered; the gate answers 502
+        MODEL_LOAD_FAILED and starts it again for the next request."""
         m = self.models
         pool = [m.english, m.english_other, m.multilingual] * 8 + [m.missing]
+        pool += [m.not_a_model, m.directory]
         return str(self.rng.choice(pool))
 
     def whisper(self) -> tuple[str, bytes]:
