@@ -12,13 +12,15 @@ A runtime whose memory is its process's (the adapter's `process_model`) is handl
   and health (`wait_ready`). The answer makes it resident (`process_ready`), whatever
   NVML shows yet; its bytes follow NVML from there.
 * **Failed starts back off** (`StartBackoff`): one failure event per failed start, the
-  runtime's output in the gate's log only, and no new start until the backoff ran out
-  (503 START_BACKOFF with Retry-After meanwhile).
+  runtime's output in the gate's log only, and no new start until the backoff ran out: a
+  request waits for it when it ends within the request's own wait, and is refused (503
+  START_BACKOFF with Retry-After) when it ends later.
 * **Eviction is a stop** (the adapter's `evict`), confirmed when NVML shows the
   consumer's memory gone; the next request starts it again.
 * **A crash** (a supervised child's exit, an adopted process's end) is one RUNTIME_CRASH
   event; its resident goes, and an `always_warm` process is started again after its
-  backoff, under a lease.
+  backoff, under a lease. An end while a request switched its model is that request's
+  failed load, not a crash (process_ends.py).
 * **At gate start** an `always_warm` process is started under a lease; one already
   running is adopted; one with no control is reserved for its envelope until it shows.
   `warm` waits for them (the `gpugate: ready` line) and says which is not up.
