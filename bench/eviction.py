@@ -51,7 +51,8 @@ async def one_round(tmp: Path) -> dict[str, float]:
         await generate(stack.gate_url, "bge-m3", embed=True)
         await generate(stack.gate_url, "gemma3:12b")
         link = stack.gate.links["ollama"]
-        evict = link.adapter.evict
+        residents = link.runtime.residents
+        evict = residents.evict
         marks: dict[str, float] = {}
 
         async def timed_evict(session: object, model: str) -> object:
@@ -59,7 +60,7 @@ async def one_round(tmp: Path) -> dict[str, float]:
             marks["answer"] = time.monotonic()
             return result
 
-        link.adapter.evict = timed_evict  # type: ignore[method-assign]
+        residents.evict = timed_evict  # type: ignore[method-assign]
         before = host.free(0)
 
         async def watch() -> None:

@@ -45,9 +45,9 @@ import pynvml
 
 from bench.docfile import write_section
 from bench.targets import LOAD_CPU, PROXY_CPU, free_port, start, wait_http
-from gpugate.config.loader import load_config_text
 from gpugate.core.units import GiB
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.sim.device import SimDevice, SimProcess, SimulatedGpuHost
 from gpugate.sim.shim import STATE_ENV, library_path
 

@@ -104,9 +104,10 @@ class Probe:
     events: list[Event] = attrs.field(factory=list)
 
     def install(self, stack: Stack) -> None:
-        adapter = stack.gate.links["ollama"].adapter
+        runtime = stack.gate.links["ollama"].runtime
         sampler = stack.gate.sampler
-        for owner, name in ((adapter, "evict"), (adapter, "listing"), (sampler, "sample")):
+        parts = ((runtime.residents, "evict"), (runtime.inventory, "listing"), (sampler, "sample"))
+        for owner, name in parts:
             setattr(owner, name, self._timed(name, getattr(owner, name)))
         stack.gate.events.subscribe(self.events.append, routine=True)
 

@@ -17,6 +17,7 @@ import attrs
 
 from gpugate.config.loader import ConfigError, ConfigIssue, load_config_with_warnings
 from gpugate.config.model import Config
+from gpugate.config.runtime_table import RuntimeTable
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
@@ -58,10 +59,11 @@ def unset_secrets(warnings: Sequence[ConfigIssue]) -> str | None:
     return "; ".join(parts) or None
 
 
-def reload_file(path: Path, reloads: asyncio.Queue[Config]) -> None:
-    """SIGHUP: read `path` again; queue it if valid, else log why and keep the running one."""
+def reload_file(path: Path, reloads: asyncio.Queue[Config], runtimes: RuntimeTable) -> None:
+    """SIGHUP: read `path` again (with the `runtimes` it was first read with); queue it if
+    valid, else log why and keep the running one."""
     try:
-        loaded = load_config_with_warnings(path)
+        loaded = load_config_with_warnings(path, runtimes=runtimes)
     except ConfigError as exc:
         log.error("reload: %s is invalid; the running configuration stays in force", path)
         for issue in exc.issues:

@@ -1,7 +1,9 @@
 """`gpugate serve`: one process, one listener per fronted consumer, one control listener.
 
-A consumer is fronted when the registry has an adapter for its runtime (the gate made a
-link for it); the others are observed through NVML and counted.
+A consumer is fronted when the runtime registry `serve` is given (the shipped one unless a
+test brings its own) knows its runtime (the gate made a link for it); the
+others are observed through NVML and counted. The file is read with the same registry's
+runtime table.
 
 On SIGINT/SIGTERM the listeners stop accepting, in-flight streams may finish for up to
 `gate.shutdown_grace`, then whatever is left is cancelled; every lease is released by
@@ -39,6 +41,7 @@ from gpugate.proxy.runners import (
     raise_fd_limit,
 )
 from gpugate.reload import apply_reload, reload_file, unset_secrets
+from gpugate.runtimes.registry import RUNTIMES, RuntimeRegistry
 from gpugate.store.db import CLOSE_TIMEOUT, Store
 
 log = logging.getLogger("gpugate.serve")
@@ -151,13 +154,15 @@ async def serve(
     reloads: asyncio.Queue[Config] | None = None,
     on_reloaded: Callable[[], None] | None = None,
     on_listening: Callable[[], None] | None = None,
+    runtimes: RuntimeRegistry = RUNTIMES,
 ) -> None:
     """Run the gate until `stop` is set, applying each configuration put on `reloads`.
 
     `on_listening` is called once every listener is up (requests are served from then on:
     one that arrives while an `always_warm` runtime starts waits for it); `on_ready`, with
     the lines to print, once every `always_warm` runtime the gate starts is up too, or its
-    start timeout ran out: the last line is `gpugate: ready`, or says which is not up."""
+    start timeout ran out: the last line is `gpugate: ready`, or says which is not up.
+    `runtimes` builds each consumer's runtime (unless `gate_factory` builds the gate)."""
     loop = asyncio.get_running_loop()
     previous_handler = loop.get_exception_handler()
     loop.set_exception_handler(quiet_loop_errors)
@@ -165,7 +170,12 @@ async def serve(
         gate = gate_factory(config)
     else:
         database = store_path(config, simulated_host(library_from(config.gate.nvml_library)))
-        gate = Gate(config, Sampler.from_config(config), store=Store(database))
+        gate = Gate(
+            config,
+            Sampler.from_config(config),
+            store=Store(database),
+            runtimes=runtimes.runtime_for,
+        )
     metrics = GateMetrics(gate)
     await gate.start()
     runners: list[Runner] = []
@@ -334,13 +344,14 @@ def run_loop(main: Coroutine[object, object, None]) -> None:
     asyncio.run(main)
 
 
-def run_serve(config_path: Path) -> int:
-    """The `gpugate serve` command."""
+def run_serve(config_path: Path, runtimes: RuntimeRegistry = RUNTIMES) -> int:
+    """The `gpugate serve` command: the file read with `runtimes`' table, each consumer
+    fronted by its adapter."""
     from gpugate.config.loader import ConfigError, load_config_with_warnings
 
     configure_logging()
     try:
-        loaded = load_config_with_warnings(config_path)
+        loaded = load_config_with_warnings(config_path, runtimes=runtimes.table)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -366,7 +377,7 @@ def run_serve(config_path: Path) -> int:
 
         def hang_up() -> None:
             notifier.reloading()
-            reload_file(config_path, reloads)
+            reload_file(config_path, reloads, runtimes.table)
             if reloads.empty():
                 notifier.ready()  # invalid: the running configuration stays in force
 
@@ -399,6 +410,7 @@ def run_serve(config_path: Path) -> int:
                 reloads=reloads,
                 on_reloaded=notifier.ready,
                 on_listening=listening,
+                runtimes=runtimes,
             )
         finally:
             await stop_task(watchdog[0])

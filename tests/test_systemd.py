@@ -150,7 +150,7 @@ def _setting(text: str, name: str) -> list[str]:
 
 
 def test_drop_ins_put_each_runtime_where_the_example_configuration_expects_it():
-    from gpugate.config.loader import load_config_text_with_warnings
+    from gpugate.runtimes.sections import load_config_text_with_warnings
 
     seed = ROOT / "consumers.yaml"
     config = load_config_text_with_warnings(seed.read_text(), seed, {}).config
@@ -169,8 +169,8 @@ def test_drop_ins_put_each_runtime_where_the_example_configuration_expects_it():
 
 
 def test_whisper_s_start_is_admitted_and_a_refusal_that_repeats_stops_it():
-    from gpugate.config.loader import load_config_text_with_warnings
     from gpugate.core.units import parse_duration
+    from gpugate.runtimes.sections import load_config_text_with_warnings
 
     seed = ROOT / "consumers.yaml"
     whisper = load_config_text_with_warnings(seed.read_text(), seed, {}).config.consumer("whisper")
@@ -184,7 +184,7 @@ def test_whisper_s_start_is_admitted_and_a_refusal_that_repeats_stops_it():
     assert parse_duration(words[words.index("--wait") + 1]) > 0
     assert words[words.index("--") + 1] == "/usr/local/bin/whisper-server"
     # What a retry cannot mend stops the unit; no room (75) and no gate (69) are retried.
-    from gpugate.exits import Exit
+    from gpugate.commands.exits import Exit
 
     (prevent,) = _setting(text, "RestartPreventExitStatus")
     codes = {int(code) for code in prevent.split()}
@@ -201,7 +201,7 @@ def _unit_setting(name: str) -> str:
 
 
 def test_gpugate_unit_stops_after_the_grace_period_not_during_it():
-    from gpugate.config.loader import load_config_text_with_warnings
+    from gpugate.runtimes.sections import load_config_text_with_warnings
 
     seed = ROOT / "consumers.yaml"
     grace = load_config_text_with_warnings(seed.read_text(), seed, {}).config.gate.shutdown_grace

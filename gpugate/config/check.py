@@ -1,4 +1,7 @@
-"""`gpugate check [FILE]`: validate a consumers.yaml and say what it configures."""
+"""`gpugate check [FILE]`: validate a consumers.yaml and say what it configures.
+
+The command hands in the runtimes a consumer may name (`RuntimeTable`): this module, as
+all of config/, does not know them."""
 
 from __future__ import annotations
 
@@ -7,18 +10,26 @@ from pathlib import Path
 from typing import TextIO
 
 from gpugate.config.loader import ConfigError, LoadedConfig, load_config_with_warnings
+from gpugate.config.runtime_table import RuntimeTable
 from gpugate.core.units import format_gib
 
 EXIT_OK = 0
 EXIT_INVALID = 2
 
 
-def run_check(path: Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Check `path`: summary on `out` and 0 if it loads, every issue on `err` and 2 if not."""
+def run_check(
+    path: Path,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    runtimes: RuntimeTable,
+) -> int:
+    """Check `path` against `runtimes`: summary on `out` and 0 if it loads, every issue on
+    `err` and 2 if not."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        loaded = load_config_with_warnings(path)
+        loaded = load_config_with_warnings(path, runtimes=runtimes)
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=err)

@@ -4,6 +4,10 @@ The YAML is composed, not constructed, so every node keeps its position. One wal
 the attrs model (field types plus the `kind`, `yaml` and `keyed_by` metadata described in
 gpugate.config.model) with a small table of scalar readers. Problems are collected rather than
 raised one at a time, so an operator sees the whole list in one run of `gpugate check`.
+
+Which runtimes a consumer may name, and the type of each one's section, is the
+`RuntimeTable` each load is given: config/ does not know the runtimes, the command that
+loads a file does (the shipped table is `gpugate.runtimes.sections.RUNTIME_TABLE`).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from gpugate.config.model import (
     default_classes,
 )
 from gpugate.config.relations import check_relations
-from gpugate.config.scalars import SCALARS, Scalar, describe, is_null, nonblank
-from gpugate.runtimes.sections import SECTIONS
+from gpugate.config.runtime_table import RuntimeTable
+from gpugate.config.scalars import SCALARS, Scalar, describe, is_null, nonblank, runtime_scalar
 
 log = logging.getLogger(__name__)
 
@@ -90,20 +94,26 @@ class LoadedConfig:
     warnings: tuple[ConfigIssue, ...]
 
 
-def load_config(path: Path) -> Config:
+def load_config(path: Path, *, runtimes: RuntimeTable) -> Config:
     """Load consumers.yaml; warnings go to the log, errors raise ConfigError."""
-    loaded = load_config_with_warnings(path)
+    loaded = load_config_with_warnings(path, runtimes=runtimes)
     for warning in loaded.warnings:
         log.warning("%s", warning)
     return loaded.config
 
 
-def load_config_text(text: str, source: Path, environ: Mapping[str, str] | None = None) -> Config:
+def load_config_text(
+    text: str,
+    source: Path,
+    environ: Mapping[str, str] | None = None,
+    *,
+    runtimes: RuntimeTable,
+) -> Config:
     """Load configuration text as if read from `source`; errors raise ConfigError."""
-    return load_config_text_with_warnings(text, source, environ).config
+    return load_config_text_with_warnings(text, source, environ, runtimes=runtimes).config
 
 
-def load_config_with_warnings(path: Path) -> LoadedConfig:
+def load_config_with_warnings(path: Path, *, runtimes: RuntimeTable) -> LoadedConfig:
     """Load consumers.yaml and return it with its warnings; errors raise ConfigError."""
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -114,17 +124,22 @@ def load_config_with_warnings(path: Path) -> LoadedConfig:
     except UnicodeDecodeError as exc:
         message = f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})"
         raise ConfigError([ConfigIssue(path, None, "", message)]) from None
-    return load_config_text_with_warnings(text, path)
+    return load_config_text_with_warnings(text, path, runtimes=runtimes)
 
 
 def load_config_text_with_warnings(
-    text: str, source: Path, environ: Mapping[str, str] | None = None
+    text: str,
+    source: Path,
+    environ: Mapping[str, str] | None = None,
+    *,
+    runtimes: RuntimeTable,
 ) -> LoadedConfig:
     """Load configuration text as if read from `source`, with its warnings.
 
-    `environ` resolves `env:NAME` tokens (default: the process environment).
+    `environ` resolves `env:NAME` tokens (default: the process environment); `runtimes`
+    are the runtimes a consumer may name.
     """
-    walker = _Walker(source, os.environ if environ is None else environ)
+    walker = _Walker(source, os.environ if environ is None else environ, runtimes)
     config = walker.load(text)
     issues = sorted(walker.issues, key=lambda issue: issue.line or 0)
     if config is None or any(issue.severity is Severity.ERROR for issue in issues):
@@ -270,18 +285,21 @@ _CORS_ORIGIN = Scalar("'*' or an origin like 'https://app.example'", (str,), _co
 @attrs.define
 class RuntimeSection:
     """A consumer's runtime section (`comfyui:` for `runtime: comfyui`), read as the type
-    its runtime registers (runtimes/sections.py). Its keys may also stand at the consumer's
-    top level, as they did before sections; a key only another runtime reads is a warning."""
+    the runtime table gives its runtime. Its keys may also stand at the consumer's top level,
+    as they did before sections; a key only another runtime reads is a warning."""
 
     field: attrs.Attribute
     runtime: str | None
     """The runtime's name as the mapping writes it (checked where `runtime:` is read)."""
     cls: type
+    runtimes: RuntimeTable
     written: list[tuple[str, Node, Node]] = attrs.Factory(list)
     """(path, key, value) of each setting given: at the top level, then in the section."""
 
     @classmethod
-    def of(cls, by_key: Mapping[str, attrs.Attribute], node: MappingNode) -> RuntimeSection | None:
+    def of(
+        cls, by_key: Mapping[str, attrs.Attribute], node: MappingNode, runtimes: RuntimeTable
+    ) -> RuntimeSection | None:
         found = next((f for f in by_key.values() if "section_of" in f.metadata), None)
         if found is None:
             return None
@@ -290,14 +308,14 @@ class RuntimeSection:
         for key_node, value_node in node.value:
             if getattr(key_node, "value", None) == named and isinstance(value_node, ScalarNode):
                 runtime = str(value_node.value).strip().lower()
-        settings = SECTIONS.get(runtime or "", RuntimeSettings)
-        return cls(found, runtime, settings)
+        settings = runtimes.section(runtime) or RuntimeSettings
+        return cls(found, runtime, settings, runtimes)
 
     def takes(self, reader: _Walker, key: str, key_node: Node, value: Node, path: str) -> bool:
         """Whether `key` of the consumer's mapping is a runtime's setting (taken, or warned
         about when only another runtime reads it)."""
         sub = _join(path, key)
-        if key in SECTIONS:
+        if self.runtimes.section(key) is not None:
             if key == self.runtime:
                 if not is_null(value):
                     reader.lines[sub] = _line(key_node)
@@ -309,7 +327,7 @@ class RuntimeSection:
         if key in _keys(self.cls):
             self.written.append((path, key_node, _one(key_node, value)))
             return True
-        readers = [name for name, other in SECTIONS.items() if key in _keys(other)]
+        readers = [e.name for e in self.runtimes.entries if key in _keys(e.section)]
         if readers:
             reader.warn(sub, f"only {_a(' or '.join(readers))} consumer reads {key}; "
                         f"runtime {self.runtime} ignores it", _line(key_node))  # fmt: skip
@@ -318,7 +336,8 @@ class RuntimeSection:
 
     def hints(self) -> list[str]:
         """The keys of the runtime's section, and the section's own name."""
-        return [*sorted(_keys(self.cls)), *([self.runtime] if self.runtime in SECTIONS else [])]
+        known = self.runtimes.section(self.runtime) is not None
+        return [*sorted(_keys(self.cls)), *([self.runtime] if known and self.runtime else [])]
 
     def read(self, reader: _Walker, path: str) -> object:
         """The section's settings: the defaults, then the top-level keys, then the section's."""
@@ -377,14 +396,16 @@ class _Walker:
     positions (`identities[2]`) that later messages name would no longer match the file.
     """
 
-    def __init__(self, source: Path, environ: Mapping[str, str]) -> None:
+    def __init__(self, source: Path, environ: Mapping[str, str], runtimes: RuntimeTable) -> None:
         self.source = source
         self.environ = environ
+        self.runtimes = runtimes
         self.issues: list[ConfigIssue] = []
         self.lines: dict[str, int] = {}
         """Line of every key and list item seen, by dotted path, for checks across fields."""
         self.scalars = {
             **SCALARS,
+            "runtime": runtime_scalar(runtimes),
             "token": Scalar("a token", (str,), self._token),
             "scope": _SCOPE,
             "cors_origin": _CORS_ORIGIN,
@@ -442,7 +463,7 @@ class _Walker:
         # Sections that failed take their defaults here, so the checks across fields see
         # only what was read correctly and never report a consequence of an earlier error.
         config = Config(**values)
-        check_relations(config, self)
+        check_relations(config, self, self.runtimes)
         return config
 
     def value(self, tp: object, meta: Mapping[str, object], node: Node, path: str, line: int):
@@ -570,7 +591,7 @@ class _Walker:
             self.report(path, message, _line(node))
             return {}, False
         values, given, ok = dict(fixed), set(), True
-        section = RuntimeSection.of(by_key, node)
+        section = RuntimeSection.of(by_key, node, self.runtimes)
         if section is not None:
             del by_key[yaml_key(section.field)]
         for key, key_node, value_node in self.pairs(node, path):

@@ -324,7 +324,8 @@ class Consumer:
 
     name: str
     runtime: str = attrs.field(metadata=RUNTIME)
-    """The runtime's name, as runtimes/sections.py registers it."""
+    """The runtime's name, one of the runtime table the file is loaded with
+    (config/runtime_table.py)."""
     listen: Address
     upstream: Upstream
     gpu: int = 0
@@ -351,8 +352,8 @@ class Consumer:
     control: ProcessControlSettings | None = None
     """Start/stop of a runtime that frees its VRAM only by exiting (whisper-server)."""
     settings: RuntimeSettings = attrs.field(factory=RuntimeSettings, metadata=SECTION)
-    """The runtime's own section (`comfyui:`, `ollama:`, `vllm:`), of the type its package
-    registers (runtimes/sections.py)."""
+    """The runtime's own section (`comfyui:`, `ollama:`, `vllm:`), of the type the runtime
+    table gives its runtime (its package's settings)."""
 
     @property
     def cards(self) -> tuple[int, ...]:

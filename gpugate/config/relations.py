@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from gpugate.config.findings import Findings
 from gpugate.config.model import Address, Config, Consumer, Residency
+from gpugate.config.runtime_table import RuntimeTable
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.units import format_duration, format_gib
-from gpugate.runtimes.sections import SECTIONS
 
 
 def _at(findings: Findings, path: str) -> str:
@@ -19,11 +19,12 @@ def _at(findings: Findings, path: str) -> str:
     return path if line is None else f"{path} (line {line})"
 
 
-def check_relations(config: Config, findings: Findings) -> None:
-    """Report every cross-field error and warning of `config` to `findings`."""
+def check_relations(config: Config, findings: Findings, runtimes: RuntimeTable) -> None:
+    """Report every cross-field error and warning of `config` to `findings`; `runtimes`:
+    the table the file was read with."""
     _check_budget(config, findings)
     _check_gate(config, findings)
-    _check_consumers(config, findings)
+    _check_consumers(config, findings, runtimes)
     _check_external(config, findings)
     _check_identities(config, findings)
 
@@ -67,7 +68,7 @@ def _check_gate(config: Config, findings: Findings) -> None:
         findings.report("gate.max_lease_ttl", "must be at least 1s, the shortest ttl a lease has")
 
 
-def _check_consumers(config: Config, findings: Findings) -> None:
+def _check_consumers(config: Config, findings: Findings, runtimes: RuntimeTable) -> None:
     control = config.gate.control
     listeners: dict[int, tuple[str, Address]] = {control.port: ("gate.control", control)}
     agent = config.gate.agent_check
@@ -114,7 +115,7 @@ def _check_consumers(config: Config, findings: Findings) -> None:
             )
         _check_cards(consumer, path, findings, gpus if check_gpus else None)
         _check_residencies(consumer, path, findings)
-        _check_runtime(consumer, path, findings)
+        _check_runtime(consumer, path, findings, runtimes)
         _check_control(consumer, path, findings)
     if not config.consumers and not findings.has_errors_under("consumers"):
         findings.warn("consumers", "no consumers: the gate has nothing to front")
@@ -195,19 +196,18 @@ def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> Non
         )
 
 
-JOB_RUNTIMES = [name for name, settings in SECTIONS.items() if settings.jobs]
-"""The runtimes that queue jobs (a consumer's `preempt` applies to them)."""
-
-
-def _check_runtime(consumer: Consumer, path: str, findings: Findings) -> None:
+def _check_runtime(
+    consumer: Consumer, path: str, findings: Findings, runtimes: RuntimeTable
+) -> None:
     """The runtime's own rules (its section's `check`), and `preempt` only where it has jobs."""
     consumer.settings.check(consumer, path, findings)
     if not consumer.settings.jobs:
         if findings.line_of(f"{path}.preempt") is not None:
+            with_jobs = runtimes.with_jobs
+            readers = f"only a {' or '.join(with_jobs)} consumer" if with_jobs else "no runtime"
             findings.warn(
                 f"{path}.preempt",
-                f"only a {' or '.join(JOB_RUNTIMES)} consumer reads preempt; "
-                f"runtime {consumer.runtime} ignores it",
+                f"{readers} reads preempt; runtime {consumer.runtime} ignores it",
             )
         return
     seen: set[object] = set()

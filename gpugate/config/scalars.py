@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -16,9 +16,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gpugate.config.filesizes import FilePattern
 from gpugate.config.model import Address, Upstream
+from gpugate.config.runtime_table import RuntimeTable
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import parse_duration, parse_size
-from gpugate.runtimes.sections import SECTIONS, runtime_name
 
 NULL_TAG = "tag:yaml.org,2002:null"
 NETWORK = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -50,7 +50,7 @@ def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(value.strip(), strict=False)
 
 
-def _one_of(noun: str, labels: list[str]) -> str:
+def _one_of(noun: str, labels: Sequence[str]) -> str:
     return f"{noun} ({', '.join(labels)})"
 
 
@@ -72,7 +72,6 @@ SCALARS: dict[object, Scalar] = {
         (str,),
         ResidencyPolicy.parse,
     ),
-    "runtime": Scalar(_one_of("a runtime", list(SECTIONS)), (str,), runtime_name),
     Address: Scalar("an address like '0.0.0.0:11434'", (str, int), Address.parse),
     Upstream: Scalar("a URL like 'http://127.0.0.1:11435'", (str,), Upstream.parse),
     NETWORK: Scalar("a network like '192.168.1.0/24'", (str,), _network),
@@ -80,6 +79,12 @@ SCALARS: dict[object, Scalar] = {
         "a file name or glob like 'flux1-dev*.safetensors'", (str,), FilePattern.parse
     ),
 }
+
+
+def runtime_scalar(runtimes: RuntimeTable) -> Scalar:
+    """How `runtime:` is read: the name of a runtime in the table the file is loaded with."""
+    return Scalar(_one_of("a runtime", runtimes.names), (str,), runtimes.parse)
+
 
 _TAG_KINDS = {"bool": "a boolean", "int": "a number", "float": "a number", "timestamp": "a date"}
 

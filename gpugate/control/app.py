@@ -18,7 +18,7 @@ from gpugate.control.marks import consumer_documents, pause_fields
 from gpugate.control.metrics import GateMetrics
 from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
 from gpugate.control.operator import add_operator_routes
-from gpugate.status import SCHEMA, budget_document
+from gpugate.control.status_document import SCHEMA, budget_document
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate

@@ -43,6 +43,7 @@ from gpugate.core.placement import Share, place
 from gpugate.core.residents import Resident, ResidentKey
 from gpugate.logs import OncePerInterval
 from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind
+from gpugate.runtimes.parts import placing
 
 if TYPE_CHECKING:
     from gpugate.gate.gate import Gate, Link
@@ -154,7 +155,7 @@ def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> 
     health = health_document(gate)
     ok = bool(health["ok"])
     failed = tuple(str(name) for name in health["failed"])
-    paused = set(core.paused())
+    paused = set(core.operator.paused())
     gpus = []
     totals: dict[int, int] = {}
     for index in core.gpus():
@@ -205,15 +206,15 @@ def _models(gate: Gate, query: Query) -> list[tuple[Link, str]]:
     links = [gate.links[query.consumer]] if query.consumer else list(gate.links.values())
     known: dict[str, list[str]] = {}
     for link in links:
-        adapter = link.adapter
-        names = [adapter.model_key(m.name) for m in link.consumer.models]
+        model_key = link.runtime.settings.model_key
+        names = [model_key(m.name) for m in link.consumer.models]
         names += [
             r.key.model for r in gate.core.residents() if r.key.consumer == link.consumer.name
         ]
         known[link.consumer.name] = list(dict.fromkeys(names))
     if query.model is None:
         return [(link, name) for link in links for name in known[link.consumer.name]]
-    asked = [(link, link.adapter.model_key(query.model)) for link in links]
+    asked = [(link, link.runtime.settings.model_key(query.model)) for link in links]
     having = [(link, name) for link, name in asked if name in known[link.consumer.name]]
     # A model no consumer knows of yet may still be one a runtime has: ask every one.
     return having or asked
@@ -229,13 +230,13 @@ def _model(
     totals: Mapping[int, int],
     now: float,
 ) -> ModelCapacity:
-    adapter = link.adapter
+    settings = link.runtime.settings
     consumer = link.consumer
-    known = gate.envelope_known(link, name, "")
+    known = gate.envelopes.known_from(link, name, "")
     envelope, source = (None, None) if known is None else known
-    model_class = adapter.model_priority(name)
+    model_class = settings.model_priority(name)
     priority = model_class if query is None or query.priority is None else query.priority
-    residency = adapter.residency(name)
+    residency = settings.residency(name)
     ask = Ask(
         key=ResidentKey(consumer.name, name),
         gpu=consumer.cards[0],
@@ -244,7 +245,7 @@ def _model(
         resident_priority=model_class,
         policy=residency.policy,
         idle_ttl=residency.idle_ttl,
-        reload_seconds=adapter.reload_seconds(name, envelope or 0),
+        reload_seconds=settings.reload_seconds(name, envelope or 0),
     )
     shares = _placed(gate, link, ask, now)
     split = len(shares) > 1
@@ -281,15 +282,15 @@ def _placed(gate: Gate, link: Link, ask: Ask, now: float) -> tuple[Share, ...]:
     cards = link.consumer.cards
     if len(cards) == 1 or ask.envelope is None:
         return (Share(cards[0], ask.envelope or 0),)
-    adapter = link.adapter
+    runtime_placement = link.runtime.placement
     asked = Classified(RouteKind.DEMAND, ApiFamily.PLAIN, ask.key.model)
     placement = place(
         gate.core,
         attrs.evolve(ask, gpu=cards[0]).demand(),
         cards,
         now,
-        placing=adapter.placing,
-        rule=adapter.placement_rule(asked),
+        placing=placing(runtime_placement),
+        rule=None if runtime_placement is None else runtime_placement.placement_rule(asked),
     )
     return placement.shares
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpugate.gate.links import ConsumerHealth
+from gpugate.gate.signals import ConsumerHealth
 from gpugate.runtimes.base import HealthSignal
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def health_document(gate: Gate) -> dict[str, Any]:
             }
         )
     for link in gate.links.values():
-        checks.append(consumer_check(gate.consumer_health(link, now)))
+        checks.append(consumer_check(gate.signals.consumer_health(link, now)))
     store = gate.store
     if store is not None:
         # Admission does not wait on the store, but history, events and envelopes are not

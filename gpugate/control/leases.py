@@ -330,7 +330,7 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
                 return web.json_response(start_document(shared, gate.clock()))
             terms = await not_held_yet(gate, terms)
         try:
-            lease = await gate.hold(terms)
+            lease = await gate.leases.hold(terms)
         except GateFailure as exc:
             return failure_response(exc.failure)
         if asked.purpose is Purpose.START:
@@ -343,7 +343,7 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
             lease_id = int(request.match_info["id"])
         except ValueError:
             return conflict(f"no lease {request.match_info['id']!r}")
-        lease = next((x for x in gate.explicit_leases() if x.id == lease_id), None)
+        lease = next((x for x in gate.leases.explicit_leases() if x.id == lease_id), None)
         if lease is None or not _allowed(request[CALLER], lease):
             # Another identity's lease is answered as if absent: ids are not secrets.
             return conflict(
@@ -357,7 +357,7 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         if isinstance(found, web.Response):
             return found
         # A ttl granted before gate.max_lease_ttl was lowered (a reload) is cut to it here.
-        lease = gate.renew(found.id, gate.config.gate.max_lease_ttl)
+        lease = gate.leases.renew(found.id, gate.config.gate.max_lease_ttl)
         if lease is None:
             return conflict(f"lease {found.id} lapsed before this renewal arrived")
         return web.json_response(lease_document(lease, gate.clock()))
@@ -367,7 +367,7 @@ def add_lease_routes(app: web.Application, gate: Gate) -> None:
         if isinstance(found, web.Response):
             return found
         document = lease_document(found, gate.clock())
-        gate.release(found)
+        gate.leases.release(found)
         return web.json_response({**document, "released": True})
 
     def shown(lease: Lease, now: float) -> dict[str, Any]:

@@ -27,15 +27,15 @@ def _when(mark: Mark | None, now: float) -> tuple[float | None, float | None]:
 
 def paused_seconds(gate: Gate, gpu: int) -> float | None:
     """Seconds the GPU has been paused for (None: not paused, or since when is unknown)."""
-    if gpu not in gate.core.paused():
+    if gpu not in gate.core.operator.paused():
         return None
-    mark = gate.core.operator_mark(gpu)
+    mark = gate.core.operator.mark(gpu)
     return None if mark is None else max(0.0, gate.clock() - mark.since)
 
 
 def pause_fields(gate: Gate, gpu: int) -> dict[str, Any]:
     """A GPU's pause, for its entry in the status document."""
-    if gpu not in gate.core.paused():
+    if gpu not in gate.core.operator.paused():
         return {
             "paused": False,
             "paused_since": None,
@@ -43,7 +43,7 @@ def pause_fields(gate: Gate, gpu: int) -> dict[str, Any]:
             "paused_by": None,
             "undo": None,
         }
-    mark = gate.core.operator_mark(gpu)
+    mark = gate.core.operator.mark(gpu)
     since, seconds = _when(mark, gate.clock())
     return {
         "paused": True,
@@ -56,7 +56,7 @@ def pause_fields(gate: Gate, gpu: int) -> dict[str, Any]:
 
 def consumer_document(gate: Gate, name: str) -> dict[str, Any]:
     """A consumer's operator state: draining, and drained once it holds no lease."""
-    draining, drained = gate.core.draining(name)
+    draining, drained = gate.core.operator.draining(name)
     leases = sum(1 for lease in gate.core.leases() if lease.key.consumer == name)
     configured = next((c for c in gate.config.consumers if c.name == name), None)
     document: dict[str, Any] = {
@@ -73,7 +73,7 @@ def consumer_document(gate: Gate, name: str) -> dict[str, Any]:
         "lifecycle": lifecycle_document(gate, name),
     }
     if draining:
-        mark = gate.core.operator_mark(name)
+        mark = gate.core.operator.mark(name)
         since, seconds = _when(mark, gate.clock())
         document.update(
             draining_since=since,

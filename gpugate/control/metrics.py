@@ -280,7 +280,7 @@ class OperatorCollector(Collector):
             "How long the GPU has been paused (0 while it admits).",
             labels=["gpu"],
         )
-        held = set(core.paused())
+        held = set(core.operator.paused())
         for gpu in core.gpus():
             paused.add_metric([str(gpu)], 1.0 if gpu in held else 0.0)
             if gpu not in held:
@@ -295,7 +295,9 @@ class OperatorCollector(Collector):
             labels=["consumer"],
         )
         for consumer in gate.config.consumers:
-            draining.add_metric([consumer.name], 1.0 if core.draining(consumer.name)[0] else 0.0)
+            draining.add_metric(
+                [consumer.name], 1.0 if core.operator.draining(consumer.name)[0] else 0.0
+            )
         yield draining
         healthy = GaugeMetricFamily(
             "gpugate_healthy", "1 when every check of /gate/v1/health passes (it answers 200)."

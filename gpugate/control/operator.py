@@ -47,7 +47,7 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
         link = gate.links.get(consumer)
         if link is not None:
             # As the runtime names it (a bare name may carry its default tag there).
-            model = link.adapter.model_key(model)
+            model = link.runtime.settings.model_key(model)
         options = request.query.get("options")
         if options is not None:
             return ResidentKey(consumer, model, options)
@@ -70,12 +70,12 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
                 link = gate.links.get(key.consumer)
                 if refused.refusal is not Refusal.UNKNOWN or link is None:
                     raise
-                if not link.adapter.reconcilable:
+                if link.runtime.inventory is None:
                     raise
                 # The books know a listed runtime's models from its last listing, which may
                 # predate a load: ask it now, and only then say it holds no such model.
                 with contextlib.suppress(Exception):
-                    await gate.reconcile(link)
+                    await gate.signals.reconcile(link)
                 key = resident_key(request) or key
                 gate.evict(key, force=force, who=who(request))
         except EvictionRefused as refused:

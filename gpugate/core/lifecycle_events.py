@@ -1,39 +1,38 @@
-"""The core's lifecycle events (a part of `GateCore`): runtimes that are started, stopped,
-put to sleep and woken, as their lifecycle interface reports it (core/lifecycle.py)."""
+"""The core's lifecycle events (a part `GateCore` holds): runtimes that are started,
+stopped, put to sleep and woken, as their lifecycle interface reports it
+(core/lifecycle.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Start, Wake
-from gpugate.core.lifecycle import Eviction, Life, LifeReport, LifeState
+from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.tickets import LeaseScope
+
+
+class LeaseEnds(Protocol):
+    """The core's events a lifecycle report leads to: a start's lease becomes its
+    resident, or is released; a process that ended takes its residents."""
+
+    def process_ready(self, lease_id: int, now: float) -> list[Effect]: ...
+
+    def process_ended(self, consumer: str, now: float, detail: str) -> list[Effect]: ...
+
+    def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]: ...
 
 
 class LifecycleEvents:
     """Starts, wakes and what became of them."""
 
-    books: Books
+    def __init__(self, books: Books, ends: LeaseEnds) -> None:
+        self.books = books
+        self.ends = ends
 
-    if TYPE_CHECKING:  # GateCore provides these
-
-        def process_ready(self, lease_id: int, now: float) -> list[Effect]: ...
-
-        def process_ended(self, consumer: str, now: float, detail: str) -> list[Effect]: ...
-
-        def release(self, lease_id: int, now: float, *, failed: bool = False) -> list[Effect]: ...
-
-    def register_lifecycle(self, consumer: str, eviction: Eviction, now: float) -> None:
+    def register(self, consumer: str, eviction: Eviction, now: float) -> None:
         """`consumer` has a lifecycle: its evictions are stops (or sleeps), its starts effects."""
         self.books.lives.register(consumer, eviction, now)
-
-    def lifecycle(self, consumer: str) -> Life | None:
-        return self.books.lives.get(consumer)
-
-    def start_wait(self, consumer: str, now: float) -> float:
-        """Seconds until the runtime may be started again after failures (0: now)."""
-        return self.books.lives.backoff_remaining(consumer, now)
 
     def start(self, consumer: str, lease_id: int, now: float) -> list[Effect]:
         """The runtime's PROCESS lease `lease_id` is held: start it, or wake it when it
@@ -61,17 +60,17 @@ class LifecycleEvents:
             effects.append(self._life_event(consumer, outcome.before, now, detail))
         if outcome.start_lease is not None:
             if outcome.after is LifeState.UP:
-                effects.extend(self.process_ready(outcome.start_lease, now))
+                effects.extend(self.ends.process_ready(outcome.start_lease, now))
             else:
-                effects.extend(self.release(outcome.start_lease, now, failed=True))
+                effects.extend(self.ends.release(outcome.start_lease, now, failed=True))
         ended = (LifeReport.START_FAILED, LifeReport.EXITED, LifeReport.ENDED_SWITCHING)
         if report in ended:
-            effects.extend(self.process_ended(consumer, now, detail or report.value))
+            effects.extend(self.ends.process_ended(consumer, now, detail or report.value))
         if report in (LifeReport.EXITED, LifeReport.ENDED_SWITCHING):
             for lease in list(self.books.leases.values()):
                 mine = lease.key.consumer == consumer and lease.scope is LeaseScope.PROCESS
                 if mine and lease.pending:
-                    effects.extend(self.release(lease.id, now, failed=True))
+                    effects.extend(self.ends.release(lease.id, now, failed=True))
         return effects
 
     def _life_event(self, consumer: str, before: LifeState, now: float, detail: str = "") -> Event:

@@ -1,9 +1,9 @@
-"""The core's operator actions (a part of `GateCore`): evict a resident, drain a consumer,
-pause a GPU, and the marks that say since when and by whom."""
+"""The core's operator actions (a part `GateCore` holds): evict a resident, drain a
+consumer, pause a GPU, and the marks that say since when and by whom."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import attrs
 
@@ -19,12 +19,16 @@ from gpugate.core.scheduling import Scheduler
 class OperatorActions:
     """What an operator does to the books, each an event."""
 
-    books: Books
-    scheduler: Scheduler
-
-    if TYPE_CHECKING:  # GateCore provides this
-
-        def budget(self, gpu: int) -> GpuBudget | None: ...
+    def __init__(
+        self,
+        books: Books,
+        scheduler: Scheduler,
+        budget: Callable[[int], GpuBudget | None],
+    ) -> None:
+        """`budget`: a GPU's budget now (what an eviction's event says was schedulable)."""
+        self.books = books
+        self.scheduler = scheduler
+        self.budget = budget
 
     def evict(self, key: ResidentKey, now: float, force: bool, who: str = "token") -> list[Effect]:
         """An operator unloads an idle resident (a split model: all its parts); raises
@@ -67,7 +71,7 @@ class OperatorActions:
             f"{consumer} admits nothing new",
             consumer=consumer,
         )
-        return [started, *self._drained(now)]
+        return [started, *self.drained(now)]
 
     def undrain(self, consumer: str, now: float, who: str = "token") -> list[Effect]:
         """A drained consumer admits demands again."""
@@ -86,11 +90,6 @@ class OperatorActions:
                 consumer=consumer,
             )
         ]
-
-    def draining(self, consumer: str) -> tuple[bool, bool]:
-        """(draining, drained) for a consumer."""
-        book = self.scheduler.operator
-        return consumer in book.draining, consumer in book.drained
 
     def pause(self, gpu: int, now: float, who: str = "token") -> list[Effect]:
         """New demands on the GPU wait in its queue (until resume or their deadline)."""
@@ -111,14 +110,20 @@ class OperatorActions:
         resumed = action_event(EventKind.GPU_RESUMED, now, who, "admission resumed", gpu=gpu)
         return [resumed, *self.scheduler.schedule(gpu, now)]
 
+    def draining(self, consumer: str) -> tuple[bool, bool]:
+        """(draining, drained) for a consumer."""
+        book = self.scheduler.operator
+        return consumer in book.draining, consumer in book.drained
+
     def paused(self) -> list[int]:
         return sorted(self.scheduler.operator.paused)
 
-    def operator_mark(self, target: int | str) -> Mark | None:
+    def mark(self, target: int | str) -> Mark | None:
         """Since when and by whom a GPU (by index) is paused or a consumer (by name) drains."""
         return self.scheduler.operator.marks.get(target)
 
-    def _drained(self, now: float) -> list[Effect]:
+    def drained(self, now: float) -> list[Effect]:
+        """`consumer_drained` for each draining consumer that holds no lease any more."""
         book = self.scheduler.operator
         if not book.draining:
             return []

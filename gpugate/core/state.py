@@ -21,6 +21,7 @@ from gpugate.core.explain import make_failure
 from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events, next_expiry
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.job_events import JobEvents
+from gpugate.core.lifecycle import Life
 from gpugate.core.lifecycle_events import LifecycleEvents
 from gpugate.core.listing import ListedModel, apply_listing, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
@@ -51,8 +52,9 @@ from gpugate.core.units import format_gib
 __all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
 
 
-class GateCore(LifecycleEvents, JobEvents, OperatorActions):
-    """The single owner of the gate's books. Every public method is one event."""
+class GateCore:
+    """The single owner of the gate's books. Every public method that takes `now` is one
+    event, its parts' too (`lifecycles`, `job_events`, `operator`); the rest are views."""
 
     def __init__(self, settings: CoreSettings) -> None:
         self.settings = settings
@@ -70,13 +72,19 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
             queue_limit=lambda c: settings.queue_limit.get(c, settings.default_queue_limit),
             reconcilable=settings.reconcilable,
             usable=self._unusable,
-            fail=self._failure,
+            fail=self.failure,
         )
         # Read through the settings, so that a reload's new `preempt` applies at once.
         self.scheduler.jobs = self.jobs
         self.scheduler.preempt = lambda consumer: self.settings.preempt.get(consumer, frozenset())
         self.reuse = ResidentReuse(self.books, self.scheduler)
         """The resident-model case of `submit` and `release`, without effects."""
+        self.operator = OperatorActions(self.books, self.scheduler, self.budget)
+        """An operator's actions: evict a resident, drain a consumer, pause a GPU."""
+        self.lifecycles = LifecycleEvents(self.books, self)
+        """Runtimes started, stopped, put to sleep and woken."""
+        self.job_events = JobEvents(self)
+        """Jobs' starts and ends, their preemption and withdrawal."""
 
     # -- views ---------------------------------------------------------------------------
 
@@ -118,6 +126,13 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
             queue = self.scheduler.queues.get(gpu)
             return list(queue) if queue else []
         return [t for q in self.scheduler.queues.values() for t in q]
+
+    def lifecycle(self, consumer: str) -> Life | None:
+        return self.books.lives.get(consumer)
+
+    def start_wait(self, consumer: str, now: float) -> float:
+        """Seconds until the runtime may be started again after failures (0: now)."""
+        return self.books.lives.backoff_remaining(consumer, now)
 
     # -- events: demands and their requests ----------------------------------------------
 
@@ -228,7 +243,8 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         if lease_id in self.jobs.carriers:
             return []
         if open_lease is not None and open_lease.job_of is not None:
-            return self.job_done(open_lease.key.consumer, lease_id, now, failed=failed)
+            consumer = open_lease.key.consumer
+            return self.job_events.job_done(consumer, lease_id, now, failed=failed)
         return self.release_all((lease_id,), now, failed=failed)
 
     def release_all(
@@ -263,7 +279,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         for gpu in gpus:
             if self.scheduler.queues.get(gpu):
                 effects.extend(self.scheduler.schedule(gpu, now))
-        effects.extend(self._drained(now))
+        effects.extend(self.operator.drained(now))
         return effects
 
     # -- events: what the world reports --------------------------------------------------
@@ -373,7 +389,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
                         f"; {key} was unloaded but NVML did not show its "
                         f"{unload.bytes / 2**30:.1f} GiB come back"
                     )
-                rejection = self._failure(
+                rejection = self.failure(
                     failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
                 )
                 effects.extend(self.scheduler.reject(ticket, rejection, now))
@@ -397,7 +413,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
                 gpus.add(resident.gpu)
         for gpu in sorted(gpus):
             effects.extend(self.scheduler.schedule(gpu, now))
-        effects.extend(self._drained(now))
+        effects.extend(self.operator.drained(now))
         return effects
 
     def next_wakeup(self) -> float | None:
@@ -463,7 +479,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
             return FailureClass.SCHEDULER_STATE_STALE
         return None
 
-    def _failure(
+    def failure(
         self,
         failure_class: FailureClass,
         demand: Demand,
@@ -473,6 +489,7 @@ class GateCore(LifecycleEvents, JobEvents, OperatorActions):
         retry_after: float | None = None,
         extra: str = "",
     ) -> Failure:
+        """The failure a demand meets, worded with the budget and residents it met."""
         fault = self.telemetry.fault
         if failure_class is FailureClass.DRIVER_ERROR and fault is not None:
             extra = f"; NVML {fault.name} ({fault.code}): {fault.message}{extra}"

@@ -42,7 +42,7 @@ class Started:
 
 @attrs.frozen
 class Demand:
-    """What an adapter says a request needs before it may be forwarded."""
+    """What a runtime's reading says a request needs before it may be forwarded."""
 
     key: ResidentKey
     gpu: int

@@ -1,56 +1,68 @@
 """Admission: leases for requests, jobs and explicit holds, waiting for them, and their
-ends. Who ends a lease depends on its scope: a request's listener, a job's events, an
-explicit lease's holder (or its ttl), a process lease's appearance in NVML."""
+ends. Who ends a lease depends on its scope: a request's listener, a job's events (jobs.py),
+an explicit lease's holder (or its ttl), a process lease's appearance in NVML.
+
+Every decision is the core's, made in one synchronous call; what it decides goes back to
+the gate as effects (`LeaseOwner.apply`). A waiting caller holds a future the gate's
+`Grant` or `Reject` resolves (`granted`, `rejected`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
-from gpugate.core.effects import Effect, Grant
+from gpugate.core.effects import Effect, Grant, Reject
 from gpugate.core.explicit import LeaseTerms
-from gpugate.core.lifecycle import LifeReport
 from gpugate.core.placement import PlacementRule, Placing, place
-from gpugate.core.residents import ResidentKey
 from gpugate.core.scheduling import Admission
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope, Started
 from gpugate.gate.events import EventHub
-from gpugate.gate.links import GateFailure
+from gpugate.gate.failure import GateFailure
 from gpugate.logs import OncePerInterval
 from gpugate.store.db import Store
 
 placed = OncePerInterval(logging.getLogger("gpugate.placement"), 60.0)
 
 
-class AdmissionWork:
-    """The gate's side of leases (a part of `Gate`)."""
+class LeaseOwner(Protocol):
+    """Where the core's decisions about leases go: the gate carries out their effects and
+    keeps its one timer at the earliest deadline."""
 
-    core: GateCore
-    clock: Callable[[], float]
-    store: Store | None
-    events: EventHub
-    _waiters: dict[int, asyncio.Future[Lease]]
+    def apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
 
-    if TYPE_CHECKING:  # Gate provides these
+    def deadline(self, at: float | None) -> None: ...
 
-        def _apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None: ...
 
-        def _deadline(self, at: float | None) -> None: ...
+class Leases:
+    """The gate's leases: acquired (waiting when they must), held and released."""
 
-        def watch_job(self, lease: Lease, kind: ResidentKey, scale: float) -> None: ...
-
-        def job_ended(self, lease_id: int, *, failed: bool) -> None: ...
+    def __init__(
+        self,
+        core: GateCore,
+        clock: Callable[[], float],
+        events: EventHub,
+        store: Store | None,
+        owner: LeaseOwner,
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.events = events
+        self.store = store
+        self.owner = owner
+        self._waiters: dict[int, asyncio.Future[Lease]] = {}
+        """Callers waiting for a ticket's grant, by ticket id."""
 
     async def acquire(self, demand: Demand) -> Lease:
         """Wait for a lease for this demand; raises GateFailure when it cannot have one.
 
         A REQUEST lease is the caller's to release; a JOB lease ends with its job
-        (`job_finished`), a PROCESS lease when NVML shows its process's memory.
+        (`JobWatch.finished`), a PROCESS lease when NVML shows its process's memory.
         """
         now = self.clock()
         # The common case: a model already resident. No planner pass, no effects, no
@@ -61,7 +73,7 @@ class AdmissionWork:
             return lease
         admission = self.core.submit(demand, now)
         if admission.lease is not None:
-            self._apply(admission.effects, timers=admission.lease.pending > 0)
+            self.owner.apply(admission.effects, timers=admission.lease.pending > 0)
             return admission.lease
         return await self._wait(admission)
 
@@ -118,7 +130,7 @@ class AdmissionWork:
             self.events.granted(lease)
             return lease
         admission = self.core.submit(demand, now, at_once=True)
-        self._apply(admission.effects)
+        self.owner.apply(admission.effects)
         if admission.failure is not None:
             raise GateFailure(admission.failure)
         return admission.lease
@@ -159,7 +171,7 @@ class AdmissionWork:
         """
         admission = self.core.ask(terms, self.clock())
         if admission.lease is not None:
-            self._apply(admission.effects)
+            self.owner.apply(admission.effects)
             return admission.lease
         return await self._wait(admission)
 
@@ -168,7 +180,7 @@ class AdmissionWork:
         if admission.waiting:
             future = asyncio.get_running_loop().create_future()
             self._waiters[admission.ticket_id] = future
-        self._apply(admission.effects)
+        self.owner.apply(admission.effects)
         if admission.failure is not None:
             raise GateFailure(admission.failure)
         assert future is not None
@@ -179,25 +191,13 @@ class AdmissionWork:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.release(future.result(), failed=True)
             else:
-                self._apply(self.core.cancel(admission.ticket_id, self.clock()))
+                self.owner.apply(self.core.cancel(admission.ticket_id, self.clock()))
             raise
 
     def loaded(self, lease: Lease) -> None:
         """The runtime started answering the lease's request: its model is loaded."""
         if lease.pending:
-            self._apply(self.core.loaded(lease.id, self.clock()))
-
-    def process_ready(self, lease: Lease) -> None:
-        """The process started under `lease` answers: it is resident now."""
-        self._apply(self.core.process_ready(lease.id, self.clock()))
-
-    def start_process(self, lease: Lease) -> None:
-        """The runtime's PROCESS lease is held: the core starts or wakes it (an effect)."""
-        self._apply(self.core.start(lease.key.consumer, lease.id, self.clock()))
-
-    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None:
-        """What the lifecycle interface saw of the runtime (started, failed, stopped, ...)."""
-        self._apply(self.core.reported(consumer, report, self.clock(), detail))
+            self.owner.apply(self.core.loaded(lease.id, self.clock()))
 
     def release_all(self, leases: Sequence[Lease], *, failed: bool = False) -> None:
         """A request's leases are over together (a split load's parts: `GateCore.release_all`)."""
@@ -205,7 +205,7 @@ class AdmissionWork:
             self.release(leases[0], failed=failed)
             return
         now = self.clock()
-        self._apply(self.core.release_all([lease.id for lease in leases], now, failed=failed))
+        self.owner.apply(self.core.release_all([lease.id for lease in leases], now, failed=failed))
         for lease in leases:
             self._record(lease, now, failed)
 
@@ -214,58 +214,16 @@ class AdmissionWork:
         now = self.clock()
         resident = self.core.reuse.release(lease, now)
         if resident is None:
-            self._apply(self.core.release(lease.id, now, failed=failed))
+            self.owner.apply(self.core.release(lease.id, now, failed=failed))
         else:
             # Nothing to plan or unload: the one deadline it can bring is its resident's.
             self.events.released(lease, now, failed)
-            self._deadline(resident.expires_at())
+            self.owner.deadline(resident.expires_at())
         self._record(lease, now, failed)
 
     def _record(self, lease: Lease, now: float, failed: bool) -> None:
         if self.store is not None:
             self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
-
-    # -- jobs --------------------------------------------------------------------------------
-
-    def job_started(
-        self,
-        lease: Lease,
-        job: str | None,
-        *,
-        kind: ResidentKey | None = None,
-        scale: float = 0.0,
-    ) -> None:
-        """The runtime queued the job a JOB lease was granted for, as `job` (its own name
-        for it, when it has one; the lease's id names it otherwise). `kind`: the key its
-        measured peak is kept under."""
-        if job is not None:
-            self.core.job_started(lease.id, job)
-        if kind is not None:
-            self.watch_job(lease, kind, scale)
-
-    def job_finished(self, consumer: str, job: int | str, *, failed: bool = False) -> None:
-        """A job finished, failed, was interrupted or deleted (by lease id or its name: a
-        name the runtime no longer has ends every job it named)."""
-        self._job_finished(consumer, job, failed=failed)
-        while isinstance(job, str) and self.core.jobs.find(consumer, job) is not None:
-            self._job_finished(consumer, job, failed=failed)
-
-    def _job_finished(self, consumer: str, job: int | str, *, failed: bool) -> None:
-        now = self.clock()
-        job_id = self.core.jobs.find(consumer, job)
-        lease = None if job_id is None else self.core.lease(job_id)
-        self._apply(self.core.job_done(consumer, job, now, failed=failed))
-        if job_id is not None:
-            self.job_ended(job_id, failed=failed)
-        if lease is not None and self.store is not None:
-            self.store.record_lease(lease, now - lease.granted, "failed" if failed else "done")
-
-    def jobs(self, consumer: str) -> list[Lease]:
-        """The consumer's live jobs' leases, by id."""
-        return sorted(
-            (x for x in self.core.leases() if x.job_of is not None and x.key.consumer == consumer),
-            key=lambda x: x.id,
-        )
 
     @staticmethod
     def released_by_caller(lease: Lease) -> bool:
@@ -277,18 +235,31 @@ class AdmissionWork:
             return not lease.pending
         return lease.scope is LeaseScope.REQUEST
 
-    def _wake(self, grant: Grant) -> None:
+    def granted(self, grant: Grant) -> None:
+        """The core granted a waiting ticket: its caller has its lease."""
         future = self._waiters.pop(grant.ticket_id, None)
         if future is None or future.done():
             # Its client is gone: the lease ends before it began.
-            self._apply(self.core.release(grant.lease.id, self.clock(), failed=True))
+            self.owner.apply(self.core.release(grant.lease.id, self.clock(), failed=True))
             return
         future.set_result(grant.lease)
+
+    def rejected(self, reject: Reject) -> None:
+        """The core failed a waiting ticket: its caller is told why."""
+        future = self._waiters.pop(reject.ticket_id, None)
+        if future is not None and not future.done():
+            future.set_exception(GateFailure(reject.failure))
+
+    def close(self) -> None:
+        """The gate stops: nobody waits any more."""
+        for future in self._waiters.values():
+            if not future.done():
+                future.cancel()
 
     def renew(self, lease_id: int, longest: float | None = None) -> Lease | None:
         """Extend an explicit lease by its ttl, or by `longest` when that is shorter (the
         most allowed now); None when it is not held (any more)."""
-        self._apply(self.core.renew(lease_id, self.clock(), longest))
+        self.owner.apply(self.core.renew(lease_id, self.clock(), longest))
         lease = self.core.lease(lease_id)
         return lease if lease is not None and lease.expires_at is not None else None
 

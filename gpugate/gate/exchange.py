@@ -1,12 +1,14 @@
-"""One request's business with the gate: the listener asks once (`ExchangeWork.admit`,
-exchange_work.py) and is handed an `Exchange` that knows the request's leases, the headers
-its answer carries, what to do with the answer's head and how it ends.
+"""One request's business with the gate: the listener asks once (`Requests.admit`,
+requests.py) and is handed an `Exchange` that knows the request's leases, the headers its
+answer carries, what to do with the answer's head and how it ends.
 
 The listener knows no demand, lease scope or resident key: it reads and forwards bytes, and
 tells the exchange what the runtime answered and how the forwarding ended.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import attrs
 
@@ -16,15 +18,11 @@ from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.placement import PlacementRule, Placing
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand, Lease, LeaseScope
-from gpugate.gate.links import Link
-from gpugate.gate.owner import ExchangeOwner
+from gpugate.gate.admission import Leases
+from gpugate.gate.jobs import JobWatch
+from gpugate.gate.link import Link
 from gpugate.identity import IdentityResolver, resolve_priority
-from gpugate.runtimes.base import (
-    ApiFamily,
-    Classified,
-    RouteKind,
-    failure_reply,
-)
+from gpugate.runtimes.base import ApiFamily, Classified, RouteKind, failure_reply
 from gpugate.runtimes.process import NotReady, ProcessExited
 from gpugate.runtimes.process_ready import wait_ready
 from gpugate.runtimes.replies import ErrorReply
@@ -35,6 +33,39 @@ FAILURE_HEADER = "X-GPUGate-Failure"
 ERROR_BODY_LIMIT = 1024 * 1024
 """The most of a runtime's answer read before it goes down (a job's name, a load's error)."""
 OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
+
+
+class ProcessFront(Protocol):
+    """The process runtimes the gate starts, as a request sees them (starts.py)."""
+
+    def fronts(self, link: Link) -> bool: ...
+
+    def absent(self, link: Link) -> bool: ...
+
+    async def settle(self, link: Link) -> bool: ...
+
+    def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None: ...
+
+    async def running(self, link: Link) -> bool: ...
+
+    async def serve_lease(self, link: Link, priority: PriorityClass) -> Lease: ...
+
+    def switch_broke(self, link: Link) -> None: ...
+
+
+class ExchangeOwner(Protocol):
+    """The gate, as a request's exchange sees it: its leases, jobs and processes, and what
+    the exchange reports to it."""
+
+    leases: Leases
+    jobs: JobWatch
+    processes: ProcessFront
+
+    def report(self, failure: Failure) -> None: ...
+
+    def want_reconcile(self, consumer: str) -> None: ...
+
+    def withdraw(self, link: Link, job: str | None, demand: Demand) -> None: ...
 
 
 @attrs.define
@@ -120,34 +151,37 @@ class Exchange:
     def answered(self, status: int, prefix: bytes = b"") -> list[tuple[str, str]]:
         """The runtime answered with `status` (and `prefix`, when `wants_prefix`): the
         books follow, and the headers for the answer come back."""
-        adapter = self.link.adapter
-        adapter.answered(self.classified, status)
+        reading = self.link.runtime.reading
+        lifecycle = self.link.runtime.lifecycle
+        if lifecycle is not None:
+            lifecycle.answered(self.classified, status)
         lease = self.lease
         extra = self.headers()
         if lease is None:
             return extra
         gate = self.gate
-        if adapter.loaded_by(self.classified, status):
-            gate.loaded(lease)
+        leases = gate.leases
+        if reading.loaded_by(self.classified, status):
+            leases.loaded(lease)
             for part in self.parts:
-                gate.loaded(part)
+                leases.loaded(part)
             self.failed = False
             if lease.scope is LeaseScope.JOB:
-                job = self.link.adapter.job_key(self.classified, prefix)
+                job = self._job_key(prefix)
                 kind = ResidentKey(
                     self.link.consumer.name,
                     self.classified.model or "",
                     self.classified.options_key,
                 )
-                gate.job_started(lease, job, kind=kind, scale=self.classified.scale)
-            self.kept = not gate.released_by_caller(lease)
+                gate.jobs.started(lease, job, kind=kind, scale=self.classified.scale)
+            self.kept = not leases.released_by_caller(lease)
         elif status >= 500 and lease.loads:
-            if self.link.adapter.refused_after_load(self.classified, status, prefix):
-                # The runtime loaded the model and then refused the request itself (an
-                # Ollama format or template): resident, and no load failed.
-                gate.loaded(lease)
+            if self.link.runtime.reading.refused_after_load(self.classified, status, prefix):
+                # The runtime loaded the model and then refused the request itself (a
+                # format or template it cannot use): resident, and no load failed.
+                leases.loaded(lease)
                 for part in self.parts:
-                    gate.loaded(part)
+                    leases.loaded(part)
                 return extra
             failure = self._load_failure(status, prefix)
             gate.report(failure)
@@ -165,17 +199,21 @@ class Exchange:
         if trial is None or status >= 400:
             return
         try:
-            leases = await self.gate.acquire_on(
+            leases = await self.gate.leases.acquire_on(
                 trial.demand, trial.gpus, placing=trial.placing, rule=trial.rule
             )
         except BaseException:
             # Its lease cannot be had, or its client left while it waited.
-            job = self.link.adapter.job_key(self.classified, prefix)
-            self.gate.withdraw(self.link, job, trial.demand)
+            self.gate.withdraw(self.link, self._job_key(prefix), trial.demand)
             raise
         if leases:
             self.lease, self.parts = leases[0], leases[1:]
         self.failed = any(lease.pending > 0 for lease in leases)
+
+    def _job_key(self, answer: bytes) -> str | None:
+        """The runtime's name for the job the request started, read from its answer."""
+        jobs = self.link.runtime.jobs
+        return None if jobs is None else jobs.job_key(self.classified, answer)
 
     @property
     def passes(self) -> bool:
@@ -189,7 +227,7 @@ class Exchange:
 
         * The books say the process is not there (the gate stopped it, is stopping or
           starting it, or it ended since this request was admitted, its end reported
-          meanwhile): what a request arriving now meets (`ExchangeWork.admit`): a start
+          meanwhile): what a request arriving now meets (`Requests.admit`): a start
           under way is waited for, a stopped process is started for any request but its
           health route's. A lease this request held on the process that ended is
           released first.
@@ -202,15 +240,18 @@ class Exchange:
         method, path = self.method, self.path
         if control is None or not processes.fronts(link):
             return False
+        lifecycle = link.runtime.lifecycle
         if not processes.absent(link):
-            if not link.adapter.needs_process(method, path) or not await processes.running(link):
+            if lifecycle is None or not lifecycle.needs_process(method, path):
+                return False
+            if not await processes.running(link):
                 return False
             try:
                 await wait_ready(
                     link.consumer.upstream.url,
                     control.health,
                     control.start_timeout,
-                    process=link.adapter.process,
+                    process=lifecycle.control,
                 )
             except NotReady:
                 return False
@@ -228,15 +269,16 @@ class Exchange:
             return False
         if self.busy is not None:
             busy, self.busy = self.busy, None
-            self.gate.release(busy)
+            self.gate.leases.release(busy)
         self.busy = await processes.serve_lease(link, self.process_priority())
         return True
 
     def process_priority(self) -> PriorityClass:
         """The class of a start of its runtime's process this request needs."""
-        adapter = self.link.adapter
-        model = adapter.process_model()
-        default = adapter.model_priority(model) if model else self.link.consumer.priority
+        lifecycle = self.link.runtime.lifecycle
+        model = lifecycle.process_model() if lifecycle is not None else None
+        settings = self.link.runtime.settings
+        default = settings.model_priority(model) if model else self.link.consumer.priority
         return self.caller.priority(default) if self.caller is not None else default
 
     def not_answering(self, exc: BaseException) -> ErrorReply:
@@ -271,9 +313,9 @@ class Exchange:
         """The request is over: its leases end (unless kept), an unload is listed."""
         gate = self.gate
         if self.lease is not None and not self.kept:
-            gate.release_all((self.lease, *self.parts), failed=self.failed)
+            gate.leases.release_all((self.lease, *self.parts), failed=self.failed)
         if self.busy is not None:
-            gate.release(self.busy)
+            gate.leases.release(self.busy)
         if self.classified.kind is RouteKind.UNLOAD:
             gate.want_reconcile(self.link.consumer.name)
 

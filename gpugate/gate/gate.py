@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gpugate.config.model import Config
 from gpugate.core.effects import (
@@ -27,33 +27,33 @@ from gpugate.core.effects import (
     Wake,
 )
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.observation import HostObservation
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease
-from gpugate.gate.admission import AdmissionWork
+from gpugate.gate.admission import Leases
+from gpugate.gate.envelopes import EnvelopeBook
 from gpugate.gate.events import ROUTINE, EventHub
-from gpugate.gate.exchange_work import ExchangeWork
-from gpugate.gate.jobs import JobWatch, JobWork
-from gpugate.gate.links import (
-    RECONCILE_INTERVAL,
+from gpugate.gate.failure import GateFailure
+from gpugate.gate.jobs import JobWatch
+from gpugate.gate.link import (
     UPSTREAM_SKIP_AUTO_HEADERS,
-    AdapterFactory,
-    GateFailure,
     Link,
-    LinkWork,
-    SignalSeen,
-    core_settings,
+    RuntimeLookup,
+    listed,
     make_links,
 )
+from gpugate.gate.requests import Requests
+from gpugate.gate.settings import core_settings, resettle
+from gpugate.gate.signals import RECONCILE_INTERVAL, ConsumerSignals
 from gpugate.gate.start_leases import StartLeases
 from gpugate.gate.starts import ProcessStarts
 from gpugate.gate.unloads import UnloadRunner
 from gpugate.gate.upstream import Backoff
 from gpugate.gpu.sampler import Sampler
 from gpugate.logs import OncePerInterval
-from gpugate.runtimes.base import HealthSignal
-from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.registry import runtime_for
 from gpugate.store.db import Store
 
 __all__ = [
@@ -71,11 +71,16 @@ TIMER_FLOOR = 0.05
 LOG_INTERVAL = 60.0
 
 
-class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
-    """Owns the core and runs its effects. Used by the proxy and the control API.
+class Gate:
+    """Owns the core and the live state, runs the core's effects, and is the face the proxy
+    and the control API use.
 
-    Its parts: `LinkWork` (links, listings, envelopes), `AdmissionWork` (leases) and
-    `JobWork` (when tracked jobs end, their peaks).
+    Its parts, each built with only what it uses: `links` (a link per fronted consumer:
+    link.py), `envelopes` (what a model takes: envelopes.py), `signals` (listings and
+    health: signals.py), `leases` (admission.py), `jobs` (jobs.py), `requests` (a
+    listener's requests: requests.py), `processes` and `starts` (process runtimes:
+    starts.py, start_leases.py), and the unload runner (unloads.py). They hand the core's
+    effects back here (`apply`), and the effect runners report what became of them.
     """
 
     def __init__(
@@ -86,32 +91,35 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
         listing_interval: float = RECONCILE_INTERVAL,
-        adapters: AdapterFactory = adapter_for,
+        runtimes: RuntimeLookup = runtime_for,
     ) -> None:
         self.config = config
-        self.listing_interval = listing_interval
         self.sampler = sampler
         self.store = store
         self.clock = clock
-        self._adapters = adapters
-        self.core = GateCore(core_settings(config, adapters))
+        self._runtimes = runtimes
+        self.links: dict[str, Link] = make_links(config, runtimes)
+        self.core = GateCore(core_settings(config, listed(self.links)))
         self.events = EventHub()
-        self.links: dict[str, Link] = make_links(config, adapters)
-        self._waiters: dict[int, asyncio.Future[Lease]] = {}
-        self._measured: dict[ResidentKey, int] = {}
-        self._measured_scale: dict[ResidentKey, float] = {}
-        self._job_watches: dict[int, JobWatch] = {}
-        self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
+        self.envelopes = EnvelopeBook(store, clock)
+        self.signals = ConsumerSignals(
+            self.core, self.links, self.envelopes, clock, listing_interval, self
+        )
+        self.leases = Leases(self.core, clock, self.events, store, self)
+        self.jobs = JobWatch(self.core, self.links, self.envelopes, clock, store, self)
+        self.starts = StartLeases(self.core, self.leases, config.budget.sample_interval)
+        self.processes = ProcessStarts(
+            self.core, self.links, clock, self.leases, self.envelopes, self.starts, self
+        )
+        self.requests = Requests(self, self.envelopes, self.core, clock)
+        self._unloads = UnloadRunner(
+            self.core, self.links, sampler, clock, self._reclaim_timeout, self
+        )
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._unloads = UnloadRunner(self)
-        self._limiter = OncePerInterval(log, LOG_INTERVAL, clock=clock)
-        self._listed_at: dict[str, float] = {}
-        self._signal_seen: dict[str, SignalSeen] = {}
         self._timer_backoff = Backoff(TIMER_FLOOR, 5.0)
-        self.starts = StartLeases(self)
-        self.processes = ProcessStarts(self)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._limiter = OncePerInterval(log, LOG_INTERVAL, clock=clock)
         self.started = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -120,16 +128,8 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         """Open the store, take a first sample, and start sampling and reconciling."""
         if self.store is not None:
             await self.store.open()
-            for envelope in await self.store.envelopes():
-                key = ResidentKey(envelope.consumer, envelope.model, envelope.options)
-                self._measured[key] = envelope.bytes
-                if envelope.scale is not None:
-                    self._measured_scale[key] = envelope.scale
-        for link in self.links.values():
-            # Every signal gets its first bound from the start, not from a first answer.
-            self._listed_at[link.consumer.name] = self.clock()
-            self._signal_seen[link.consumer.name] = SignalSeen(self.clock())
-            link.open()
+            self.envelopes.load(await self.store.envelopes())
+        self.signals.open()
         self.observe(await self.sampler.sample())
         budget = self.config.budget
         sampling = self.sampler.run(
@@ -139,12 +139,8 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
             max_backoff=max(budget.sample_interval, budget.stale_after / 2),
         )
         self._spawn(sampling, "sampler")
-        for link in self.links.values():
-            if link.adapter.reconcilable:
-                self._spawn(self._reconcile_loop(link), f"reconcile-{link.consumer.name}")
-            if link.adapter.health_signal in (HealthSignal.HEALTH_ROUTE, HealthSignal.PROCESS):
-                self._spawn(self._health_loop(link), f"health-{link.consumer.name}")
-        self.start_job_loops(self._spawn)
+        self.signals.start(self._spawn)
+        self.jobs.start(self._spawn)
         self.processes.on_gate_start()
         self.started = True
 
@@ -160,9 +156,7 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
                 await task
         await self.processes.close()
         await self.starts.close()
-        for future in self._waiters.values():
-            if not future.done():
-                future.cancel()
+        self.leases.close()
         for link in self.links.values():
             if link.session is not None:
                 await link.session.close()
@@ -170,12 +164,14 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
             await self.store.close()
         self.sampler.close()
 
+    # -- what the parts and the effect runners report --------------------------------------
+
     def unloaded(
         self, key: ResidentKey, *, reclaimed: bool, failure: Failure | None = None
     ) -> None:
         """An unload finished: its bytes are back, did not come back in time, or the
         runtime could not be asked (`failure`)."""
-        self._apply(self.core.unloaded(key, self.clock(), reclaimed=reclaimed, failure=failure))
+        self.apply(self.core.unloaded(key, self.clock(), reclaimed=reclaimed, failure=failure))
 
     def withdraw(self, link: Link, job: str | None, demand: Demand) -> None:
         """A job the runtime accepted before its lease is to be dropped, its lease not to be
@@ -186,11 +182,31 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
     def withdrawn(self, demand: Demand) -> None:
         """The runtime was asked to drop a job accepted before its lease: what it left is
         given back (`GateCore.withdrawn`)."""
-        self._apply(self.core.withdrawn(demand, self.clock()))
+        self.apply(self.core.job_events.withdrawn(demand, self.clock()))
+
+    def preempted(self, effect: Preempt, failure: Failure | None) -> None:
+        """The runtime was asked to stop the jobs (`failure`: it could not be)."""
+        self.jobs.preempted(effect, failure)
+
+    def process_ready(self, lease: Lease) -> None:
+        """The process started under `lease` answers: it is resident now."""
+        self.apply(self.core.process_ready(lease.id, self.clock()))
+
+    def start_process(self, lease: Lease) -> None:
+        """The runtime's PROCESS lease is held: the core starts or wakes it (an effect)."""
+        self.apply(self.core.lifecycles.start(lease.key.consumer, lease.id, self.clock()))
+
+    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None:
+        """What the lifecycle interface saw of the runtime (started, failed, stopped, ...)."""
+        self.apply(self.core.lifecycles.reported(consumer, report, self.clock(), detail))
+
+    def want_reconcile(self, consumer: str) -> None:
+        """Something changed behind the books (an unload request): list residents soon."""
+        self.signals.want_reconcile(consumer)
 
     def report(self, failure: Failure) -> None:
         """A failure seen outside the core (an upstream that crashed or could not load)."""
-        self._apply(
+        self.apply(
             [
                 Event(
                     EventKind.FAILURE,
@@ -210,20 +226,23 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         """A sample from NVML (called by the sampler and by unload checks)."""
         if sample.error is not None and self.core.fault is None:
             log.warning("NVML error: %s (%s)", sample.error.message, sample.error.name)
-        self._apply(self.core.observe(sample, self.clock()))
-        self.observe_jobs(sample)
+        self.apply(self.core.observe(sample, self.clock()))
+        self.jobs.observe(sample)
         self.processes.envelopes.observe()
         # Memory the books cannot explain is usually a model loaded behind the gate's back:
         # ask the runtime what it has rather than wait for the next periodic listing.
         for rows in self.core.telemetry.unexplained.values():
             for consumer, nbytes in rows.items():
                 link = self.links.get(consumer)
-                if nbytes and link is not None and link.adapter.reconcilable:
+                if nbytes and link is not None and link.runtime.inventory is not None:
                     self.want_reconcile(consumer)
 
     # -- effects ---------------------------------------------------------------------------
 
-    def _apply(self, effects: tuple[Effect, ...] | list[Effect], *, timers: bool = True) -> None:
+    def apply(self, effects: Sequence[Effect], *, timers: bool = True) -> None:
+        """Carry out what the core decided: publish its events, wake or fail the callers
+        waiting for a ticket, run unloads, preemptions and starts as tasks, and keep the
+        one timer at the core's next deadline."""
         if not effects:
             return
         for effect in effects:
@@ -232,11 +251,9 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
                 if self.store is not None and effect.kind not in ROUTINE:
                     self.store.record_event(effect)
             elif isinstance(effect, Grant):
-                self._wake(effect)
+                self.leases.granted(effect)
             elif isinstance(effect, Reject):
-                future = self._waiters.pop(effect.ticket_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(GateFailure(effect.failure))
+                self.leases.rejected(effect)
             elif isinstance(effect, Unload):
                 self._spawn(self._unloads.run(effect), f"unload-{effect.key}")
             elif isinstance(effect, Preempt):
@@ -246,7 +263,7 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         if timers:
             self._arm_timer()
 
-    def _deadline(self, at: float | None) -> None:
+    def deadline(self, at: float | None) -> None:
         """A deadline at `at` may be new: keep the timer at or before it, without asking the
         core for all of them while it is."""
         if at is not None and (self._timer is None or self._timer_at > at + 1e-6):
@@ -274,7 +291,7 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
     def _on_timer(self) -> None:
         self._timer = None
         try:
-            self._apply(self.core.tick(self.clock()), timers=False)
+            self.apply(self.core.tick(self.clock()), timers=False)
         except Exception as exc:
             message = f"INVALID_OUTPUT: the timer could not run: {exc!r}"
             self.loop_failed("timer", Failure(FailureClass.INVALID_OUTPUT, message))
@@ -299,6 +316,9 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         """A health probe failed: logged once per interval with a count. Not a failure
         event: no request failed, and health's age already says it."""
         self._limiter.warning(f"health-{consumer}", "%s", message)
+
+    def _reclaim_timeout(self) -> float:
+        return self.config.budget.reclaim_timeout
 
     def _sampling_failed(self, exc: BaseException) -> None:
         message = f"DRIVER_ERROR: the GPUs could not be sampled: {exc!r}"
@@ -327,45 +347,32 @@ class Gate(LinkWork, AdmissionWork, JobWork, ExchangeWork):
         The caller keeps in `config` what only a restart can change (listeners, upstreams,
         GPUs, sampling); consumers are matched by name and none is added or removed here.
         """
-        settings = core_settings(config, self._adapters)
-        core = self.core
-        core.settings = settings
-        # The core's parts took their settings when they were built: these are the ones a
-        # reload may change.
-        telemetry = core.telemetry
-        telemetry._reserve = settings.reserve
-        telemetry._reserve_by_gpu = dict(settings.reserve_by_gpu)
-        for gpu, history in telemetry._history.items():
-            history.settings = telemetry.reserve_settings(gpu)
-        core.scheduler._max_wait = lambda demand: settings.wait_for(demand.priority)
-        core.scheduler._queue_limit = lambda name: settings.queue_limit.get(
-            name, settings.default_queue_limit
-        )
         for consumer in config.consumers:
             link = self.links.get(consumer.name)
             if link is not None and link.consumer != consumer:
-                adapter = self._adapters(consumer)
-                if adapter is not None:
+                runtime = self._runtimes(consumer)
+                if runtime is not None:
                     link.consumer = consumer
-                    link.adapter = adapter
+                    link.runtime = runtime
+        resettle(self.core, core_settings(config, listed(self.links)))
         self.config = config
 
     # -- operator actions ------------------------------------------------------------------
 
     def evict(self, key: ResidentKey, *, force: bool = False, who: str = "token") -> None:
         """Unload an idle resident now (raises `EvictionRefused`); the unload runner does it."""
-        self._apply(self.core.evict(key, self.clock(), force, who))
+        self.apply(self.core.operator.evict(key, self.clock(), force, who))
 
     def drain(self, consumer: str, *, who: str = "token") -> None:
         """The consumer admits nothing new; what is in flight finishes."""
-        self._apply(self.core.drain(consumer, self.clock(), who))
+        self.apply(self.core.operator.drain(consumer, self.clock(), who))
 
     def undrain(self, consumer: str, *, who: str = "token") -> None:
-        self._apply(self.core.undrain(consumer, self.clock(), who))
+        self.apply(self.core.operator.undrain(consumer, self.clock(), who))
 
     def pause(self, gpu: int, *, who: str = "token") -> None:
         """New demands on the GPU wait in its queue until resume."""
-        self._apply(self.core.pause(gpu, self.clock(), who))
+        self.apply(self.core.operator.pause(gpu, self.clock(), who))
 
     def resume(self, gpu: int, *, who: str = "token") -> None:
-        self._apply(self.core.resume(gpu, self.clock(), who))
+        self.apply(self.core.operator.resume(gpu, self.clock(), who))

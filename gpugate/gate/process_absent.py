@@ -9,7 +9,7 @@ the gate keeps stopped.
 * **Stopped on purpose** (evicted, its ttl ran out, not started yet): the process refuses
   connections, but the service is there: a request that needs the process starts it. So
   its health route is answered by the gate in the runtime's place, as the runtime answers
-  it once up (`ProcessLife.up_health`), marked `X-GPUGate-Process: stopped`; a monitor or a
+  it once up (`Lifecycle.up_health`), marked `X-GPUGate-Process: stopped`; a monitor or a
   load balancer neither takes it out of rotation nor starts a model by asking. Any other
   request starts it (only the runtime can answer it).
 * **Stopped after a failure** (its last start failed, or it ended on its own): its health
@@ -28,7 +28,7 @@ import attrs
 
 from gpugate.core.failures import Failure
 from gpugate.core.lifecycle import Life, LifeState
-from gpugate.gate.links import Link
+from gpugate.gate.link import Link
 from gpugate.runtimes.base import ApiFamily, failure_reply
 from gpugate.runtimes.replies import ErrorReply
 
@@ -92,11 +92,13 @@ def health_route(link: Link, method: str, path: str) -> bool:
 
 def stand_in(link: Link, method: str, failing: Failure | None, api: ApiFamily) -> ErrorReply:
     """The gate's answer to `method` on the health route of a runtime whose process is not
-    there: the runtime's own when it is up (`ProcessLife.up_health`), or `failing`
+    there: the runtime's own when it is up (`Lifecycle.up_health`), or `failing`
     (START_BACKOFF)."""
     if failing is not None:
         return failure_reply(api, failing)
-    reply = link.adapter.up_health(method)
+    lifecycle = link.runtime.lifecycle
+    assert lifecycle is not None, "only a process runtime is stood in for"
+    reply = lifecycle.up_health(method)
     return attrs.evolve(reply, headers=(*reply.headers, (PROCESS_HEADER, "stopped")))
 
 

@@ -5,33 +5,74 @@ elsewhere, the demand for its start or for a request on it, and its failures. Re
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
-from gpugate.core.tickets import Demand, LeaseScope
-from gpugate.gate.links import Link
-from gpugate.gate.owner import GateOwner
+from gpugate.core.state import GateCore
+from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.link import Link
+from gpugate.gate.start_leases import StartLeases
+from gpugate.runtimes.base import Lifecycle
+from gpugate.runtimes.process import ProcessControl
 
 DEFAULT_START_ADMISSION_TIMEOUT = 120.0
 """For a consumer without `control:` (its config default is the same)."""
 
 
+class LifeReports(Protocol):
+    """What the gate's process parts report to it: what a runtime's lifecycle did or is to
+    do (the core decides what follows), and failures."""
+
+    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None: ...
+
+    def start_process(self, lease: Lease) -> None: ...
+
+    def process_ready(self, lease: Lease) -> None: ...
+
+    def report(self, failure: Failure) -> None: ...
+
+
+def control_of(link: Link) -> ProcessControl | None:
+    """The control the gate starts and stops the link's process with; None when it has none
+    (not a process runtime, or one the gate only talks to)."""
+    lifecycle = link.runtime.lifecycle
+    return None if lifecycle is None else lifecycle.control
+
+
+def process_model(lifecycle: Lifecycle | None) -> str | None:
+    """The model a process runtime's process holds; None for any other runtime."""
+    return None if lifecycle is None else lifecycle.process_model()
+
+
 class ProcessBooks:
     """A process runtime as the gate's books hold it."""
 
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    def __init__(
+        self,
+        core: GateCore,
+        envelopes: EnvelopeBook,
+        starts: StartLeases,
+        clock: Callable[[], float],
+    ) -> None:
+        self.core = core
+        self.envelopes = envelopes
+        self.starts = starts
+        self.clock = clock
 
     def envelope(self, link: Link) -> int | None:
-        model = link.adapter.process_model()
-        return None if model is None else link.adapter.configured_envelope(model)
+        model = process_model(link.runtime.lifecycle)
+        return None if model is None else link.runtime.settings.configured_envelope(model)
 
     def live(self, link: Link) -> Resident | None:
         """The consumer's process in the books (loading or resident), its current model first."""
-        current = link.adapter.process_model()
+        current = process_model(link.runtime.lifecycle)
         found = None
         for resident in self.residents(link):
             if resident.key.consumer != link.consumer.name or resident.state not in (
@@ -55,23 +96,23 @@ class ProcessBooks:
         name = link.consumer.name
         return any(
             lease.key.consumer == name and lease.demand.switch and lease.pending
-            for lease in self.gate.core.leases()
+            for lease in self.core.leases()
         )
 
     def admitted_elsewhere(self, link: Link) -> bool:
         """`gpugate admit` holds a start lease: the process is starting outside the gate."""
-        held = self.gate.starts.held(link.consumer.name)
+        held = self.starts.held(link.consumer.name)
         return held is not None and held.demand.explicit
 
     def residents(self, link: Link) -> list[Resident]:
         """The residents on the consumer's GPUs."""
         cards = link.consumer.cards
-        return [r for r in self.gate.core.residents() if r.gpu in cards]
+        return [r for r in self.core.residents() if r.gpu in cards]
 
     def shown_on(self, link: Link) -> int:
         """The GPU of the consumer's where NVML shows memory the books do not explain (a
         process found running), else its first."""
-        return self.gate.core.telemetry.unexplained_card(link.consumer.name, link.consumer.cards)
+        return self.core.telemetry.unexplained_card(link.consumer.name, link.consumer.cards)
 
     def demand(
         self,
@@ -82,23 +123,23 @@ class ProcessBooks:
     ) -> Demand:
         """The process's start (PROCESS scope), or a request on its resident `key` (on
         `gpu`; a start's GPU is placed among the consumer's)."""
-        adapter = link.adapter
+        settings = link.runtime.settings
         consumer = link.consumer
-        model = adapter.process_model() if key is None else key.model
+        model = process_model(link.runtime.lifecycle) if key is None else key.model
         assert model is not None
-        measured = self.gate.measured_envelope(ResidentKey(consumer.name, model))
-        envelope = measured or adapter.configured_envelope(model) or self.envelope(link) or 0
-        residency = adapter.residency(model)
+        measured = self.envelopes.measured(ResidentKey(consumer.name, model))
+        envelope = measured or settings.configured_envelope(model) or self.envelope(link) or 0
+        residency = settings.residency(model)
         start = key is None
         return Demand(
             key=key or ResidentKey(consumer.name, model),
             gpu=consumer.cards[0] if gpu is None else gpu,
             envelope=envelope,
             priority=priority,
-            resident_priority=adapter.model_priority(model),
+            resident_priority=settings.model_priority(model),
             policy=residency.policy,
             idle_ttl=residency.idle_ttl,
-            reload_seconds=adapter.reload_seconds(model, envelope),
+            reload_seconds=settings.reload_seconds(model, envelope),
             scope=LeaseScope.PROCESS if start else LeaseScope.REQUEST,
             appear_within=(
                 consumer.control.start_admission_timeout
@@ -114,10 +155,10 @@ class ProcessBooks:
     def backoff(self, link: Link, *, until_up: bool = False) -> Failure | None:
         """START_BACKOFF while the consumer's last starts failed (or it ended on its own)
         and its backoff runs; with `until_up`, also after that, until a start succeeds."""
-        life = self.gate.core.lifecycle(link.consumer.name)
+        life = self.core.lifecycle(link.consumer.name)
         if life is None:
             return None
-        wait = life.backoff.remaining(self.gate.clock())
+        wait = life.backoff.remaining(self.clock())
         if wait <= 0 and not (until_up and life.failing):
             return None
         # Rounded up, as Retry-After is: a start 0.4 s away is not "in 0s".
@@ -134,6 +175,6 @@ class ProcessBooks:
             cls,
             f"{cls.value}: {consumer.name} ({consumer.upstream.url}): {what}",
             consumer=consumer.name,
-            model=link.adapter.process_model(),
+            model=process_model(link.runtime.lifecycle),
             gpu=consumer.cards[0],
         )

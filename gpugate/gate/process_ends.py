@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import LifeReport, LifeState
-from gpugate.gate.links import Link
-from gpugate.gate.owner import GateOwner
-from gpugate.gate.process_books import ProcessBooks
+from gpugate.core.state import GateCore
+from gpugate.gate.link import Link
+from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.runtimes.process import Exit
 
@@ -35,14 +35,17 @@ class ProcessEnds:
 
     def __init__(
         self,
-        gate: GateOwner,
+        core: GateCore,
         books: ProcessBooks,
         envelopes: ProcessEnvelopes,
+        reports: LifeReports,
         restart: Callable[[Link], None],
     ) -> None:
-        self.gate = gate
+        """`core` is read (the lifecycle); what the lifecycle did goes to `reports`."""
+        self.core = core
         self.books = books
         self.envelopes = envelopes
+        self.reports = reports
         self.restart = restart
         """Start it again if its residency says so (always_warm), after its backoff."""
         self._broke: set[str] = set()
@@ -63,7 +66,7 @@ class ProcessEnds:
         its model unanswered: a request meanwhile would reach a process on its way out. One
         that lives on past the timeout did not end for the switch."""
         name = link.consumer.name
-        process = link.adapter.process
+        process = control_of(link)
         ended = process.ended() if process is not None and name in self._broke else None
         if ended is None or ended.done():
             return
@@ -81,10 +84,10 @@ class ProcessEnds:
         name = link.consumer.name
         switching = name in self._broke or self.books.switching(link)
         self._broke.discard(name)
-        link.adapter.process_ended()
+        if link.runtime.lifecycle is not None:
+            link.runtime.lifecycle.process_ended()
         self.envelopes.ended(name)
-        gate = self.gate
-        life = gate.core.lifecycle(name)
+        life = self.core.lifecycle(name)
         if life is not None and life.state is LifeState.STARTING:
             return  # its start reports its own failure
         if exit.stderr_tail:
@@ -92,9 +95,10 @@ class ProcessEnds:
                         " | ".join(exit.stderr_tail[-5:]))  # fmt: skip
         if switching:
             what = f"its process ended switching its model: {exit.describe()}"
-            gate.life_report(name, LifeReport.ENDED_SWITCHING, what)
+            self.reports.life_report(name, LifeReport.ENDED_SWITCHING, what)
         else:
-            gate.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
+            ended = f"its process ended: {exit.describe()}"
+            self.reports.life_report(name, LifeReport.EXITED, ended)
             what = f"it exited: {exit.describe()}"
-            gate.report(self.books.failure(link, FailureClass.RUNTIME_CRASH, what))
+            self.reports.report(self.books.failure(link, FailureClass.RUNTIME_CRASH, what))
         self.restart(link)

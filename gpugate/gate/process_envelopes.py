@@ -10,14 +10,19 @@ it freed.
 from __future__ import annotations
 
 from gpugate.core.residents import ResidentKey, ResidentState
-from gpugate.gate.owner import GateOwner
+from gpugate.core.state import GateCore
+from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.link import Link
+from gpugate.gate.process_books import process_model
 
 
 class ProcessEnvelopes:
     """Peaks of the processes the gate started, by the model each started with."""
 
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    def __init__(self, core: GateCore, links: dict[str, Link], envelopes: EnvelopeBook) -> None:
+        self.core = core
+        self.links = links
+        self.envelopes = envelopes
         self._peaks: dict[ResidentKey, int] = {}
         """The most each process model held in its current run."""
         self._learning: dict[str, ResidentKey] = {}
@@ -40,12 +45,12 @@ class ProcessEnvelopes:
     def observe(self) -> None:
         """After a sample: a running process's new peak is its model's measured envelope."""
         for name, key in list(self._learning.items()):
-            link = self.gate.links.get(name)
-            if link is None or link.adapter.process_model() != key.model:
+            link = self.links.get(name)
+            if link is None or process_model(link.runtime.lifecycle) != key.model:
                 # It switched models (/load): its memory is no longer one model's.
                 del self._learning[name]
                 continue
-            resident = self.gate.core.resident(key)
+            resident = self.core.resident(key)
             if (
                 resident is None
                 or not (resident.process and resident.shown)
@@ -54,4 +59,4 @@ class ProcessEnvelopes:
             ):
                 continue
             self._peaks[key] = resident.bytes
-            self.gate.learn_envelope(key, resident.bytes)
+            self.envelopes.learn_peak(key, resident.bytes)

@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import LifeReport
 from gpugate.core.tickets import Lease
-from gpugate.gate.links import GateFailure, Link
-from gpugate.gate.owner import GateOwner
-from gpugate.gate.process_books import ProcessBooks
+from gpugate.gate.admission import Leases
+from gpugate.gate.failure import GateFailure
+from gpugate.gate.link import Link
+from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of
 from gpugate.runtimes.process import ProcessControl, ProcessControlError, SystemdUnit
 from gpugate.runtimes.process_find import listening_pids
 from gpugate.runtimes.process_ready import port_open, wait_ready
@@ -30,16 +31,17 @@ log = logging.getLogger("gpugate.starts")
 class ProcessFinder:
     """Finds, reads and adopts a process runtime that runs outside the gate's own start."""
 
-    def __init__(self, gate: GateOwner, books: ProcessBooks) -> None:
-        self.gate = gate
+    def __init__(self, leases: Leases, books: ProcessBooks, reports: LifeReports) -> None:
+        self.leases = leases
         self.books = books
+        self.reports = reports
 
     async def found(self, link: Link, process: ProcessControl) -> LifeReport:
         """What the runtime is now, as its lifecycle records it: up (the control's own, one
         running its command, or one serving its port: adopted, never started twice),
         asleep, or stopped."""
         found = await self._found_as(link, process)
-        self.gate.life_report(link.consumer.name, found)
+        self.reports.life_report(link.consumer.name, found)
         return found
 
     async def _found_as(self, link: Link, process: ProcessControl) -> LifeReport:
@@ -86,17 +88,18 @@ class ProcessFinder:
         try:
             await wait_ready(link.consumer.upstream.url, None, timeout, process=process)
         except ProcessControlError as exc:
-            self.gate.release(lease, failed=True)
+            self.leases.release(lease, failed=True)
             failure = self.books.failure(link, FailureClass.RUNTIME_CRASH, f"adopted, then: {exc}")
-            self.gate.report(failure)
+            self.reports.report(failure)
             raise GateFailure(failure) from exc
-        self.gate.process_ready(lease)
+        self.reports.process_ready(lease)
 
     async def read_unit(self, link: Link) -> None:
         """What a unit runs is its own command line, not the configuration's guess: read
         it (its model) before it is started or adopted. Unreadable: the guess stands."""
-        process = link.adapter.process
-        if not isinstance(process, SystemdUnit):
+        lifecycle = link.runtime.lifecycle
+        process = lifecycle.control if lifecycle is not None else None
+        if lifecycle is None or not isinstance(process, SystemdUnit):
             return
         try:
             argv = await process.command()
@@ -104,11 +107,11 @@ class ProcessFinder:
             log.warning("%s: the command line of its unit is unknown: %s", link.consumer.name, exc)
             return
         if argv:
-            link.adapter.read_unit_command(argv)
+            lifecycle.read_unit_command(argv)
 
     async def running(self, link: Link) -> bool:
         """Whether the consumer's process is there (its control says so), bounded."""
-        process = link.adapter.process
+        process = control_of(link)
         if process is None:
             return False
         try:

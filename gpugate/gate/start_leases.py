@@ -23,15 +23,16 @@ import asyncio
 import contextlib
 import logging
 
+from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
-from gpugate.gate.owner import GateOwner
+from gpugate.gate.admission import Leases
 
 log = logging.getLogger("gpugate.starts")
 
 
-def materialised(gate: GateOwner, lease: Lease) -> bool:
+def materialised(core: GateCore, lease: Lease) -> bool:
     """Whether a sample newer than the grant shows the lease's owner holding its bytes."""
-    budget = gate.core.budget(lease.gpu)
+    budget = core.budget(lease.gpu)
     if budget is None or budget.sampled_at <= lease.granted:
         return False
     return budget.consumer(lease.key.consumer).observed >= lease.demand.envelope
@@ -40,15 +41,20 @@ def materialised(gate: GateOwner, lease: Lease) -> bool:
 class StartLeases:
     """The start leases being watched, by consumer; one watcher task each."""
 
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    def __init__(self, core: GateCore, leases: Leases, sample_interval: float) -> None:
+        """`core` is read (whether a lease is still held, what NVML shows); a lease whose
+        process holds its bytes is released through `leases`, checked every
+        `sample_interval`."""
+        self.core = core
+        self.leases = leases
+        self.sample_interval = sample_interval
         self._by_consumer: dict[str, Lease] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def held(self, consumer: str) -> Lease | None:
         """The consumer's start lease still waiting for its process, if there is one."""
         lease = self._by_consumer.get(consumer)
-        if lease is None or self.gate.core.lease(lease.id) is None:
+        if lease is None or self.core.lease(lease.id) is None:
             return None
         return lease
 
@@ -68,18 +74,17 @@ class StartLeases:
         task.add_done_callback(self._tasks.discard)
 
     async def _watch(self, lease: Lease) -> None:
-        gate = self.gate
         consumer = lease.key.consumer
         try:
-            while gate.core.lease(lease.id) is not None:
-                if materialised(gate, lease):
+            while self.core.lease(lease.id) is not None:
+                if materialised(self.core, lease):
                     log.info(
                         "start lease %d of %s materialised: its processes hold %d bytes",
                         lease.id, consumer, lease.demand.envelope,
                     )  # fmt: skip
-                    gate.release(lease)
+                    self.leases.release(lease)
                     return
-                await asyncio.sleep(gate.config.budget.sample_interval)
+                await asyncio.sleep(self.sample_interval)
         finally:
             if self._by_consumer.get(consumer) is lease:
                 del self._by_consumer[consumer]

@@ -1,6 +1,6 @@
 """Process starts: the gate's own, when a request's work needs the process, and at its start.
 
-A runtime whose memory is its process's (the adapter's `process_model`) is handled here:
+A runtime whose memory is its process's (its `Lifecycle`) is handled here:
 
 * **Start on demand** (`ProcessStarts.serve_lease`): a request the runtime's work needs
   (`needs_process`) is forwarded under a 0-byte lease on the process's resident, which
@@ -8,14 +8,14 @@ A runtime whose memory is its process's (the adapter's `process_model`) is handl
   process is stopped, or running outside the books: one found running (its command line,
   its port) is adopted, never started twice; otherwise the gate takes a PROCESS-scope
   lease for its envelope (measured once it ran, else configured; it may wait, evict or
-  fail like any demand), starts it through the adapter's control, and waits for its port
+  fail like any demand), starts it through its lifecycle's control, and waits for its port
   and health (`wait_ready`). The answer makes it resident (`process_ready`), whatever
   NVML shows yet; its bytes follow NVML from there.
 * **Failed starts back off** (`StartBackoff`): one failure event per failed start, the
   runtime's output in the gate's log only, and no new start until the backoff ran out: a
   request waits for it when it ends within the request's own wait, and is refused (503
   START_BACKOFF with Retry-After) when it ends later.
-* **Eviction is a stop** (the adapter's `evict`), confirmed when NVML shows the
+* **Eviction is a stop** (the core's Stop effect), confirmed when NVML shows the
   consumer's memory gone; the next request starts it again.
 * **A crash** (a supervised child's exit, an adopted process's end) is one RUNTIME_CRASH
   event; its resident goes, and an `always_warm` process is started again after its
@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 
 import attrs
 
@@ -46,20 +47,23 @@ from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Start, Wake
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
+from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
 from gpugate.core.units import format_gib
-from gpugate.gate.links import GateFailure, Link
-from gpugate.gate.owner import GateOwner
+from gpugate.gate.admission import Leases
+from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.failure import GateFailure
+from gpugate.gate.link import Link
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
 from gpugate.gate.process_absent import start_timeout as start_timeout_of
-from gpugate.gate.process_books import ProcessBooks
+from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of, process_model
 from gpugate.gate.process_ends import ProcessEnds
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
-from gpugate.runtimes.base import ApiFamily
+from gpugate.gate.start_leases import StartLeases
+from gpugate.runtimes.base import ApiFamily, Lifecycle
 from gpugate.runtimes.process import (
     NotReady,
-    ProcessControl,
     ProcessExited,
     SupervisedCommand,
 )
@@ -93,27 +97,44 @@ def _output(exc: BaseException) -> str:
 class ProcessStarts:
     """Processes the gate starts when a request needs them, and at its own start."""
 
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    def __init__(
+        self,
+        core: GateCore,
+        links: dict[str, Link],
+        clock: Callable[[], float],
+        leases: Leases,
+        book: EnvelopeBook,
+        starts: StartLeases,
+        reports: LifeReports,
+    ) -> None:
+        """`core` is read (lifecycles, residents, what NVML shows) and given each
+        controlled runtime's lifecycle here; leases are taken and released through
+        `leases`; what the lifecycle did goes to `reports`."""
+        self.core = core
+        self.links = links
+        self.clock = clock
+        self.leases = leases
+        self.starts = starts
+        self.reports = reports
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: dict[str, asyncio.Future[None]] = {}
         """The start each consumer's waiting request awaits: done once reported."""
-        self.envelopes = ProcessEnvelopes(gate)
-        self.books = ProcessBooks(gate)
-        self.finder = ProcessFinder(gate, self.books)
+        self.envelopes = ProcessEnvelopes(core, links, book)
+        self.books = ProcessBooks(core, book, starts, clock)
+        self.finder = ProcessFinder(leases, self.books, reports)
         self.under_way = StartsUnderWay()
         self._warming: dict[str, asyncio.Task[None]] = {}
         """The start of each always_warm process at the gate's start, for `warm`."""
         self._last_failure: dict[str, str] = {}
         """Why each consumer's last start failed, in one line (cleared once it is up)."""
-        self.ends = ProcessEnds(gate, self.books, self.envelopes, self._restart)
-        for link in gate.links.values():
-            process = link.adapter.process
+        self.ends = ProcessEnds(core, self.books, self.envelopes, reports, self._restart)
+        for link in links.values():
+            process = control_of(link)
             if process is None:
                 continue
             eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
-            gate.core.register_lifecycle(link.consumer.name, eviction, gate.clock())
+            core.lifecycles.register(link.consumer.name, eviction, clock())
             if isinstance(process, SupervisedCommand):
                 process.on_exit = lambda exit, link=link: self.ends.exited(link, exit)
 
@@ -123,21 +144,21 @@ class ProcessStarts:
 
     def starting(self, consumer: str) -> bool:
         """Whether the consumer's runtime is starting now (not yet answering)."""
-        life = self.gate.core.lifecycle(consumer)
+        life = self.core.lifecycle(consumer)
         return life is not None and life.state is LifeState.STARTING
 
     def fronts(self, link: Link) -> bool:
         """Whether requests to `link` need its process running (a controlled process
         runtime with an envelope)."""
-        return link.adapter.process is not None and self.books.envelope(link) is not None
+        return control_of(link) is not None and self.books.envelope(link) is not None
 
     def absent(self, link: Link) -> bool:
         """Whether the books say the consumer's process is not there: stopped (on purpose,
         or after a failure already reported), being stopped, or being started. Never for
         a runtime the gate puts to sleep: its process is not the gate's to start or stop,
         and it serves what it serves asleep too (vLLM's server)."""
-        process = link.adapter.process
-        life = self.gate.core.lifecycle(link.consumer.name)
+        process = control_of(link)
+        life = self.core.lifecycle(link.consumer.name)
         return (
             process is not None
             and not process.sleeps
@@ -149,7 +170,7 @@ class ProcessStarts:
         """Wait while the gate starts the consumer's process, within its start timeout;
         False when the start is still under way after that. A runtime woken from sleep
         keeps serving meanwhile: nothing to wait for."""
-        process = link.adapter.process
+        process = control_of(link)
         if process is None or process.sleeps:
             return True
         await self.ends.wait_for_end(link)
@@ -158,7 +179,7 @@ class ProcessStarts:
     def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
         """The gate's answer in place of a process it does not run now, for a request on
         its health route (process_absent.py); None for any other request (it starts it)."""
-        life = self.gate.core.lifecycle(link.consumer.name)
+        life = self.core.lifecycle(link.consumer.name)
         if life is None or not health_route(link, method, path) or not self.absent(link):
             return None
         if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
@@ -169,20 +190,19 @@ class ProcessStarts:
 
     async def serve_lease(self, link: Link, priority: PriorityClass) -> Lease:
         """A 0-byte lease on the consumer's running process, started first if it is not."""
-        gate = self.gate
         for _ in range(ATTEMPTS):
             await self.ensure_running(link, priority)
             resident = self.books.live(link)
             if resident is None:
                 continue
             # No await between finding the resident and submitting the demand on it.
-            lease = await gate.acquire(
+            lease = await self.leases.acquire(
                 self.books.demand(link, priority, resident.key, resident.gpu)
             )
             if not lease.pending:
                 return lease
             # The process went (evicted, crashed) while this request waited on it.
-            gate.release(lease, failed=True)
+            self.leases.release(lease, failed=True)
         raise GateFailure(
             self.books.failure(link, FailureClass.RUNTIME_CRASH, "it kept stopping while starting")
         )
@@ -190,15 +210,14 @@ class ProcessStarts:
     async def ensure_running(self, link: Link, priority: PriorityClass) -> None:
         """Return once the books hold the consumer's process (loading or resident),
         starting it under a PROCESS lease when it is stopped, adopting it when it runs."""
-        gate = self.gate
         name = link.consumer.name
         await self.ends.wait_for_end(link)
         async with self._locks.setdefault(name, asyncio.Lock()):
-            deadline = gate.clock() + self.books.admission_timeout(link)
+            deadline = self.clock() + self.books.admission_timeout(link)
             while self.books.live(link) is None:
                 if not self.books.going(link) and not self.books.admitted_elsewhere(link):
                     break
-                if gate.clock() >= deadline:
+                if self.clock() >= deadline:
                     what = "its stop or another start did not end in time"
                     raise GateFailure(self.books.failure(link, FailureClass.TIMEOUT, what))
                 await asyncio.sleep(POLL_INTERVAL)
@@ -215,11 +234,10 @@ class ProcessStarts:
         refused (START_BACKOFF, with Retry-After) only when it ends later: a process that
         ended once is started again for the next request, a second later, not refused for
         that second."""
-        gate = self.gate
         name = link.consumer.name
         while True:
             await self.finder.read_unit(link)
-            process = link.adapter.process
+            process = control_of(link)
             running = (
                 process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
             )
@@ -227,7 +245,7 @@ class ProcessStarts:
             if refused is None:
                 break
             wait = refused.retry_after
-            if wait is None or gate.clock() + wait > deadline:
+            if wait is None or self.clock() + wait > deadline:
                 raise GateFailure(refused)
             log.info("%s: its start waits %.1fs for its backoff", name, wait)
             # The backoff's end, a time the core set: nothing else would signal it.
@@ -238,20 +256,20 @@ class ProcessStarts:
             # lease covers the rest, so nothing is counted twice. It is on the GPU
             # where NVML shows it.
             gpu = self.books.shown_on(link)
-            shown = gate.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
+            shown = self.core.telemetry.unexplained.get(gpu, {}).get(name, 0)
             demand = attrs.evolve(
                 demand, gpu=gpu, envelope=max(ADOPT_FLOOR, demand.envelope - shown)
             )
-            lease = await gate.acquire(demand)
+            lease = await self.leases.acquire(demand)
         else:
             # The gate chooses its GPU among the consumer's, and starts it there.
-            (lease,) = await gate.acquire_on(demand, link.consumer.cards)
+            (lease,) = await self.leases.acquire_on(demand, link.consumer.cards)
         if running:
             log.info("%s is running: adopted, its memory counted from the next sample", name)
             if process is not None:
                 await self.finder.adopted_ready(link, process, lease)
             return
-        gate.starts.own(lease)
+        self.starts.own(lease)
         await self._start(link, lease)
 
     def switch_broke(self, link: Link) -> None:
@@ -264,11 +282,11 @@ class ProcessStarts:
         self.ends.starting(name)
         outcome = asyncio.get_running_loop().create_future()
         self._outcomes[name] = outcome
-        self.gate.start_process(lease)
-        life = self.gate.core.lifecycle(name)
+        self.reports.start_process(lease)
+        life = self.core.lifecycle(name)
         if life is None or life.state is not LifeState.STARTING or life.start_lease != lease.id:
             self._outcomes.pop(name, None)
-            self.gate.release(lease, failed=True)
+            self.leases.release(lease, failed=True)
             state = life.state.value if life is not None else "without a lifecycle"
             what = f"it could not be started: it is {state}"
             raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what))
@@ -276,19 +294,21 @@ class ProcessStarts:
 
     def carry_out(self, effect: Start | Wake) -> None:
         """Carry out the core's Start or Wake through the runtime's lifecycle interface."""
-        link = self.gate.links.get(effect.consumer)
-        if link is None or link.adapter.process is None:
-            self.gate.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
+        link = self.links.get(effect.consumer)
+        lifecycle = link.runtime.lifecycle if link is not None else None
+        if link is None or lifecycle is None or lifecycle.control is None:
+            self.reports.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
             return
-        self._spawn(self._carry_out(link, link.adapter.process, effect), f"start-{effect.consumer}")
+        self._spawn(self._carry_out(link, lifecycle, effect), f"start-{effect.consumer}")
 
-    async def _carry_out(self, link: Link, process: ProcessControl, effect: Start | Wake) -> None:
-        gate = self.gate
+    async def _carry_out(self, link: Link, lifecycle: Lifecycle, effect: Start | Wake) -> None:
+        process = lifecycle.control
+        assert process is not None
         name = link.consumer.name
         control = link.consumer.control
         health = control.health if control is not None else "/health"
         timeout = control.start_timeout if control is not None else 60.0
-        started = gate.clock()
+        started = self.clock()
         outcome = self._outcomes.pop(name, None)
         self.envelopes.starting(name)
         waking = isinstance(effect, Wake)
@@ -304,10 +324,12 @@ class ProcessStarts:
             if not waking:
                 with contextlib.suppress(Exception):
                     await process.stop()
-                link.adapter.process_ended()
+                lifecycle.process_ended()
             verb = "wake" if waking else "start"
-            gate.life_report(name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}")
-            retry = gate.core.start_wait(name, gate.clock())
+            self.reports.life_report(
+                name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}"
+            )
+            retry = self.core.start_wait(name, self.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
             what = f"its {verb} failed: {_short(exc)}"
             what += f"; next start in {math.ceil(retry)}s at the earliest"
@@ -315,7 +337,7 @@ class ProcessStarts:
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
             self._last_failure[name] = what
-            gate.report(failure)
+            self.reports.report(failure)
             if self._always_warm(link):
                 self._spawn(self._keep_warm(link), f"restart-{name}")
             if outcome is not None and not outcome.done():
@@ -325,14 +347,14 @@ class ProcessStarts:
             if outcome is not None and not outcome.done():
                 outcome.cancel()
             raise
-        lease = gate.core.lease(effect.lease)
+        lease = self.core.lease(effect.lease)
         if lease is not None:
             self.envelopes.started(lease.key)
-        gate.life_report(name, LifeReport.UP)
+        self.reports.life_report(name, LifeReport.UP)
         self._last_failure.pop(name, None)
         log.info(
             "%s %s under lease %d (%.1fs to ready)",
-            name, "woken" if waking else "started", effect.lease, gate.clock() - started,
+            name, "woken" if waking else "started", effect.lease, self.clock() - started,
         )  # fmt: skip
         if outcome is not None and not outcome.done():
             outcome.set_result(None)
@@ -340,10 +362,10 @@ class ProcessStarts:
     def _devices(self, lease_id: int) -> str | None:
         """CUDA_VISIBLE_DEVICES for a start on the GPU its lease was placed on: the GPU's
         UUID (the same card whatever order CUDA counts in), else its index."""
-        lease = self.gate.core.lease(lease_id)
+        lease = self.core.lease(lease_id)
         if lease is None:
             return None
-        observation = self.gate.core.observation(lease.gpu)
+        observation = self.core.observation(lease.gpu)
         if observation is not None and observation.uuid:
             return observation.uuid
         return str(lease.gpu)
@@ -352,11 +374,11 @@ class ProcessStarts:
 
     def on_gate_start(self) -> None:
         """Start always_warm processes, adopt running ones, reserve uncontrolled ones."""
-        for link in self.gate.links.values():
+        for link in self.links.values():
             if self.books.envelope(link) is None:
                 continue
             name = link.consumer.name
-            if link.adapter.process is not None and self._always_warm(link):
+            if control_of(link) is not None and self._always_warm(link):
                 # Under way from now: a request that arrives before its start begins waits.
                 task = self._spawn(self._warm_start(link), f"process-{name}")
                 self._warming[name] = task
@@ -368,17 +390,17 @@ class ProcessStarts:
             await self._at_start(link)
 
     async def _at_start(self, link: Link) -> None:
-        adapter = link.adapter
         await self.finder.read_unit(link)
-        model = adapter.process_model()
+        model = process_model(link.runtime.lifecycle)
         assert model is not None
-        priority = adapter.model_priority(model)
+        priority = link.runtime.settings.model_priority(model)
+        process = control_of(link)
         try:
-            if adapter.process is None:
+            if process is None:
                 demand = self.books.demand(link, priority, gpu=self.books.shown_on(link))
-                await self.gate.acquire(demand)
+                await self.leases.acquire(demand)
                 return
-            found = await self.finder.found(link, adapter.process)
+            found = await self.finder.found(link, process)
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
@@ -389,16 +411,16 @@ class ProcessStarts:
         """Wait for the always_warm processes the gate starts at its own start, each within
         its start timeout; what is not up then: `NAME not up: WHY`, one each."""
         names = sorted(self._warming)
-        timeouts = {name: start_timeout_of(self.gate.links[name]) for name in names}
+        timeouts = {name: start_timeout_of(self.links[name]) for name in names}
         waits = [
             asyncio.wait_for(asyncio.shield(self._warming[name]), timeouts[name]) for name in names
         ]
         await asyncio.gather(*waits, return_exceptions=True)
         missing = []
         for name in names:
-            life = self.gate.core.lifecycle(name)
+            life = self.core.lifecycle(name)
             if life is None or life.state is not LifeState.UP:
-                queued = [t for t in self.gate.core.waiting() if t.demand.consumer == name]
+                queued = [t for t in self.core.waiting() if t.demand.consumer == name]
                 wait = None
                 if queued:
                     wait = f"{format_gib(queued[0].demand.envelope)} on GPU {queued[0].demand.gpu}"
@@ -407,16 +429,16 @@ class ProcessStarts:
         return missing
 
     def _always_warm(self, link: Link) -> bool:
-        model = link.adapter.process_model()
+        model = process_model(link.runtime.lifecycle)
         return model is not None and (
-            link.adapter.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
+            link.runtime.settings.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
         )
 
     def _restart(self, link: Link) -> None:
         """After its process ended: an always_warm one starts again, after its backoff."""
         if self._always_warm(link):
             name = link.consumer.name
-            retry = self.gate.core.start_wait(name, self.gate.clock())
+            retry = self.core.start_wait(name, self.clock())
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
 
@@ -424,11 +446,11 @@ class ProcessStarts:
         """Start an always_warm process again after it ended, once its backoff allows."""
         name = link.consumer.name
         while True:
-            await asyncio.sleep(self.gate.core.start_wait(name, self.gate.clock()))
-            model = link.adapter.process_model()
+            await asyncio.sleep(self.core.start_wait(name, self.clock()))
+            model = process_model(link.runtime.lifecycle)
             assert model is not None
             try:
-                await self.ensure_running(link, link.adapter.model_priority(model))
+                await self.ensure_running(link, link.runtime.settings.model_priority(model))
                 return
             except GateFailure as exc:
                 if exc.failure.failure_class is not FailureClass.START_BACKOFF:
@@ -441,8 +463,8 @@ class ProcessStarts:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for link in self.gate.links.values():
-            process = link.adapter.process
+        for link in self.links.values():
+            process = control_of(link)
             if isinstance(process, SupervisedCommand) and process.running:
                 with contextlib.suppress(Exception):
                     await process.stop()

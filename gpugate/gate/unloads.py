@@ -2,8 +2,8 @@
 
 A runtime may answer an unload before the process holding the memory has exited, and
 NVML can lag behind the exit; a grant made on the strength of the answer alone would land
-on memory that is still taken. So after asking (the adapter's `evict`), the gate samples
-NVML quickly until the device's free memory rose by the adapter's reclaim rule (a
+on memory that is still taken. So after asking (the runtime's `Residents.evict`), the gate
+samples NVML quickly until the device's free memory rose by its reclaim rule (a
 fraction of the resident's bytes), or
 until the consumer's usage is what its other residents explain without external use
 having grown meanwhile (the runner was gone before the gate asked), or the reclaim
@@ -28,16 +28,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Protocol
 
 from gpugate.core.effects import Preempt, Sleep, Stop, Unload
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.lifecycle import LifeReport
-from gpugate.core.observation import GpuObservation
-from gpugate.core.residents import ResidentState
+from gpugate.core.observation import GpuObservation, HostObservation
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand
-from gpugate.gate.links import Link
-from gpugate.gate.owner import GateOwner
+from gpugate.gate.link import Link
 from gpugate.gate.upstream import upstream_failure
+from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.base import Inventory, Jobs, NotSupported
 
 log = logging.getLogger("gpugate.unloads")
 
@@ -49,80 +53,129 @@ request the unload is for waits on the sample that sees it. Each pause doubles, 
 POLL_INTERVAL, so a slow unload does not keep NVML busy."""
 
 
+class UnloadReports(Protocol):
+    """What the unload runner reports to the gate (the core decides what follows)."""
+
+    def unloaded(
+        self, key: ResidentKey, *, reclaimed: bool, failure: Failure | None = None
+    ) -> None: ...
+
+    def preempted(self, effect: Preempt, failure: Failure | None) -> None: ...
+
+    def withdrawn(self, demand: Demand) -> None: ...
+
+    def life_report(self, consumer: str, report: LifeReport, detail: str = "") -> None: ...
+
+    def observe(self, sample: HostObservation) -> None: ...
+
+    def want_reconcile(self, consumer: str) -> None: ...
+
+    def loop_failed(self, loop: str, failure: Failure) -> None: ...
+
+
+def stoppable(link: Link) -> Jobs:
+    """The runtime's jobs, to stop one; NotSupported for a runtime that has none."""
+    jobs = link.runtime.jobs
+    if jobs is None:
+        raise NotSupported(f"{link.consumer.name} cannot stop a job")
+    return jobs
+
+
 class UnloadRunner:
-    def __init__(self, gate: GateOwner) -> None:
-        self.gate = gate
+    """Carries out the core's Unload, Stop, Sleep and Preempt effects, and withdrawals."""
+
+    def __init__(
+        self,
+        core: GateCore,
+        links: dict[str, Link],
+        sampler: Sampler,
+        clock: Callable[[], float],
+        reclaim_timeout: Callable[[], float],
+        reports: UnloadReports,
+    ) -> None:
+        """`core` is read (what NVML and the books showed); `reclaim_timeout`: the
+        configuration's, as a reload leaves it."""
+        self.core = core
+        self.links = links
+        self.sampler = sampler
+        self.clock = clock
+        self.reclaim_timeout = reclaim_timeout
+        self.reports = reports
         self._locks: dict[int, asyncio.Lock] = {}
 
     async def run(self, unload: Unload) -> None:
-        gate = self.gate
+        reports = self.reports
         consumer = unload.key.consumer
-        link = gate.links.get(consumer)
+        link = self.links.get(consumer)
         reclaimed = False
         failure: Failure | None = None
         try:
             async with self._locks.setdefault(unload.gpu, asyncio.Lock()):
-                before = gate.core.observation(unload.gpu)
+                before = self.core.observation(unload.gpu)
                 if link is None or link.session is None:
-                    raise LookupError(f"no adapter can unload {unload.key}")
+                    raise LookupError(f"no runtime can unload {unload.key}")
+                residents = link.runtime.residents
                 try:
-                    async with asyncio.timeout(link.adapter.evict_timeout()):
+                    async with asyncio.timeout(residents.evict_timeout()):
                         await self._evict(link, unload)
                 except Exception as exc:
                     if isinstance(unload, (Stop, Sleep)):
-                        gate.life_report(consumer, LifeReport.STOP_FAILED, str(exc))
+                        reports.life_report(consumer, LifeReport.STOP_FAILED, str(exc))
                     what = f"cannot unload {unload.key.model}"
                     failure = upstream_failure(link.consumer, exc, what, model=unload.key.model)
-                    gate.loop_failed(f"unload-{consumer}", failure)
+                    reports.loop_failed(f"unload-{consumer}", failure)
                 else:
-                    rule = link.adapter.reclaim_rule
+                    rule = residents.reclaim_rule
                     idle = link.idle_bytes if rule.to_idle else None
                     reclaimed = await self._wait_for_reclaim(
                         unload, before, rule.recovered_fraction, idle, clear=rule.consumer_clear
                     )
-                    if reclaimed and link.adapter.reconcilable:
-                        await self._wait_until_unlisted(link, unload.key.model)
+                    inventory = link.runtime.inventory
+                    if reclaimed and inventory is not None:
+                        await self._wait_until_unlisted(link, inventory, unload.key.model)
         except Exception:
             log.exception("unload of %s failed", unload.key)
         finally:
-            gate.unloaded(unload.key, reclaimed=reclaimed, failure=failure)
-            gate.want_reconcile(consumer)
+            reports.unloaded(unload.key, reclaimed=reclaimed, failure=failure)
+            reports.want_reconcile(consumer)
 
     async def _evict(self, link: Link, unload: Unload) -> None:
         """Ask for the memory back: the runtime unloads the model, or its lifecycle
         interface stops it (Stop) or puts it to sleep (Sleep), reported to the core."""
-        process = link.adapter.process
-        if isinstance(unload, (Stop, Sleep)) and process is not None:
+        lifecycle = link.runtime.lifecycle
+        control = lifecycle.control if lifecycle is not None else None
+        if isinstance(unload, (Stop, Sleep)) and lifecycle is not None and control is not None:
             name = link.consumer.name
             if isinstance(unload, Sleep):
-                await process.sleep()
-                self.gate.life_report(name, LifeReport.ASLEEP, unload.reason.value)
+                await control.sleep()
+                self.reports.life_report(name, LifeReport.ASLEEP, unload.reason.value)
             else:
-                await process.stop()
-                link.adapter.process_ended()
-                self.gate.life_report(name, LifeReport.STOPPED, unload.reason.value)
+                await control.stop()
+                lifecycle.process_ended()
+                self.reports.life_report(name, LifeReport.STOPPED, unload.reason.value)
             return
         assert link.session is not None
-        await link.adapter.evict(link.session, unload.key.model)
+        await link.runtime.residents.evict(link.session, unload.key.model)
 
     async def preempt(self, effect: Preempt) -> None:
         """Ask the runtime to stop the jobs, newest first, within one control timeout; the
         memory they leave is then evicted for the demand and confirmed like any unload."""
-        gate = self.gate
-        link = gate.links.get(effect.consumer)
+        reports = self.reports
+        link = self.links.get(effect.consumer)
         failure: Failure | None = None
         try:
             if link is None or link.session is None:
-                raise LookupError(f"no adapter can stop {effect.consumer}'s jobs")
+                raise LookupError(f"no runtime can stop {effect.consumer}'s jobs")
+            jobs = stoppable(link)
             async with asyncio.timeout(link.consumer.timeouts.control):
                 for job in effect.jobs:
-                    await link.adapter.preempt(link.session, job)
+                    await jobs.preempt(link.session, job)
             # The jobs' lease ends with them: what the runtime holds from then on must be
             # what NVML shows now, not at the last periodic sample (a model loaded since
             # would be counted by nobody).
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(gate.config.budget.reclaim_timeout):
-                    gate.observe(await gate.sampler.sample())
+                async with asyncio.timeout(self.reclaim_timeout()):
+                    reports.observe(await self.sampler.sample())
         except Exception as exc:
             if link is None:
                 log.exception("preemption of %s's jobs failed", effect.consumer)
@@ -130,44 +183,44 @@ class UnloadRunner:
             else:
                 what = f"cannot stop {effect.consumer}'s jobs"
                 failure = upstream_failure(link.consumer, exc, what)
-                gate.loop_failed(f"preempt-{effect.consumer}", failure)
+                reports.loop_failed(f"preempt-{effect.consumer}", failure)
         finally:
-            gate.preempted(effect, failure)
+            reports.preempted(effect, failure)
 
     async def withdraw(self, link: Link, job: str | None, demand: Demand) -> None:
         """Ask the runtime to drop a job it accepted before its lease, which could not be
         had (or whose client left), within one control timeout, and wait (up to the reclaim
         timeout) until it no longer has it: what the job left is then given back, from what
         NVML shows (`GateCore.withdrawn`). Until then the job's memory is kept back."""
-        gate = self.gate
+        reports = self.reports
         name = link.consumer.name
         try:
             if job is not None:
                 if link.session is None:
-                    raise LookupError(f"no adapter can withdraw {name}'s job {job}")
+                    raise LookupError(f"no runtime can withdraw {name}'s job {job}")
+                jobs = stoppable(link)
                 async with asyncio.timeout(link.consumer.timeouts.control):
-                    await link.adapter.preempt(link.session, job)
-                if link.adapter.tracks_jobs:
-                    await self._until_dropped(link, job)
+                    await jobs.preempt(link.session, job)
+                await self._until_dropped(link, jobs, job)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(gate.config.budget.reclaim_timeout):
-                    gate.observe(await gate.sampler.sample())
+                async with asyncio.timeout(self.reclaim_timeout()):
+                    reports.observe(await self.sampler.sample())
         except Exception as exc:
             what = f"cannot withdraw {name}'s job {job}, accepted without a lease"
-            gate.loop_failed(f"withdraw-{name}", upstream_failure(link.consumer, exc, what))
+            reports.loop_failed(f"withdraw-{name}", upstream_failure(link.consumer, exc, what))
         finally:
-            gate.withdrawn(demand)
+            reports.withdrawn(demand)
 
-    async def _until_dropped(self, link: Link, job: str) -> None:
+    async def _until_dropped(self, link: Link, jobs: Jobs, job: str) -> None:
         """Poll the runtime until it says the job ended (a running job stops at its next
         step), within the reclaim timeout."""
         assert link.session is not None
         pause = FIRST_POLL
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.gate.config.budget.reclaim_timeout):
+            async with asyncio.timeout(self.reclaim_timeout()):
                 while True:
                     async with asyncio.timeout(link.consumer.timeouts.control):
-                        ended = await link.adapter.track_jobs(link.session, frozenset({job}))
+                        ended = await jobs.track_jobs(link.session, frozenset({job}))
                     if ended:
                         return
                     await asyncio.sleep(pause)
@@ -182,17 +235,17 @@ class UnloadRunner:
         *,
         clear: bool,
     ) -> bool:
-        gate = self.gate
-        deadline = gate.clock() + gate.config.budget.reclaim_timeout
+        clock = self.clock
+        deadline = clock() + self.reclaim_timeout()
         pause = FIRST_POLL
         while True:
             try:
                 # A read NVML never finishes must not hold the unload past its deadline.
-                async with asyncio.timeout(max(0.0, deadline - gate.clock()) + POLL_INTERVAL):
-                    sample = await gate.sampler.sample()
+                async with asyncio.timeout(max(0.0, deadline - clock()) + POLL_INTERVAL):
+                    sample = await self.sampler.sample()
             except TimeoutError:
                 return False
-            gate.observe(sample)
+            self.reports.observe(sample)
             device = sample.device(unload.gpu)
             if (
                 device is not None
@@ -205,29 +258,28 @@ class UnloadRunner:
                 and (not clear or self._cleared(unload, device))
             ):
                 return True
-            if gate.clock() >= deadline:
+            if clock() >= deadline:
                 return False
             await asyncio.sleep(pause)
             pause = min(POLL_INTERVAL, pause * 2)
 
-    async def _wait_until_unlisted(self, link: Link, model: str) -> None:
+    async def _wait_until_unlisted(self, link: Link, inventory: Inventory, model: str) -> None:
         """Until the runtime's own listing no longer names the model, within the reclaim
         timeout. A runtime may list a runner until it has reaped its process, after its
         memory is back (until it has reaped the runner); while the unload is under way the
         books keep the resident, so such a listing is not taken for a model loaded behind
         the gate's back. A listing that fails ends the wait: NVML already said enough."""
-        gate = self.gate
         assert link.session is not None
-        deadline = gate.clock() + gate.config.budget.reclaim_timeout
+        deadline = self.clock() + self.reclaim_timeout()
         pause = FIRST_POLL
         while True:
             try:
                 async with asyncio.timeout(link.consumer.timeouts.control):
-                    listed = await link.adapter.listing(link.session)
+                    listed = await inventory.listing(link.session)
             except Exception as exc:
                 log.debug("no listing to confirm the unload of %s: %s", model, exc)
                 return
-            if all(entry.name != model for entry in listed) or gate.clock() >= deadline:
+            if all(entry.name != model for entry in listed) or self.clock() >= deadline:
                 return
             await asyncio.sleep(pause)
             pause = min(POLL_INTERVAL, pause * 2)
@@ -265,7 +317,7 @@ class UnloadRunner:
 
     def _explained(self, unload: Unload) -> int:
         """What the consumer's other residents and loading leases account for."""
-        core = self.gate.core
+        core = self.core
         held = sum(
             r.bytes
             for r in core.residents(unload.gpu)

@@ -2,7 +2,7 @@
 and the back-off of a loop that keeps failing.
 
 A call that passes its bound is TIMEOUT, one that cannot connect (or loses its
-connection) is RUNTIME_CRASH, and an answer the adapter cannot use is INVALID_OUTPUT.
+connection) is RUNTIME_CRASH, and an answer the gate cannot use is INVALID_OUTPUT.
 """
 
 from __future__ import annotations

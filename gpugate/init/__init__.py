@@ -8,4 +8,7 @@
 * `plan`: names, the ports the gate takes and the loopback ports the runtimes move to.
 * `write`: the `consumers.yaml` text, one systemd drop-in per runtime unit, and the moves
   (the commands an operator runs, in order). Nothing is ever run or installed by init.
+
+The command itself (its options, printing or writing what `write` renders) is
+gpugate.commands.init.
 """

@@ -1,7 +1,7 @@
 """Forwarding one HTTP exchange to an upstream runtime: the way up (relay.py writes the
 answer down).
 
-Request bodies the adapter did not need are streamed up untouched; responses are
+Request bodies the runtime's reading did not need are streamed up untouched; responses are
 written down chunk by chunk as they arrive (NDJSON and SSE included) with no bytes
 added. Hop-by-hop headers are dropped. Compressed bodies pass through compressed.
 The client gets the upstream's headers and nothing of the gate's server software.
@@ -92,7 +92,7 @@ def upstream_headers(
     """The client's headers for an upgrade the websocket client sends upstream.
 
     `Host` becomes the upstream's own address, which every runtime's loopback host check
-    accepts; headers the adapter already judged (`drop`, e.g. Origin) are not sent.
+    accepts; headers the runtime's reading already judged (`drop`, e.g. Origin) are not sent.
     """
     incoming = request.headers
     dropped = _DROP_WS | {name.lower() for name in drop} | _connection_tokens(incoming)
@@ -130,7 +130,7 @@ def request_head(
 
     The client's header lines are copied byte for byte, less the hops (and what the
     `Connection` header names), Host (the upstream's own address instead), Expect, the
-    headers the adapter already judged (`drop`) and the client's framing. The framing is
+    headers the runtime's reading already judged (`drop`) and the client's framing. The framing is
     the gate's: `length` for a body of known length, `chunked` for a body relayed as it
     comes whose length is not known, neither for no body. A client's X-Forwarded-For is
     extended with its address.
@@ -175,7 +175,7 @@ async def open_upstream(
 ) -> Response:
     """Send the request upstream and return once response headers arrived.
 
-    `body`: the whole body, as read (and perhaps rewritten) by the adapter; None relays
+    `body`: the whole body, as read (and perhaps rewritten) by the runtime's reading; None relays
     the client's body, if it has one, as it arrives. Raises UpstreamTimeout when
     connecting takes longer than `bounds.connect`, or the headers longer than
     `bounds.first_byte` after the request (and its last body byte) went up; an OSError

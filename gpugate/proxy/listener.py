@@ -1,5 +1,5 @@
-"""One listener per fronted consumer: screen, classify, ask the gate once (`Gate.admit` →
-an `Exchange`), forward, and tell the exchange how it went (`answered`, `finish`).
+"""One listener per fronted consumer: screen, classify, ask the gate once (`Requests.admit`
+→ an `Exchange`), forward, and tell the exchange how it went (`answered`, `finish`).
 
 A request's lease (REQUEST scope) is released in a `finally`: when the response is
 complete, when the upstream fails or stalls past its timeouts, and when the client goes
@@ -8,7 +8,7 @@ stops generating or aborts a load). An upstream that fails after the response st
 a failure event and a cut connection, never bytes added to the client's stream.
 
 A lease of another scope outlives the request once the runtime accepted it: a JOB lease
-ends with its job (the adapter reads the runtime's name for the job from its answer), a
+ends with its job (the runtime's name for the job is read from its answer), a
 PROCESS lease when NVML shows the process's memory. If the runtime refused, the lease is
 released here all the same.
 """
@@ -50,7 +50,6 @@ from gpugate.runtimes.base import (
     error_reply,
     failure_reply,
 )
-from gpugate.runtimes.keepalive import keep_alive_of
 
 
 class _ListenerRequest(web.BaseRequest):
@@ -101,6 +100,7 @@ class ConsumerListener:
         upstream_connections: int | None = None,
     ) -> None:
         self.gate = gate
+        self.admit = gate.requests.admit
         self.link = link
         self.identities = identities
         upstream = link.consumer.upstream
@@ -113,7 +113,7 @@ class ConsumerListener:
         self.pool = UpstreamPool(
             url.host,
             url.port,
-            keep_alive=keep_alive_of(link.adapter),
+            keep_alive=link.runtime.reading.keep_alive,
             limit=upstream_connections or link.consumer.limits.upstream_connections,
         )
 
@@ -129,10 +129,10 @@ class ConsumerListener:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Screen, classify, admit, forward and release one request."""
-        adapter = self.link.adapter
+        reading = self.link.runtime.reading
         consumer = self.link.consumer
         method, path = request.method, request.path
-        dialect = adapter.dialect
+        dialect = reading.dialect
         refused = framing_refusal(dialect, request)
         if refused is not None:
             return refused
@@ -140,36 +140,36 @@ class ConsumerListener:
             refused = await answer_expect(dialect, request)
             if refused is not None:
                 return refused
-        screening = adapter.screen(method, request.headers, target=request.raw_path)
+        screening = reading.screen(method, request.headers, target=request.raw_path)
         if screening.reply is not None:
             return reply(screening.reply)
         body = None
         drop_up = screening.drop_up
-        if adapter.wants_body(method, path):
-            coding = decoded_coding(dialect, request) or adapter.decoded_coding(
+        if reading.wants_body(method, path):
+            coding = decoded_coding(dialect, request) or reading.decoded_coding(
                 path, request.headers.get(hdrs.CONTENT_ENCODING, "")
             )
-            limit = consumer.body_limit(adapter.body_limit.size)
+            limit = consumer.body_limit(reading.body_limit.size)
             try:
                 body = await read_body(request, limit)
                 if coding is not None:
                     # The runtime's server inflates it before its handler reads it: the
-                    # adapter reads, and the gate sends, what that handler would read.
+                    # gate reads, and sends, what that handler would read.
                     body = decode_body(dialect, coding, body, limit)
                     drop_up = (*drop_up, hdrs.CONTENT_ENCODING)
             except BodyTooLarge as exc:
-                too_large = adapter.body_limit.refusal
+                too_large = reading.body_limit.refusal
                 if too_large is not None:
                     return reply(too_large(limit, exc.size, path))
-                api = adapter.classify(method, path, None, "").api
+                api = reading.classify(method, path, None, "").api
                 return reply(error_reply(api, 413, "http: request body too large"), screening)
             except asyncio.IncompleteReadError:
-                api = adapter.classify(method, path, None, "").api
+                api = reading.classify(method, path, None, "").api
                 return reply(error_reply(api, 400, "unexpected EOF"), screening)
             except Refused as exc:
                 exc.response.headers.extend(screening.reply_headers)
                 return exc.response
-        classified = adapter.classify(
+        classified = reading.classify(
             method,
             path,
             body,
@@ -192,7 +192,7 @@ class ConsumerListener:
             headers.get(PRIORITY_HEADER),
         )
         try:
-            exchange = await self.gate.admit(self.link, classified, caller, method, path)
+            exchange = await self.admit(self.link, classified, caller, method, path)
         except GateFailure as exc:
             return reply(failure_reply(classified.api, exc.failure), screening)
         if exchange.refusal is not None:

@@ -13,8 +13,8 @@ the shape the runtime's server answers such a request with (`ServerDialect`):
 A body the runtime's server decodes before its handler reads it (aiohttp inflates gzip,
 deflate, br and zstd) is decoded here with aiohttp's own decoder, bounded by the consumer's
 body limit (by default the runtime's own: aiohttp's `client_max_size` bounds the decoded
-body too), so the adapter reads what the runtime will read; the decoded body is what goes
-up. Go's and cpp-httplib's servers decode nothing: their adapters read the bytes as sent.
+body too), so the gate reads what the runtime will read; the decoded body is what goes
+up. Go's and cpp-httplib's servers decode nothing: their readings take the bytes as sent.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
 
 def decoded_coding(dialect: ServerDialect, request: web.BaseRequest) -> BodyCoding | None:
     """The content coding the runtime's HTTP server undoes before any handler reads the
-    body (a route's own decoding is the adapter's: `RuntimeAdapter.decoded_coding`)."""
+    body (a route's own decoding is the runtime's: `Reading.decoded_coding`)."""
     if dialect is not ServerDialect.AIOHTTP or not request.body_exists:
         return None
     value = request.headers.get(hdrs.CONTENT_ENCODING, "")

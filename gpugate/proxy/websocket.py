@@ -164,7 +164,7 @@ class WebSocketRelay:
     ) -> web.StreamResponse:
         """Relay one upgrade until either side closes.
 
-        `drop`: request headers the adapter already judged; `extra_headers`: added to the
+        `drop`: request headers the runtime's reading already judged; `extra_headers`: added to the
         client's answer (101 or refusal). Raises UpstreamTimeout, or aiohttp.ClientError /
         OSError, when the upstream could not be reached; `on_drop` is told of an upstream
         that went away without a close frame once the websocket was open.

@@ -1,5 +1,5 @@
-"""What an adapter answers about a request and a runtime, and the error shapes clients
-parse (the interface itself: facets.py, base.py)."""
+"""What a runtime's parts answer about a request and a runtime, and the error shapes
+clients parse (the parts themselves: parts.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class Refusal:
 
 @attrs.frozen
 class Classified:
-    """An adapter's reading of one request."""
+    """A runtime's reading of one request."""
 
     kind: RouteKind
     api: ApiFamily
@@ -62,7 +62,7 @@ class Classified:
     options_key: str = ""
     """Runner options that decide a reload (the lease key's second half)."""
     body: bytes | None = None
-    """The body to forward when the adapter rewrote it; None forwards the original."""
+    """The body to forward when the reading rewrote it; None forwards the original."""
     idle_ttl: float | None = None
     """How long the model may stay idle after this request (None: forever)."""
     sets_ttl: bool = False
@@ -71,7 +71,8 @@ class Classified:
     scope: LeaseScope = LeaseScope.REQUEST
     """How long the lease of a DEMAND lives, and who ends it (docs/architecture.md)."""
     reading: object = attrs.field(default=None, eq=False)
-    """The adapter's own reading of the body, for `size` and `job_key` (opaque elsewhere)."""
+    """The runtime's own reading of the body, for its `Memory.size`, `Vetting` and
+    `Jobs.job_key` (opaque elsewhere)."""
     scale: float = 0.0
     """How large the job is in the runtime's own unit (ComfyUI: megapixels); a measured
     peak is kept with the scale it was measured at."""

@@ -1,10 +1,10 @@
-"""The runtime adapter interface, and what an adapter answers about a request and a
-runtime.
+"""The runtime interface, in one place: what the gate knows of a runtime (a `Runtime`, the
+record of its parts: parts.py, runtime.py) and what a runtime answers about a request
+(answers.py).
 
-The gate, the unload runner, the listeners and `serve` know runtimes only through
-`RuntimeAdapter`: a composition of small protocols (facets.py), each part of the gate using
-the one it needs. Adding a runtime is one package in `runtimes/` and one entry in
-`registry.py`.
+The gate, the unload runner, the listeners and `serve` know runtimes only through their
+parts, each part of the gate taking the one it uses. Adding a runtime is one package in
+`runtimes/` that builds its consumers' `Runtime`, and one entry in `registry.py`.
 """
 
 from __future__ import annotations
@@ -29,59 +29,54 @@ from gpugate.runtimes.answers import (
     llama_error_type,
     vllm_error_type,
 )
-from gpugate.runtimes.facets import (
-    GpuPlacement,
-    HealthCheck,
-    JobControl,
-    ModelSettings,
-    ProcessLife,
-    RequestReading,
-    ResidentControl,
+from gpugate.runtimes.parts import (
+    Bounds,
+    Health,
+    Inventory,
+    Jobs,
+    Lifecycle,
+    Memory,
+    Placement,
+    Reading,
+    Residents,
+    Vetting,
+    placing,
 )
 from gpugate.runtimes.replies import ErrorReply
+from gpugate.runtimes.runtime import ModelSettings, Runtime, RuntimeFactory
 
 __all__ = [
     "AdapterError",
     "ApiFamily",
+    "Bounds",
     "Classified",
     "ErrorReply",
-    "HealthCheck",
+    "Health",
     "HealthSignal",
-    "JobControl",
+    "Inventory",
     "JobEnd",
+    "Jobs",
+    "Lifecycle",
     "LoadedModel",
     "Measured",
+    "Memory",
     "ModelSettings",
     "NotSupported",
-    "ProcessLife",
+    "Placement",
+    "Reading",
     "ReclaimRule",
     "Refusal",
-    "RequestReading",
-    "ResidentControl",
+    "Residents",
     "RouteKind",
-    "RuntimeAdapter",
+    "Runtime",
+    "RuntimeFactory",
     "Screening",
     "Vetted",
+    "Vetting",
     "error_reply",
     "failure_reply",
     "go_json",
     "llama_error_type",
+    "placing",
     "vllm_error_type",
 ]
-
-
-class RuntimeAdapter(
-    ModelSettings,
-    RequestReading,
-    ResidentControl,
-    JobControl,
-    ProcessLife,
-    GpuPlacement,
-    HealthCheck,
-):
-    """What the gate needs from one consumer's runtime; one instance per consumer.
-
-    The shared parts hold the consumer's configuration lookups and the defaults every
-    runtime shares; a runtime family implements the request reading and the calls to its
-    upstream.
-    """

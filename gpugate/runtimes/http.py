@@ -9,20 +9,15 @@ exactly as whisper-server is; without, it is never evicted (the gate cannot stop
 
 from __future__ import annotations
 
-import aiohttp
+from gpugate.config.model import Consumer
+from gpugate.runtimes.answers import ApiFamily, Classified, HealthSignal, RouteKind
+from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
+from gpugate.runtimes.parts import Reading
+from gpugate.runtimes.runtime import Runtime
 
-from gpugate.runtimes.base import ApiFamily, Classified, HealthSignal, RouteKind
-from gpugate.runtimes.controlled import ProcessAdapter
 
-
-class HttpAdapter(ProcessAdapter):
-    """A runtime known only by its envelope and, optionally, its control."""
-
-    @property
-    def health_signal(self) -> HealthSignal:
-        # Without a control nothing says where such a runtime answers whether it is well
-        # (or whether it serves HTTP at all): it is shown, and never fails the gate's health.
-        return HealthSignal.PROCESS if self.process is not None else HealthSignal.UNOBSERVED
+class PassReading(Reading):
+    """Every request passes as it is: nothing says what it does."""
 
     def wants_body(self, method: str, path: str) -> bool:
         return False
@@ -32,9 +27,23 @@ class HttpAdapter(ProcessAdapter):
     ) -> Classified:
         return Classified(RouteKind.PASS, ApiFamily.PLAIN)
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """The control's health path answers 200 (`/` when there is no control)."""
-        path = self.consumer.control.health if self.consumer.control is not None else "/"
-        async with session.get(self.url(path)) as resp:
-            await resp.read()
-            return resp.status < 400
+
+def _answers(status: int) -> bool:
+    return status < 400
+
+
+def http_runtime(consumer: Consumer) -> Runtime:
+    """A runtime known only by its envelope and, optionally, its control: well when the
+    control's health path answers below 400. Without a control nothing says where it
+    answers whether it is well (or whether it serves HTTP at all): it is shown, and never
+    fails the gate's health."""
+    control = consumer.control
+    return process_runtime(
+        consumer,
+        PassReading(),
+        ProcessModel(consumer),
+        control=make_control(consumer),
+        health_path=control.health if control is not None else "/",
+        healthy=_answers,
+        unobserved=HealthSignal.UNOBSERVED,
+    )

@@ -4,13 +4,11 @@ The forwarding client (proxy/pool.py) keeps connections to a runtime and sends t
 request on one that is idle. That is safe only while the server is sure to read it: a
 server that closes an idle connection on its own timer can close it just as a request is
 written, and a POST that then fails cannot be sent again (nothing says whether the server
-read it). An adapter whose server closes connections on its own names the server's numbers
+read it). A runtime whose server closes connections on its own names the server's numbers
 here; the gate reuses a connection only well inside them.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import attrs
 
@@ -38,6 +36,13 @@ class KeepAlivePolicy:
     left for new connections, the gate's own calls among them, for every idle one."""
 
     @property
+    def pools_idle(self) -> bool:
+        """Whether a client that keeps idle connections on a timer of its own (the gate's
+        own calls: aiohttp keeps one 15 s) may keep them: only when the server keeps them
+        until its client closes them."""
+        return self.reuse and self.idle_timeout is None
+
+    @property
     def reuse_within(self) -> float | None:
         """How long after its last answer a connection may carry another request (None: as
         long as it stays open)."""
@@ -59,18 +64,3 @@ neither changed by either server (the 100th answer says `Connection: close`). An
 connection holds one of the server's worker threads in its keep-alive wait; whisper.cpp's
 pool has 8 (`CPPHTTPLIB_THREAD_POOL_COUNT` on a machine of up to 9 cores), so the gate
 keeps at most half of them idle."""
-
-
-class _Reading(Protocol):
-    pool_connections: bool
-
-
-def keep_alive_of(adapter: _Reading) -> KeepAlivePolicy:
-    """The adapter's policy: the one it names (`keep_alive`), else reuse as
-    `pool_connections` says."""
-    # The adapter facets declare `pool_connections` only; an adapter that knows its
-    # server's keep-alive names it as `keep_alive` beside that.
-    policy = getattr(adapter, "keep_alive", None)
-    if isinstance(policy, KeepAlivePolicy):
-        return policy
-    return KEEP if adapter.pool_connections else NEVER

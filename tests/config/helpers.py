@@ -14,6 +14,8 @@ from gpugate.config.loader import (
     Severity,
     load_config_text_with_warnings,
 )
+from gpugate.config.runtime_table import RuntimeTable
+from gpugate.runtimes.sections import RUNTIME_TABLE
 
 SOURCE = Path("consumers.yaml")
 OLLAMA_DEFAULTS = {
@@ -33,22 +35,28 @@ class Found:
     message: str
 
 
-def load(text: str, environ: Mapping[str, str] | None = None) -> LoadedConfig:
-    """Load `text` as consumers.yaml with `environ` (empty by default) for env: tokens."""
-    return load_config_text_with_warnings(text, SOURCE, {} if environ is None else environ)
+def load(
+    text: str, environ: Mapping[str, str] | None = None, runtimes: RuntimeTable = RUNTIME_TABLE
+) -> LoadedConfig:
+    """Load `text` as consumers.yaml with `environ` (empty by default) for env: tokens, and
+    `runtimes` (the shipped ones by default)."""
+    environ = {} if environ is None else environ
+    return load_config_text_with_warnings(text, SOURCE, environ, runtimes=runtimes)
 
 
-def errors(text: str, environ: Mapping[str, str] | None = None) -> list[Found]:
+def errors(
+    text: str, environ: Mapping[str, str] | None = None, runtimes: RuntimeTable = RUNTIME_TABLE
+) -> list[Found]:
     """The errors `text` is rejected with, in the order reported."""
     with pytest.raises(ConfigError) as info:
-        load(text, environ)
+        load(text, environ, runtimes)
     assert info.value.errors, "a ConfigError must carry at least one error"
     return [Found(i.line, i.path, i.message) for i in info.value.errors]
 
 
-def warnings(text: str) -> list[Found]:
+def warnings(text: str, runtimes: RuntimeTable = RUNTIME_TABLE) -> list[Found]:
     """The warnings of `text`, which must load."""
-    loaded = load(text)
+    loaded = load(text, runtimes=runtimes)
     assert all(w.severity is Severity.WARNING for w in loaded.warnings)
     return [Found(w.line, w.path, w.message) for w in loaded.warnings]
 

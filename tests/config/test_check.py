@@ -14,11 +14,11 @@ import pytest
 
 from gpugate.config import model
 from gpugate.config.check import EXIT_INVALID, EXIT_OK, run_check
-from gpugate.config.loader import load_config, yaml_key
+from gpugate.config.loader import yaml_key
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import GiB, MiB
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
-from gpugate.runtimes.sections import SECTIONS
+from gpugate.runtimes.sections import RUNTIME_TABLE, load_config
 from tests.config.helpers import ollama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,7 +174,7 @@ def test_the_summary_counts_in_words(tmp_path: Path) -> None:
         + "budget: {reserve: 1536MiB}\n"
     )
     out, err = io.StringIO(), io.StringIO()
-    assert run_check(path, out, err) == EXIT_OK
+    assert run_check(path, out, err, runtimes=RUNTIME_TABLE) == EXIT_OK
     assert err.getvalue() == ""
     assert out.getvalue() == (
         f"{path}: ok — 1 consumer (ollama), 1 external service, 1 identity, reserve 1.5 GiB\n"
@@ -190,7 +190,7 @@ def test_the_manual_names_every_field() -> None:
     ]
     assert model.Consumer in classes and model.Config in classes
     # A runtime's section is written under the runtime's name, with its own fields.
-    sections = {name: cls for name, cls in SECTIONS.items() if attrs.fields(cls)}
+    sections = {e.name: e.section for e in RUNTIME_TABLE.entries if attrs.fields(e.section)}
     classes += list(sections.values())
     missing = [
         f"{cls.__name__}.{name}"
@@ -216,6 +216,6 @@ def test_the_manuals_example_is_what_check_prints(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GPUGATE_BATCH_TOKEN", raising=False)
     out, err = io.StringIO(), io.StringIO()
-    assert run_check(Path("consumers.yaml"), out, err) == int(session[-1])
+    assert run_check(Path("consumers.yaml"), out, err, runtimes=RUNTIME_TABLE) == int(session[-1])
     assert out.getvalue() == ""
     assert err.getvalue().splitlines() == session[1:-2]

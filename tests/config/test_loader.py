@@ -28,6 +28,7 @@ from gpugate.config.model import (
 )
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import GiB, MiB
+from gpugate.runtimes.sections import RUNTIME_TABLE
 from tests.config.helpers import SOURCE, Found, errors, load, ollama
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_load_config_reads_the_file_and_logs_warnings(
     path = tmp_path / "consumers.yaml"
     path.write_text(ollama(upstream="http://10.0.0.2:11435"))
     with caplog.at_level(logging.WARNING, logger="gpugate.config.loader"):
-        config = load_config(path)
+        config = load_config(path, runtimes=RUNTIME_TABLE)
     assert config.source == path
     assert config.consumer("ollama").upstream.host == "10.0.0.2"
     assert [r.getMessage() for r in caplog.records] == [
@@ -386,7 +387,7 @@ def test_a_yaml_syntax_error_is_one_issue_with_its_line(text: str, line: int, me
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, runtimes=RUNTIME_TABLE)
     assert [(i.file, i.line, i.message) for i in info.value.issues] == [
         (path, None, "no such file")
     ]
@@ -395,19 +396,21 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_a_directory_or_binary_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r": cannot read: Is a directory$"):
-        load_config(tmp_path)
+        load_config(tmp_path, runtimes=RUNTIME_TABLE)
     binary = tmp_path / "consumers.yaml"
     binary.write_bytes(b"consumers:\n  \xff\xfe: {}\n")
     with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 13 is 0xff\)$"):
-        load_config_with_warnings(binary)
+        load_config_with_warnings(binary, runtimes=RUNTIME_TABLE)
 
 
 def test_load_config_text_uses_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     text = "identities:\n  - {name: ops, class: production, tokens: ['env:GPUGATE_TEST_TOKEN']}\n"
     monkeypatch.setenv("GPUGATE_TEST_TOKEN", "s3cret")
-    assert load_config_text(text, SOURCE).identities[0].tokens == ("s3cret",)
+    assert load_config_text(text, SOURCE, runtimes=RUNTIME_TABLE).identities[0].tokens == (
+        "s3cret",
+    )
     monkeypatch.delenv("GPUGATE_TEST_TOKEN")
-    assert load_config_text(text, SOURCE).identities[0].tokens == ()
+    assert load_config_text(text, SOURCE, runtimes=RUNTIME_TABLE).identities[0].tokens == ()
 
 
 # ---------------------------------------------------------------------------------------------

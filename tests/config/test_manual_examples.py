@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpugate.config.loader import load_config_text
+from gpugate.runtimes.sections import load_config_text
 
 MANUAL = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 TEXT = MANUAL.read_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpugate.core.units import GiB, MiB
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.ollama.settings import OllamaSettings
-from gpugate.runtimes.sections import SECTIONS
+from gpugate.runtimes.sections import RUNTIME_TABLE
 from gpugate.runtimes.vllm.settings import VllmSettings
 from tests.config.helpers import Found, errors, load, warnings
 
@@ -124,5 +124,5 @@ consumers:
 def test_an_unknown_runtime_names_every_registered_one():
     (found,) = errors(HEAD.replace("runtime: comfyui", "runtime: sdnext"))
     assert found.path == "consumers.comfy.runtime"
-    for name in SECTIONS:
+    for name in RUNTIME_TABLE.names:
         assert name in found.message

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpugate.config.loader import load_config
-from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
+from gpugate.runtimes.comfyui.adapter import ComfyUIReading
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
-from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.registry import runtime_for
+from gpugate.runtimes.sections import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for p in ROOT.glob("**/*consumers*.yaml") if ".venv" not in p.parts)
@@ -34,7 +34,8 @@ def test_a_shipped_configuration_passes_check(path: Path) -> None:
 def test_the_demo_fronts_comfyui() -> None:
     config = load_config(ROOT / "gpugate" / "sim" / "data" / "demo-consumers.yaml")
     [comfyui] = [c for c in config.consumers if c.name == "comfyui"]
-    assert isinstance(adapter_for(comfyui), ComfyUIAdapter)
+    runtime = runtime_for(comfyui)
+    assert runtime is not None and isinstance(runtime.reading, ComfyUIReading)
     assert comfyui.settings_as(ComfyUISettings).files
 
 

@@ -13,12 +13,12 @@ import attrs
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpugate.config.loader import load_config_text
 from gpugate.control.app import control_app
 from gpugate.control.metrics import GateMetrics
 from gpugate.core.observation import HostObservation
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from tests.gate.fakes import FakeAttributor, FakeGpu
 
 TOKEN = "ops-secret-token"

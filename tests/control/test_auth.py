@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gpugate.config.loader import load_config_text
 from gpugate.control.app import control_app
 from gpugate.control.auth import READ_ONLY, Throttle, readable, reads_are_public, token_middleware
 from gpugate.control.metrics import GateMetrics
+from gpugate.runtimes.sections import load_config_text
 from tests.control.conftest import CONTROL_TOKEN, admin, trainer
 
 
@@ -148,8 +148,8 @@ async def test_reads_need_the_token_when_not_public(stack):
 
 
 def test_control_tokens_come_from_the_environment_or_a_file(tmp_path):
-    from gpugate.config.loader import load_config_text_with_warnings
     from gpugate.reload import unset_secrets
+    from gpugate.runtimes.sections import load_config_text_with_warnings
 
     token_file = tmp_path / "control.token"
     token_file.write_text("from-the-file\n")

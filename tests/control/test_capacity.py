@@ -13,7 +13,7 @@ import attrs
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpugate.config.loader import ConfigError, load_config_text
+from gpugate.config.loader import ConfigError
 from gpugate.config.model import Address
 from gpugate.control.agent import AgentResponder
 from gpugate.control.app import control_app
@@ -25,6 +25,7 @@ from gpugate.core.tickets import Demand
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from tests.control.operated import Clock
 from tests.gate.fakes import FakeAttributor, FakeGpu, FakeUpstream
@@ -103,12 +104,12 @@ class Capacity:
             policy=ResidencyPolicy.KEEP_WARM,
             idle_ttl=900.0,
         )
-        lease = await self.gate.acquire(demand)
+        lease = await self.gate.leases.acquire(demand)
         self.upstream.loaded[model] = nbytes
         self.gpu.held[self.pids] = nbytes
         self.pids += 1
-        self.gate.loaded(lease)
-        self.gate.release(lease)
+        self.gate.leases.loaded(lease)
+        self.gate.leases.release(lease)
         await self.sample()
 
     async def sample(self) -> None:
@@ -246,7 +247,7 @@ async def test_no_room_when_external_memory_fills_the_card_and_the_host_drains(c
 
 async def test_operator_marks_block_and_drain(cap):
     await cap.load("gemma3:12b", 7796 * MiB, PriorityClass.INTERACTIVE)
-    cap.gate._apply(cap.gate.core.pause(0, cap.clock.now))
+    cap.gate.apply(cap.gate.core.operator.pause(0, cap.clock.now))
     row = await cap.model("gemma3:12b")
     assert (row["verdict"], row["blocked"]) == ("no_room", "paused")
     _, document = await cap.get()
@@ -255,8 +256,8 @@ async def test_operator_marks_block_and_drain(cap):
     assert document["agent"]["reason"] == "every GPU is paused"
     assert await cap.ask(b"\n") == "drain 0%\n"
     assert await cap.ask(b"gemma3:12b\n") == "drain 0%\n"
-    cap.gate._apply(cap.gate.core.resume(0, cap.clock.now))
-    cap.gate._apply(cap.gate.core.drain("ollama", cap.clock.now))
+    cap.gate.apply(cap.gate.core.operator.resume(0, cap.clock.now))
+    cap.gate.apply(cap.gate.core.operator.drain("ollama", cap.clock.now))
     row = await cap.model("qwen2.5:7b")
     assert (row["verdict"], row["blocked"]) == ("no_room", "draining")
     assert row["agent"]["reason"] == "no_room: draining"

@@ -13,22 +13,25 @@ import attrs
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpugate.config.loader import load_config_text
 from gpugate.config.model import Consumer
 from gpugate.control.app import control_app, health_document
 from gpugate.control.metrics import GateMetrics
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.base import (
-    ApiFamily,
-    Classified,
+    Health,
     HealthSignal,
+    Inventory,
     LoadedModel,
+    ModelSettings,
     NotSupported,
-    RouteKind,
-    RuntimeAdapter,
+    Residents,
+    Runtime,
 )
+from gpugate.runtimes.controlled import ProcessLifecycle, ProcessModel
+from gpugate.runtimes.http import PassReading
 from gpugate.runtimes.process import Exit, ProcessControl
+from gpugate.runtimes.sections import load_config_text
 from tests.gate.fakes import FakeAttributor, FakeGpu
 
 INTERVAL = 10.0
@@ -86,61 +89,54 @@ class Answers:
         return self.healthy
 
 
-class FakeAdapter(RuntimeAdapter):
-    signal = HealthSignal.UNOBSERVED
-
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
+class FakeHealth(Health):
+    def __init__(self, signal: HealthSignal) -> None:
+        self.signal = signal
         self.answers = Answers()
 
-    @property
-    def health_signal(self) -> HealthSignal:
-        return self.signal
-
-    def wants_body(self, method: str, path: str) -> bool:
-        return False
-
-    def classify(
-        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
-    ) -> Classified:
-        return Classified(RouteKind.PASS, ApiFamily.PLAIN)
-
-    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        if not self.reconcilable:
-            raise NotSupported("no listing")
-        self.answers.ask()
-        return []
-
-    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
-        raise NotSupported("no unload")
-
-    async def health(self, session: aiohttp.ClientSession) -> bool:
+    async def check(self, session: aiohttp.ClientSession) -> bool:
         return self.answers.ask()
 
 
-class Listed(FakeAdapter):
-    reconcilable = True
-    signal = HealthSignal.LISTING
+class FakeInventory(Inventory):
+    def __init__(self, answers: Answers) -> None:
+        self.answers = answers
+
+    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
+        self.answers.ask()
+        return []
 
 
-class Routed(FakeAdapter):
-    signal = HealthSignal.HEALTH_ROUTE
+class NoUnload(Residents):
+    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
+        raise NotSupported("no unload")
+
+    def evict_timeout(self) -> float:
+        return CONTROL
 
 
-class Proc(FakeAdapter):
-    signal = HealthSignal.PROCESS
-
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
-        self.process = FakeProcess()
-
-
-KINDS: dict[str, type[FakeAdapter]] = {
-    "listed": Listed,
-    "routed": Routed,
-    "proc": Proc,
-    "quiet": FakeAdapter,
+SIGNALS = {
+    "listed": HealthSignal.LISTING,
+    "routed": HealthSignal.HEALTH_ROUTE,
+    "proc": HealthSignal.PROCESS,
+    "quiet": HealthSignal.UNOBSERVED,
 }
+
+
+def fake_runtime(consumer: Consumer) -> Runtime:
+    """A runtime whose health signal is its name's: a listing, a health route, a process
+    (a control the test stops by hand), or nothing."""
+    health = FakeHealth(SIGNALS[consumer.name])
+    listed = consumer.name == "listed"
+    process = consumer.name == "proc"
+    return Runtime(
+        settings=ModelSettings(consumer),
+        reading=PassReading(),
+        residents=NoUnload(),
+        health=health,
+        inventory=FakeInventory(health.answers) if listed else None,
+        lifecycle=ProcessLifecycle(ProcessModel(consumer), FakeProcess()) if process else None,
+    )
 
 
 @attrs.define
@@ -156,7 +152,7 @@ async def gate_of(tmp_path: Path, clock: Clock) -> AsyncIterator[Gate]:
     consumers = "".join(
         CONSUMER.format(name=name, port=10 + n, upstream=20 + n)
         + (CONTROLLED if name == "proc" else "")
-        for n, name in enumerate(KINDS)
+        for n, name in enumerate(SIGNALS)
     )
     config = load_config_text(CONFIG.format(consumers=consumers), tmp_path / "consumers.yaml")
     gate = Gate(
@@ -164,7 +160,7 @@ async def gate_of(tmp_path: Path, clock: Clock) -> AsyncIterator[Gate]:
         Sampler(FakeGpu(), FakeAttributor()),
         clock=clock,
         listing_interval=INTERVAL,
-        adapters=lambda consumer: KINDS[consumer.name](consumer),
+        runtimes=fake_runtime,
     )
     await gate.start()
     try:
@@ -177,9 +173,9 @@ async def gate_of(tmp_path: Path, clock: Clock) -> AsyncIterator[Gate]:
 
 
 def answers(gate: Gate, name: str) -> Answers:
-    adapter = gate.links[name].adapter
-    assert isinstance(adapter, FakeAdapter)
-    return adapter.answers
+    health = gate.links[name].runtime.health
+    assert isinstance(health, FakeHealth)
+    return health.answers
 
 
 def consumer_checks(document: dict) -> dict[str, dict]:
@@ -227,9 +223,9 @@ async def test_fresh_answers_keep_the_gate_healthy_long_after_its_start(tmp_path
         assert stale["failed"] == ["listing", "health_route", "process"]
         assert consumer_checks(stale)["quiet"]["ok"] is True
 
-        await gate.reconcile(gate.links["listed"])
+        await gate.signals.reconcile(gate.links["listed"])
         for name in ("routed", "proc"):
-            await gate.probe(gate.links[name])
+            await gate.signals.probe(gate.links[name])
         document = health_document(gate)
         assert document["ok"] is True, document
         assert {c["age_seconds"] for c in consumer_checks(document).values()} == {0.0, None}
@@ -242,9 +238,9 @@ async def test_a_route_that_answers_unwell_goes_stale_and_health_says_which(tmp_
         routed.healthy = False
         clock.now += BOUND + 1
         with pytest.raises(Exception, match="unwell"):
-            await gate.probe(gate.links["routed"])
-        await gate.reconcile(gate.links["listed"])
-        await gate.probe(gate.links["proc"])
+            await gate.signals.probe(gate.links["routed"])
+        await gate.signals.reconcile(gate.links["listed"])
+        await gate.signals.probe(gate.links["proc"])
         async with (
             TestClient(TestServer(control_app(gate, GateMetrics(gate)))) as client,
             client.get("/gate/v1/health") as resp,
@@ -258,19 +254,20 @@ async def test_a_route_that_answers_unwell_goes_stale_and_health_says_which(tmp_
         assert check["age_seconds"] > check["limit_seconds"]
 
         routed.healthy = True
-        await gate.probe(gate.links["routed"])
+        await gate.signals.probe(gate.links["routed"])
         assert health_document(gate)["ok"] is True
 
 
 async def test_a_stopped_process_is_fresh_without_asking_its_route(tmp_path):
     clock = Clock()
     async with gate_of(tmp_path, clock) as gate:
-        proc = gate.links["proc"].adapter
-        assert isinstance(proc, Proc)
-        proc.process.running = False
-        asked = proc.answers.asked
+        control = gate.links["proc"].runtime.lifecycle.control
+        assert isinstance(control, FakeProcess)
+        control.running = False
+        proc = answers(gate, "proc")
+        asked = proc.asked
         clock.now += BOUND + START_TIMEOUT + 1
-        await gate.probe(gate.links["proc"])
+        await gate.signals.probe(gate.links["proc"])
         check = consumer_checks(health_document(gate))["proc"]
         assert (check["ok"], check["fresh"], check["stopped"]) == (True, True, True)
-        assert proc.answers.asked == asked
+        assert proc.asked == asked

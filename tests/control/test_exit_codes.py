@@ -1,4 +1,4 @@
-"""Every command's exit code is the sysexits code for what happened (gpugate.exits), the
+"""Every command's exit code is the sysexits code for what happened (gpugate.commands.exits), the
 same from one command to the next: each command runs as its own process, as a unit's
 ExecStartPre or a script runs it, against a running gate or where none answers."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpugate.commands.exits import Exit, for_answer
 from gpugate.config.paths import DEFAULT_CONFIG_PATHS
 from gpugate.core.failures import FailureClass
-from gpugate.exits import Exit, for_answer
 from tests.control.conftest import CONTROL_TOKEN, admin
 from tests.gate.harness import free_port
 
@@ -118,7 +118,7 @@ async def test_a_value_that_does_not_parse_is_64_and_nothing_is_asked(
     code, _, err = await cli(*args)
     assert code == Exit.USAGE, err
     assert err.startswith(f"gpugate lease: {named}") and err.count("\n") == 1
-    assert stack.gate.explicit_leases() == []
+    assert stack.gate.leases.explicit_leases() == []
 
 
 async def test_an_unknown_consumer_is_65_for_lease_admit_and_drain(cli):
@@ -146,7 +146,7 @@ async def test_more_bytes_than_the_card_has_is_65_not_a_wait(stack, cli):
     code, _, err = await cli("lease", "--consumer", "ollama", "--bytes", "20GiB", "--", "true")
     assert code == Exit.DATAERR
     assert err.startswith("gpugate lease: BAD_REQUEST: bytes: 21474836480 is more than GPU 0 has")
-    assert stack.gate.explicit_leases() == []
+    assert stack.gate.leases.explicit_leases() == []
 
 
 async def test_a_ttl_past_the_gate_s_maximum_is_65_and_nothing_runs(stack, cli, tmp_path):
@@ -154,7 +154,7 @@ async def test_a_ttl_past_the_gate_s_maximum_is_65_and_nothing_runs(stack, cli, 
     code, _, err = await cli(*LEASE, "--ttl", "2h", "--", "touch", str(ran))
     assert code == Exit.DATAERR
     assert err.startswith("gpugate lease: BAD_REQUEST: ttl: at most 1h (gate.max_lease_ttl), ")
-    assert not ran.exists() and stack.gate.explicit_leases() == []
+    assert not ran.exists() and stack.gate.leases.explicit_leases() == []
 
 
 async def test_admit_for_a_consumer_with_no_envelope_is_65(cli):
@@ -340,8 +340,8 @@ async def test_no_room_within_the_wait_is_75_and_the_same_command_succeeds_later
     failure = err.removeprefix("gpugate lease: ").split(":")[0]
     assert FailureClass(failure).http_status == 503, err
     assert err.count("\n") == 1
-    (held,) = stack.gate.explicit_leases()
-    stack.gate.release(held)
+    (held,) = stack.gate.leases.explicit_leases()
+    stack.gate.leases.release(held)
     code, out, err = await cli(*LEASE[:-1], "4GiB", "--wait", "0s", "--", "echo", "ran")
     assert (code, out, err) == (0, "ran\n", "")
 

@@ -11,8 +11,8 @@ import aiohttp
 import attrs
 import pytest
 
-from gpugate.config.loader import load_config_text
 from gpugate.control.bodies import MAX_BODY
+from gpugate.runtimes.sections import load_config_text
 from tests.control.conftest import admin
 
 LEASES = "/gate/v1/leases"
@@ -219,4 +219,4 @@ async def test_hostile_paths_and_queries_get_the_api_s_answer(
     if expected == 405:
         assert answer["error"]["class"] == "METHOD_NOT_ALLOWED" and headers["Allow"]
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
-    assert stack.gate.core.paused() == []
+    assert stack.gate.core.operator.paused() == []

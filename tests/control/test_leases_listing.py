@@ -35,8 +35,8 @@ async def get(stack, path: str) -> tuple[int, dict]:
 async def test_a_hung_load_and_a_process_start_are_listed_beside_an_explicit_lease(stack):
     gate = stack.gate
     # A load that never finishes: its request's lease stays, with all its bytes pending.
-    hung = await gate.acquire(demand("llama3.2:3b", 512 * MiB))
-    started = await gate.acquire(
+    hung = await gate.leases.acquire(demand("llama3.2:3b", 512 * MiB))
+    started = await gate.leases.acquire(
         attrs.evolve(demand("<process>", 1 * GiB), scope=LeaseScope.PROCESS, appear_within=60.0)
     )
     async with (
@@ -79,15 +79,15 @@ async def test_a_hung_load_and_a_process_start_are_listed_beside_an_explicit_lea
         status, body = await get(stack, "/gate/v1/leases?scope=forever")
         assert status == 400 and body["error"]["class"] == "BAD_REQUEST"
     finally:
-        gate.release(hung)
-        gate.release(started, failed=True)
-        for lease in gate.explicit_leases():
-            gate.release(lease)
+        gate.leases.release(hung)
+        gate.leases.release(started, failed=True)
+        for lease in gate.leases.explicit_leases():
+            gate.leases.release(lease)
     assert (await get(stack, "/gate/v1/leases"))[1] == {"leases": []}
 
 
 def test_the_cli_view_shows_each_lease_scope_and_only_explicit_ones_expire():
-    from gpugate.views_cli import leases_rows
+    from gpugate.commands.views import leases_rows
 
     status = {
         "leases": [

@@ -1,4 +1,4 @@
-"""The local token of a gate (gpugate.local_token): one per control port, held by the demo
+"""The local token of a gate (gpugate.commands.local_token): one per control port, held by the demo
 that wrote it, removed only by it, and what a command finds for a gate on loopback."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import stat
 
 import pytest
 
-from gpugate.config.loader import load_config_text
-from gpugate.control_client import control_endpoint
-from gpugate.local_token import (
+from gpugate.commands.control_client import control_endpoint
+from gpugate.commands.local_token import (
     TokenInUse,
     local_token_path,
     read_local_token,
     remove_local_token,
     write_local_token,
 )
+from gpugate.runtimes.sections import load_config_text
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,9 @@ import aiohttp
 import ollama
 import pytest
 
+from gpugate.commands.exits import Exit
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import EventKind
-from gpugate.exits import Exit
 from tests.control.conftest import admin
 
 ROUTES = (
@@ -44,7 +44,9 @@ async def test_each_operator_route_needs_a_token(stack, path):
     async with aiohttp.ClientSession() as session, session.post(stack.control_url + path) as resp:
         assert resp.status == 401
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
-    assert stack.gate.core.paused() == [] and stack.gate.core.draining("ollama") == (False, False)
+    assert stack.gate.core.operator.paused() == [] and stack.gate.core.operator.draining(
+        "ollama"
+    ) == (False, False)
 
 
 async def test_an_evicted_resident_is_gone_after_eviction_done(stack):
@@ -180,7 +182,7 @@ async def test_the_cli_pauses_resumes_drains_and_evicts(stack, tmp_path, monkeyp
     monkeypatch.setenv("GPUGATE_TOKEN", CONTROL_TOKEN)
     code, out, err = await gpugate(stack, tmp_path, "pause")
     assert (code, out, err) == (0, "GPU 0: paused\n", "")
-    assert stack.gate.core.paused() == [0]
+    assert stack.gate.core.operator.paused() == [0]
     code, out, _ = await gpugate(stack, tmp_path, "resume", "--gpu", "0")
     assert (code, out) == (0, "GPU 0: admitting\n")
     code, out, _ = await gpugate(stack, tmp_path, "drain", "ollama")
@@ -205,4 +207,4 @@ async def test_the_cli_without_a_token_is_one_line_and_a_failure(stack, tmp_path
     code, out, err = await gpugate(stack, tmp_path, "drain", "ollama")
     assert code == Exit.NOPERM and out == "" and err.startswith("gpugate drain: UNAUTHORIZED: ")
     assert err.count("\n") == 1
-    assert stack.gate.core.draining("ollama") == (False, False)
+    assert stack.gate.core.operator.draining("ollama") == (False, False)

@@ -161,7 +161,7 @@ async def test_the_core_is_the_record_of_a_pause_not_its_event(tmp_path):
     def before(gate):
         # The core's books change, its event is never published: the core still says
         # since when and by whom.
-        gate.core.pause(0, gate.clock(), "carol")
+        gate.core.operator.pause(0, gate.clock(), "carol")
 
     async with operated_gate(tmp_path, before=before) as op:
         op.clock.now += 5

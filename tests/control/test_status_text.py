@@ -9,8 +9,8 @@ import io
 import re
 import time
 
+from gpugate.commands.status import render_text, run_status
 from gpugate.core.effects import EventKind
-from gpugate.status import render_text, run_status
 from tests.control.operated import operated_gate
 
 

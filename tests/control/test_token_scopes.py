@@ -9,13 +9,14 @@ import aiohttp
 import attrs
 import pytest
 
-from gpugate.config.loader import ConfigError, load_config_text, load_config_text_with_warnings
+from gpugate.config.loader import ConfigError
 from gpugate.config.model import ALL_SCOPES, ControlToken, Scope
 from gpugate.control.app import control_app
 from gpugate.control.auth import ASK_LEASE, READ_ONLY, ROUTE_SCOPES, required_scopes
 from gpugate.control.metrics import GateMetrics
 from gpugate.control.openapi import openapi_document
 from gpugate.reload import unset_secrets
+from gpugate.runtimes.sections import load_config_text, load_config_text_with_warnings
 from tests.control.test_auth import ANY_PART
 from tests.control.test_views_cli import gpugate
 from tests.gate.harness import running_stack
@@ -113,7 +114,7 @@ async def test_each_scope_opens_its_routes_and_403s_the_others(stack):
             body = {"bytes": 1} if method == "POST" else None
             status, _ = await ask(session, stack, method, path, FULL, body)
             assert status not in (401, 403), (method, path)
-    assert stack.gate.core.leases() == [] and stack.gate.core.paused() == []
+    assert stack.gate.core.leases() == [] and stack.gate.core.operator.paused() == []
 
 
 async def test_unknown_tokens_stay_401(stack):
@@ -179,7 +180,7 @@ async def test_operate_scope_pauses_drains_and_cannot_lease(stack):
         base = stack.control_url + "/gate/v1"
         async with session.post(f"{base}/gpus/0/pause", headers=bearer(operate)) as resp:
             assert resp.status == 200
-        assert stack.gate.core.paused() == [0]
+        assert stack.gate.core.operator.paused() == [0]
         async with session.post(f"{base}/gpus/0/resume", headers=bearer(TOKENS[Scope.READ])) as r:
             assert r.status == 403
             assert "do not include 'operate'" in (await r.json())["error"]["message"]
@@ -194,7 +195,7 @@ async def test_operate_scope_pauses_drains_and_cannot_lease(stack):
             assert resp.status == 403
         async with session.get(f"{base}/status", headers=bearer(TOKENS[Scope.READ])) as resp:
             assert resp.status == 200
-    assert stack.gate.core.paused() == []
+    assert stack.gate.core.operator.paused() == []
 
 
 async def test_public_reads_answer_any_token(stack):
@@ -249,12 +250,12 @@ async def test_the_cli_presents_the_unit_s_credential_before_other_tokens(
     assert code != 0 and out == ""
     assert err.startswith("gpugate pause: FORBIDDEN: ") and "'operate'" in err
     assert err.count("\n") == 1
-    assert stack.gate.core.paused() == []
+    assert stack.gate.core.operator.paused() == []
 
     (credentials / "gpugate-token").write_text(TOKENS[Scope.OPERATE] + "\n")
     code, out, err = await gpugate(stack, tmp_path, "pause", "--gpu", "0")
     assert (code, out, err) == (0, "GPU 0: paused\n", "")
-    assert stack.gate.core.paused() == [0]
+    assert stack.gate.core.operator.paused() == [0]
 
     # Without the credential file, $GPUGATE_TOKEN is next.
     (credentials / "gpugate-token").unlink()
@@ -264,7 +265,7 @@ async def test_the_cli_presents_the_unit_s_credential_before_other_tokens(
 
 
 def test_the_token_order_credential_environment_configuration(tmp_path, monkeypatch):
-    from gpugate.control_client import control_address
+    from gpugate.commands.control_client import control_address
 
     config = tmp_path / "consumers.yaml"
     config.write_text("gate:\n  control: 127.0.0.1:9411\n  control_tokens: [from-the-file]\n")
@@ -294,6 +295,7 @@ def test_entries_carry_scopes_and_a_bare_entry_grants_all(tmp_path):
 
 def test_a_bad_scope_is_reported_with_file_line_and_field(tmp_path):
     from gpugate.config.check import EXIT_INVALID, run_check
+    from gpugate.runtimes.sections import RUNTIME_TABLE
 
     path = tmp_path / "consumers.yaml"
     path.write_text(
@@ -307,7 +309,7 @@ def test_a_bad_scope_is_reported_with_file_line_and_field(tmp_path):
         "    - {scopes: [read]}\n"
     )
     out, err = io.StringIO(), io.StringIO()
-    assert run_check(path, out, err) == EXIT_INVALID
+    assert run_check(path, out, err, runtimes=RUNTIME_TABLE) == EXIT_INVALID
     lines = [line for line in err.getvalue().splitlines() if "warning" not in line]
     assert lines == [
         f"{path}:5: gate.control_tokens[1].scopes[1]: unknown scope 'opperate' "

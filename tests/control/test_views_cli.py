@@ -12,11 +12,11 @@ import sys
 import aiohttp
 import ollama
 
+from gpugate.commands.exits import Exit
+from gpugate.commands.views import EVENT_HEADERS, event_columns, event_row
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.units import GiB, MiB
-from gpugate.exits import Exit
 from gpugate.store.db import MeasuredEnvelope
-from gpugate.views_cli import EVENT_HEADERS, event_columns, event_row
 from tests.control.conftest import admin
 
 
@@ -68,7 +68,7 @@ async def test_leases_lists_requests_and_explicit_leases(stack, tmp_path):
     assert line.split()[:6] == [
         str(lease["id"]), "ollama", "(explicit)", "0", "interactive", "explicit"
     ]  # fmt: skip
-    stack.gate.release(stack.gate.explicit_leases()[0])
+    stack.gate.leases.release(stack.gate.leases.explicit_leases()[0])
     code, out, _ = await gpugate(stack, tmp_path, "leases")
     assert (code, out) == (0, "no lease in flight\n")
 

@@ -126,15 +126,15 @@ def test_without_an_envelope_the_verdict_is_unknown_unless_resident():
 def test_operator_marks_and_stale_samples_block_admission():
     core = fresh()
     load(core, "m", 2 * GiB, 1.0)
-    core.pause(0, 2.0)
+    core.operator.pause(0, 2.0)
     for model in ("m", "n"):
         result = assess(core, ask(model, 1 * GiB), 2.0)
         assert (result.verdict, result.blocked) == (Verdict.NO_ROOM, Blocked.PAUSED)
-    core.resume(0, 2.0)
-    core.drain("ollama", 2.0)
+    core.operator.resume(0, 2.0)
+    core.operator.drain("ollama", 2.0)
     result = assess(core, ask("m", 1 * GiB), 2.0)
     assert (result.verdict, result.blocked) == (Verdict.NO_ROOM, Blocked.DRAINING)
-    core.undrain("ollama", 2.0)
+    core.operator.undrain("ollama", 2.0)
     # Samples go stale: a resident still serves, a load is refused.
     assert assess(core, ask("m", 1 * GiB), 30.0).verdict is Verdict.RESIDENT
     result = assess(core, ask("n", 1 * GiB), 30.0)
@@ -338,16 +338,16 @@ class CapacityWorld(RuleBasedStateMachine):
     @rule(on=st.booleans())
     def operator_pauses(self, on):
         if on:
-            self._apply(self.core.pause(0, self.now))
+            self._apply(self.core.operator.pause(0, self.now))
         else:
-            self._apply(self.core.resume(0, self.now))
+            self._apply(self.core.operator.resume(0, self.now))
 
     @rule(on=st.booleans())
     def operator_drains(self, on):
         if on:
-            self._apply(self.core.drain("ollama", self.now))
+            self._apply(self.core.operator.drain("ollama", self.now))
         else:
-            self._apply(self.core.undrain("ollama", self.now))
+            self._apply(self.core.operator.undrain("ollama", self.now))
 
 
 TestCapacityWorld = CapacityWorld.TestCase

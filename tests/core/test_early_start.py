@@ -105,7 +105,7 @@ def test_a_withdrawn_jobs_leftovers_are_held_and_given_back_at_once():
     assert marked.started is wanted.started
     card.comfy = 2 * GiB  # what it loaded before it was stopped
     card.sample()
-    effects = card.core.withdrawn(wanted, card.now)
+    effects = card.core.job_events.withdrawn(wanted, card.now)
     [unload] = unloads(effects)
     assert unload.key.model == HELD_MODEL and unload.reason is UnloadReason.WITHDRAWN
     assert unload.bytes == 2 * GiB
@@ -123,7 +123,7 @@ def test_what_a_failed_job_may_still_take_is_kept_back_until_it_is_withdrawn():
     assert request.waiting
     # Dropped: a sample shows it left nothing, and the request is granted.
     card.sample()
-    effects = card.core.withdrawn(wanted, card.now)
+    effects = card.core.job_events.withdrawn(wanted, card.now)
     assert [e.ticket_id for e in effects if isinstance(e, Grant)] == [request.ticket_id]
 
 
@@ -149,7 +149,7 @@ def test_a_withdrawn_job_that_left_nothing_beyond_what_was_there_evicts_nothing(
     card.sample()
     wanted = job(4 * GiB, before=300 * MiB)
     assert card.core.submit(wanted, card.now).failure is not None
-    assert card.core.withdrawn(wanted, card.now) == []
+    assert card.core.job_events.withdrawn(wanted, card.now) == []
     assert card.core.scheduler.withdrawing == {}
     assert card.core.residents(0)[0].key.model == "c"
 

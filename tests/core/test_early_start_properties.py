@@ -131,7 +131,7 @@ class EarlyWorld(RuleBasedStateMachine):
         self.left += job.taken
         self.job = None
         self._sample()
-        self._apply(self.core.withdrawn(job.demand, self.now))
+        self._apply(self.core.job_events.withdrawn(job.demand, self.now))
 
     # -- rules -------------------------------------------------------------------------
 
@@ -195,7 +195,7 @@ class EarlyWorld(RuleBasedStateMachine):
         assert job is not None and job.lease is not None
         self.left += job.taken
         self.job = None
-        self._apply(self.core.job_done(C, job.lease, self.now))
+        self._apply(self.core.job_events.job_done(C, job.lease, self.now))
 
     @precondition(lambda self: self.unloads)
     @rule(data=st.data())

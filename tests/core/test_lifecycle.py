@@ -30,7 +30,7 @@ def start_demand(priority: PriorityClass = PriorityClass.BACKGROUND):
 
 def core_with(eviction: Eviction):
     core = make_core(consumers=(W, "ollama"))
-    core.register_lifecycle(W, eviction, 0.0)
+    core.lifecycles.register(W, eviction, 0.0)
     core.observe(host(gpu(), at=0.0), 0.0)
     return core
 
@@ -40,9 +40,9 @@ def started(core, now: float = 1.0):
     admission = core.submit(start_demand(), now)
     lease = admission.lease
     assert lease is not None
-    effects = core.start(W, lease.id, now)
+    effects = core.lifecycles.start(W, lease.id, now)
     assert [type(e) for e in effects] == [Start, Event]
-    core.reported(W, LifeReport.UP, now + 1)
+    core.lifecycles.reported(W, LifeReport.UP, now + 1)
     return lease
 
 
@@ -50,12 +50,12 @@ def test_a_held_start_lease_starts_a_stopped_runtime_once():
     core = core_with(Eviction.STOP)
     lease = core.submit(start_demand(), 1.0).lease
     assert lease is not None
-    effects = core.start(W, lease.id, 1.0)
+    effects = core.lifecycles.start(W, lease.id, 1.0)
     assert effects[0] == Start(W, 0, lease.id)
     assert isinstance(effects[1], Event) and effects[1].kind is EventKind.LIFECYCLE
     assert effects[1].detail == "stopped → starting"
     assert core.lifecycle(W).state is LifeState.STARTING
-    assert core.start(W, lease.id, 1.5) == []  # starting already: no second start
+    assert core.lifecycles.start(W, lease.id, 1.5) == []  # starting already: no second start
 
 
 def test_up_makes_the_start_lease_the_resident():
@@ -71,8 +71,8 @@ def test_up_makes_the_start_lease_the_resident():
 def test_a_failed_start_releases_its_lease_and_backs_off():
     core = core_with(Eviction.STOP)
     lease = core.submit(start_demand(), 1.0).lease
-    core.start(W, lease.id, 1.0)
-    effects = core.reported(W, LifeReport.START_FAILED, 2.0, "exit status 1")
+    core.lifecycles.start(W, lease.id, 1.0)
+    effects = core.lifecycles.reported(W, LifeReport.START_FAILED, 2.0, "exit status 1")
     assert core.lease(lease.id) is None
     assert core.resident(KEY) is None
     assert core.lifecycle(W).state is LifeState.STOPPED
@@ -82,19 +82,19 @@ def test_a_failed_start_releases_its_lease_and_backs_off():
     # A second failure in a row doubles the wait.
     core.observe(host(gpu(), at=3.5), 3.5)
     lease = core.submit(start_demand(), 3.5).lease
-    core.start(W, lease.id, 3.5)
-    core.reported(W, LifeReport.START_FAILED, 4.0)
+    core.lifecycles.start(W, lease.id, 3.5)
+    core.lifecycles.reported(W, LifeReport.START_FAILED, 4.0)
     assert core.start_wait(W, 4.0) == 2.0
 
 
 def test_an_eviction_of_a_runtime_with_a_lifecycle_is_a_stop():
     core = core_with(Eviction.STOP)
     started(core)
-    effects = core.evict(KEY, 10.0, force=False)
+    effects = core.operator.evict(KEY, 10.0, force=False)
     stops = [e for e in effects if isinstance(e, Unload)]
     assert len(stops) == 1 and isinstance(stops[0], Stop) and stops[0].key == KEY
     assert core.lifecycle(W).state is LifeState.STOPPING
-    core.reported(W, LifeReport.STOPPED, 11.0)
+    core.lifecycles.reported(W, LifeReport.STOPPED, 11.0)
     core.unloaded(KEY, 11.0, reclaimed=True)
     assert core.lifecycle(W).state is LifeState.STOPPED
     assert core.resident(KEY) is None
@@ -103,17 +103,17 @@ def test_an_eviction_of_a_runtime_with_a_lifecycle_is_a_stop():
 def test_a_sleeping_runtime_is_put_to_sleep_and_woken():
     core = core_with(Eviction.SLEEP)
     started(core)
-    effects = core.evict(KEY, 10.0, force=False)
+    effects = core.operator.evict(KEY, 10.0, force=False)
     assert any(isinstance(e, Sleep) for e in effects)
-    core.reported(W, LifeReport.ASLEEP, 11.0)
+    core.lifecycles.reported(W, LifeReport.ASLEEP, 11.0)
     core.unloaded(KEY, 11.0, reclaimed=True)
     assert core.lifecycle(W).state is LifeState.ASLEEP
     core.observe(host(gpu(), at=12.0), 12.0)
     lease = core.submit(start_demand(), 12.0).lease
-    effects = core.start(W, lease.id, 12.0)
+    effects = core.lifecycles.start(W, lease.id, 12.0)
     assert effects[0] == Wake(W, 0, lease.id)
     # A wake that fails leaves it asleep, not stopped.
-    core.reported(W, LifeReport.START_FAILED, 13.0)
+    core.lifecycles.reported(W, LifeReport.START_FAILED, 13.0)
     assert core.lifecycle(W).state is LifeState.ASLEEP
     assert core.lease(lease.id) is None
 
@@ -135,15 +135,15 @@ def test_an_eviction_for_a_higher_class_is_a_stop_on_the_same_card():
 def test_a_stop_that_failed_leaves_it_up():
     core = core_with(Eviction.STOP)
     started(core)
-    core.evict(KEY, 10.0, force=False)
-    core.reported(W, LifeReport.STOP_FAILED, 10.5, "systemctl timed out")
+    core.operator.evict(KEY, 10.0, force=False)
+    core.lifecycles.reported(W, LifeReport.STOP_FAILED, 10.5, "systemctl timed out")
     assert core.lifecycle(W).state is LifeState.UP
 
 
 def test_an_exit_takes_the_resident_and_pending_start_leases():
     core = core_with(Eviction.STOP)
     started(core)
-    effects = core.reported(W, LifeReport.EXITED, 20.0, "killed by SIGABRT")
+    effects = core.lifecycles.reported(W, LifeReport.EXITED, 20.0, "killed by SIGABRT")
     assert core.resident(KEY) is None
     assert core.lifecycle(W).state is LifeState.STOPPED
     assert any(isinstance(e, Event) and e.kind is EventKind.RESIDENT_GONE for e in effects)
@@ -156,11 +156,11 @@ def test_a_consumer_without_a_lifecycle_unloads():
     lease = core.submit(demand("llama", GiB), 1.0).lease
     core.loaded(lease.id, 1.0)
     core.release(lease.id, 2.0)
-    effects = core.evict(ResidentKey("ollama", "llama"), 3.0, force=False)
+    effects = core.operator.evict(ResidentKey("ollama", "llama"), 3.0, force=False)
     unloads = [e for e in effects if isinstance(e, Unload)]
     assert [type(e) for e in unloads] == [Unload]
-    assert core.start("ollama", lease.id, 3.0) == []
-    assert core.reported("ollama", LifeReport.UP, 3.0) == []
+    assert core.lifecycles.start("ollama", lease.id, 3.0) == []
+    assert core.lifecycles.reported("ollama", LifeReport.UP, 3.0) == []
 
 
 def test_found_reports_set_the_state_without_a_lease():
@@ -178,22 +178,22 @@ def test_a_stop_on_purpose_is_a_state_and_a_failure_lasts_until_a_start_succeeds
     life = core.lifecycle(W)
     assert life.stopped_on_purpose, "not started yet"
     started(core)
-    core.evict(KEY, 10.0, force=False)
+    core.operator.evict(KEY, 10.0, force=False)
     assert life.stopped_on_purpose and not life.failing  # stopping
-    core.reported(W, LifeReport.STOPPED, 11.0)
+    core.lifecycles.reported(W, LifeReport.STOPPED, 11.0)
     core.unloaded(KEY, 11.0, reclaimed=True)
     assert life.stopped_on_purpose
     core.observe(host(gpu(), at=12.0), 12.0)
     lease = core.submit(start_demand(), 12.0).lease
-    core.start(W, lease.id, 12.0)
-    core.reported(W, LifeReport.START_FAILED, 13.0)
+    core.lifecycles.start(W, lease.id, 12.0)
+    core.lifecycles.reported(W, LifeReport.START_FAILED, 13.0)
     assert life.failing and not life.stopped_on_purpose
-    core.reported(W, LifeReport.FOUND_STOPPED, 14.0)
+    core.lifecycles.reported(W, LifeReport.FOUND_STOPPED, 14.0)
     assert life.failing, "found stopped after a failure: still failing"
     core.observe(host(gpu(), at=20.0), 20.0)
     started(core, 20.0)
     assert not life.failing
-    core.reported(W, LifeReport.EXITED, 30.0, "killed by SIGABRT")
+    core.lifecycles.reported(W, LifeReport.EXITED, 30.0, "killed by SIGABRT")
     assert life.failing and life.state is LifeState.STOPPED
 
 
@@ -263,7 +263,7 @@ def test_a_switch_its_process_did_not_survive_leaves_no_model():
     lease = core.submit(switch_demand(), 3.0).lease
     assert lease is not None
     # The new model failed to initialise: whisper-server exits without an answer.
-    core.reported(W, LifeReport.EXITED, 4.0, "exit status 1")
+    core.lifecycles.reported(W, LifeReport.EXITED, 4.0, "exit status 1")
     assert core.lease(lease.id) is None
     assert core.residents() == []
 
@@ -275,7 +275,7 @@ def test_an_end_while_switching_is_no_failure_and_no_backoff():
     started(core)
     lease = core.submit(switch_demand(), 3.0).lease
     assert lease is not None
-    core.reported(W, LifeReport.ENDED_SWITCHING, 4.0, "exit status 1")
+    core.lifecycles.reported(W, LifeReport.ENDED_SWITCHING, 4.0, "exit status 1")
     assert core.lease(lease.id) is None and core.residents() == []
     life = core.lifecycle(W)
     assert (life.state, life.failing, life.stopped_on_purpose) == (LifeState.STOPPED, False, True)
@@ -283,9 +283,9 @@ def test_an_end_while_switching_is_no_failure_and_no_backoff():
     # A crash after that still counts from where the backoff was.
     lease = core.submit(start_demand(), 5.0).lease
     assert lease is not None
-    core.start(W, lease.id, 5.0)
-    core.reported(W, LifeReport.UP, 5.5)
-    core.reported(W, LifeReport.EXITED, 6.0, "killed by SIGKILL")
+    core.lifecycles.start(W, lease.id, 5.0)
+    core.lifecycles.reported(W, LifeReport.UP, 5.5)
+    core.lifecycles.reported(W, LifeReport.EXITED, 6.0, "killed by SIGKILL")
     assert core.start_wait(W, 6.0) == 1.0
 
 
@@ -310,7 +310,7 @@ class LifecycleWorld(RuleBasedStateMachine):
             elif isinstance(effect, Unload) and effect.key.consumer == W:
                 self.stopping.append(effect)
             elif isinstance(effect, Grant) and effect.lease.scope is LeaseScope.PROCESS:
-                self._run(self.core.start(W, effect.lease.id, self.now))
+                self._run(self.core.lifecycles.start(W, effect.lease.id, self.now))
 
     @rule(dt=st.floats(0.1, 5.0))
     def tick(self, dt: float) -> None:
@@ -328,24 +328,24 @@ class LifecycleWorld(RuleBasedStateMachine):
         admission = self.core.submit(start_demand(), self.now)
         self._run(admission.effects)
         if admission.lease is not None:
-            self._run(self.core.start(W, admission.lease.id, self.now))
+            self._run(self.core.lifecycles.start(W, admission.lease.id, self.now))
 
     @precondition(lambda self: self.pending_start is not None)
     @rule(ok=st.booleans())
     def start_ends(self, ok: bool) -> None:
         report = LifeReport.UP if ok else LifeReport.START_FAILED
         self.pending_start = None
-        self._run(self.core.reported(W, report, self.now))
+        self._run(self.core.lifecycles.reported(W, report, self.now))
 
     @rule()
     def crash(self) -> None:
         if self.core.lifecycle(W).state is LifeState.UP:
-            self._run(self.core.reported(W, LifeReport.EXITED, self.now, "crash"))
+            self._run(self.core.lifecycles.reported(W, LifeReport.EXITED, self.now, "crash"))
 
     @rule(force=st.booleans())
     def operator_evicts(self, force: bool) -> None:
         try:
-            self._run(self.core.evict(KEY, self.now, force=force))
+            self._run(self.core.operator.evict(KEY, self.now, force=force))
         except EvictionRefused:
             resident = self.core.resident(KEY)
             assert (
@@ -363,7 +363,7 @@ class LifecycleWorld(RuleBasedStateMachine):
         report = (
             (LifeReport.ASLEEP if asleep else LifeReport.STOPPED) if ok else LifeReport.STOP_FAILED
         )
-        self._run(self.core.reported(W, report, self.now))
+        self._run(self.core.lifecycles.reported(W, report, self.now))
         self._run(self.core.unloaded(unload.key, self.now, reclaimed=ok))
 
     @invariant()

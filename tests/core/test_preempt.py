@@ -32,7 +32,7 @@ def running(*classes, job_priority=P.INTERACTIVE, name="p1"):
     lease = core.submit(job(12 * GiB, job_priority), 0.0).lease
     assert lease is not None
     if name is not None:
-        assert core.job_started(lease.id, name)
+        assert core.job_events.job_started(lease.id, name)
     core.observe(host(gpu(proc(10, 11 * GiB, C)), at=1.0), 1.0)
     return core
 
@@ -64,7 +64,7 @@ def test_a_demand_of_a_listed_class_preempts_the_job_lease_then_evicts_what_is_l
     assert of(again, Preempt) == []
     assert [t.id for t in core.waiting()] == [admission.ticket_id]
 
-    effects = core.preempted(C, 0, ["p1"], 3.0)
+    effects = core.job_events.preempted(C, 0, ["p1"], 3.0)
     [stopped] = failures(effects)
     assert stopped.failure.failure_class is FailureClass.RESIDENCY_CONFLICT
     assert "comfy's job p1 (interactive) was preempted for ollama/gemma3:12b (production)" in (
@@ -113,7 +113,7 @@ def test_a_runtime_that_cannot_be_asked_fails_the_ticket_and_its_jobs_go_on():
     core = running(P.PRODUCTION)
     admission = core.submit(gemma(), 2.0)
     crash = Failure(FailureClass.RUNTIME_CRASH, "RUNTIME_CRASH: comfy did not answer")
-    effects = core.preempted(C, 0, ["p1"], 3.0, failure=crash)
+    effects = core.job_events.preempted(C, 0, ["p1"], 3.0, failure=crash)
     [reject] = of(effects, Reject)
     assert reject.ticket_id == admission.ticket_id
     assert reject.failure.failure_class is FailureClass.RUNTIME_CRASH

@@ -48,7 +48,7 @@ class ProcessWorld(RuleBasedStateMachine):
         super().__init__()
         self.core = make_core(max_wait=30.0, consumers=(W, "ollama"))
         if self.lifecycle:
-            self.core.register_lifecycle(W, Eviction.STOP, 0.0)
+            self.core.lifecycles.register(W, Eviction.STOP, 0.0)
         self.now = 0.0
         self.external = 0
         self.shows = True
@@ -95,7 +95,9 @@ class ProcessWorld(RuleBasedStateMachine):
                 if effect.key.consumer == W:
                     self.running = None  # eviction is a stop
                     if self.lifecycle:
-                        self._apply(self.core.reported(W, LifeReport.STOPPED, self.now), before)
+                        self._apply(
+                            self.core.lifecycles.reported(W, LifeReport.STOPPED, self.now), before
+                        )
                 self._apply(self.core.unloaded(effect.key, self.now, reclaimed=True), before)
         if granted:
             assert self._used() <= max(TOTAL, before)
@@ -136,9 +138,9 @@ class ProcessWorld(RuleBasedStateMachine):
             return
         self.running = lease.key.model
         if self.lifecycle:
-            self._call(self.core.start, W, lease_id, self.now)
+            self._call(self.core.lifecycles.start, W, lease_id, self.now)
             assert self.core.lifecycle(W).state is LifeState.STARTING
-            self._call(self.core.reported, W, LifeReport.UP, self.now)
+            self._call(self.core.lifecycles.reported, W, LifeReport.UP, self.now)
         else:
             self._call(self.core.process_ready, lease_id, self.now)
         assert self.core.lease(lease_id) is None, "a start's lease ends with its answer"
@@ -217,7 +219,9 @@ class ProcessWorld(RuleBasedStateMachine):
     def crash(self):
         self.running = None
         if self.lifecycle:
-            self._call(self.core.reported, W, LifeReport.EXITED, self.now, "its process ended")
+            self._call(
+                self.core.lifecycles.reported, W, LifeReport.EXITED, self.now, "its process ended"
+            )
         else:
             self._call(self.core.process_ended, W, self.now, "its process ended")
         for lease_id, what in list(self.work.items()):

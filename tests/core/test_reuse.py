@@ -44,8 +44,8 @@ def books_of(core: GateCore, now: float) -> object:
         (books.version, books.residents_version),
         core.budget(0),
         core.next_wakeup(),
-        core.draining("ollama"),
-        core.paused(),
+        core.operator.draining("ollama"),
+        core.operator.paused(),
         core.in_pressure(0),
     )
 
@@ -196,16 +196,16 @@ class TwinWorlds(RuleBasedStateMachine):
     @rule(on=st.booleans())
     def operator_drains(self, on):
         if on:
-            self._both(lambda core: core.drain("ollama", self.now))
+            self._both(lambda core: core.operator.drain("ollama", self.now))
         else:
-            self._both(lambda core: core.undrain("ollama", self.now))
+            self._both(lambda core: core.operator.undrain("ollama", self.now))
 
     @rule(on=st.booleans())
     def operator_pauses(self, on):
         if on:
-            self._both(lambda core: core.pause(0, self.now))
+            self._both(lambda core: core.operator.pause(0, self.now))
         else:
-            self._both(lambda core: core.resume(0, self.now))
+            self._both(lambda core: core.operator.resume(0, self.now))
 
     # -- invariants ------------------------------------------------------------------
 
@@ -269,10 +269,10 @@ def test_what_is_not_a_plain_request_for_a_resident_model_takes_the_full_path():
     assert core.reuse.grant(demand("other", GiB), 1.0) is None
     assert core.reuse.grant(attrs.evolve(demand("m", GiB), scope=LeaseScope.JOB), 1.0) is None
     assert core.reuse.grant(attrs.evolve(demand("m", GiB), lease_ttl=30.0), 1.0) is None
-    core.pause(0, 1.0)
+    core.operator.pause(0, 1.0)
     assert core.reuse.grant(demand("m", GiB), 1.0) is None
-    core.resume(0, 1.0)
-    core.drain("ollama", 1.0)
+    core.operator.resume(0, 1.0)
+    core.operator.drain("ollama", 1.0)
     assert core.reuse.grant(demand("m", GiB), 1.0) is None
 
 
@@ -297,7 +297,7 @@ def test_an_end_that_leaves_something_to_do_takes_the_full_path():
     core, _ = resident_core()
     lease = core.reuse.grant(demand("m", GiB), 1.0)
     assert lease is not None
-    core.drain("ollama", 1.5)
+    core.operator.drain("ollama", 1.5)
     assert core.reuse.release(lease, 2.0) is None
     kinds = [e.kind for e in core.release(lease.id, 2.0) if isinstance(e, Event)]
     assert kinds == [EventKind.LEASE_RELEASED, EventKind.CONSUMER_DRAINED]

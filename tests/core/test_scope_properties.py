@@ -109,7 +109,7 @@ class JobWorld(RuleBasedStateMachine):
     def job_ends(self, data, failed):
         lease_id = data.draw(st.sampled_from(sorted(self.jobs)))
         del self.jobs[lease_id]
-        self._apply(self.core.job_done(C, lease_id, self.now, failed=failed))
+        self._apply(self.core.job_events.job_done(C, lease_id, self.now, failed=failed))
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
@@ -151,7 +151,7 @@ class JobWorld(RuleBasedStateMachine):
         while self.jobs:
             lease_id = min(self.jobs)
             del self.jobs[lease_id]
-            self._apply(self.core.job_done(C, lease_id, self.now))
+            self._apply(self.core.job_events.job_done(C, lease_id, self.now))
         while self.requests:
             lease_id = min(self.requests)
             self.requests.discard(lease_id)

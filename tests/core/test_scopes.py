@@ -50,11 +50,11 @@ def test_jobs_share_one_lease_sized_to_the_largest():
     rows = {row.name: row for row in core.budget(0).consumers}
     assert rows[C].pending == 6 * GiB
     # The largest ends: the lease shrinks to the largest left, and ends with the last.
-    core.job_done(C, third.lease.id, 3.0)
+    core.job_events.job_done(C, third.lease.id, 3.0)
     assert carrier(core).pending == 4 * GiB
-    core.job_done(C, first.id, 4.0)
+    core.job_events.job_done(C, first.id, 4.0)
     assert carrier(core).pending == 3 * GiB
-    effects = core.job_done(C, second.lease.id, 5.0)
+    effects = core.job_events.job_done(C, second.lease.id, 5.0)
     assert carrier(core) is None and core.leases() == []
     reasons = [e.reason for e in effects if e.kind is EventKind.LEASE_RELEASED]
     assert reasons == ["done", "jobs done"]
@@ -64,10 +64,10 @@ def test_a_job_ends_by_the_runtimes_name_for_it_and_a_release_ends_it_too():
     core = core_with()
     a = core.submit(job(2 * GiB), 0.0).lease
     b = core.submit(job(2 * GiB), 0.0).lease
-    assert core.job_started(a.id, "prompt-a")
-    assert core.job_done(C, "prompt-a", 1.0) != []
-    assert core.job_done(C, "prompt-a", 1.0) == []  # already over
-    assert core.job_done("ollama", b.id, 1.0) == []  # not that consumer's
+    assert core.job_events.job_started(a.id, "prompt-a")
+    assert core.job_events.job_done(C, "prompt-a", 1.0) != []
+    assert core.job_events.job_done(C, "prompt-a", 1.0) == []  # already over
+    assert core.job_events.job_done("ollama", b.id, 1.0) == []  # not that consumer's
     # The runtime refused the job's request: the caller releases its lease.
     core.release(b.id, 2.0, failed=True)
     assert core.leases() == []
@@ -82,7 +82,7 @@ def test_a_growth_that_must_wait_asks_only_for_what_is_missing_when_granted():
     assert big.waiting
     assert core.waiting()[0].demand.envelope == 4 * GiB
     # The small job ends: its lease goes, so the waiting job now needs all of its 8 GiB.
-    core.job_done(C, small.id, 2.0)
+    core.job_events.job_done(C, small.id, 2.0)
     assert carrier(core) is None
     assert core.waiting()[0].demand.envelope == 8 * GiB
     core.loaded(busy.id, 2.5)
@@ -116,12 +116,12 @@ def test_a_jobs_events_say_its_own_size_and_nothing_counts_it_twice():
     # The bytes are counted once, on the job lease: the leases' own stay 0.
     assert [x.pending for x in (first.lease, second.lease, third.lease)] == [0, 0, 0]
     assert {row.name: row.pending for row in core.budget(0).consumers}[C] == 6 * GiB
-    ended = core.job_done(C, third.lease.id, 3.0)
+    ended = core.job_events.job_done(C, third.lease.id, 3.0)
     assert lease_events(ended, EventKind.LEASE_RELEASED) == [
         (third.lease.key.model, 6 * GiB, "done")
     ]
-    core.job_done(C, first.lease.id, 4.0)
-    ended = core.job_done(C, second.lease.id, 5.0)
+    core.job_events.job_done(C, first.lease.id, 4.0)
+    ended = core.job_events.job_done(C, second.lease.id, 5.0)
     assert lease_events(ended, EventKind.LEASE_RELEASED) == [
         (second.lease.key.model, 3 * GiB, "done"),
         (JOBS_MODEL, 3 * GiB, "jobs done"),
@@ -134,7 +134,7 @@ def test_a_growth_granted_after_waiting_says_the_jobs_size():
     small = core.submit(job(4 * GiB), 0.0).lease
     big = core.submit(job(8 * GiB), 1.0)
     assert lease_events(big.effects, EventKind.LEASE_GRANTED) == []
-    core.job_done(C, small.id, 2.0)
+    core.job_events.job_done(C, small.id, 2.0)
     core.loaded(busy.id, 2.5)
     unload = next(e for e in core.release(busy.id, 3.0) if isinstance(e, Unload))
     effects = core.unloaded(unload.key, 4.0, reclaimed=True)
@@ -146,7 +146,7 @@ def test_memory_kept_after_the_last_job_is_a_resident_known_from_nvml():
     core = core_with()
     lease = core.submit(job(6 * GiB), 0.0).lease
     core.observe(host(gpu(proc(10, 5 * GiB, C)), at=1.0), 1.0)
-    core.job_done(C, lease.id, 2.0)
+    core.job_events.job_done(C, lease.id, 2.0)
     held = core.resident(ResidentKey(C, HELD_MODEL))
     assert held is not None and held.bytes == 5 * GiB and held.tracks_observed and held.idle
     # The runtime frees some on its own: the resident follows; all of it: the resident goes.
@@ -161,7 +161,7 @@ def test_a_runtime_that_lists_names_what_it_kept_itself():
     core = core_with(reconcilable=(C,))
     lease = core.submit(job(6 * GiB), 0.0).lease
     core.observe(host(gpu(proc(10, 5 * GiB, C)), at=1.0), 1.0)
-    core.job_done(C, lease.id, 2.0)
+    core.job_events.job_done(C, lease.id, 2.0)
     assert core.residents() == []
     assert core.telemetry.unexplained[0][C] == 5 * GiB
 
@@ -170,7 +170,7 @@ def test_the_resident_kept_after_jobs_is_evicted_like_any_other():
     core = core_with()
     lease = core.submit(job(6 * GiB, ttl=10.0), 0.0).lease
     core.observe(host(gpu(proc(10, 5 * GiB, C)), at=1.0), 1.0)
-    core.job_done(C, lease.id, 2.0)
+    core.job_events.job_done(C, lease.id, 2.0)
     effects = core.tick(13.0)
     unloads = [e for e in effects if isinstance(e, Unload)]
     assert [u.key for u in unloads] == [ResidentKey(C, HELD_MODEL)]

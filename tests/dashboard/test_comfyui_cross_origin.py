@@ -68,7 +68,7 @@ async def test_a_prompt_from_another_origin_evicts_nothing(tmp_path, sim_host, f
         finally:
             await runner.cleanup()
         assert evictions == []
-        assert stack.gate.jobs("comfyui") == []
+        assert stack.gate.jobs.live("comfyui") == []
         assert [x for x in stack.gate.core.leases() if x.key.consumer == "comfyui"] == []
         assert stack.comfy.queue.get_history() == {}
         async with (

@@ -17,9 +17,9 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import SchemaNotFoundError
 
-from gpugate.config.loader import load_config_text_with_warnings
 from gpugate.config.model import Scope, token_scopes
 from gpugate.control.openapi import openapi_document
+from gpugate.runtimes.sections import load_config_text_with_warnings
 from tests.deploy.manifests import (
     all_documents,
     configmap_text,

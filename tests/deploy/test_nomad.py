@@ -19,9 +19,9 @@ from typing import Any
 import hcl2
 from hcl2 import SerializationOptions
 
-from gpugate.config.loader import load_config_text_with_warnings
 from gpugate.config.model import Scope, token_scopes
 from gpugate.control.openapi import openapi_document
+from gpugate.runtimes.sections import load_config_text_with_warnings
 from tests.deploy.manifests import (
     NOMAD_JOB,
     configmap_text,

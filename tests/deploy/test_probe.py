@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 from aiohttp import web
 
-from gpugate.config.loader import load_config_text
+from gpugate.runtimes.sections import load_config_text
 from tests.deploy.manifests import configmap_text
 from tests.deploy.test_manifests import probe_script
 from tests.gate.harness import running_stack

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gpugate.demo import FLUX_PROMPT, demo_ports
-from gpugate.local_token import local_token_path
+from gpugate.commands.demo import FLUX_PROMPT, demo_ports
+from gpugate.commands.local_token import local_token_path
 from gpugate.runtimes.process_find import listening_pids
 from tests.e2e.test_installed_demo import free_port_base
 from tests.gate.test_process_start import wav_bytes

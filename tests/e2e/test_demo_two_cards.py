@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ollama
 
-from gpugate.demo import demo_ports
+from gpugate.commands.demo import demo_ports
 from tests.e2e.test_demo import poll
 from tests.e2e.test_installed_demo import free_port_base
 from tests.sim.processes import LineReader, kill_quietly

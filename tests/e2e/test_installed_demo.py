@@ -29,8 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpugate.config.loader import load_config
-from gpugate.demo import (
+from gpugate.commands.demo import (
     DEFAULT_CONFIG,
     DEFAULT_HOST,
     FLUX_PROMPT,
@@ -40,6 +39,7 @@ from gpugate.demo import (
     prepare,
     run_demo,
 )
+from gpugate.runtimes.sections import load_config
 from tests.sim.processes import LineReader, kill_quietly
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpugate.commands.exits import Exit
 from gpugate.core.units import GiB
-from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.control.sse import sse_messages
 from tests.gate.harness import free_ports
@@ -283,7 +283,7 @@ async def until(served: Served, predicate, timeout: float = 20.0) -> None:
 
 
 def test_the_wrapper_renews_by_the_ttl_each_renewal_answers():
-    from gpugate.lease_cli import _renewed_ttl
+    from gpugate.commands.lease import _renewed_ttl
 
     # A bound lowered by a reload shortens the ttl from a renewal on: renew by the new one.
     assert _renewed_ttl({"id": 3, "ttl": 60.0, "expires_in": 60.0}, 1800.0) == 60.0

@@ -265,7 +265,7 @@ async def test_500_random_requests_never_overcommit_the_card(host_and_gate):
             + gpu_row["reserve"]
             + gpu_row["driver_reserved"]
         )
-        assert used <= gpu_row["total"], gpu_row
+        assert used <= gpu_row["total"], json.dumps(gpu_row, indent=1)
     assert gpu.ooms() == []
     async with aiohttp.ClientSession() as session:
         async with session.get(control + "/gate/v1/status") as resp:

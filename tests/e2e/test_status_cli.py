@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpugate.commands.exits import Exit
 from gpugate.core.units import GiB, MiB
-from gpugate.exits import Exit
 from gpugate.sim.hostprocess import SimulatedHostProcess
 from tests.gate.harness import free_port, free_ports
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from gpugate.demo import PORTS, demo_ports
-from gpugate.exits import Exit
-from gpugate.local_token import local_token_path
+from gpugate.commands.demo import PORTS, demo_ports
+from gpugate.commands.exits import Exit
+from gpugate.commands.local_token import local_token_path
 from tests.e2e.test_demo import poll
 from tests.e2e.test_installed_demo import free_port_base, printed_commands
 from tests.sim.processes import LineReader, kill_quietly

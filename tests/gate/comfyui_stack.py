@@ -9,10 +9,10 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.effects import Event, EventKind
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from gpugate.sim.comfyui import SimComfyUI
 from gpugate.sim.device import SimulatedGpuHost

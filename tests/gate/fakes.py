@@ -17,13 +17,13 @@ from pathlib import Path
 import attrs
 from aiohttp import web
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.observation import OTHER, Owner, OwnerKind
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.attribution import Attribution, MatchKind
 from gpugate.gpu.nvml import ContextKind, DeviceSample, HostSample, MemoryApi, ProcessSample
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 
 TOTAL = 16 * GiB
 RESERVED = 434 * MiB

@@ -17,12 +17,12 @@ from pathlib import Path
 import aiohttp
 import attrs
 
-from gpugate.config.loader import load_config_text
 from gpugate.config.model import Config
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.units import MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from gpugate.sim.device import SimulatedGpuHost
 from gpugate.sim.ollama.server import SimOllama

@@ -96,7 +96,7 @@ async def test_a_prompt_past_comfyuis_limit_gets_its_own_413_from_the_gate(stack
     assert gated[0] == 413
     assert gated[1] == f"Maximum request body size {MAX_UPLOAD_SIZE} exceeded.".encode()
     assert LEASE_HEADER not in gated[3]
-    assert comfy_leases(stack.gate) == [] and stack.gate.jobs("comfyui") == []
+    assert comfy_leases(stack.gate) == [] and stack.gate.jobs.live("comfyui") == []
 
 
 async def test_comfyuis_413_comes_from_the_head_alone_and_nothing_is_leased(stack):

@@ -53,7 +53,7 @@ async def test_a_prompt_is_leased_until_its_job_ends_then_its_models_are_a_resid
     assert status == 200, answer
     assert LEASE_HEADER in headers
     prompt_id = answer["prompt_id"]
-    assert len(gate.jobs("comfyui")) == 1
+    assert len(gate.jobs.live("comfyui")) == 1
     carriers = [x for x in gate.core.leases() if x.key.model == JOBS_MODEL]
     # SD1.5: 2,034 MiB of checkpoint and 0.25 MiB-per-megapixel working set at 512x512.
     assert [x.pending for x in carriers] == [2034 * MiB + 256 * MiB]
@@ -73,7 +73,7 @@ async def test_a_client_chosen_prompt_id_names_the_job(stack, session):
     status, _, answer = await post_prompt(session, stack.gate_comfy, blank(), prompt_id="mine-1")
     assert status == 200 and answer["prompt_id"] == "mine-1"
     ended = stack.next_event(EventKind.LEASE_RELEASED, reason="done")
-    if stack.gate.jobs("comfyui"):
+    if stack.gate.jobs.live("comfyui"):
         await asyncio.wait_for(ended, 10)
     assert job_leases(stack.gate) == []
 
@@ -114,7 +114,7 @@ async def test_a_deleted_pending_prompt_and_an_interrupted_one_end_their_jobs(st
     ws = await connect(session, stack.gate_comfy, "c2")
     _, _, first = await post_prompt(session, stack.gate_comfy, txt2img(steps=400), client_id="c2")
     _, _, second = await post_prompt(session, stack.gate_comfy, txt2img(seed=2), client_id="c2")
-    assert len(gate.jobs("comfyui")) == 2
+    assert len(gate.jobs.live("comfyui")) == 2
     await ws.until("execution_start")
     deleted = stack.next_event(EventKind.LEASE_RELEASED, reason="failed")
     async with session.post(
@@ -122,7 +122,7 @@ async def test_a_deleted_pending_prompt_and_an_interrupted_one_end_their_jobs(st
     ) as resp:
         assert resp.status == 200
     await asyncio.wait_for(deleted, 10)
-    assert len(gate.jobs("comfyui")) == 1
+    assert len(gate.jobs.live("comfyui")) == 1
     ended = stack.next_event(EventKind.LEASE_RELEASED, reason="jobs done")
     async with session.post(f"{stack.gate_comfy}/interrupt", json={}) as resp:
         assert resp.status == 200

@@ -67,14 +67,14 @@ async def test_a_comfyui_that_dies_mid_prompt_ends_its_jobs_and_a_new_one_is_adm
     assert status == 200
     _, _, pending = await post_prompt(session, stack.gate_comfy, txt2img(seed=2))
     await ws.until("progress")
-    assert len(gate.jobs("comfyui")) == 2
+    assert len(gate.jobs.live("comfyui")) == 2
     lost = gate.events.next(crashed)
     # SIGKILL: the driver takes its memory back, and nothing answers at its port.
     os.kill(stack.comfy.pid, signal.SIGKILL)
     await stack.comfy.close()
     event = await asyncio.wait_for(lost, 10)
     assert event.failure is not None and event.failure.message.endswith("its jobs are lost")
-    assert gate.jobs("comfyui") == []
+    assert gate.jobs.live("comfyui") == []
     assert gate.core.leases() == []
     assert gate.core.waiting() == []
     await ws.ws.close()

@@ -34,7 +34,7 @@ async def long_flux(stack, session, client):
         assert resp.status == 200, await resp.text()
         prompt_id = (await resp.json())["prompt_id"]
     await ws.until("progress")
-    assert [x.id for x in stack.gate.jobs("comfyui")]
+    assert [x.id for x in stack.gate.jobs.live("comfyui")]
     return ws, prompt_id
 
 
@@ -71,7 +71,7 @@ async def test_a_production_load_preempts_a_running_prompt_when_preempt_lists_it
         granted = (EventKind.LEASE_GRANTED, "gemma3:12b")
         assert evicted in order and granted in order, "\n".join(map(str, kinds(gate, since)))
         assert order.index(evicted) < order.index(granted), "\n".join(map(str, kinds(gate, since)))
-        assert gate.jobs("comfyui") == []
+        assert gate.jobs.live("comfyui") == []
         assert gate.core.leases() == []
         assert gate.core.waiting() == []
         assert sim_host.ooms() == []

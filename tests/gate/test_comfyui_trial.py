@@ -247,7 +247,7 @@ async def test_a_demand_meanwhile_is_not_granted_the_memory_the_prompt_is_taking
         None,
     )
     probe_queued = stack.next_event(EventKind.TICKET_QUEUED, consumer="ollama")
-    meanwhile = asyncio.create_task(gate.acquire(probe))
+    meanwhile = asyncio.create_task(gate.leases.acquire(probe))
     await asyncio.wait_for(probe_queued, 20)
     assert [t.demand.consumer for t in gate.core.waiting(0)] == ["comfyui", "ollama"]
     gate.resume(0)
@@ -263,7 +263,7 @@ async def test_a_demand_meanwhile_is_not_granted_the_memory_the_prompt_is_taking
     row = budget.consumer("comfyui")
     assert row.pending == SD15_JOB and row.unexplained < 300 * MiB
     assert [e.key.model for e in of(seen, EventKind.EVICTION_STARTED)] == ["bge-m3:latest"]
-    gate.release(lease)
+    gate.leases.release(lease)
     await stop_comfy_jobs(stack, session)
     assert comfy_leases(gate) == []
     assert sim_host.ooms() == []
@@ -334,7 +334,7 @@ async def test_a_pending_prompt_whose_lease_cannot_be_had_is_deleted_and_never_r
     assert await queue_ids(session, stack) == [running["prompt_id"]]
     assert of(seen, EventKind.EVICTION_STARTED) == []
     assert gate.core.scheduler.withdrawing == {}
-    assert len(gate.jobs("comfyui")) == 1
+    assert len(gate.jobs.live("comfyui")) == 1
     await stop_comfy_jobs(stack, session)
     assert comfy_leases(gate) == []
     assert sim_host.ooms() == []

@@ -78,7 +78,7 @@ async def test_a_prompt_comfyui_refuses_gets_its_answer_and_no_lease(stack, grap
             for error in node["errors"]:
                 error["extra_info"].pop("traceback", None)
     assert gated_doc == direct_doc
-    assert stack.gate.jobs("comfyui") == []
+    assert stack.gate.jobs.live("comfyui") == []
     assert [x for x in stack.gate.core.leases() if x.key.consumer == "comfyui"] == []
     assert not [e for e in stack.gate.recent_events() if e.kind.value == "eviction_started"]
 
@@ -119,7 +119,7 @@ async def test_with_validation_off_a_refused_prompt_is_admitted_as_before(
 
 
 async def test_a_catalog_comfyui_does_not_serve_means_admission_as_before(stack, caplog):
-    stack.gate.links["comfyui"].adapter.vetting.base_url = stack.direct_comfy + "/nowhere"
+    stack.gate.links["comfyui"].runtime.vetting.base_url = stack.direct_comfy + "/nowhere"
     async with aiohttp.ClientSession() as session:
         status, headers, _ = await post(session, stack.gate_comfy, {"prompt": txt2img()})
     assert status == 200

@@ -61,7 +61,7 @@ async def test_an_encoded_prompt_is_leased_like_any_other(stack, index):
     assert LEASE_HEADER in resp.headers
     carriers = [x for x in stack.gate.core.leases() if x.key.model == JOBS_MODEL]
     assert [x.pending for x in carriers] == [2034 * MiB + 256 * MiB]
-    assert stack.gate.jobs("comfyui")
+    assert stack.gate.jobs.live("comfyui")
 
 
 async def test_an_undecodable_or_oversized_body_is_refused_before_any_lease(stack):
@@ -87,7 +87,7 @@ async def test_an_undecodable_or_oversized_body_is_refused_before_any_lease(stac
             # The runtime's own words for a body past its limit, once inflated.
             assert (resp.status, await resp.read()) == (413, gated)
     assert [x for x in stack.gate.core.leases() if x.key.consumer == "comfyui"] == []
-    assert stack.gate.jobs("comfyui") == []
+    assert stack.gate.jobs.live("comfyui") == []
 
 
 async def test_an_encoded_ollama_body_is_read_as_go_reads_it_and_never_leased(
@@ -195,4 +195,4 @@ async def test_comfyui_gets_no_zstd_even_where_the_gate_could_inflate_it(stack):
         text = await resp.read()
     assert resp.status == 400
     assert text.startswith(b"Can not decode content-encoding: zstandard")
-    assert stack.gate.jobs("comfyui") == []
+    assert stack.gate.jobs.live("comfyui") == []

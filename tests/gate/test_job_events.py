@@ -42,7 +42,7 @@ async def test_a_jobs_grant_release_and_listing_say_its_own_bytes(stack):
             ) as resp:
                 assert resp.status == 200
                 posted.append((await resp.json())["prompt_id"])
-        assert len(gate.jobs("comfyui")) == 2
+        assert len(gate.jobs.live("comfyui")) == 2
         async with session.get(control_url(stack) + "/gate/v1/leases?scope=job") as resp:
             listed = (await resp.json())["leases"]
         assert sorted((x["model"] == JOBS_MODEL, x["bytes"]) for x in listed) == [

@@ -19,6 +19,7 @@ from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand
 from gpugate.core.units import MiB
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.registry import runtime_for
 from tests.gate.fakes import FakeAttributor, FakeGpu, FakeUpstream, Mode, fake_gate
 
 LLAMA = 3200 * MiB
@@ -61,11 +62,11 @@ async def test_an_idle_model_is_unloaded_at_its_ttl_with_no_other_request(tmp_pa
         )
         # The first request arms the timer for its model's TTL; the second moves the
         # TTL later, so the timer fires with nothing due yet and must be set again.
-        first = await gate.acquire(llama(ttl=0.2))
-        gate.loaded(first)
-        gate.release(first)
-        second = await gate.acquire(llama(ttl=0.6))
-        gate.release(second)
+        first = await gate.leases.acquire(llama(ttl=0.2))
+        gate.leases.loaded(first)
+        gate.leases.release(first)
+        second = await gate.leases.acquire(llama(ttl=0.6))
+        gate.leases.release(second)
         released_at = gate.clock()
         event = await asyncio.wait_for(ttl, 5)
         assert event.model == "llama3.2:3b"
@@ -191,7 +192,8 @@ async def test_a_refused_listing_is_runtime_crash(tmp_path):
         crashed = fakes.gate.events.next(failure_of(FailureClass.RUNTIME_CRASH))
         link = fakes.gate.links["ollama"]
         # Nothing listens on port 1: the connection is refused.
-        link.adapter.consumer = link.consumer = refusing(link.consumer)
+        link.consumer = refusing(link.consumer)
+        link.runtime = runtime_for(link.consumer)
         fakes.gate.want_reconcile("ollama")
         assert "did not answer" in (await asyncio.wait_for(crashed, 5)).failure.message
 

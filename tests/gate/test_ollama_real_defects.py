@@ -184,9 +184,9 @@ async def test_a_model_the_gate_unloads_is_not_adopted_again_while_ollama_still_
         assert done.reason == "ttl" and done.detail.startswith("reclaimed"), done
         # What Ollama lists now, and once its runner is gone, is folded in at once.
         link = stack.gate.links["ollama"]
-        await stack.gate.reconcile(link)
+        await stack.gate.signals.reconcile(link)
         await stack.sim.wait_until(lambda s: s.runner("llama3.2:3b") is None)
-        await stack.gate.reconcile(link)
+        await stack.gate.signals.reconcile(link)
         assert [(e.kind, e.model) for e in seen] == [
             (EventKind.OUT_OF_BAND_RESIDENT, "llama3.2:3b"),
             (EventKind.EVICTION_DONE, "llama3.2:3b"),

@@ -115,7 +115,7 @@ async def test_polling_a_stopped_whispers_health_is_answered_by_the_gate_and_is_
         gate.events.subscribe(
             lambda e: e.kind is EventKind.LEASE_GRANTED and granted.append(e), routine=True
         )
-        process = gate.links["whisper"].adapter.process
+        process = gate.links["whisper"].runtime.lifecycle.control
         assert process is not None
         async with aiohttp.ClientSession() as session:
             # keep_warm: not started with the gate. Its health is the runtime's own "ok",

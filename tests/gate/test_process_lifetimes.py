@@ -65,7 +65,7 @@ def stack_with(
 
 
 def process_of(stack) -> SupervisedCommand:
-    process = stack.gate.links["whisper"].adapter.process
+    process = stack.gate.links["whisper"].runtime.lifecycle.control
     assert isinstance(process, SupervisedCommand)
     return process
 
@@ -185,7 +185,7 @@ async def test_what_a_started_process_holds_is_learned_and_leased_next_time(
         assert (await transcribe(url))[0] == 200
         assert (await first).bytes == WHISPER, "its configured envelope, the first time"
         key = ResidentKey("whisper", TURBO)
-        await until(lambda: gate.measured_envelope(key) == holds)
+        await until(lambda: gate.envelopes.measured(key) == holds)
         done = stack.next_event(EventKind.EVICTION_DONE, key=key)
         gate.evict(key, force=True)
         await done

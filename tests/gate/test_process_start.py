@@ -144,7 +144,7 @@ async def test_eviction_stops_the_process_and_the_next_request_starts_it_again(
         gate = stack.gate
         url = f"http://127.0.0.1:{ports[0]}"
         assert (await transcribe(url))[0] == 200
-        process = gate.links["whisper"].adapter.process
+        process = gate.links["whisper"].runtime.lifecycle.control
         assert isinstance(process, SupervisedCommand) and process.running
         first_pid = process.pid
 
@@ -199,7 +199,7 @@ async def test_load_is_a_demand_for_the_new_models_envelope(
         assert (await granted).bytes == SMALL
         await switched
         await until(lambda: stack.gate.core.resident(ResidentKey("whisper", TURBO)) is None)
-        assert gate.links["whisper"].adapter.process_model() == BASE
+        assert gate.links["whisper"].runtime.lifecycle.process_model() == BASE
         new = gate.core.resident(ResidentKey("whisper", BASE))
         assert new is not None and new.bytes >= 0.75 * SMALL
         assert gate.core.resident(ResidentKey("whisper", TURBO)) is None

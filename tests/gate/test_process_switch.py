@@ -93,7 +93,7 @@ async def test_a_switch_ends_its_lease_on_the_answer_whatever_nvml_shows(
         gate = stack.gate
         url = f"http://127.0.0.1:{ports[0]}"
         assert (await transcribe(url))[0] == 200
-        pid = gate.links["whisper"].adapter.process.pid
+        pid = gate.links["whisper"].runtime.lifecycle.control.pid
         events = record(gate)
         key = ResidentKey("whisper", model)
         ended = stack.next_event(EventKind.LEASE_RELEASED, key=key)
@@ -118,7 +118,9 @@ async def test_a_switch_ends_its_lease_on_the_answer_whatever_nvml_shows(
         async with asyncio.timeout(ANSWERED):
             status, text = await transcribe(url)
         assert status == 200, text
-        assert gate.links["whisper"].adapter.process.pid == pid, "no start: the same process"
+        assert gate.links["whisper"].runtime.lifecycle.control.pid == pid, (
+            "no start: the same process"
+        )
         # The next samples correct the books to what NVML shows.
         await until(lambda: gate.core.resident(key).bytes == holds)
         await until(lambda: gate.core.budget(0).consumer("whisper").committed == holds)
@@ -135,7 +137,7 @@ async def test_a_load_whisper_refuses_leaves_the_old_model_resident(
         gate = stack.gate
         url = f"http://127.0.0.1:{ports[0]}"
         assert (await transcribe(url))[0] == 200
-        pid = gate.links["whisper"].adapter.process.pid
+        pid = gate.links["whisper"].runtime.lifecycle.control.pid
         events = record(gate)
         missing = ResidentKey("whisper", "models/not-there.bin")
         ended = stack.next_event(EventKind.LEASE_RELEASED, key=missing)
@@ -159,6 +161,6 @@ async def test_a_load_whisper_refuses_leaves_the_old_model_resident(
         assert status == 200, text
         grants = [e for e in events if e.kind is EventKind.LEASE_GRANTED]
         assert [(e.key, e.bytes) for e in grants] == [(ResidentKey("whisper", TURBO), 0)]
-        assert gate.links["whisper"].adapter.process.pid == pid
+        assert gate.links["whisper"].runtime.lifecycle.control.pid == pid
         assert [e for e in events if e.kind is EventKind.FAILURE] == []
         assert gate.core.leases() == [] and gate.core.waiting() == []

@@ -87,7 +87,7 @@ async def test_the_model_a_unit_starts_with_is_the_one_its_command_line_names(
         status, text = await transcribe(f"http://127.0.0.1:{listen}")
         assert status == 200, text
         await granted
-        assert gate.links["whisper"].adapter.process_model() == BASE
+        assert gate.links["whisper"].runtime.lifecycle.process_model() == BASE
         assert gate.core.resident(ResidentKey("whisper", BASE)) is not None
         assert gate.core.resident(ResidentKey("whisper", TURBO)) is None
         async with (

@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
@@ -16,6 +15,7 @@ from gpugate.core.tickets import Demand
 from gpugate.core.units import MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.sections import load_config_text
 from gpugate.store.db import Store
 from tests.gate.fakes import FakeAttributor, FakeGpu, gate_config
 
@@ -50,10 +50,10 @@ async def resident_gate(tmp_path: Path) -> AsyncIterator[tuple[Gate, Clock]]:
     await store.open()
     try:
         gate.observe(await gate.sampler.sample())
-        lease = await gate.acquire(WANTED)
+        lease = await gate.leases.acquire(WANTED)
         assert lease.pending
-        gate.loaded(lease)
-        gate.release(lease)
+        gate.leases.loaded(lease)
+        gate.leases.release(lease)
         await store.flush()
         yield gate, clock
     finally:
@@ -77,10 +77,10 @@ async def test_a_resident_lease_plans_nothing_and_sets_no_timer(tmp_path, monkey
         recent = len(gate.recent_events())
 
         clock.now = 1010.0
-        lease = await gate.acquire(WANTED)
+        lease = await gate.leases.acquire(WANTED)
         assert (lease.pending, lease.waited, lease.loads) == (0, 0.0, False)
         clock.now = 1012.0
-        gate.release(lease)
+        gate.leases.release(lease)
 
         # The timer set for the resident's earlier expiry stays: it moves the timer on.
         assert (gate._timer, gate._timer_at) == (timer, timer_at)
@@ -102,18 +102,18 @@ async def test_a_resident_left_idle_with_no_timer_set_gets_one_for_its_expiry(tm
         assert gate._timer is not None
         gate._timer.cancel()
         gate._timer = None  # as after a tick that found nothing timed
-        lease = await gate.acquire(WANTED)
+        lease = await gate.leases.acquire(WANTED)
         assert gate._timer is None  # a busy resident has no expiry
         clock.now = 1020.0
-        gate.release(lease)
+        gate.leases.release(lease)
         assert gate._timer is not None and gate._timer_at == 1920.0
 
 
 async def test_a_failed_resident_request_is_recorded_as_failed(tmp_path):
     async with resident_gate(tmp_path) as (gate, clock):
-        lease = await gate.acquire(WANTED)
+        lease = await gate.leases.acquire(WANTED)
         clock.now = 1003.0
-        gate.release(lease, failed=True)
+        gate.leases.release(lease, failed=True)
         (released,) = [e for e in gate.recent_events() if e.time == 1003.0]
         assert released.kind is EventKind.LEASE_RELEASED and released.reason == "failed"
         assert gate.store is not None

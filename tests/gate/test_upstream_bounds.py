@@ -55,7 +55,7 @@ async def test_a_hung_unload_fails_its_ticket_as_timeout_at_the_control_bound(tm
         await asyncio.wait_for(listed(fakes, 3), 5)
         started = fakes.gate.clock()
         with pytest.raises(GateFailure) as failed:
-            await asyncio.wait_for(fakes.gate.acquire(qwen()), 5)
+            await asyncio.wait_for(fakes.gate.leases.acquire(qwen()), 5)
         assert failed.value.failure.failure_class is FailureClass.TIMEOUT
         assert failed.value.failure.failure_class.http_status == 504
         assert "did not answer within 0.2s" in failed.value.failure.message
@@ -68,7 +68,7 @@ async def test_a_hung_sizing_call_is_a_timeout(tmp_path):
     async with fake_gate(tmp_path, upstream=upstream) as fakes:
         link = fakes.gate.links["ollama"]
         with pytest.raises(GateFailure) as failed:
-            await asyncio.wait_for(fakes.gate.envelope(link, "mistral:7b", ""), 5)
+            await asyncio.wait_for(fakes.gate.envelopes.envelope(link, "mistral:7b", ""), 5)
         assert failed.value.failure.failure_class is FailureClass.TIMEOUT
         assert failed.value.failure.message.startswith("TIMEOUT: cannot size mistral:7b")
 
@@ -91,7 +91,7 @@ async def test_one_unload_is_not_verified_by_the_memory_another_gave_back(tmp_pa
             )
         )
         with pytest.raises(GateFailure) as failed:
-            await asyncio.wait_for(fakes.gate.acquire(qwen()), 5)
+            await asyncio.wait_for(fakes.gate.leases.acquire(qwen()), 5)
         assert failed.value.failure.failure_class is FailureClass.GPU_MEMORY_NOT_RECLAIMED
         assert started == ["llama3.2:3b", "bge-m3:latest"]
         assert done == {"llama3.2:3b": "reclaimed", "bge-m3:latest": "not reclaimed"}

@@ -6,8 +6,8 @@ import ctypes.util
 import logging
 from pathlib import Path
 
-from gpugate.config.loader import load_config_text
 from gpugate.gpu.nvml import simulated_host
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import store_path
 
 CONFIG = """\

@@ -31,7 +31,7 @@ import attrs
 import pytest
 import yaml
 
-from gpugate.demo import DEFAULT_HOST, move_ports
+from gpugate.commands.demo import DEFAULT_HOST, move_ports
 from gpugate.sim.host import SimulatedHost
 from gpugate.sim.scenario import load_host
 from gpugate.sim.shim import STATE_ENV

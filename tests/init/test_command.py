@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from gpugate.cli import main
-from gpugate.config.loader import load_config_text_with_warnings
-from gpugate.init.command import EXIT_CANTCREAT
+from gpugate.commands.init import EXIT_CANTCREAT
 from gpugate.init.scan import UNIT_PROPERTIES
 from gpugate.init.write import dry_run_text, split_dry_run
+from gpugate.runtimes.sections import load_config_text_with_warnings
 from gpugate.sim.device import SimulatedGpuHost
 from tests.gpu.proctree import ProcTree
 from tests.init.simhost import fake_systemctl

@@ -22,13 +22,17 @@ import pytest
 
 from gpugate.cli import main
 from gpugate.config.check import run_check
-from gpugate.config.loader import load_config_text, load_config_text_with_warnings
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.init.recognise import Address, recognise
 from gpugate.init.scan import scan_host
 from gpugate.init.write import split_dry_run
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.ollama.settings import OllamaSettings
+from gpugate.runtimes.sections import (
+    RUNTIME_TABLE,
+    load_config_text,
+    load_config_text_with_warnings,
+)
 from gpugate.serve import serve
 from tests.gate.harness import free_port
 from tests.init.simhost import (
@@ -162,7 +166,7 @@ def test_the_dry_run_prints_a_configuration_that_checks_clean_and_fronts_every_r
     path = tmp_path / "consumers.yaml"
     path.write_text(text)
     out, errors = io.StringIO(), io.StringIO()
-    assert run_check(path, out, errors) == 0, errors.getvalue()
+    assert run_check(path, out, errors, runtimes=RUNTIME_TABLE) == 0, errors.getvalue()
     assert errors.getvalue() == ""
     assert "3 consumers (whisper, ollama, comfyui), 2 external services" in out.getvalue()
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpugate.config.loader import load_config_text_with_warnings
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.init.plan import Options, Plan, make_plan
 from gpugate.init.recognise import recognise
 from gpugate.init.scan import Device, GpuProcess, HostScan, Listener, Process, UnitInfo
 from gpugate.init.write import render_files
+from gpugate.runtimes.sections import load_config_text_with_warnings
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -13,6 +13,7 @@ import pytest
 
 from gpugate.config.check import run_check
 from gpugate.core.units import GiB
+from gpugate.runtimes.sections import RUNTIME_TABLE
 from gpugate.sim.ollama.server import SimOllama
 from gpugate.sim.scenario import OllamaSpec
 from tests.gate.harness import MODELS, free_ports
@@ -49,7 +50,7 @@ async def test_sighup_keeps_the_running_config_when_the_file_is_invalid_then_app
                     + "    residency: {policy: sometimes}\n"
                 )
                 err = io.StringIO()
-                assert run_check(config, io.StringIO(), err) == 2
+                assert run_check(config, io.StringIO(), err, runtimes=RUNTIME_TABLE) == 2
                 expected = err.getvalue().splitlines()
                 assert expected
                 served.process.send_signal(signal.SIGHUP)

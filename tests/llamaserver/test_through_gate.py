@@ -15,12 +15,12 @@ import httpx
 import openai
 import pytest
 
-from gpugate.config.loader import load_config_text
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.llamaserver import router as llama_router
+from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from gpugate.store.db import Store
 from tests.gate.harness import free_ports
@@ -274,15 +274,17 @@ async def test_a_models_load_of_a_model_the_router_unloaded_itself_is_leased(
     # the gate's last listing, still fresh, calls it loaded. Its /models/load is leased all
     # the same: the books decide, not a cached listing.
     monkeypatch.setattr(llama_router, "CATALOG_TTL", 3600.0)
-    adapter = gated.gate.links["llama"].adapter
+    reading = gated.gate.links["llama"].runtime.reading
+    assert isinstance(reading, llama_router.RouterReading)
+    state = reading.state
     async with httpx.AsyncClient(base_url=gated.url, timeout=60) as client:
         reply = await client.post(
             "/completion", json={"model": "beta", "prompt": "a", "n_predict": 1}
         )
         assert reply.status_code == 200
         async with aiohttp.ClientSession() as session:
-            await adapter.refresh(session, time.monotonic())
-        assert adapter.catalog.resolve("beta").running
+            await state.refresh(session, time.monotonic())
+        assert state.catalog.resolve("beta").running
         async with httpx.AsyncClient(base_url=router.url, timeout=30) as direct:
             assert (await direct.post("/models/unload", json={"model": "beta"})).status_code == 200
         await wait_statuses(router, {"beta": "unloaded"})

@@ -11,11 +11,11 @@ import pytest
 
 from gpugate.config.model import UpstreamTimeouts
 from gpugate.proxy.pool import UpstreamPool
-from gpugate.runtimes.keepalive import HTTPLIB, KEEP, NEVER, KeepAlivePolicy, keep_alive_of
-from gpugate.runtimes.llamaserver.router import LlamaRouterAdapter
-from gpugate.runtimes.llamaserver.single import LlamaSingleAdapter
-from gpugate.runtimes.ollama.adapter import OllamaAdapter
-from gpugate.runtimes.whisper.adapter import WhisperAdapter
+from gpugate.runtimes.keepalive import HTTPLIB, KEEP, NEVER, KeepAlivePolicy
+from gpugate.runtimes.llamaserver.router import RouterReading
+from gpugate.runtimes.llamaserver.single import LlamaSingleReading
+from gpugate.runtimes.ollama.adapter import OllamaReading
+from gpugate.runtimes.whisper.adapter import WhisperReading
 from tests.proxy.test_http1 import read_request
 
 BOUNDS = UpstreamTimeouts(connect=2.0, first_byte=2.0, idle=2.0)
@@ -207,12 +207,11 @@ async def test_connections_to_the_runtime_send_without_delay():
 def test_cpp_httplib_runtimes_are_reused_well_inside_their_servers_keep_alive():
     # whisper-server reads what it left of a refused body as the next request on a kept
     # connection: every request to it goes on a connection of its own.
-    assert keep_alive_of(WhisperAdapter) is NEVER
-    assert WhisperAdapter.pool_connections is False
-    for adapter in (LlamaRouterAdapter, LlamaSingleAdapter):
-        assert keep_alive_of(adapter) is HTTPLIB, adapter
-        # The gate's own calls (aiohttp's client keeps a connection 15 s) open one each.
-        assert adapter.pool_connections is False
+    assert WhisperReading.keep_alive is NEVER and not NEVER.pools_idle
+    for reading in (RouterReading, LlamaSingleReading):
+        assert reading.keep_alive is HTTPLIB, reading
+    # The gate's own calls (aiohttp's client keeps a connection 15 s) open one each.
+    assert not HTTPLIB.pools_idle
     assert (HTTPLIB.idle_timeout, HTTPLIB.max_requests) == (5.0, 100)
     assert HTTPLIB.reuse_within == pytest.approx(2.0)
-    assert keep_alive_of(OllamaAdapter) is KEEP
+    assert OllamaReading.keep_alive is KEEP and KEEP.pools_idle

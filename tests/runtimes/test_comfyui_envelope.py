@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from gpugate.config.filesizes import DEFAULT_FILE_BYTES
-from gpugate.config.loader import load_config_text
 from gpugate.config.model import Consumer
 from gpugate.core.residents import ResidentKey
 from gpugate.core.units import GiB, MiB
@@ -20,6 +19,7 @@ from gpugate.runtimes.comfyui.envelope import (
 )
 from gpugate.runtimes.comfyui.graph import ModelFile, PromptDemand, read_prompt
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
+from gpugate.runtimes.sections import load_config_text
 from gpugate.store.db import MeasuredEnvelope
 from tests.runtimes.comfyui_workflows import SD15, blank, body, flux, lora, txt2img, upscale
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from gpugate.config.loader import ConfigError, load_config_text_with_warnings
+from gpugate.config.loader import ConfigError
 from gpugate.config.model import Address, Consumer, Upstream
-from gpugate.runtimes.comfyui.adapter import ComfyUIAdapter
+from gpugate.runtimes.comfyui.adapter import ComfyUIReading
 from gpugate.runtimes.comfyui.origin import Verdict, origin_verdict, request_path
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
+from gpugate.runtimes.sections import load_config_text_with_warnings
 
 CONSUMER = Consumer(
     name="comfyui",
@@ -24,7 +25,7 @@ CONSUMER = Consumer(
     listen=Address("127.0.0.1", 8188),
     upstream=Upstream("http", "127.0.0.1", 8189),
 )
-CHECKING = ComfyUIAdapter(CONSUMER)
+CHECKING = ComfyUIReading(CONSUMER)
 CORS = (
     ("Access-Control-Allow-Origin", "*"),
     ("Access-Control-Allow-Methods", "POST, GET, DELETE, PUT, OPTIONS"),
@@ -33,8 +34,8 @@ CORS = (
 )
 
 
-def cors_adapter(value: str = "*") -> ComfyUIAdapter:
-    return ComfyUIAdapter(attrs.evolve(CONSUMER, settings=ComfyUISettings(cors_header=value)))
+def cors_reading(value: str = "*") -> ComfyUIReading:
+    return ComfyUIReading(attrs.evolve(CONSUMER, settings=ComfyUISettings(cors_header=value)))
 
 
 @pytest.mark.parametrize("method", ["GET", "POST", "OPTIONS"])
@@ -133,7 +134,7 @@ def test_what_makes_the_middleware_raise_is_answered_500(host, origin):
     ],
 )
 def test_with_cors_header_there_is_no_origin_check_and_the_gates_answers_carry_cors(host, origin):
-    screening = cors_adapter().screen("POST", {"Host": host, "Origin": origin}, target="/prompt")
+    screening = cors_reading().screen("POST", {"Host": host, "Origin": origin}, target="/prompt")
     assert screening.reply is None
     assert screening.reply_headers == CORS
     assert screening.response_headers == ()  # the runtime adds its own
@@ -150,7 +151,7 @@ def test_with_cors_header_there_is_no_origin_check_and_the_gates_answers_carry_c
 )
 def test_with_cors_header_options_is_answered_200_on_any_path(path, extra):
     headers = {"Host": "127.0.0.1:8188", "Origin": "http://evil.example"}
-    screening = cors_adapter("https://app.example").screen("OPTIONS", headers, target=path)
+    screening = cors_reading("https://app.example").screen("OPTIONS", headers, target=path)
     assert screening.reply is not None
     reply = screening.reply
     assert (reply.status, reply.body, reply.content_type) == (200, b"", "")

@@ -1,4 +1,4 @@
-"""The llama-server adapter: which requests are demands in router mode, how its listing,
+"""The llama-server runtime: which requests are demands in router mode, how its listing,
 its models-max and its errors are read, and what a model's GGUF header makes its envelope."""
 
 from __future__ import annotations
@@ -10,17 +10,18 @@ import attrs
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import load_config_text
 from gpugate.config.model import Upstream
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.base import ApiFamily, RouteKind, error_reply, failure_reply
-from gpugate.runtimes.llamaserver import LlamaRouterAdapter, LlamaSingleAdapter
+from gpugate.runtimes.base import ApiFamily, RouteKind, Runtime, error_reply, failure_reply
 from gpugate.runtimes.llamaserver.catalog import LlamaServerError, ModelEntry, parse_models
 from gpugate.runtimes.llamaserver.envelope import CUDA_CONTEXT, estimate_entry, load_bytes
 from gpugate.runtimes.llamaserver.gguf import GgufError, file_facts
 from gpugate.runtimes.llamaserver.reading import Unreadable, read_json
-from gpugate.runtimes.registry import adapter_for
+from gpugate.runtimes.llamaserver.router import RouterReading, RouterState, router_runtime
+from gpugate.runtimes.llamaserver.single import LlamaSingleReading
+from gpugate.runtimes.registry import runtime_for
+from gpugate.runtimes.sections import load_config_text
 from tests.llamaserver.gguf_models import write_tiny_llama
 
 CONFIG = """\
@@ -46,10 +47,21 @@ def consumers():
 
 
 @pytest.fixture
-def router(consumers) -> LlamaRouterAdapter:
-    adapter = adapter_for(consumers["llama"])
-    assert isinstance(adapter, LlamaRouterAdapter)
-    return adapter
+def runtime(consumers) -> Runtime:
+    runtime = runtime_for(consumers["llama"])
+    assert runtime is not None and isinstance(runtime.reading, RouterReading)
+    return runtime
+
+
+@pytest.fixture
+def router(runtime) -> RouterReading:
+    assert isinstance(runtime.reading, RouterReading)
+    return runtime.reading
+
+
+@pytest.fixture
+def state(router) -> RouterState:
+    return router.state
 
 
 def listing(*rows: tuple[str, str], args: tuple[str, ...] = ()) -> dict:
@@ -67,19 +79,27 @@ def listing(*rows: tuple[str, str], args: tuple[str, ...] = ()) -> dict:
 
 
 def test_a_consumer_with_a_control_is_a_single_model_server(consumers):
-    adapter = adapter_for(consumers["single"])
-    assert isinstance(adapter, LlamaSingleAdapter)
-    assert adapter.process_model() == "/models/qwen.gguf"
-    assert adapter.needs_process("POST", "/v1/chat/completions")
-    assert not adapter.needs_process("GET", "/health")
-    assert adapter.classify("POST", "/completion", None, "").api is ApiFamily.LLAMA
+    runtime = runtime_for(consumers["single"])
+    assert runtime is not None and isinstance(runtime.reading, LlamaSingleReading)
+    assert runtime.inventory is None and runtime.vetting is None
+    lifecycle = runtime.lifecycle
+    assert lifecycle.process_model() == "/models/qwen.gguf"
+    assert lifecycle.needs_process("POST", "/v1/chat/completions")
+    assert not lifecycle.needs_process("GET", "/health")
+    assert runtime.reading.classify("POST", "/completion", None, "").api is ApiFamily.LLAMA
+
+
+def test_a_router_is_listed_vetted_and_sized_by_its_catalog(runtime):
+    assert runtime.lifecycle is None and runtime.jobs is None
+    parts = (runtime.reading, runtime.vetting, runtime.inventory, runtime.memory)
+    assert {part.state for part in parts} == {runtime.reading.state}, "one catalog, shared"
 
 
 @pytest.mark.parametrize(
     "path", ["/v1/chat/completions", "/completion", "/v1/embeddings", "/infill", "/tokenize"]
 )
-def test_a_proxied_route_naming_a_model_is_a_demand_for_it(router, path):
-    router.catalog = parse_models(listing(("qwen", "unloaded")))
+def test_a_proxied_route_naming_a_model_is_a_demand_for_it(router, state, path):
+    state.catalog = parse_models(listing(("qwen", "unloaded")))
     classified = router.classify("POST", path, b'{"model": "qwen-alias", "prompt": "x"}', "")
     assert classified.kind is RouteKind.DEMAND
     assert classified.model == "qwen"  # an alias resolves to the model's own name
@@ -136,17 +156,18 @@ def test_load_holds_its_lease_until_the_child_shows_and_unload_is_an_unload(rout
     assert router.classify("POST", "/models/unload", b"{}", "").kind is RouteKind.PASS
 
 
-def test_at_models_max_the_gate_makes_the_room_and_names_no_victim(router):
-    router.catalog = parse_models(listing(("a", "loaded"), ("b", "loaded"), ("c", "unloaded")))
-    assert router.most_models is None  # unread: no limit known yet
-    router.models_max = 2
-    assert router.most_models == 2
+def test_at_models_max_the_gate_makes_the_room_and_names_no_victim(runtime, router, state):
+    state.catalog = parse_models(listing(("a", "loaded"), ("b", "loaded"), ("c", "unloaded")))
+    residents = runtime.residents
+    assert residents.most_models is None  # unread: no limit known yet
+    state.models_max = 2
+    assert residents.most_models == 2
     # The books choose whom to evict (gpugate/core/crowding.py), not a guess at the
     # router's own LRU clock from a listing.
     assert router.classify("POST", "/completion", b'{"model": "c"}', "").replaces is None
     assert router.classify("POST", "/models/load", b'{"model": "c"}', "").replaces is None
-    router.models_max = 0  # --models-max 0: unlimited
-    assert router.most_models is None
+    state.models_max = 0  # --models-max 0: unlimited
+    assert residents.most_models is None
 
 
 async def serve_router(aiohttp_server, rows: dict, props: dict):
@@ -190,44 +211,47 @@ async def test_vet_passes_what_the_router_would_refuse(aiohttp_server, consumers
     )
     consumer = consumers["llama"]
 
-    adapter = LlamaRouterAdapter(
+    runtime = router_runtime(
         attrs.evolve(consumer, upstream=Upstream("http", "127.0.0.1", server.port))
     )
+    reading, vetting = runtime.reading, runtime.vetting
+    assert isinstance(reading, RouterReading) and vetting is not None
 
     async with aiohttp.ClientSession() as session:
-        unknown = adapter.classify("POST", "/completion", b'{"model": "nope"}', "")
-        assert await adapter.vet(unknown, session, 0.0) is not None
+        unknown = reading.classify("POST", "/completion", b'{"model": "nope"}', "")
+        assert await vetting.vet(unknown, session, 0.0) is not None
         # --no-models-autoload: a model not running is refused (400) without loading.
-        cold = adapter.classify("POST", "/completion", b'{"model": "qwen"}', "")
-        assert await adapter.vet(cold, session, 0.0) is not None
-        warm = adapter.classify("POST", "/completion", b'{"model": "phi"}', "")
-        assert await adapter.vet(warm, session, 0.0) is None
-        asked = adapter.classify(
+        cold = reading.classify("POST", "/completion", b'{"model": "qwen"}', "")
+        assert await vetting.vet(cold, session, 0.0) is not None
+        warm = reading.classify("POST", "/completion", b'{"model": "phi"}', "")
+        assert await vetting.vet(warm, session, 0.0) is None
+        asked = reading.classify(
             "POST", "/completion?autoload=1", b'{"model": "qwen"}', "", query="autoload=1"
         )
-        assert await adapter.vet(asked, session, 0.0) is None
+        assert await vetting.vet(asked, session, 0.0) is None
         # A load of a model a listing calls running is leased all the same: the router
         # may have unloaded it since, and the books say whether it is held.
-        running = adapter.classify("POST", "/models/load", b'{"model": "phi"}', "")
-        assert await adapter.vet(running, session, 0.0) is None
-        unknown_load = adapter.classify("POST", "/models/load", b'{"model": "nope"}', "")
-        assert await adapter.vet(unknown_load, session, 0.0) is not None
-        assert adapter.models_max == 4 and adapter.autoload is False
-        loaded = await adapter.listing(session)
+        running = reading.classify("POST", "/models/load", b'{"model": "phi"}', "")
+        assert await vetting.vet(running, session, 0.0) is None
+        unknown_load = reading.classify("POST", "/models/load", b'{"model": "nope"}', "")
+        assert await vetting.vet(unknown_load, session, 0.0) is not None
+        assert reading.state.models_max == 4 and reading.state.autoload is False
+        assert runtime.residents.most_models == 4
+        loaded = await runtime.inventory.listing(session)
         assert [m.name for m in loaded] == ["phi"]
 
 
 async def test_evict_unloads_and_a_model_already_gone_is_evicted(aiohttp_server, consumers):
 
     server, calls = await serve_router(aiohttp_server, listing(), {"role": "router"})
-    adapter = LlamaRouterAdapter(
+    residents = router_runtime(
         attrs.evolve(consumers["llama"], upstream=Upstream("http", "127.0.0.1", server.port))
-    )
+    ).residents
     async with aiohttp.ClientSession() as session:
-        await adapter.evict(session, "qwen")
-        await adapter.evict(session, "gone")
+        await residents.evict(session, "qwen")
+        await residents.evict(session, "gone")
         with pytest.raises(LlamaServerError, match="500"):
-            await adapter.evict(session, "broken")
+            await residents.evict(session, "broken")
     assert calls == [
         ("unload", {"model": "qwen"}),
         ("unload", {"model": "gone"}),

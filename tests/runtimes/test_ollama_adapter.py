@@ -15,11 +15,7 @@ from gpugate.config.model import (
 )
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.runtimes.base import ApiFamily, RouteKind
-from gpugate.runtimes.ollama.adapter import (
-    OllamaAdapter,
-    normalize_model,
-    options_key,
-)
+from gpugate.runtimes.ollama.adapter import normalize_model, ollama_runtime, options_key
 from gpugate.runtimes.ollama.models import kv_cache_bytes
 
 CONSUMER = Consumer(
@@ -38,12 +34,12 @@ CONSUMER = Consumer(
         ModelOverride("flux", residency=Residency(ResidencyPolicy.LOAD_ON_DEMAND)),
     ),
 )
-ADAPTER = OllamaAdapter(CONSUMER)
+READING = ollama_runtime(CONSUMER).reading
 
 
 def classify(path, body, method="POST", content_type="application/json"):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return ADAPTER.classify(method, path, raw, content_type)
+    return READING.classify(method, path, raw, content_type)
 
 
 @pytest.mark.parametrize(
@@ -62,8 +58,8 @@ def classify(path, body, method="POST", content_type="application/json"):
     ],
 )
 def test_routes_that_cannot_load_pass_untouched(method, path):
-    assert not ADAPTER.wants_body(method, path)
-    assert ADAPTER.classify(method, path, None, "").kind is RouteKind.PASS
+    assert not READING.wants_body(method, path)
+    assert READING.classify(method, path, None, "").kind is RouteKind.PASS
 
 
 @pytest.mark.parametrize(
@@ -211,7 +207,7 @@ def test_multipart_transcription_model_is_read():
         f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
         f"Content-Type: audio/wav\r\n\r\nRIFF....\r\n--{boundary}--\r\n"
     ).encode()
-    result = ADAPTER.classify(
+    result = READING.classify(
         "POST", "/v1/audio/transcriptions", body, f"multipart/form-data; boundary={boundary}"
     )
     assert result.kind is RouteKind.DEMAND and result.model == "whisper-large:latest"

@@ -7,17 +7,17 @@ import json
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.ollama.adapter import OllamaReading
+from gpugate.runtimes.ollama.adapter import OllamaDemand
 from gpugate.runtimes.ollama.afterload import AfterLoad
-from tests.runtimes.test_ollama_adapter import ADAPTER
+from tests.runtimes.test_ollama_adapter import READING
 
 EXPECTED = '; expected "json" or a valid JSON Schema object'
 
 
 def after_load(path: str, body: bytes) -> AfterLoad:
-    classified = ADAPTER.classify("POST", path, body, "application/json")
+    classified = READING.classify("POST", path, body, "application/json")
     assert classified.kind is RouteKind.DEMAND, body
-    assert isinstance(classified.reading, OllamaReading)
+    assert isinstance(classified.reading, OllamaDemand)
     return classified.reading.after_load
 
 

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.ollama.adapter import OllamaReading
+from gpugate.runtimes.ollama.adapter import OllamaDemand
 from gpugate.runtimes.ollama.needs import (
     Handler,
     ModelFacts,
@@ -17,7 +17,7 @@ from gpugate.runtimes.ollama.needs import (
     scan_size,
 )
 from gpugate.runtimes.ollama.reading import READERS
-from tests.runtimes.test_ollama_adapter import ADAPTER
+from tests.runtimes.test_ollama_adapter import READING
 
 GENERATE = Needs(Handler.GENERATE)
 CHAT = Needs(Handler.CHAT)
@@ -37,9 +37,9 @@ _PNG = b'"image":"data:image/png;base64,iVBORw0KGgo="'
 
 
 def needs_of(path: str, body: bytes) -> Needs:
-    result = ADAPTER.classify("POST", path, body, "application/json")
+    result = READING.classify("POST", path, body, "application/json")
     assert result.kind is RouteKind.DEMAND, body
-    assert isinstance(result.reading, OllamaReading)
+    assert isinstance(result.reading, OllamaDemand)
     return result.reading.needs
 
 
@@ -289,10 +289,10 @@ def test_transcriptions_end_in_chat_with_nothing_more():
         b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF\r\n'
         b'--B\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n--B--\r\n'
     )
-    result = ADAPTER.classify(
+    result = READING.classify(
         "POST", "/v1/audio/transcriptions", body, "multipart/form-data; boundary=B"
     )
-    assert result.kind is RouteKind.DEMAND and result.reading == OllamaReading(CHAT)
+    assert result.kind is RouteKind.DEMAND and result.reading == OllamaDemand(CHAT)
 
 
 _ANY_BODY = {
@@ -320,8 +320,8 @@ def test_every_demand_carries_its_needs(path):
 
 
 def test_unload_and_pass_carry_none():
-    unload = ADAPTER.classify("POST", "/api/generate", b'{"model":"m","keep_alive":0}', "")
-    refusal = ADAPTER.classify("POST", "/api/generate", b'{"model":"m","think":"x"}', "")
+    unload = READING.classify("POST", "/api/generate", b'{"model":"m","keep_alive":0}', "")
+    refusal = READING.classify("POST", "/api/generate", b'{"model":"m","think":"x"}', "")
     assert unload.kind is RouteKind.UNLOAD and unload.reading is None
     assert refusal.kind is RouteKind.PASS and refusal.reading is None
 

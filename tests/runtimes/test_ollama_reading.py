@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from tests.runtimes.test_ollama_adapter import ADAPTER
+from tests.runtimes.test_ollama_adapter import READING
 
 
 def classify(path: str, raw: bytes):
-    return ADAPTER.classify("POST", path, raw, "application/json")
+    return READING.classify("POST", path, raw, "application/json")
 
 
 def test_a_null_keep_alive_is_unset_and_gets_the_policy_value():

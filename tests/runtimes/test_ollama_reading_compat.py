@@ -8,14 +8,14 @@ import pytest
 from gpugate.runtimes.base import RouteKind
 from gpugate.runtimes.ollama.govalues import GoSlice, decode_members
 from gpugate.runtimes.ollama.requests import CHAT, OPENAI_CHAT
-from tests.runtimes.test_ollama_adapter import ADAPTER
+from tests.runtimes.test_ollama_adapter import READING
 
 _PNG = "data:image/png;base64,iVBORw0KGgo="
 _BLOCK_IMAGE = b'{"type":"image","source":{"type":"base64","data":"YQ=="}}'
 
 
 def kind(path: str, body: bytes):
-    return ADAPTER.classify("POST", path, body, "application/json")
+    return READING.classify("POST", path, body, "application/json")
 
 
 def responses(rest: bytes) -> bytes:

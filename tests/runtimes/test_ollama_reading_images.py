@@ -8,7 +8,7 @@ import pytest
 
 from gpugate.runtimes.base import ApiFamily, RouteKind
 from gpugate.runtimes.ollama.reading import ZSTD_ROUTES
-from tests.runtimes.test_ollama_adapter import ADAPTER
+from tests.runtimes.test_ollama_adapter import READING
 
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
@@ -16,7 +16,7 @@ _PNG = b'"data:image/png;base64,iVBORw0KGgo="'
 
 
 def kind(path: str, body: bytes):
-    return ADAPTER.classify("POST", path, body, "application/json")
+    return READING.classify("POST", path, body, "application/json")
 
 
 def generation(rest: bytes = b"") -> bytes:
@@ -194,10 +194,10 @@ def test_a_cloud_looking_name_without_the_tag_loads():
 
 def test_both_routes_read_their_bodies():
     for path in (GENERATIONS, EDITS):
-        assert ADAPTER.wants_body("POST", path)
-        assert not ADAPTER.wants_body("GET", path)
+        assert READING.wants_body("POST", path)
+        assert not READING.wants_body("GET", path)
         assert kind(path, None).kind is RouteKind.PASS
-        get = ADAPTER.classify("GET", path, generation(), "application/json")
+        get = READING.classify("GET", path, generation(), "application/json")
         assert get.kind is RouteKind.PASS
 
 

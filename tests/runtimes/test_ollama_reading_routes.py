@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gpugate.runtimes.base import RouteKind
-from gpugate.runtimes.ollama.adapter import OllamaReading
+from gpugate.runtimes.ollama.adapter import OllamaDemand
 from gpugate.runtimes.ollama.needs import ModelFacts, refused
-from tests.runtimes.test_ollama_adapter import ADAPTER
+from tests.runtimes.test_ollama_adapter import READING
 
 _MSG = b'"messages":[{"role":"user","content":"hi"}]'
 
 
 def kind(path: str, body: bytes, content_type: str = "application/json", query: str = ""):
-    return ADAPTER.classify("POST", path, body, content_type, query=query)
+    return READING.classify("POST", path, body, content_type, query=query)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_what_generate_refuses_only_for_a_model_that_is_not_an_image_model(body)
     # GenerateHandler hands an image model's request on before these checks (routes.go:368).
     classified = kind("/api/generate", body)
     assert classified.kind is RouteKind.DEMAND
-    assert isinstance(classified.reading, OllamaReading)
+    assert isinstance(classified.reading, OllamaDemand)
     needs = classified.reading.needs
     assert refused(needs, ModelFacts(frozenset({"completion"})))
     assert not refused(needs, ModelFacts(frozenset({"image"})))

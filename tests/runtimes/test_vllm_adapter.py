@@ -1,4 +1,4 @@
-"""vLLM's adapter and its sleep control: which routes need it awake, how it is put to sleep
+"""vLLM's runtime and its sleep control: which routes need it awake, how it is put to sleep
 and woken (level 1 and 2), and what an answer it cannot read becomes."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from gpugate.config.loader import ConfigError, load_config_text
+from gpugate.config.loader import ConfigError
 from gpugate.core.lifecycle import LifeReport
 from gpugate.runtimes.base import ApiFamily, RouteKind, error_reply
 from gpugate.runtimes.process import ProcessControlError
-from gpugate.runtimes.registry import adapter_for
-from gpugate.runtimes.vllm.adapter import VllmAdapter
+from gpugate.runtimes.registry import runtime_for
+from gpugate.runtimes.sections import load_config_text
+from gpugate.runtimes.vllm.adapter import VllmReading
 from gpugate.runtimes.vllm.sleep import SleepMode
 
 CONFIG = """\
@@ -28,18 +29,19 @@ consumers:
 """
 
 
-def test_the_adapter_sleeps_at_its_level_and_wakes_for_generation_routes():
+def test_the_runtime_sleeps_at_its_level_and_wakes_for_generation_routes():
     (consumer,) = load_config_text(CONFIG, "consumers.yaml").consumers
-    adapter = adapter_for(consumer)
-    assert isinstance(adapter, VllmAdapter)
-    assert isinstance(adapter.process, SleepMode) and adapter.process.level == 2
+    runtime = runtime_for(consumer)
+    assert runtime is not None and isinstance(runtime.reading, VllmReading)
+    lifecycle = runtime.lifecycle
+    assert isinstance(lifecycle.control, SleepMode) and lifecycle.control.level == 2
     assert not SleepMode.owns_port  # its port stays open while it sleeps
-    assert adapter.process_model() == "qwen"
-    assert adapter.needs_process("POST", "/v1/chat/completions")
-    assert adapter.needs_process("POST", "/v1/embeddings")
+    assert lifecycle.process_model() == "qwen"
+    assert lifecycle.needs_process("POST", "/v1/chat/completions")
+    assert lifecycle.needs_process("POST", "/v1/embeddings")
     for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/tokenize")):
-        assert not adapter.needs_process(method, path)
-    classified = adapter.classify("POST", "/v1/chat/completions", None, "")
+        assert not lifecycle.needs_process(method, path)
+    classified = runtime.reading.classify("POST", "/v1/chat/completions", None, "")
     assert (classified.kind, classified.api) == (RouteKind.PASS, ApiFamily.VLLM)
 
 

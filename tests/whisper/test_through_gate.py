@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from gpugate.runtimes.keepalive import HTTPLIB
-from gpugate.runtimes.whisper.adapter import WhisperAdapter
+from gpugate.runtimes.whisper.adapter import WhisperReading
 from gpugate.sim.whisper.transcript import wav_bytes
 from tests.whisper.conftest import Models
 from tests.whisper.gated import START, Gated, gate_before
@@ -118,7 +118,7 @@ async def test_a_load_inside_a_body_the_server_stops_reading_never_runs(
     if policy == "kept":
         # As the gate was: connections kept, no `Connection: close`. The server reads the
         # rest of the refused body as a request of its own: the /load, under no lease.
-        monkeypatch.setattr(WhisperAdapter, "keep_alive", HTTPLIB)
+        monkeypatch.setattr(WhisperReading, "keep_alive", HTTPLIB)
     async with gate_before(
         whisper_server_binary, models, tmp_path, sim_host, fakenvml_path
     ) as gated:

@@ -1,1 +1,2 @@
-"""ComfyUI: its adapter (`adapter.py`), its prompt graph, validation and origin check."""
+"""ComfyUI: its parts (`adapter.py`, `jobs.py`, `vetting.py`), its prompt graph, validation
+and origin check."""

@@ -1,5 +1,5 @@
-"""The ComfyUI adapter: admission at `POST /prompt`, job leases, completion from `/history`
-and `/queue`, eviction with `/free`.
+"""ComfyUI's parts: admission at `POST /prompt`, job leases (their ends from `/history`
+and `/queue`: jobs.py), prompts sized from their files, eviction with `/free`.
 
 Every route but `POST /prompt` (and its `/api` twin) passes untouched and unread: the UI,
 `/view` with its Range header, uploads streamed as they come, the `/ws` socket. A prompt
@@ -12,31 +12,25 @@ prompt finished, failed, interrupted or deleted. What ComfyUI keeps loaded after
 
 from __future__ import annotations
 
-import json
-import urllib.parse
 from collections.abc import Mapping
-from typing import Any, ClassVar
 
 import aiohttp
 from aiohttp.helpers import parse_content_type
 
 from gpugate.config.model import Consumer
+from gpugate.core.classes import PriorityClass
+from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.base import (
+from gpugate.runtimes.answers import (
     AdapterError,
     ApiFamily,
     Classified,
     HealthSignal,
-    JobEnd,
-    LoadedModel,
-    Measured,
     NotSupported,
     ReclaimRule,
     Refusal,
     RouteKind,
-    RuntimeAdapter,
     Screening,
-    Vetted,
 )
 from gpugate.runtimes.comfyui.envelope import (
     PROMPT_OPTIONS,
@@ -44,6 +38,7 @@ from gpugate.runtimes.comfyui.envelope import (
     prompt_envelope,
 )
 from gpugate.runtimes.comfyui.graph import PromptDemand, TooDeep, Unreadable, read_prompt
+from gpugate.runtimes.comfyui.jobs import PromptJobs
 from gpugate.runtimes.comfyui.origin import (
     Verdict,
     cache_headers,
@@ -53,10 +48,12 @@ from gpugate.runtimes.comfyui.origin import (
     server_error,
 )
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
-from gpugate.runtimes.comfyui.validation import Outcome
-from gpugate.runtimes.comfyui.vetting import CONTENT_TYPE, PromptVetting
+from gpugate.runtimes.comfyui.vetting import PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.health import RouteHealth
+from gpugate.runtimes.parts import Bounds, Memory, Reading, Residents
 from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
+from gpugate.runtimes.runtime import ModelSettings, Runtime
 
 PROMPT_ROUTES = frozenset({"/prompt", "/api/prompt"})
 MAX_UPLOAD_SIZE = 100 * 1024 * 1024
@@ -67,29 +64,16 @@ FREE_BODY = {"unload_models": True, "free_memory": True}
 the node caches lets the weights go (runtime-contracts §2.5)."""
 
 
-class ComfyUIAdapter(RuntimeAdapter):
-    """One ComfyUI consumer."""
+class ComfyUIReading(Reading):
+    """How one ComfyUI reads a request: only a prompt may load, and its origin check or
+    CORS middleware answer first."""
 
-    reconcilable: ClassVar[bool] = False
-    tracks_jobs: ClassVar[bool] = True
-    sizes_requests: ClassVar[bool] = True
-    reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(to_idle=True)
-    dialect: ClassVar[ServerDialect] = ServerDialect.AIOHTTP
-    body_limit: ClassVar[BodyLimit] = BodyLimit(MAX_UPLOAD_SIZE, aiohttp_too_large)
-
-    @property
-    def health_signal(self) -> HealthSignal:
-        # ComfyUI has no listing; `/system_stats` answers whenever its server runs.
-        return HealthSignal.HEALTH_ROUTE
+    dialect = ServerDialect.AIOHTTP
+    body_limit = BodyLimit(MAX_UPLOAD_SIZE, aiohttp_too_large)
 
     def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
-        self.sizing = PromptSizing.of(consumer)
-        self.vetting = PromptVetting(consumer.upstream.url, consumer.timeouts.control)
-        self.settings = consumer.settings_as(ComfyUISettings)
-        self.vets = self.settings.validate_prompts
-
-    # -- reading requests ------------------------------------------------------------------
+        self.cors_header = consumer.settings_as(ComfyUISettings).cors_header
+        self.idle_ttl = consumer.residency.idle_ttl
 
     def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
         """ComfyUI's origin check, or with `cors_header` its CORS middleware, as a ComfyUI
@@ -101,7 +85,7 @@ class ComfyUIAdapter(RuntimeAdapter):
         middleware read the headers, never the request-target's authority; `target` gives
         only the path, for what ComfyUI's cache middleware adds to these answers.
         """
-        allowed = self.settings.cors_header
+        allowed = self.cors_header
         if allowed is not None:
             cors = cors_headers(allowed)
             if method == "OPTIONS":
@@ -149,152 +133,81 @@ class ComfyUIAdapter(RuntimeAdapter):
             ApiFamily.JOB_QUEUE,
             model=demand.key,
             options_key=PROMPT_OPTIONS,
-            idle_ttl=self.consumer.residency.idle_ttl,
+            idle_ttl=self.idle_ttl,
             scope=LeaseScope.JOB,
             reading=demand,
             scale=demand.megapixels,
         )
 
-    async def vet(
-        self, classified: Classified, session: aiohttp.ClientSession, now: float
-    ) -> Vetted | None:
-        """ComfyUI's own 400 for a prompt it will refuse, from its node catalog and its
-        files; a prompt only ComfyUI can judge (or word the refusal of) is leased only
-        once ComfyUI has accepted it."""
-        demand = classified.reading
-        if not isinstance(demand, PromptDemand) or not self.settings.validate_prompts:
-            return None
-        verdict = await self.vetting.verdict(demand, session, now)
-        if verdict.outcome is Outcome.QUEUE:
-            return None
-        if verdict.outcome is Outcome.REFUSE and verdict.exact:
-            return Vetted(ErrorReply(400, verdict.body, CONTENT_TYPE))
-        return Vetted(runtime_decides=True)
+
+class ComfyUIResidents(Residents):
+    """`POST /free`: ComfyUI answers at once and frees between prompts (NVML confirms), back
+    to the context it keeps while idle."""
+
+    reclaim_rule = ReclaimRule(to_idle=True)
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.url = consumer.upstream.url + "/free"
+
+    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
+        async with session.post(self.url, json=FREE_BODY) as resp:
+            if resp.status != 200:
+                raise AdapterError(f"/free answered {resp.status}")
+
+    def evict_timeout(self) -> float:
+        return self.consumer.timeouts.control
+
+
+class PromptMemory(Memory):
+    """A prompt's files and working set, read from the prompt: ComfyUI cannot size a model
+    by its name."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.sizing = PromptSizing.of(consumer)
 
     def size(
-        self, classified: Classified, measured: Measured | None, ceiling: int | None
+        self, classified: Classified, kind: ResidentKey, priority: PriorityClass, bounds: Bounds
     ) -> int | None:
-        """The prompt's files and working set, or a measured peak of the same files."""
+        """The prompt's files and working set, or a measured peak of the same files, within
+        the most the consumer's cards could ever give it."""
         demand = classified.reading
         if not isinstance(demand, PromptDemand):
             return None
+        measured = bounds.measured_job(kind)
+        name = self.consumer.name
+        ceilings = [bounds.ceiling(name, gpu, priority) for gpu in self.consumer.cards]
+        known = [c for c in ceilings if c is not None]
         envelope = prompt_envelope(
             demand,
             self.sizing,
             None if measured is None else measured.bytes,
             measured_megapixels=None if measured is None else measured.scale,
-            ceiling=ceiling,
+            ceiling=max(known, default=None),
         )
         return envelope.bytes
 
-    def job_key(self, classified: Classified, body: bytes) -> str | None:
-        """The prompt id: the client's own when it chose one, else ComfyUI's answer's."""
-        demand = classified.reading
-        if isinstance(demand, PromptDemand) and demand.prompt_id is not None:
-            return demand.prompt_id
-        try:
-            answer = json.loads(body)
-        except ValueError:
-            return None
-        prompt_id = answer.get("prompt_id") if isinstance(answer, dict) else None
-        return None if prompt_id is None else str(prompt_id)
-
-    # -- talking to the runtime ------------------------------------------------------------
-
-    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        raise NotSupported(f"{self.consumer.name}: ComfyUI does not list what it holds")
-
-    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
-        """`POST /free`: ComfyUI answers at once and frees between prompts (NVML confirms)."""
-        async with session.post(self.url("/free"), json=FREE_BODY) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"/free answered {resp.status}")
-
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        async with session.get(self.url("/system_stats")) as resp:
-            return resp.status == 200
-
-    async def track_jobs(
-        self, session: aiohttp.ClientSession, live: frozenset[str]
-    ) -> list[JobEnd]:
-        """Prompts no longer running or pending: in `/history` (success or error), or not
-        there either (deleted from the queue before they ran)."""
-        queued = await self._queued(session)
-        ended = []
-        for prompt_id in sorted(live - queued):
-            if _routable(prompt_id):
-                entry = await self._history(session, prompt_id)
-            else:
-                entry = await self._recent_history(session, prompt_id)
-            if entry is None:
-                ended.append(JobEnd(prompt_id, failed=True, detail="deleted from the queue"))
-                continue
-            status = entry.get("status") if isinstance(entry, dict) else None
-            outcome = status.get("status_str") if isinstance(status, dict) else None
-            ended.append(JobEnd(prompt_id, failed=outcome != "success", detail=str(outcome)))
-        return ended
-
-    async def preempt(self, session: aiohttp.ClientSession, job: str) -> None:
-        """Delete the prompt if it waits, interrupt it if it runs (ComfyUI ignores the other).
-
-        Deleting first: a prompt interrupted while still pending would be skipped by the
-        targeted interrupt, then run once the worker took it."""
-        async with session.post(self.url("/queue"), json={"delete": [job]}) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"/queue answered {resp.status}")
-        async with session.post(self.url("/interrupt"), json={"prompt_id": job}) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"/interrupt answered {resp.status}")
-
-    async def _queued(self, session: aiohttp.ClientSession) -> frozenset[str]:
-        async with session.get(self.url("/queue")) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"/queue answered {resp.status}")
-            data = await resp.json(content_type=None)
-        if not isinstance(data, dict):
-            raise AdapterError("/queue answered something that is not an object")
-        ids = set()
-        for part in ("queue_running", "queue_pending"):
-            items = data.get(part)
-            if not isinstance(items, list):
-                raise AdapterError(f"/queue has no {part} list")
-            ids.update(str(item[1]) for item in items if isinstance(item, list) and len(item) > 1)
-        return frozenset(ids)
-
-    async def _recent_history(self, session: aiohttp.ClientSession, prompt_id: str) -> Any:
-        """A job's history entry looked up in the recent history, for an id no URL path
-        can name (ComfyUI takes any string as a prompt id: a lone surrogate, a slash)."""
-        path = f"/history?max_items={RECENT_HISTORY}"
-        async with session.get(self.url(path)) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"{path} answered {resp.status}")
-            data = await resp.json(content_type=None)
-        if not isinstance(data, dict):
-            raise AdapterError(f"{path} answered something that is not an object")
-        return data.get(prompt_id)
-
-    async def _history(self, session: aiohttp.ClientSession, prompt_id: str) -> Any:
-        path = "/history/" + urllib.parse.quote(prompt_id, safe="")
-        async with session.get(self.url(path)) as resp:
-            if resp.status != 200:
-                raise AdapterError(f"{path} answered {resp.status}")
-            data = await resp.json(content_type=None)
-        if not isinstance(data, dict):
-            raise AdapterError(f"{path} answered something that is not an object")
-        return data.get(prompt_id) if data else None
+    async def estimate(
+        self, session: aiohttp.ClientSession, model: str, options: str
+    ) -> int | None:
+        raise NotSupported(f"{self.consumer.name} cannot size {model} before it is loaded")
 
 
-RECENT_HISTORY = 256
-"""History entries read to find a job whose id cannot be put in a path: jobs are polled every
-half second, so a finished one is among the newest."""
-
-
-def _routable(prompt_id: str) -> bool:
-    """Whether `/history/{id}` can name this id: one path segment, encodable as UTF-8."""
-    if "/" in prompt_id or prompt_id in ("", ".", ".."):
-        return False
-    try:
-        prompt_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def comfyui_runtime(consumer: Consumer) -> Runtime:
+    """One ComfyUI behind the gate: its prompts are jobs, sized from their files, vetted
+    against its node catalog (`validate_prompts`); it has no listing, and `/system_stats`
+    answers whenever its server runs."""
+    settings = ModelSettings(consumer)
+    validate = consumer.settings_as(ComfyUISettings).validate_prompts
+    return Runtime(
+        settings=settings,
+        reading=ComfyUIReading(consumer),
+        residents=ComfyUIResidents(consumer),
+        health=RouteHealth(HealthSignal.HEALTH_ROUTE, settings.url("/system_stats")),
+        vetting=(
+            PromptVetting(consumer.upstream.url, consumer.timeouts.control) if validate else None
+        ),
+        jobs=PromptJobs(settings),
+        memory=PromptMemory(consumer),
+    )

@@ -15,7 +15,8 @@ The outcome is one of three: ComfyUI will queue it (leased as usual), ComfyUI wi
 it with this body (the gate answers it), or only ComfyUI can tell or word it (a node whose
 validation is its own code, a cycle, a traceback): the adapter then has it forwarded with
 no lease, leased only once ComfyUI has accepted it. A catalog that cannot be fetched only
-means the prompt is admitted unvetted.
+means the prompt is admitted unvetted. This is ComfyUI's `Vetting` part, with
+`validate_prompts` on.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import urllib.parse
 
 import aiohttp
 
-from gpugate.runtimes.base import AdapterError
+from gpugate.runtimes.answers import AdapterError, Classified, Vetted
 from gpugate.runtimes.comfyui.catalog import Catalog, parse_object_info
 from gpugate.runtimes.comfyui.graph import PromptDemand
 from gpugate.runtimes.comfyui.input_files import files_present, named_files
 from gpugate.runtimes.comfyui.validation import Outcome, Verdict, classes_to_refetch, validate
+from gpugate.runtimes.parts import Vetting
 from gpugate.runtimes.replies import ErrorReply
 
 CATALOG_TTL = 300.0
@@ -41,7 +43,7 @@ class CatalogError(AdapterError):
     """ComfyUI did not answer `/object_info` with a catalog."""
 
 
-class PromptVetting:
+class PromptVetting(Vetting):
     """One ComfyUI's catalog, and the verdict of its validation on a prompt."""
 
     def __init__(self, base_url: str, bound: float) -> None:
@@ -50,6 +52,22 @@ class PromptVetting:
         """Each call to ComfyUI is bounded (the consumer's `timeouts.control`)."""
         self.catalog: Catalog | None = None
         self.fetched_at = float("-inf")
+
+    async def vet(
+        self, classified: Classified, session: aiohttp.ClientSession, now: float
+    ) -> Vetted | None:
+        """ComfyUI's own 400 for a prompt it will refuse, from its node catalog and its
+        files; a prompt only ComfyUI can judge (or word the refusal of) is leased only
+        once ComfyUI has accepted it."""
+        demand = classified.reading
+        if not isinstance(demand, PromptDemand):
+            return None
+        verdict = await self.verdict(demand, session, now)
+        if verdict.outcome is Outcome.QUEUE:
+            return None
+        if verdict.outcome is Outcome.REFUSE and verdict.exact:
+            return Vetted(ErrorReply(400, verdict.body, CONTENT_TYPE))
+        return Vetted(runtime_decides=True)
 
     async def verdict(
         self, demand: PromptDemand, session: aiohttp.ClientSession, now: float

@@ -5,16 +5,16 @@ a single-model server; without one the gate talks to a router already running.""
 from __future__ import annotations
 
 from gpugate.config.model import Consumer
-from gpugate.runtimes.base import RuntimeAdapter
-from gpugate.runtimes.llamaserver.router import LlamaRouterAdapter
-from gpugate.runtimes.llamaserver.single import LlamaSingleAdapter
+from gpugate.runtimes.llamaserver.router import router_runtime
+from gpugate.runtimes.llamaserver.single import single_runtime
+from gpugate.runtimes.runtime import Runtime
 
 
-def llama_server_adapter(consumer: Consumer) -> RuntimeAdapter:
-    """The adapter for a llama-server consumer, by the mode its configuration implies."""
+def llama_server_runtime(consumer: Consumer) -> Runtime:
+    """The runtime of a llama-server consumer, by the mode its configuration implies."""
     if consumer.control is not None:
-        return LlamaSingleAdapter(consumer)
-    return LlamaRouterAdapter(consumer)
+        return single_runtime(consumer)
+    return router_runtime(consumer)
 
 
-__all__ = ["LlamaRouterAdapter", "LlamaSingleAdapter", "llama_server_adapter"]
+__all__ = ["llama_server_runtime", "router_runtime", "single_runtime"]

@@ -1,7 +1,7 @@
 """llama-server in router mode (`--models-dir`, `--models-preset`): many GGUF models, each
 run by a child llama-server the router spawns on demand and stops on `/models/unload`.
 
-What decides the adapter (tools/server/server-models.cpp):
+What decides its parts (tools/server/server-models.cpp):
 
 * Every proxied route (reading.py) loads the model it names before it runs, unless
   `?autoload=false` or `--no-models-autoload` (then a model not running is refused, 400):
@@ -19,9 +19,10 @@ What decides the adapter (tools/server/server-models.cpp):
   sleeping, or stopping until the child exits) the router unloads its least recently
   used idle one before it loads another (`load` → `unload_lru`; a request that autoloads:
   `ensure_model_ready` → `server_lru_sched::tick`). The gate makes that room itself
-  (`most_models`, gpugate/core/crowding.py): it evicts one of the consumer's models with
-  `/models/unload` and waits until the router no longer lists it, so the router finds a
-  free slot and unloads nothing of its own accord, and the books stay what it holds.
+  (`Residents.most_models`, gpugate/core/crowding.py): it evicts one of the consumer's
+  models with `/models/unload` and waits until the router no longer lists it, so the
+  router finds a free slot and unloads nothing of its own accord, and the books stay what
+  it holds.
 * `GET /models` lists every model with its status; the loaded ones are the residents.
 """
 
@@ -29,25 +30,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import ClassVar
 
 import aiohttp
 
 from gpugate.config.model import Consumer
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.base import (
+from gpugate.runtimes.answers import (
     ApiFamily,
     Classified,
+    HealthSignal,
     LoadedModel,
     ReclaimRule,
     Refusal,
     RouteKind,
-    RuntimeAdapter,
     Screening,
     Vetted,
 )
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
+from gpugate.runtimes.health import RouteHealth
+from gpugate.runtimes.keepalive import HTTPLIB
 from gpugate.runtimes.llamaserver.catalog import Catalog, LlamaServerError, parse_models
 from gpugate.runtimes.llamaserver.envelope import estimate_entry
 from gpugate.runtimes.llamaserver.reading import (
@@ -59,123 +60,36 @@ from gpugate.runtimes.llamaserver.reading import (
     routed,
 )
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
+from gpugate.runtimes.parts import Inventory, Memory, Reading, Residents, Vetting
+from gpugate.runtimes.runtime import ModelSettings, Runtime
 
 CATALOG_TTL = 2.0
 """Seconds a listing answers a request's question about a model before it is asked again."""
 
 
-class LlamaRouterAdapter(RuntimeAdapter):
-    """One llama-server router behind the gate."""
+class RouterState:
+    """What the gate knows of one router: its catalog, as last listed, with its
+    `--models-max` and autoload. Shared by the router's reading, vetting, listing,
+    residents and estimates."""
 
-    reconcilable = True
-    # A child's memory goes when it exits; NVML may show part of it late.
-    reclaim_rule = ReclaimRule(recovered_fraction=0.75)
-    dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
-    # cpp-httplib closes an idle connection after 5 s and after 100 requests (as
-    # whisper-server's): the listener reuses one only well inside both, so a request is
-    # never sent on a connection the server may be closing; the gate's own calls open one
-    # each (aiohttp's client keeps an idle connection 15 s).
-    pool_connections: ClassVar[bool] = False
-    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
-    body_limit = LLAMA_BODY_LIMIT
-    vets = True
-
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
         self.catalog = Catalog()
-        self._listed_at = float("-inf")
+        self.listed_at = float("-inf")
         self.models_max: int | None = None
         """`--models-max` as the router's /props says it (`max_instances`); None: unread."""
         self.autoload = True
 
-    # -- reading requests ------------------------------------------------------------------
-
-    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
-        return llama_screening(headers)
-
-    def wants_body(self, method: str, path: str) -> bool:
-        return method == "POST" and (is_proxied(method, path) or path in (LOAD, UNLOAD))
-
-    def classify(
-        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
-    ) -> Classified:
-        api = ApiFamily.LLAMA
-        if method == "POST" and path == UNLOAD:
-            model = self._canonical(named_model(body))
-            return (
-                Classified(RouteKind.UNLOAD, api, model)
-                if model
-                else Classified(RouteKind.PASS, api)
-            )
-        if method == "POST" and path == LOAD:
-            model = self._canonical(named_model(body))
-            if not model:
-                return Classified(RouteKind.PASS, api)
-            return Classified(
-                RouteKind.DEMAND,
-                api,
-                model,
-                scope=LeaseScope.PROCESS,
-                appear_within=self.consumer.timeouts.control * 4,
-            )
-        if not is_proxied(method, path):
-            return Classified(RouteKind.PASS, api)
-        try:
-            request = routed(method, body, query)
-        except Unreadable as exc:
-            return Classified(RouteKind.REFUSE, api, refusal=Refusal(400, str(exc)))
-        if request is None:
-            return Classified(RouteKind.PASS, api)
-        entry = self.catalog.resolve(request.model)
-        model = entry.name if entry is not None else request.model
-        return Classified(
-            RouteKind.DEMAND,
-            api,
-            model,
-            idle_ttl=self.residency(model).idle_ttl,
-            reading=request.autoload,
-        )
-
-    def _canonical(self, name: str | None) -> str | None:
+    def canonical(self, name: str | None) -> str | None:
+        """A model's own name for a name or alias the router knows; other names as written."""
         if not name:
             return None
         entry = self.catalog.resolve(name)
         return entry.name if entry is not None else name
 
-    @property
-    def most_models(self) -> int | None:
-        """`--models-max` once read (0, unlimited, or unread: None)."""
-        return self.models_max if self.models_max else None
-
-    async def vet(
-        self, classified: Classified, session: aiohttp.ClientSession, now: float
-    ) -> Vetted | None:
-        """A model the router does not know, or may not load (autoload off), goes up
-        unleased for the router to refuse (400): nothing loads for it. A `/models/load` of
-        a model it knows is always leased: whether the model runs is the books' to say."""
-        model = classified.model
-        if model is None:
-            return None
-        # The adapter's own clock: its listing times come from it too (listing()).
-        moment = time.monotonic()
-        entry = self.catalog.resolve(model)
-        if entry is None or moment - self._listed_at > CATALOG_TTL:
-            await self.refresh(session, moment)
-            entry = self.catalog.resolve(model)
-        if entry is None:
-            return Vetted()
-        if classified.scope is LeaseScope.PROCESS:
-            return None
-        autoload = classified.reading if isinstance(classified.reading, bool) else self.autoload
-        if not autoload and not entry.running:
-            return Vetted()
-        return None
-
-    # -- talking to the router -------------------------------------------------------------
-
     async def refresh(self, session: aiohttp.ClientSession, now: float) -> Catalog:
         """Read the router's listing (and, once, its `--models-max` from /props)."""
-        async with session.get(self.url("/models")) as resp:
+        async with session.get(self.settings.url("/models")) as resp:
             if resp.status != 200:
                 raise LlamaServerError(f"/models answered {resp.status}")
             try:
@@ -185,13 +99,13 @@ class LlamaRouterAdapter(RuntimeAdapter):
                     f"/models answered something that is not JSON: {exc}"
                 ) from exc
         self.catalog = parse_models(data)
-        self._listed_at = now
+        self.listed_at = now
         if self.models_max is None:
             await self._read_props(session)
         return self.catalog
 
     async def _read_props(self, session: aiohttp.ClientSession) -> None:
-        async with session.get(self.url("/props")) as resp:
+        async with session.get(self.settings.url("/props")) as resp:
             if resp.status != 200:
                 return
             try:
@@ -205,39 +119,175 @@ class LlamaRouterAdapter(RuntimeAdapter):
         else:
             self.models_max = 0
 
+
+class RouterReading(Reading):
+    """Which of a router's requests load a model, and which model."""
+
+    dialect = ServerDialect.HTTPLIB
+    # cpp-httplib closes an idle connection after 5 s and after 100 requests (as
+    # whisper-server's): the listener reuses one only well inside both, so a request is
+    # never sent on a connection the server may be closing; the gate's own calls open one
+    # each (aiohttp's client keeps an idle connection 15 s).
+    keep_alive = HTTPLIB
+    body_limit = LLAMA_BODY_LIMIT
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+
+    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
+        return llama_screening(headers)
+
+    def wants_body(self, method: str, path: str) -> bool:
+        return method == "POST" and (is_proxied(method, path) or path in (LOAD, UNLOAD))
+
+    def classify(
+        self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
+    ) -> Classified:
+        api = ApiFamily.LLAMA
+        state = self.state
+        if method == "POST" and path == UNLOAD:
+            model = state.canonical(named_model(body))
+            return (
+                Classified(RouteKind.UNLOAD, api, model)
+                if model
+                else Classified(RouteKind.PASS, api)
+            )
+        if method == "POST" and path == LOAD:
+            model = state.canonical(named_model(body))
+            if not model:
+                return Classified(RouteKind.PASS, api)
+            return Classified(
+                RouteKind.DEMAND,
+                api,
+                model,
+                scope=LeaseScope.PROCESS,
+                appear_within=state.settings.consumer.timeouts.control * 4,
+            )
+        if not is_proxied(method, path):
+            return Classified(RouteKind.PASS, api)
+        try:
+            request = routed(method, body, query)
+        except Unreadable as exc:
+            return Classified(RouteKind.REFUSE, api, refusal=Refusal(400, str(exc)))
+        if request is None:
+            return Classified(RouteKind.PASS, api)
+        entry = state.catalog.resolve(request.model)
+        model = entry.name if entry is not None else request.model
+        return Classified(
+            RouteKind.DEMAND,
+            api,
+            model,
+            idle_ttl=state.settings.residency(model).idle_ttl,
+            reading=request.autoload,
+        )
+
+
+class RouterVetting(Vetting):
+    """A model the router does not know, or may not load (autoload off), goes up unleased
+    for the router to refuse (400): nothing loads for it. A `/models/load` of a model it
+    knows is always leased: whether the model runs is the books' to say."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+
+    async def vet(
+        self, classified: Classified, session: aiohttp.ClientSession, now: float
+    ) -> Vetted | None:
+        model = classified.model
+        if model is None:
+            return None
+        state = self.state
+        # The router's own clock: its listing times come from it too (listing()).
+        moment = time.monotonic()
+        entry = state.catalog.resolve(model)
+        if entry is None or moment - state.listed_at > CATALOG_TTL:
+            await state.refresh(session, moment)
+            entry = state.catalog.resolve(model)
+        if entry is None:
+            return Vetted()
+        if classified.scope is LeaseScope.PROCESS:
+            return None
+        autoload = classified.reading if isinstance(classified.reading, bool) else state.autoload
+        if not autoload and not entry.running:
+            return Vetted()
+        return None
+
+
+class RouterInventory(Inventory):
+    """The models whose children are loaded."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+
     async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        """The models whose children are loaded. The router says no sizes: the books keep
-        what each model's lease counted; one loaded behind the gate's back counts its
-        configured envelope, else the estimate from its GGUF header."""
-        catalog = await self.refresh(session, time.monotonic())
+        """The router says no sizes: the books keep what each model's lease counted; one
+        loaded behind the gate's back counts its configured envelope, else the estimate
+        from its GGUF header."""
+        catalog = await self.state.refresh(session, time.monotonic())
+        settings = self.state.settings
         loaded = []
         for entry in catalog.entries:
             if entry.status == "loaded":
-                size = self.configured_envelope(entry.name) or estimate_entry(entry) or 0
+                size = settings.configured_envelope(entry.name) or estimate_entry(entry) or 0
                 loaded.append(LoadedModel(entry.name, size, size, sized=False))
         return loaded
+
+
+class RouterResidents(Residents):
+    """A model's child exits when it is unloaded; NVML may show part of its memory late."""
+
+    reclaim_rule = ReclaimRule(recovered_fraction=0.75)
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+        self.settings = state.settings
+
+    @property
+    def most_models(self) -> int | None:
+        """`--models-max` once read (0, unlimited, or unread: None)."""
+        return self.state.models_max if self.state.models_max else None
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
         """`POST /models/unload`: the router stops the model's child. A model no longer
         running is already what the eviction wants."""
-        async with session.post(self.url(UNLOAD), json={"model": model}) as resp:
+        async with session.post(self.settings.url(UNLOAD), json={"model": model}) as resp:
             text = await resp.text()
             if resp.status == 200 or (resp.status == 400 and "not running" in text):
                 return
             raise LlamaServerError(f"unload of {model} answered {resp.status}: {text[:200]}")
+
+    def evict_timeout(self) -> float:
+        return self.settings.consumer.timeouts.control
+
+
+class RouterMemory(Memory):
+    """A model's weights and KV cache from its GGUF header."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
 
     async def estimate(
         self, session: aiohttp.ClientSession, model: str, options: str
     ) -> int | None:
         """Weights and KV cache from the model's GGUF header, for the context its server
         starts with; None when the router does not know the model."""
-        entry = self.catalog.resolve(model)
+        entry = self.state.catalog.resolve(model)
         if entry is None:
-            entry = (await self.refresh(session, time.monotonic())).resolve(model)
+            entry = (await self.state.refresh(session, time.monotonic())).resolve(model)
         return None if entry is None else estimate_entry(entry)
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """`GET /health` answers 200 once the router serves."""
-        async with session.get(self.url("/health")) as resp:
-            await resp.read()
-            return resp.status == 200
+
+def router_runtime(consumer: Consumer) -> Runtime:
+    """One llama-server router behind the gate: listed, vetted and sized by its catalog;
+    `GET /health` answers 200 once it serves."""
+    settings = ModelSettings(consumer)
+    state = RouterState(settings)
+    return Runtime(
+        settings=settings,
+        reading=RouterReading(state),
+        residents=RouterResidents(state),
+        health=RouteHealth(HealthSignal.LISTING, settings.url("/health")),
+        vetting=RouterVetting(state),
+        inventory=RouterInventory(state),
+        memory=RouterMemory(state),
+    )

@@ -10,34 +10,30 @@ web UI's files (server-http.cpp middleware_server_state); the gate's start waits
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
-
-import aiohttp
 
 from gpugate.config.model import Consumer
-from gpugate.runtimes.base import ApiFamily, Classified, RouteKind, Screening
-from gpugate.runtimes.controlled import ProcessAdapter
+from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind, Screening
+from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import HTTPLIB, KeepAlivePolicy
+from gpugate.runtimes.keepalive import HTTPLIB
 from gpugate.runtimes.llamaserver.reading import is_proxied
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
+from gpugate.runtimes.parts import Reading
 from gpugate.runtimes.replies import ErrorReply
+from gpugate.runtimes.runtime import Runtime
+
+UP_HEALTH = ErrorReply(200, b'{"status":"ok"}', "application/json; charset=utf-8")
+"""Its `/health` once the model is loaded (docs/runtimes/llamaserver.md), in the content
+type of its JSON answers (the gate's llama error shape, answers.py)."""
 
 
-class LlamaSingleAdapter(ProcessAdapter):
-    """One single-model llama-server the gate starts and stops."""
+class LlamaSingleReading(Reading):
+    """One single-model llama-server: its requests pass; its answers are cpp-httplib's."""
 
     # cpp-httplib's keep-alive, as the router's (router.py).
-    pool_connections: ClassVar[bool] = False
-    keep_alive: ClassVar[KeepAlivePolicy] = HTTPLIB
-    dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
+    keep_alive = HTTPLIB
+    dialect = ServerDialect.HTTPLIB
     body_limit = LLAMA_BODY_LIMIT
-
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
-
-    def start_model(self) -> str:
-        return self.commanded_model("-m", "--model") or super().start_model()
 
     def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
         return llama_screening(headers)
@@ -45,23 +41,28 @@ class LlamaSingleAdapter(ProcessAdapter):
     def wants_body(self, method: str, path: str) -> bool:
         return False
 
-    def needs_process(self, method: str, path: str) -> bool:
-        # The routes that run the model; /health, /props, /v1/models and the UI do not.
-        return is_proxied(method, path) and method == "POST"
-
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
     ) -> Classified:
         return Classified(RouteKind.PASS, ApiFamily.LLAMA)
 
-    def up_health(self, method: str = "GET") -> ErrorReply:
-        # Its `/health` once the model is loaded (docs/runtimes/llamaserver.md), in the
-        # content type of its JSON answers (the gate's llama error shape, answers.py).
-        return ErrorReply(200, b'{"status":"ok"}', "application/json; charset=utf-8")
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """`GET /health` answers 200 once the model is loaded (503 while it loads)."""
-        path = self.consumer.control.health if self.consumer.control is not None else "/health"
-        async with session.get(self.url(path)) as resp:
-            await resp.read()
-            return resp.status == 200
+def needs_process(method: str, path: str) -> bool:
+    """The routes that run the model; /health, /props, /v1/models and the UI do not."""
+    return is_proxied(method, path) and method == "POST"
+
+
+def single_runtime(consumer: Consumer) -> Runtime:
+    """One single-model llama-server the gate starts and stops: `GET /health` answers 200
+    once the model is loaded (503 while it loads)."""
+    model = ProcessModel(consumer, options=("-m", "--model"))
+    control = consumer.control
+    return process_runtime(
+        consumer,
+        LlamaSingleReading(),
+        model,
+        control=make_control(consumer),
+        health_path=control.health if control is not None else "/health",
+        needs_process=needs_process,
+        up_health=UP_HEALTH,
+    )

@@ -1,1 +1,2 @@
-"""Ollama: its adapter (`adapter.py`) and its reading of requests as its Go server reads them."""
+"""Ollama: its parts (`adapter.py`, `upstream.py`) and its reading of requests as its Go
+server reads them."""

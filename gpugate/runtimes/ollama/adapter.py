@@ -1,5 +1,6 @@
-"""The Ollama adapter: which requests load a model, how keep_alive is capped, what is
-loaded (/api/ps), how to unload, and how big a model will be before it is loaded.
+"""Ollama's parts: which requests load a model and how keep_alive is capped (its
+reading), what its models refuse (its vetting), where its loads go (its placement); its
+listing, unloads and estimates are the gate's calls to it (upstream.py).
 
 Facts about Ollama's wire behaviour follow its source (server/routes.go, server/sched.go,
 api/types.go; its request reading at v0.24.0, the scheduler at v0.33); see
@@ -8,7 +9,6 @@ docs/architecture.md for the route table and docs/reliability.md for the reading
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 
@@ -16,19 +16,17 @@ import aiohttp
 import attrs
 
 from gpugate.config.model import Consumer, Residency
-from gpugate.core.placement import Placing
-from gpugate.runtimes.base import (
+from gpugate.runtimes.answers import (
     ApiFamily,
     Classified,
-    LoadedModel,
-    ReclaimRule,
+    HealthSignal,
     Refusal,
     RouteKind,
-    RuntimeAdapter,
     Screening,
     Vetted,
 )
 from gpugate.runtimes.dialect import BodyCoding
+from gpugate.runtimes.health import RouteHealth
 from gpugate.runtimes.ollama.afterload import NONE as NO_REFUSAL
 from gpugate.runtimes.ollama.afterload import AfterLoad, after_load
 from gpugate.runtimes.ollama.gojson import Bound, GoJsonError, go_string, splice
@@ -42,10 +40,9 @@ from gpugate.runtimes.ollama.keepalive import (
     parse_keep_alive,
     policy_keep_alive,
 )
-from gpugate.runtimes.ollama.listing import OllamaError, parse_ps
-from gpugate.runtimes.ollama.models import FRESH, ModelFactsCache, estimate_bytes
+from gpugate.runtimes.ollama.models import FRESH, ModelFactsCache
 from gpugate.runtimes.ollama.multipart import read_transcription
-from gpugate.runtimes.ollama.names import Source, canonical_name, model_ref, written_name
+from gpugate.runtimes.ollama.names import Source, model_ref, written_name
 from gpugate.runtimes.ollama.needs import TRANSCRIPTION_NEEDS, Needs
 from gpugate.runtimes.ollama.needs import refused as model_refuses
 from gpugate.runtimes.ollama.placement import OllamaPlacement, from_options
@@ -57,7 +54,16 @@ from gpugate.runtimes.ollama.reading import (
     zstd_syntax_error,
 )
 from gpugate.runtimes.ollama.settings import OllamaSettings
+from gpugate.runtimes.ollama.upstream import (
+    OllamaInventory,
+    OllamaMemory,
+    OllamaResidents,
+    host_headers,
+    normalize_model,
+)
+from gpugate.runtimes.parts import Placement, Reading, Vetting
 from gpugate.runtimes.replies import BodyLimit
+from gpugate.runtimes.runtime import ModelSettings, Runtime
 
 ZSTD_BODY = BodyCoding("zstd", window_log_max=23, inflated_limit=20 << 20)
 """The cloud passthrough's decoder: `zstd.WithDecoderMaxMemory(8<<20)` (a frame asking a
@@ -71,17 +77,12 @@ RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "nu
 
 
 @attrs.frozen
-class OllamaReading:
-    """The adapter's reading of a demand (Classified.reading): what it needs of its model,
+class OllamaDemand:
+    """Ollama's reading of a demand (Classified.reading): what it needs of its model,
     checked before a lease, and what Ollama can refuse it for once the model is loaded."""
 
     needs: Needs
     after_load: AfterLoad = NO_REFUSAL
-
-
-def normalize_model(name: str) -> str:
-    """The gate's key for a model (see ollama_names); an invalid name is kept as written."""
-    return canonical_name(name) or name
 
 
 def api_family(path: str) -> ApiFamily:
@@ -111,37 +112,39 @@ def options_key(options: object) -> str:
     return ",".join(parts)
 
 
-class OllamaAdapter(RuntimeAdapter):
-    """Reads requests for one Ollama consumer; talks to its upstream for listings."""
+class OllamaReading(Reading):
+    """How one Ollama reads a request: its routes that load, its Go decoder, its keep_alive,
+    and the checks of an Ollama listening where the gate listens."""
 
-    reconcilable = True
-    # server/sched.go waits for free memory to recover by 75 % of the runner's estimate.
-    reclaim_rule = ReclaimRule(recovered_fraction=0.75)
     # Go's net/http reads any body, and no route wraps one in MaxBytesReader but for its
     # inflated zstd bodies (BodyCoding.inflated_limit): the gate keeps its own bound,
     # refused in the route's JSON error shape.
     body_limit = BodyLimit()
 
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        consumer = settings.consumer
+        self.host_check = OllamaHostCheck(
+            consumer.listen.host, consumer.settings_as(OllamaSettings).origins
+        )
         self._ceilings: dict[Residency, KeepAlive] = {}
-
-    # -- configuration for a model ---------------------------------------------------------
-
-    def model_key(self, name: str) -> str:
-        # consumers.yaml names resolve as request names do: `library/m`, `M` and `m:latest`
-        # configure the same model.
-        return normalize_model(name)
 
     def allowed_keep_alive(self, model: str) -> KeepAlive:
         """The longest keep_alive this model's policy allows."""
-        residency = self.residency(model)
+        residency = self.settings.residency(model)
         allowed = self._ceilings.get(residency)
         if allowed is None:
             allowed = self._ceilings[residency] = policy_keep_alive(residency.policy, residency.ttl)
         return allowed
 
-    # -- classification --------------------------------------------------------------------
+    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
+        """Ollama's CORS and Host checks, as an Ollama on the consumer's `listen` runs them."""
+        return self.host_check.screen(method, headers, target=target)
+
+    def decoded_coding(self, path: str, content_encoding: str) -> BodyCoding | None:
+        """cloudPassthroughMiddleware inflates a zstd body on the /v1 routes behind it
+        (`c.GetHeader("Content-Encoding") == "zstd"`, exactly; server/cloud_proxy.go:80)."""
+        return ZSTD_BODY if content_encoding == "zstd" and path in ZSTD_ROUTES else None
 
     def wants_body(self, method: str, path: str) -> bool:
         """Must the body be read to classify this request?"""
@@ -191,9 +194,9 @@ class OllamaAdapter(RuntimeAdapter):
             # the others fold its case to an installed name first (getExistingName).
             needs = attrs.evolve(needs, exact_name=written_name(go_string(model)))
         if api is ApiFamily.OPENAI:
-            residency = self.residency(ref.name)
+            residency = self.settings.residency(ref.name)
             # /v1 cannot carry keep_alive, so the gate owns these models' idle time.
-            reading = OllamaReading(needs)
+            reading = OllamaDemand(needs)
             return Classified(
                 RouteKind.DEMAND, api, ref.name, idle_ttl=residency.idle_ttl, reading=reading
             )
@@ -217,7 +220,7 @@ class OllamaAdapter(RuntimeAdapter):
             body=_rewrite_keep_alive(bound, requested, effective),
             idle_ttl=None if effective.forever else effective.seconds,
             sets_ttl=True,
-            reading=OllamaReading(needs, after_load(path, bound)),
+            reading=OllamaDemand(needs, after_load(path, bound)),
         )
 
     def _classify_multipart(
@@ -227,151 +230,34 @@ class OllamaAdapter(RuntimeAdapter):
         ref = model_ref(form.model) if form is not None else None
         if ref is None or ref.source is Source.CLOUD:
             return Classified(RouteKind.PASS, api)
-        residency = self.residency(ref.name)
+        residency = self.settings.residency(ref.name)
         return Classified(
             RouteKind.DEMAND,
             api,
             ref.name,
             idle_ttl=residency.idle_ttl,
-            reading=OllamaReading(TRANSCRIPTION_NEEDS),
-        )
-
-    # -- talking to Ollama -----------------------------------------------------------------
-
-    async def listing(self, session: aiohttp.ClientSession) -> list[LoadedModel]:
-        """What Ollama has in memory (/api/ps; a model still loading is not listed).
-
-        Raises OllamaError for anything but a 200 with `{"models": [...]}` whose entries
-        have a name and integer sizes: a listing the gate cannot read is no listing.
-        """
-        async with session.get(self._url("/api/ps"), headers=self._headers()) as resp:
-            if resp.status != 200:
-                raise OllamaError(f"/api/ps answered {resp.status}")
-            try:
-                data = await resp.json(content_type=None)
-            except ValueError as exc:
-                raise OllamaError(f"/api/ps answered something that is not JSON: {exc}") from exc
-        return parse_ps(data)
-
-    async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
-        """Ask Ollama to unload a model (keep_alive 0, empty prompt); it answers at once."""
-        payload = {"model": model, "keep_alive": 0}
-        async with session.post(
-            self._url("/api/generate"), json=payload, headers=self._headers()
-        ) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise OllamaError(f"unload of {model} answered {resp.status}: {text[:200]}")
-
-    async def estimate(
-        self, session: aiohttp.ClientSession, model: str, options: str
-    ) -> int | None:
-        """Bytes a model will take before it was ever measured, as Ollama sizes its load:
-        weights, KV cache and graph for its context, and the runner's CUDA context.
-
-        None when Ollama does not have the model (it will answer 404 without loading).
-        """
-        async with session.get(self._url("/api/tags"), headers=self._headers()) as resp:
-            if resp.status != 200:
-                raise OllamaError(f"/api/tags answered {resp.status}")
-            try:
-                tags = await resp.json(content_type=None)
-            except ValueError as exc:
-                raise OllamaError(f"/api/tags answered something that is not JSON: {exc}") from exc
-        entries = tags.get("models") if isinstance(tags, dict) else None
-        if not isinstance(entries, list):
-            raise OllamaError(f"/api/tags answered no list of models: {str(tags)[:200]}")
-        size = None
-        for entry in entries:
-            if not isinstance(entry, dict):
-                continue
-            name = entry.get("name") or entry.get("model")
-            if isinstance(name, str) and normalize_model(name) == model:
-                listed = entry.get("size")
-                size = listed if isinstance(listed, int) and listed > 0 else 0
-        if size is None:
-            return None
-        info = None
-        async with session.post(
-            self._url("/api/show"), json={"model": model}, headers=self._headers()
-        ) as resp:
-            if resp.status == 200:
-                try:
-                    show = await resp.json(content_type=None)
-                except ValueError:
-                    show = None
-                found = show.get("model_info") if isinstance(show, dict) else None
-                info = found if isinstance(found, dict) else None
-        return estimate_bytes(size, info, options)
-
-    # -- placement among GPUs --------------------------------------------------------------
-
-    placing = Placing.RUNTIME
-
-    def placement_rule(self, classified: Classified) -> OllamaPlacement | None:
-        """Ollama's own rule for where this request's load goes (placement.py)."""
-        settings = self.consumer.settings_as(OllamaSettings)
-        # The vetting before the lease asked /api/show: its block count is known by now.
-        facts = self.model_facts.known(classified.model or "")
-        return from_options(
-            classified.options_key,
-            spread=settings.sched_spread,
-            layers=facts.layers if facts is not None and facts.layers else None,
+            reading=OllamaDemand(TRANSCRIPTION_NEEDS),
         )
 
     def refused_after_load(self, classified: Classified, status: int, body: bytes) -> bool:
         """Ollama's 500 for a format or a template it refuses once the model is loaded
         (afterload.py): the model is resident, nothing failed to load."""
         reading = classified.reading
-        return isinstance(reading, OllamaReading) and reading.after_load.refused(status, body)
+        return isinstance(reading, OllamaDemand) and reading.after_load.refused(status, body)
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """Ollama answers GET /api/version with 200 once it serves."""
-        async with session.get(self._url("/api/version"), headers=self._headers()) as resp:
-            await resp.read()
-            return resp.status == 200
 
-    def _url(self, path: str) -> str:
-        return self.url(path)
+class OllamaVetting(Vetting):
+    """A request the model itself makes Ollama refuse (a capability it lacks, a remote
+    stub) goes up unleased, for Ollama to word the refusal."""
 
-    def _headers(self) -> dict[str, str]:
-        # Ollama checks Host when it listens on loopback; its own name always passes.
-        return {"Host": f"127.0.0.1:{self.consumer.upstream.port}"}
-
-    # -- the checks of an Ollama listening where the gate listens --------------------------
-
-    @functools.cached_property
-    def host_check(self) -> OllamaHostCheck:
-        return OllamaHostCheck(
-            self.consumer.listen.host, self.consumer.settings_as(OllamaSettings).origins
-        )
-
-    def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
-        """Ollama's CORS and Host checks, as an Ollama on the consumer's `listen` runs them."""
-        return self.host_check.screen(method, headers, target=target)
-
-    # -- what Ollama does before a handler reads the body, and what its models refuse --------
-
-    def decoded_coding(self, path: str, content_encoding: str) -> BodyCoding | None:
-        """cloudPassthroughMiddleware inflates a zstd body on the /v1 routes behind it
-        (`c.GetHeader("Content-Encoding") == "zstd"`, exactly; server/cloud_proxy.go:80)."""
-        return ZSTD_BODY if content_encoding == "zstd" and path in ZSTD_ROUTES else None
-
-    vets = True
-
-    @functools.cached_property
-    def model_facts(self) -> ModelFactsCache:
-        return ModelFactsCache(
-            self.consumer.upstream.url, self._headers(), self.consumer.timeouts.control
-        )
+    def __init__(self, model_facts: ModelFactsCache) -> None:
+        self.model_facts = model_facts
 
     async def vet(
         self, classified: Classified, session: aiohttp.ClientSession, now: float
     ) -> Vetted | None:
-        """A request the model itself makes Ollama refuse (a capability it lacks, a remote
-        stub) goes up unleased, for Ollama to word the refusal."""
         reading = classified.reading
-        if not isinstance(reading, OllamaReading) or classified.model is None:
+        if not isinstance(reading, OllamaDemand) or classified.model is None:
             return None
         needs = reading.needs
         cache = self.model_facts
@@ -389,6 +275,46 @@ class OllamaAdapter(RuntimeAdapter):
         if facts is None or not model_refuses(needs, facts):
             return None
         return Vetted()
+
+
+class OllamaPlacing(Placement):
+    """Ollama's own rule for where a request's load goes (placement.py)."""
+
+    def __init__(self, consumer: Consumer, model_facts: ModelFactsCache) -> None:
+        self.spread = consumer.settings_as(OllamaSettings).sched_spread
+        self.model_facts = model_facts
+
+    def placement_rule(self, classified: Classified) -> OllamaPlacement | None:
+        # The vetting before the lease asked /api/show: its block count is known by now.
+        facts = self.model_facts.known(classified.model or "")
+        return from_options(
+            classified.options_key,
+            spread=self.spread,
+            layers=facts.layers if facts is not None and facts.layers else None,
+        )
+
+
+def ollama_runtime(consumer: Consumer) -> Runtime:
+    """One Ollama behind the gate: listed (`/api/ps`, its health too), vetted and placed by
+    what it says of its models; `GET /api/version` answers 200 once it serves."""
+    # consumers.yaml names resolve as request names do: `library/m`, `M` and `m:latest`
+    # configure the same model.
+    settings = ModelSettings(consumer, model_key=normalize_model)
+    facts = ModelFactsCache(
+        consumer.upstream.url, host_headers(consumer), consumer.timeouts.control
+    )
+    return Runtime(
+        settings=settings,
+        reading=OllamaReading(settings),
+        residents=OllamaResidents(consumer),
+        health=RouteHealth(
+            HealthSignal.LISTING, settings.url("/api/version"), headers=host_headers(consumer)
+        ),
+        vetting=OllamaVetting(facts),
+        inventory=OllamaInventory(consumer),
+        memory=OllamaMemory(consumer),
+        placement=OllamaPlacing(consumer, facts),
+    )
 
 
 def _rewrite_keep_alive(

@@ -12,14 +12,12 @@ sleeps (sleep.py): the core's evictions of it are Sleep effects, its starts Wake
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import aiohttp
-
 from gpugate.config.model import Consumer
-from gpugate.runtimes.base import ApiFamily, Classified, ReclaimRule, RouteKind
-from gpugate.runtimes.controlled import ProcessAdapter
+from gpugate.runtimes.answers import ApiFamily, Classified, ReclaimRule, RouteKind
+from gpugate.runtimes.controlled import ProcessModel, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.parts import Reading
+from gpugate.runtimes.runtime import Runtime
 from gpugate.runtimes.vllm.settings import VllmSettings
 from gpugate.runtimes.vllm.sleep import SleepMode
 
@@ -44,36 +42,43 @@ AWAKE_ROUTES = frozenset(
 """POST routes that run the engine (vllm/entrypoints/openai/api_server.py build_app)."""
 
 
-class VllmAdapter(ProcessAdapter):
-    """One vLLM server with sleep mode behind the gate."""
+class VllmReading(Reading):
+    """vLLM's requests pass as they are; its refusals are the gate's, in its shape."""
 
-    reclaim_rule: ClassVar[ReclaimRule] = ReclaimRule(recovered_fraction=0.75)
     # uvicorn on h11: any framing h11 accepts; the strictest reading is the default.
-    dialect: ClassVar[ServerDialect] = ServerDialect.GO
-
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
-        control = consumer.control
-        timeout = control.start_timeout if control is not None else 120.0
-        self.process = SleepMode(
-            consumer.upstream.url,
-            level=consumer.settings_as(VllmSettings).sleep_level,
-            timeout=timeout,
-        )
+    dialect = ServerDialect.GO
 
     def wants_body(self, method: str, path: str) -> bool:
         return False
-
-    def needs_process(self, method: str, path: str) -> bool:
-        return method == "POST" and path in AWAKE_ROUTES
 
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
     ) -> Classified:
         return Classified(RouteKind.PASS, ApiFamily.VLLM)
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """`GET /health` answers 200 while the engine lives (asleep too)."""
-        async with session.get(self.url("/health")) as resp:
-            await resp.read()
-            return resp.status == 200
+
+def needs_process(method: str, path: str) -> bool:
+    """Whether the request runs the engine (it must be awake)."""
+    return method == "POST" and path in AWAKE_ROUTES
+
+
+def vllm_runtime(consumer: Consumer) -> Runtime:
+    """One vLLM server with sleep mode behind the gate: its lifecycle sleeps; `GET /health`
+    answers 200 while the engine lives (asleep too)."""
+    control = consumer.control
+    timeout = control.start_timeout if control is not None else 120.0
+    sleep = SleepMode(
+        consumer.upstream.url,
+        level=consumer.settings_as(VllmSettings).sleep_level,
+        timeout=timeout,
+    )
+    return process_runtime(
+        consumer,
+        VllmReading(),
+        ProcessModel(consumer),
+        control=sleep,
+        health_path="/health",
+        needs_process=needs_process,
+        # The CUDA context stays while it sleeps.
+        reclaim_rule=ReclaimRule(recovered_fraction=0.75),
+    )

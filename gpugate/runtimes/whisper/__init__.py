@@ -1,1 +1,1 @@
-"""whisper.cpp's whisper-server: its adapter (`adapter.py`)."""
+"""whisper.cpp's whisper-server: its reading and its runtime (`adapter.py`)."""

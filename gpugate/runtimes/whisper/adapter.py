@@ -1,6 +1,6 @@
 """The whisper.cpp server (`whisper-server`): a model held from process start to exit.
 
-What decides the adapter (reference/runtime-contracts.md §3, docs/runtimes/whisper.md):
+What decides its parts (reference/runtime-contracts.md §3, docs/runtimes/whisper.md):
 
 * whisper-server loads its model before it binds its port and frees it only by exiting;
   it has no listing and no unload. Its memory is a process's (PROCESS scope): the gate
@@ -27,13 +27,13 @@ What decides the adapter (reference/runtime-contracts.md §3, docs/runtimes/whis
   next request (`process_server_socket_core` L3445: a new `SocketStream` each time), so
   an /inference the gate streams up unread could carry a /load it never saw. With
   `Connection: close` the server ends the connection after its answer (L7274). The
-  gate's own calls open a connection each too (`pool_connections = False`).
+  gate's own calls open a connection each too (`KeepAlivePolicy.pools_idle`).
 * Every response carries `Server: whisper.cpp` and `Access-Control-Allow-Origin: *`
   (`set_default_headers`): there is no origin check to run where the gate listens, and
   the gate's own answers in its place (a refused /load, its health route while the gate
   keeps it stopped: `up_health`) carry the same headers.
 * A /load took effect when, and only when, it was answered 200 (`loaded_by`): the gate
-  then counts the switch done, and the adapter's current model follows.
+  then counts the switch done, and the process's current model follows.
 """
 
 from __future__ import annotations
@@ -41,27 +41,30 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from typing import ClassVar
 
-import aiohttp
 from yarl import URL
 
 from gpugate.config.model import Consumer
 from gpugate.core.tickets import LeaseScope
-from gpugate.runtimes.base import ApiFamily, Classified, Refusal, RouteKind, Screening
-from gpugate.runtimes.controlled import PROCESS_MODEL, ProcessAdapter
+from gpugate.runtimes.answers import ApiFamily, Classified, Refusal, RouteKind, Screening
+from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import NEVER, KeepAlivePolicy
+from gpugate.runtimes.keepalive import NEVER
+from gpugate.runtimes.parts import Reading
 from gpugate.runtimes.replies import (
     WHISPER_DEFAULT_HEADERS,
     BodyLimit,
     ErrorReply,
     whisper_too_large,
 )
+from gpugate.runtimes.runtime import Runtime
 from gpugate.runtimes.whisper.form import boundary_of, decode_url, path_of, read_form
 
 UNREADABLE = ErrorReply(400, b"Invalid request", "text/plain", headers=WHISPER_DEFAULT_HEADERS)
 """whisper-server's answer to a form cpp-httplib refuses: its error handler's 400 body."""
+
+DEFAULT_MODEL = "models/ggml-base.en.bin"
+"""The model whisper-server loads when its command names none (its `-m` default)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -84,38 +87,24 @@ def header_value(value: str) -> bytes:
     return decode_url(value.encode("utf-8", "surrogateescape").strip(b" \t"))
 
 
-class WhisperAdapter(ProcessAdapter):
-    """One whisper-server behind the gate."""
+class WhisperReading(Reading):
+    """How one whisper-server reads a request: only a /load may switch its model."""
 
-    pool_connections: ClassVar[bool] = False
-    keep_alive: ClassVar[KeepAlivePolicy] = NEVER
-    dialect: ClassVar[ServerDialect] = ServerDialect.HTTPLIB
+    keep_alive = NEVER
+    dialect = ServerDialect.HTTPLIB
     # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH is SIZE_MAX and server.cpp sets no
     # payload limit: the gate keeps its own bound, refused as whisper-server refuses.
-    body_limit: ClassVar[BodyLimit] = BodyLimit(None, whisper_too_large)
+    body_limit = BodyLimit(None, whisper_too_large)
 
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
-
-    def start_model(self) -> str:
-        model = self.commanded_model("-m", "--model")
-        if model is not None:
-            return model
-        found = super().start_model()
-        # whisper-server's own default when its command names none.
-        control = self.consumer.control
-        return "models/ggml-base.en.bin" if found == PROCESS_MODEL and control else found
+    def __init__(self, consumer: Consumer, model: ProcessModel) -> None:
+        self.consumer = consumer
+        self.model = model
 
     def _route(self) -> re.Pattern[str]:
-        return load_route(self.commanded_model("--request-path") or "")
+        return load_route(self.model.commanded_model("--request-path") or "")
 
     def wants_body(self, method: str, path: str) -> bool:
         return method == "POST" and self._route().fullmatch(path) is not None
-
-    def needs_process(self, method: str, path: str) -> bool:
-        # Its only POST routes are the inference path and /load; GET /health, the page and
-        # anything else neither start it nor keep it warm.
-        return method == "POST"
 
     def screen(self, method: str, headers: Mapping[str, str], *, target: str = "") -> Screening:
         """A POST to /load that the gate could read otherwise than cpp-httplib: its route
@@ -166,7 +155,7 @@ class WhisperAdapter(ProcessAdapter):
             scope=LeaseScope.PROCESS,
             appear_within=control.start_admission_timeout if control is not None else None,
             # whisper_free of the running model comes before the new one's load.
-            replaces=self.current,
+            replaces=self.model.current,
         )
 
     def loaded_by(self, classified: Classified, status: int) -> bool:
@@ -176,24 +165,35 @@ class WhisperAdapter(ProcessAdapter):
         sends no other final status for it."""
         return status == 200
 
-    def answered(self, classified: Classified, status: int) -> None:
-        demand = classified.kind is RouteKind.DEMAND and classified.model
-        if demand and self.loaded_by(classified, status):
-            self.current = classified.model
 
-    def up_health(self, method: str = "GET") -> ErrorReply:
-        """whisper-server's `GET /health` once its model is loaded, as it sends it: 200
-        `{"status":"ok"}`, `application/json` (server.cpp's `/health` handler) with the
-        headers `set_default_headers` puts on every answer; to a HEAD, cpp-httplib adds
-        `Accept-Ranges: bytes` (httplib.h L6664) and no body."""
-        headers = WHISPER_DEFAULT_HEADERS
-        if method == "HEAD":
-            headers = (("Accept-Ranges", "bytes"), *headers)
-        return ErrorReply(200, b'{"status":"ok"}', "application/json", headers=headers)
+def up_health(method: str) -> ErrorReply:
+    """whisper-server's `GET /health` once its model is loaded, as it sends it: 200
+    `{"status":"ok"}`, `application/json` (server.cpp's `/health` handler) with the
+    headers `set_default_headers` puts on every answer; to a HEAD, cpp-httplib adds
+    `Accept-Ranges: bytes` (httplib.h L6664) and no body."""
+    headers = WHISPER_DEFAULT_HEADERS
+    if method == "HEAD":
+        headers = (("Accept-Ranges", "bytes"), *headers)
+    return ErrorReply(200, b'{"status":"ok"}', "application/json", headers=headers)
 
-    async def health(self, session: aiohttp.ClientSession) -> bool:
-        """`GET /health` answers 200 (503 while a /load runs)."""
-        path = self.consumer.control.health if self.consumer.control is not None else "/health"
-        async with session.get(self.url(path)) as resp:
-            await resp.read()
-            return resp.status == 200
+
+def needs_process(method: str, path: str) -> bool:
+    """Its only POST routes are the inference path and /load; GET /health, the page and
+    anything else neither start it nor keep it warm."""
+    return method == "POST"
+
+
+def whisper_runtime(consumer: Consumer) -> Runtime:
+    """One whisper-server behind the gate: its health route is `GET /health` (200; 503
+    while a /load runs)."""
+    model = ProcessModel(consumer, options=("-m", "--model"), default=DEFAULT_MODEL)
+    control = consumer.control
+    return process_runtime(
+        consumer,
+        WhisperReading(consumer, model),
+        model,
+        control=make_control(consumer),
+        health_path=control.health if control is not None else "/health",
+        needs_process=needs_process,
+        up_health=up_health,
+    )

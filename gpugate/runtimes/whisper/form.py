@@ -33,8 +33,8 @@ tail is the body's first piece), then up to 16 KiB at a time, and two steps of i
 depend on where those reads end (`parse` L4974, L5081): a `--BOUNDARY\\r\\n` split by a read
 is not seen, so the parts may start at a later one; and after the closing delimiter a
 later read that starts with CRLF is parsed as more parts. Where the gate's reading of the
-whole body could differ from one of those, `FormReading.doubt` says so (the adapter refuses
-such a /load), and every `model` part counts as a model the server may load.
+whole body could differ from one of those, `FormReading.doubt` says so (`WhisperReading`
+refuses such a /load), and every `model` part counts as a model the server may load.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`gpugate init [--dry-run] [--out DIR] [--proc-root PATH] [--nvml-library PATH]`.
 
 Reads the host, prints (`--dry-run`) or writes into a new directory the consumers.yaml,
-the drop-ins and the moves. It never writes under /etc and never runs a move.
+the drop-ins and the moves. It never writes under /etc and never runs a move. The
+reading and proposing are gpugate.init's (scan, recognise, plan, write).
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from gpugate.exits import Exit
+from gpugate.commands.exits import Exit
 
 EXIT_CANTCREAT = 73
 """sysexits' EX_CANTCREAT: a file init would write is already there."""
 DEFAULT_OUT = Path("gpugate-init")
 
 
-def add_init_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`gpugate init`'s options."""
-    init = sub.add_parser(
+    init = subparsers.add_parser(
         "init", help="read this host and propose a consumers.yaml, drop-ins and the moves"
     )
     init.add_argument(
@@ -69,7 +70,7 @@ def _under_etc(path: Path) -> bool:
     return resolved == Path("/etc") or Path("/etc") in resolved.parents
 
 
-def run_init(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Scan, recognise, plan, then print or write."""
     from gpugate.config.model import Address
     from gpugate.init.plan import DEFAULT_DATABASE, Options, make_plan

@@ -6,7 +6,7 @@ The lease is asked for first (waiting up to --wait); CMD runs once it is granted
 GPUGATE_LEASE set to its id. The lease is renewed every ttl/3 and released when CMD exits;
 SIGINT, SIGTERM and SIGHUP are passed on to CMD. Once CMD ran, the exit status is CMD's
 (128 + the signal when a signal ended it; 126 or 127 when it could not be run). Without a
-lease CMD does not run, and the status says why (gpugate.exits, one line on stderr, the
+lease CMD does not run, and the status says why (exits.py, one line on stderr, the
 failure class first): 75 only when no room came within the wait, so a retry can succeed;
 64 for a command line that does not parse, 65 for a lease the gate refuses as asked, 69
 when no gate answers, 77 for a token it refuses, 78 without a configuration.
@@ -31,17 +31,23 @@ from pathlib import Path
 
 import aiohttp
 
-from gpugate.control_client import ControlFailure, ask_lease, control_address, control_session
+from gpugate.commands.control_client import (
+    ControlFailure,
+    ask_lease,
+    control_address,
+    control_session,
+)
+from gpugate.commands.exits import Exit
+from gpugate.config.paths import required_config_path
 from gpugate.core.classes import PriorityClass
 from gpugate.core.units import parse_duration, parse_size
-from gpugate.exits import Exit
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def add_lease_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `lease` subcommand's arguments."""
-    lease = sub.add_parser(
+    lease = subparsers.add_parser(
         "lease",
         help="run a command under an explicit VRAM lease",
         usage="gpugate lease (--consumer NAME | --identity NAME) --bytes SIZE [--class C] "
@@ -102,8 +108,9 @@ def _terms(args: argparse.Namespace) -> dict[str, object]:
     return body
 
 
-def run_lease(args: argparse.Namespace, config_path: Path) -> int:
+def run(args: argparse.Namespace) -> int:
     """The `gpugate lease` command."""
+    config_path = required_config_path(args.config)
     command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]

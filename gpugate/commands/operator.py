@@ -2,7 +2,7 @@
 
 Each is one POST to the control API with the control token (found as `gpugate lease`
 finds it). It prints one line of what the gate did; an error is one line on stderr, the
-failure class first, with the exit code for what it means (gpugate.exits): 65 for no
+failure class first, with the exit code for what it means (exits.py): 65 for no
 such consumer, resident or GPU, or an `always_warm` one without --force; 75 for a
 resident busy now; 69 when no gate answers; 77 for a token it refuses.
 """
@@ -18,30 +18,31 @@ from urllib.parse import quote
 
 import aiohttp
 
-from gpugate.control_client import (
+from gpugate.commands.control_client import (
     ControlFailure,
     call,
     control_address,
     control_session,
     refusal,
 )
-from gpugate.exits import Exit
+from gpugate.commands.exits import Exit
+from gpugate.config.paths import required_config_path
 
-COMMANDS = ("evict", "drain", "undrain", "pause", "resume")
 
-
-def add_operator_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `evict`, `drain`, `undrain`, `pause` and `resume` subcommands."""
-    evict = sub.add_parser("evict", help="unload an idle resident model now")
+    evict = subparsers.add_parser("evict", help="unload an idle resident model now")
     evict.add_argument("consumer")
     evict.add_argument("model")
     evict.add_argument("--force", action="store_true", help="evict an always_warm model too")
-    drain = sub.add_parser("drain", help="a consumer admits nothing new; in-flight work ends")
-    undrain = sub.add_parser("undrain", help="a drained consumer admits again")
+    drain = subparsers.add_parser(
+        "drain", help="a consumer admits nothing new; in-flight work ends"
+    )
+    undrain = subparsers.add_parser("undrain", help="a drained consumer admits again")
     for parser in (drain, undrain):
         parser.add_argument("consumer")
-    pause = sub.add_parser("pause", help="pause admission (new requests wait in the queue)")
-    resume = sub.add_parser("resume", help="resume admission")
+    pause = subparsers.add_parser("pause", help="pause admission (new requests wait in the queue)")
+    resume = subparsers.add_parser("resume", help="resume admission")
     for parser in (pause, resume):
         parser.add_argument("--gpu", type=int, help="one GPU (default: every GPU)")
     for parser in (evict, drain, undrain, pause, resume):
@@ -90,10 +91,11 @@ async def _run(args: argparse.Namespace, url: str, token: str | None) -> list[st
         return [_line(args, await _call(session, url, path)) for path in _paths(args, gpus)]
 
 
-def run_operator(args: argparse.Namespace, config_path: Path) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run one operator action; 0 when the gate did it."""
     from gpugate.config.loader import ConfigError
 
+    config_path = required_config_path(args.config)
     try:
         url, token = control_address(config_path)
     except ConfigError as exc:

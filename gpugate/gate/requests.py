@@ -1,68 +1,57 @@
-"""The gate's side of a listener's request (a part of `Gate`): the runtime's own refusal
-first, then the process the request needs running and kept busy, and a lease for what it
-may load; the listener is handed an `Exchange` (exchange.py) that knows the rest."""
+"""A listener's requests, as the gate admits them: the listener asks once (`admit`) and is
+handed an `Exchange` (exchange.py). Admission runs the runtime's own refusal first (its
+`Vetting`), then starts the process a request needs and keeps it busy (its `Lifecycle`),
+then leases what the request may load: sized by the runtime from the request (its
+`Memory`), else configured, measured or estimated (the envelope book), and placed among
+the consumer's GPUs by the runtime's rule (its `Placement`) or by the gate.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
 
 import aiohttp
 import attrs
 
-from gpugate.core.classes import PriorityClass
-from gpugate.core.placement import PlacementRule, Placing
-from gpugate.core.residents import ResidentKey
-from gpugate.core.tickets import Demand, Lease, LeaseScope, Started
-from gpugate.gate.exchange import Caller, Exchange, Trial
-from gpugate.gate.links import GateFailure, Link
-from gpugate.gate.owner import ExchangeOwner, ProcessFront
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.state import GateCore
+from gpugate.core.tickets import Demand, Lease, LeaseScope
+from gpugate.core.views import class_allows
+from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.exchange import Caller, Exchange, ExchangeOwner, Trial
+from gpugate.gate.failure import GateFailure
+from gpugate.gate.link import Link
 from gpugate.logs import OncePerInterval
-from gpugate.runtimes.base import AdapterError, Classified, Measured, RouteKind, Vetted
+from gpugate.runtimes.base import (
+    AdapterError,
+    Classified,
+    Measured,
+    RouteKind,
+    Vetted,
+    Vetting,
+)
+from gpugate.runtimes.base import placing as placing_of
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
 
 
-class ExchangeWork:
-    """The gate's side of a listener's request (a part of `Gate`)."""
+class Requests:
+    """The gate's side of a listener's requests; the `Bounds` a runtime that sizes a
+    request from its body reads."""
 
-    clock: Callable[[], float]
-
-    if TYPE_CHECKING:  # Gate provides these
-        processes: ProcessFront
-
-        async def acquire(self, demand: Demand) -> Lease: ...
-
-        async def acquire_on(
-            self,
-            demand: Demand,
-            gpus: Sequence[int],
-            *,
-            placing: Placing = Placing.GATE,
-            rule: PlacementRule | None = None,
-        ) -> tuple[Lease, ...]: ...
-
-        def lease_now_on(
-            self,
-            demand: Demand,
-            gpus: Sequence[int],
-            *,
-            placing: Placing = Placing.GATE,
-            rule: PlacementRule | None = None,
-        ) -> tuple[Lease, ...] | None: ...
-
-        def early_start(self, consumer: str, gpus: Sequence[int]) -> Started: ...
-
-        def release(self, lease: Lease, *, failed: bool = False) -> None: ...
-
-        def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None: ...
-
-        def measured_job(self, kind: ResidentKey) -> Measured | None: ...
-
-        def known_envelope(self, link: Link, model: str, options: str) -> int | None: ...
-
-        async def envelope(self, link: Link, model: str, options: str) -> int | None: ...
+    def __init__(
+        self,
+        owner: ExchangeOwner,
+        envelopes: EnvelopeBook,
+        core: GateCore,
+        clock: Callable[[], float],
+    ) -> None:
+        self.owner = owner
+        self.envelopes = envelopes
+        self.core = core
+        self.clock = clock
 
     async def admit(
         self, link: Link, classified: Classified, caller: Caller, method: str, path: str
@@ -70,10 +59,11 @@ class ExchangeWork:
         """Admit one request: the runtime's own refusal first (`Exchange.refusal`), then the
         process it needs running and kept busy, and a lease for what it may load. Raises
         GateFailure, with nothing held, when either cannot be had."""
-        gate = cast(ExchangeOwner, self)
+        gate = self.owner
         trial = False
-        if classified.kind is RouteKind.DEMAND and link.adapter.vets:
-            vetted = await self._vet(link, classified)
+        vetting = link.runtime.vetting
+        if classified.kind is RouteKind.DEMAND and vetting is not None:
+            vetted = await self._vet(link, vetting, classified)
             if vetted is not None:
                 if vetted.reply is not None:
                     return Exchange(gate, link, classified, method, path, vetted.reply)
@@ -82,11 +72,11 @@ class ExchangeWork:
                 else:
                     # The runtime refuses it before loading: it goes up unleased.
                     classified = attrs.evolve(classified, kind=RouteKind.PASS)
-        adapter = link.adapter
         exchange = Exchange(gate, link, classified, method, path, caller=caller)
-        processes = self.processes
-        if processes.fronts(link):
-            needed = adapter.needs_process(method, path)
+        processes = gate.processes
+        lifecycle = link.runtime.lifecycle
+        if lifecycle is not None and processes.fronts(link):
+            needed = lifecycle.needs_process(method, path)
             if not needed:
                 # Forwarded as it is while the process runs; a start under way is waited
                 # for; in place of a stopped process the gate answers its health route,
@@ -106,21 +96,21 @@ class ExchangeWork:
                 leases = await self._lease(link, classified, caller, exchange, trial=trial)
             except GateFailure:
                 if exchange.busy is not None:
-                    self.release(exchange.busy)
+                    gate.leases.release(exchange.busy)
                 raise
             if leases:
                 exchange.lease, exchange.parts = leases[0], leases[1:]
             exchange.failed = any(lease.pending > 0 for lease in leases)
         return exchange
 
-    async def _vet(self, link: Link, classified: Classified) -> Vetted | None:
+    async def _vet(self, link: Link, vetting: Vetting, classified: Classified) -> Vetted | None:
         """The runtime's own refusal of a demand, before any lease (None: admit it). A
         runtime that cannot be asked in time only means the demand is admitted unvetted."""
         assert link.session is not None
         try:
-            # The adapter bounds its own calls (timeouts.control): an answer it already
+            # The runtime bounds its own calls (timeouts.control): an answer it already
             # has costs no timer here.
-            return await link.adapter.vet(classified, link.session, self.clock())
+            return await vetting.vet(classified, link.session, self.clock())
         except (TimeoutError, aiohttp.ClientError, AdapterError, OSError) as exc:
             unvetted.warning(
                 f"{link.consumer.name}:{type(exc).__name__}",
@@ -155,14 +145,16 @@ class ExchangeWork:
         cards = consumer.cards
         # The runtime's rule matters only where there is a choice: not on a one-card consumer's
         # every request.
-        rule = link.adapter.placement_rule(classified) if len(cards) > 1 else None
-        placing = link.adapter.placing
+        placement = link.runtime.placement
+        rule = placement.placement_rule(classified) if placement and len(cards) > 1 else None
+        placing = placing_of(placement)
+        leases = self.owner.leases
         if not trial:
-            return await self.acquire_on(demand, cards, placing=placing, rule=rule)
-        leases = self.lease_now_on(demand, cards, placing=placing, rule=rule)
-        if leases is not None:
-            return leases
-        started = attrs.evolve(demand, started=self.early_start(consumer.name, cards))
+            return await leases.acquire_on(demand, cards, placing=placing, rule=rule)
+        now = leases.lease_now_on(demand, cards, placing=placing, rule=rule)
+        if now is not None:
+            return now
+        started = attrs.evolve(demand, started=leases.early_start(consumer.name, cards))
         exchange.trial = Trial(started, tuple(cards), placing, rule)
         return ()
 
@@ -170,24 +162,23 @@ class ExchangeWork:
         """What a request that may load a model demands (None: no envelope is known, the
         runtime will refuse it)."""
         assert classified.model is not None
-        adapter = link.adapter
+        settings = link.runtime.settings
+        memory = link.runtime.memory
         consumer = link.consumer
         model = classified.model
         key = ResidentKey(consumer.name, model, classified.options_key)
         envelope = None
-        model_class = adapter.model_priority(model)
+        model_class = settings.model_priority(model)
         priority = caller.priority(model_class)
-        if adapter.sizes_requests:
-            ceilings = [self.ceiling(consumer.name, gpu, priority) for gpu in consumer.cards]
-            known = [c for c in ceilings if c is not None]
-            envelope = adapter.size(classified, self.measured_job(key), max(known, default=None))
+        if memory is not None:
+            envelope = memory.size(classified, key, priority, self)
         if envelope is None:
-            envelope = self.known_envelope(link, model, classified.options_key)
+            envelope = self.envelopes.known(link, model, classified.options_key)
         if envelope is None:
-            envelope = await self.envelope(link, model, classified.options_key)
+            envelope = await self.envelopes.envelope(link, model, classified.options_key)
         if envelope is None:
             return None
-        residency = adapter.residency(model)
+        residency = settings.residency(model)
         return Demand(
             key=key,
             gpu=consumer.cards[0],
@@ -196,7 +187,7 @@ class ExchangeWork:
             resident_priority=model_class,
             policy=residency.policy,
             idle_ttl=classified.idle_ttl,
-            reload_seconds=adapter.reload_seconds(model, envelope),
+            reload_seconds=settings.reload_seconds(model, envelope),
             sets_ttl=classified.sets_ttl,
             scope=classified.scope,
             appear_within=classified.appear_within,
@@ -205,6 +196,32 @@ class ExchangeWork:
             ),
             # The runtime's memory is its process's: a PROCESS demand of a request switches
             # the running process's model, and its answer ends the lease.
-            switch=classified.scope is LeaseScope.PROCESS and adapter.process_model() is not None,
-            most_models=adapter.most_models,
+            switch=classified.scope is LeaseScope.PROCESS and link.runtime.lifecycle is not None,
+            most_models=link.runtime.residents.most_models,
         )
+
+    # -- what bounds a demand a runtime sizes from its request (`Bounds`) ----------------
+
+    def measured_job(self, kind: ResidentKey) -> Measured | None:
+        """The peak measured for jobs of this kind, if any."""
+        return self.envelopes.measured_job(kind)
+
+    def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None:
+        """The most the card could ever give one consumer's demand of class `priority`:
+        total − reserved − reserve − external − memory held that no resident or lease
+        explains (others' and its own) − residents it may never evict (an `always_warm`
+        process, a higher class)."""
+        budget = self.core.budget(gpu)
+        if budget is None:
+            return None
+        held = sum(max(0, u.committed - u.resident - u.pending) for u in budget.consumers)
+        probe = Demand(
+            ResidentKey(consumer, ""), gpu, 0, priority, priority, ResidencyPolicy.KEEP_WARM, None
+        )
+        kept = sum(
+            r.bytes
+            for r in self.core.residents(gpu)
+            if r.state is not ResidentState.UNLOADING and not class_allows(r, probe)
+        )
+        room = budget.total - budget.reserved - budget.reserve - budget.external_total
+        return max(0, room - held - kept)

@@ -1,56 +1,59 @@
 """`gpugate status`: the VRAM budget per GPU, as a person reads it or as JSON.
 
 With a gate running, the numbers are the gate's own (leases, residents, queue). Without
-one, NVML is sampled directly and the budget holds only what NVML shows.
+one, NVML is sampled directly and the budget holds only what NVML shows. `--watch` asks
+the running gate only, and redraws every second.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import datetime
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import aiohttp
 
-from gpugate.config.model import Config
-from gpugate.config.paths import default_config_path
-from gpugate.core.budget import GpuBudget, compute_budget
+from gpugate.commands.control_client import (
+    Control,
+    ControlFailure,
+    Unreachable,
+    call,
+    control_endpoint,
+    refusal,
+    run_on_gate,
+)
+from gpugate.commands.exits import INTERRUPTED, Exit
+from gpugate.config.paths import default_config_path, required_config_path
 from gpugate.core.units import GiB, format_duration
-from gpugate.exits import Exit
 
-SCHEMA = 1
+if TYPE_CHECKING:
+    from gpugate.config.model import Config
+
+WATCH_INTERVAL = 1.0
+CLEAR = "\x1b[H\x1b[2J"
 
 
-def budget_document(budget: GpuBudget, age: float | None) -> dict[str, Any]:
-    """One GPU's budget in bytes, for JSON."""
-    return {
-        "index": budget.gpu,
-        "uuid": budget.uuid,
-        "name": budget.name,
-        "sample_age_seconds": None if age is None else round(age, 3),
-        "total": budget.total,
-        "driver_reserved": budget.reserved,
-        "used": budget.used,
-        "free": budget.free,
-        "external": {row.name: row.bytes for row in budget.external},
-        "external_total": budget.external_total,
-        "reclaiming": budget.reclaiming,
-        "consumers": {
-            row.name: {
-                "observed": row.observed,
-                "resident": row.resident,
-                "pending": row.pending,
-                "unexplained": row.unexplained,
-                "committed": row.committed,
-            }
-            for row in sorted(budget.consumers, key=lambda r: (-r.committed, r.name))
-        },
-        "committed_total": budget.committed_total,
-        "reserve": budget.reserve,
-        "schedulable": budget.schedulable,
-    }
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The `status` subcommand's options."""
+    status = subparsers.add_parser("status", help="the VRAM budget per GPU")
+    status.add_argument("--json", action="store_true", help="machine-readable, in bytes")
+    status.add_argument("--config", type=Path, help="consumers.yaml (for attribution)")
+    status.add_argument(
+        "--watch", action="store_true", help="redraw every second from the running gate"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """`gpugate status`, or with `--watch` the running gate's status redrawn every second."""
+    if args.watch:
+        return run_watch(required_config_path(args.config), as_json=args.json)
+    return run_status(config_path=args.config, as_json=args.json)
 
 
 def _gib(nbytes: int) -> str:
@@ -164,6 +167,8 @@ def _models_on(document: dict[str, Any], index: int, consumer: str) -> list[str]
 
 def direct_document(config: Config) -> dict[str, Any]:
     """Sample NVML in this process (no gate is running)."""
+    from gpugate.control.status_document import SCHEMA, budget_document
+    from gpugate.core.budget import compute_budget
     from gpugate.gpu.sampler import Sampler
 
     sampler = Sampler.from_config(config)
@@ -199,8 +204,6 @@ async def _from_gate(base: str, token: str | None) -> dict[str, Any]:
     """The running gate's status document; Unreachable when no gate answers at `base`, and
     ControlFailure when one answers but refuses (an NVML budget in its place would show
     none of the gate's leases, as if no gate ran)."""
-    from gpugate.control_client import call, refusal
-
     timeout = aiohttp.ClientTimeout(total=2.0, sock_connect=0.5)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
@@ -211,11 +214,10 @@ async def _from_gate(base: str, token: str | None) -> dict[str, Any]:
 
 
 def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Print the budget: from the gate, else from NVML; the exit code is gpugate.exits'."""
-    import asyncio
-
-    from gpugate.config.loader import ConfigError, load_config_with_warnings
-    from gpugate.control_client import ControlFailure, Unreachable, control_endpoint
+    """Print the budget: from the gate, else from NVML; the exit code is one of exits.py's."""
+    from gpugate.config.loader import ConfigError
+    from gpugate.config.model import Config
+    from gpugate.runtimes.sections import load_config_with_warnings
 
     out = out or sys.stdout
     path = config_path or default_config_path()
@@ -245,3 +247,31 @@ def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = 
     else:
         out.write(render_text(document) + "\n")
     return Exit.OK
+
+
+def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) -> int:
+    """`gpugate status --watch`: the budget from the running gate, redrawn every second."""
+    stream = out or sys.stdout
+
+    async def watch(control: Control, session: aiohttp.ClientSession) -> None:
+        first = True
+        while True:
+            try:
+                document = await control.get(session, "/gate/v1/status")
+                text = json.dumps(document) if as_json else render_text(document)
+            except ControlFailure as exc:
+                if first:
+                    raise
+                text = f"gpugate status: {exc}; retrying"
+            first = False
+            stamp = datetime.datetime.now().strftime("%H:%M:%S")
+            if as_json:
+                stream.write(text + "\n")
+            else:
+                stream.write(f"{CLEAR}gpugate status  {stamp}  (Ctrl-C to stop)\n{text}\n")
+            stream.flush()
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return run_on_gate("status", config_path, watch)
+    return INTERRUPTED

@@ -1,8 +1,7 @@
-"""Read-only views of the running gate: `gpugate status --watch`, `leases`, `events`,
-`envelopes`. Tables for people, `--json` for scripts; an error is one line on stderr with
-the exit code for what it means (gpugate.exits): 69 when no gate answers (or the gate
-ends a followed stream), 77 for a token it refuses, 64 for a filter that names no class,
-78 without a configuration.
+"""Read-only views of the running gate: `gpugate leases`, `events`, `envelopes`. Tables for
+people, `--json` for scripts; an error is one line on stderr with the exit code for what it
+means (exits.py): 69 when no gate answers (or the gate ends a followed stream), 77 for a
+token it refuses, 64 for a filter that names no class, 78 without a configuration.
 
 The gate is found as `gpugate lease` finds it: the control address in the configuration
 ($GPUGATE_CONFIG, ./consumers.yaml, /etc/gpugate/consumers.yaml, or --config), and a
@@ -12,41 +11,35 @@ token from $GPUGATE_TOKEN or the configuration when reads are not public.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import datetime
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
 import attrs
 
-from gpugate.control_client import ControlFailure, not_a_gate, refusal, unreachable
+from gpugate.commands.control_client import Control, ControlFailure, run_on_gate
+from gpugate.commands.exits import Exit
+from gpugate.config.paths import required_config_path
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import EventKind
-from gpugate.core.explicit import IDENTITY_PREFIX
 from gpugate.core.failures import FailureClass
 from gpugate.core.units import GiB, MiB
-from gpugate.exits import INTERRUPTED, Exit
-
-TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=2.0)
-WATCH_INTERVAL = 1.0
-CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_view_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `leases`, `events` and `envelopes` subcommands."""
-    leases = sub.add_parser("leases", help="the leases in flight on the running gate")
-    events = sub.add_parser("events", help="the gate's recent events, or follow them live")
+    leases = subparsers.add_parser("leases", help="the leases in flight on the running gate")
+    events = subparsers.add_parser("events", help="the gate's recent events, or follow them live")
     events.add_argument("--follow", "-f", action="store_true", help="go on printing new events")
     events.add_argument("--class", dest="priority", help="only requests of this priority class")
     events.add_argument("--consumer", help="only this consumer's events")
     events.add_argument("--failure", help="only failures of this class (`any`: every failure)")
     events.add_argument("--last", type=int, default=50, help="how many recent events (50)")
-    envelopes = sub.add_parser("envelopes", help="measured envelopes: bytes, when, runtime")
+    envelopes = subparsers.add_parser("envelopes", help="measured envelopes: bytes, when, runtime")
     for parser in (leases, events, envelopes):
         parser.add_argument("--json", action="store_true", help="machine-readable")
         parser.add_argument("--config", type=Path, help="consumers.yaml (the control address)")
@@ -80,77 +73,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in cells
     )
-
-
-class Control:
-    """The running gate's control API, read-only."""
-
-    def __init__(self, base: str, token: str | None, owners: Sequence[str] = ()) -> None:
-        self.base = base
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.owners = tuple(owners)
-        """The configured consumers and identities, as events name them."""
-
-    @classmethod
-    def from_config(cls, path: Path) -> Control:
-        from gpugate.config.loader import load_config_with_warnings
-        from gpugate.control_client import control_endpoint
-
-        config = load_config_with_warnings(path).config
-        base, token = control_endpoint(config)
-        owners = [c.name for c in config.consumers]
-        owners += [IDENTITY_PREFIX + i.name for i in config.identities]
-        return cls(base, token, owners)
-
-    async def _refused(self, r: aiohttp.ClientResponse) -> ControlFailure:
-        try:
-            return refusal(r.status, await r.json(content_type=None))
-        except ValueError:
-            return not_a_gate(self.base, r.status)
-
-    async def get(self, session: aiohttp.ClientSession, path: str, **query: str) -> Any:
-        try:
-            async with session.get(self.base + path, params=query, headers=self.headers) as r:
-                if r.status != 200:
-                    raise await self._refused(r)
-                if r.content_type == "application/x-ndjson":
-                    return [json.loads(line) for line in (await r.text()).splitlines() if line]
-                try:
-                    return await r.json()
-                except (ValueError, aiohttp.ContentTypeError):
-                    raise not_a_gate(self.base, r.status) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise unreachable(self.base, exc) from exc
-
-    async def follow(
-        self, session: aiohttp.ClientSession, path: str, **query: str
-    ) -> AsyncIterator[tuple[str, Any]]:
-        """(event name, data) for each server-sent event until the gate ends the stream."""
-        try:
-            async with session.get(
-                self.base + path,
-                params=query,
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0),
-            ) as r:
-                if r.status != 200:
-                    raise await self._refused(r)
-                kind, data = "message", ""
-                async for raw in r.content:
-                    line = raw.decode().rstrip("\r\n")
-                    if line == ": gpugate":
-                        # The gate sends it once this stream is registered: from here on,
-                        # nothing that happens is missed.
-                        yield "open", None
-                    elif line.startswith("event:"):
-                        kind = line[6:].strip()
-                    elif line.startswith("data:"):
-                        data += line[5:].strip()
-                    elif not line and data:
-                        yield kind, json.loads(data)
-                        kind, data = "message", ""
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise unreachable(self.base, exc) from exc
 
 
 # -- the views --------------------------------------------------------------------------
@@ -300,38 +222,9 @@ def render_envelopes(rows: list[dict[str, Any]]) -> str:
 # -- running them -----------------------------------------------------------------------
 
 
-def _run(
-    name: str, config_path: Path, body: Callable[[Control, aiohttp.ClientSession], Any]
-) -> int:
-    from gpugate.config.loader import ConfigError
-
-    try:
-        control = Control.from_config(config_path)
-    except ConfigError as exc:
-        # Every issue, warnings too, as `gpugate check` prints them: the first line may
-        # be a warning, and the error that stops the file further down.
-        print(exc, file=sys.stderr)
-        return Exit.CONFIG
-    except OSError as exc:
-        print(f"gpugate {name}: {exc}", file=sys.stderr)
-        return Exit.CONFIG
-
-    async def main() -> int:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            await body(control, session)
-        return Exit.OK
-
-    try:
-        return asyncio.run(main())
-    except ControlFailure as exc:
-        print(f"gpugate {name}: {exc}", file=sys.stderr)
-        return exc.code
-    except KeyboardInterrupt:
-        return INTERRUPTED
-
-
-def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """`gpugate leases`, `gpugate events` or `gpugate envelopes`."""
+    config_path = required_config_path(args.config)
     stream = out or sys.stdout
 
     def emit(text: str) -> None:
@@ -376,34 +269,4 @@ def run_view(args: argparse.Namespace, config_path: Path, out: TextIO | None = N
             print(f"gpugate events: {exc}", file=sys.stderr)
             return Exit.USAGE
     bodies = {"leases": leases, "events": events, "envelopes": envelopes}
-    return _run(args.command, config_path, bodies[args.command])
-
-
-def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) -> int:
-    """`gpugate status --watch`: the budget from the running gate, redrawn every second."""
-    from gpugate.status import render_text
-
-    stream = out or sys.stdout
-
-    async def watch(control: Control, session: aiohttp.ClientSession) -> None:
-        first = True
-        while True:
-            try:
-                document = await control.get(session, "/gate/v1/status")
-                text = json.dumps(document) if as_json else render_text(document)
-            except ControlFailure as exc:
-                if first:
-                    raise
-                text = f"gpugate status: {exc}; retrying"
-            first = False
-            stamp = datetime.datetime.now().strftime("%H:%M:%S")
-            if as_json:
-                stream.write(text + "\n")
-            else:
-                stream.write(f"{CLEAR}gpugate status  {stamp}  (Ctrl-C to stop)\n{text}\n")
-            stream.flush()
-            await asyncio.sleep(WATCH_INTERVAL)
-
-    with contextlib.suppress(KeyboardInterrupt):
-        return _run("status", config_path, watch)
-    return INTERRUPTED
+    return run_on_gate(args.command, config_path, bodies[args.command])

@@ -8,7 +8,7 @@ started next then has its bytes. The lease needs no holder: the gate releases it
 shows the consumer's processes holding the envelope, or after the consumer's
 `control.start_admission_timeout` if they never do. Otherwise it exits non-zero with one
 line on stderr, the failure class first, so systemd does not start the runtime into an
-allocation that cannot fit; the code (gpugate.exits) says whether trying again can help:
+allocation that cannot fit; the code (exits.py) says whether trying again can help:
 75 only when no room came within the wait; 65 for a consumer the gate does not know or
 one with no envelope, 69 when no gate answers, 77 for a token it refuses, 64 and 78 for
 the command line and the configuration.
@@ -28,14 +28,20 @@ import os
 import sys
 from pathlib import Path
 
-from gpugate.control_client import ControlFailure, ask_lease, control_address, control_session
+from gpugate.commands.control_client import (
+    ControlFailure,
+    ask_lease,
+    control_address,
+    control_session,
+)
+from gpugate.commands.exits import Exit
+from gpugate.config.paths import required_config_path
 from gpugate.core.units import format_gib, parse_duration
-from gpugate.exits import Exit
 
 
-def add_admit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `admit` subcommand's arguments."""
-    admit = sub.add_parser(
+    admit = subparsers.add_parser(
         "admit",
         help="admit a runtime's start (a start lease for its envelope), for ExecStartPre",
         usage="gpugate admit CONSUMER [--wait DURATION] [--config FILE] [-- CMD [ARGS...]]",
@@ -50,10 +56,11 @@ def _say(message: str) -> None:
     print(f"gpugate admit: {message}", file=sys.stderr, flush=True)
 
 
-def run_admit(args: argparse.Namespace, config_path: Path) -> int:
+def run(args: argparse.Namespace) -> int:
     """The `gpugate admit` command."""
     from gpugate.config.loader import ConfigError
 
+    config_path = required_config_path(args.config)
     argv = list(args.argv)
     body: dict[str, object] = {"consumer": args.consumer, "purpose": "start"}
     if args.wait is not None:

@@ -4,20 +4,29 @@ The gate's address comes from the same consumers.yaml the gate reads (`gate.cont
 The token, the first found of: the unit's credential `$CREDENTIALS_DIRECTORY/gpugate-token`
 (`LoadCredential=gpugate-token:PATH`), $GPUGATE_TOKEN, the first of `gate.control_tokens`
 this user can read, and for a gate on loopback this user's local token of that gate's
-control port (gpugate.local_token: what `gpugate demo` writes). Every way a call can fail
-is a ControlFailure carrying its exit code (gpugate.exits).
+control port (local_token.py: what `gpugate demo` writes). Every way a call can fail
+is a ControlFailure carrying its exit code (exits.py).
+
+The actions (a lease, an admit, an operator's POST) go through `control_session` and
+`call`; the reads (the views, `status --watch`) through `Control`, in `run_on_gate`, which
+turns how the session ended into the command's exit code.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from gpugate.exits import Exit, for_answer
-from gpugate.local_token import read_credential_token, read_local_token
+from gpugate.commands.exits import INTERRUPTED, Exit, for_answer
+from gpugate.commands.local_token import read_credential_token, read_local_token
+from gpugate.core.explicit import IDENTITY_PREFIX
 
 if TYPE_CHECKING:
     from gpugate.config.model import Config
@@ -82,7 +91,7 @@ def control_address(config_path: Path) -> tuple[str, str | None]:
 
     Raises gpugate.config.loader.ConfigError when the file cannot be loaded.
     """
-    from gpugate.config.loader import load_config_with_warnings
+    from gpugate.runtimes.sections import load_config_with_warnings
 
     return control_endpoint(load_config_with_warnings(config_path).config)
 
@@ -140,3 +149,110 @@ async def call(
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise unreachable(url, exc) from None
     return status, answer
+
+
+# -- reading: the views and `status --watch` ------------------------------------------
+
+READ_TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=2.0)
+
+
+class Control:
+    """The running gate's control API, read-only."""
+
+    def __init__(self, base: str, token: str | None, owners: Sequence[str] = ()) -> None:
+        self.base = base
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.owners = tuple(owners)
+        """The configured consumers and identities, as events name them."""
+
+    @classmethod
+    def from_config(cls, path: Path) -> Control:
+        from gpugate.runtimes.sections import load_config_with_warnings
+
+        config = load_config_with_warnings(path).config
+        base, token = control_endpoint(config)
+        owners = [c.name for c in config.consumers]
+        owners += [IDENTITY_PREFIX + i.name for i in config.identities]
+        return cls(base, token, owners)
+
+    async def _refused(self, r: aiohttp.ClientResponse) -> ControlFailure:
+        try:
+            return refusal(r.status, await r.json(content_type=None))
+        except ValueError:
+            return not_a_gate(self.base, r.status)
+
+    async def get(self, session: aiohttp.ClientSession, path: str, **query: str) -> Any:
+        try:
+            async with session.get(self.base + path, params=query, headers=self.headers) as r:
+                if r.status != 200:
+                    raise await self._refused(r)
+                if r.content_type == "application/x-ndjson":
+                    return [json.loads(line) for line in (await r.text()).splitlines() if line]
+                try:
+                    return await r.json()
+                except (ValueError, aiohttp.ContentTypeError):
+                    raise not_a_gate(self.base, r.status) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise unreachable(self.base, exc) from exc
+
+    async def follow(
+        self, session: aiohttp.ClientSession, path: str, **query: str
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """(event name, data) for each server-sent event until the gate ends the stream."""
+        try:
+            async with session.get(
+                self.base + path,
+                params=query,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0),
+            ) as r:
+                if r.status != 200:
+                    raise await self._refused(r)
+                kind, data = "message", ""
+                async for raw in r.content:
+                    line = raw.decode().rstrip("\r\n")
+                    if line == ": gpugate":
+                        # The gate sends it once this stream is registered: from here on,
+                        # nothing that happens is missed.
+                        yield "open", None
+                    elif line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data += line[5:].strip()
+                    elif not line and data:
+                        yield kind, json.loads(data)
+                        kind, data = "message", ""
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise unreachable(self.base, exc) from exc
+
+
+def run_on_gate(
+    name: str, config_path: Path, body: Callable[[Control, aiohttp.ClientSession], Any]
+) -> int:
+    """Run `body` on a session with the gate that `config_path` names: the exit code for
+    how it ended, printing one line for a failure (`name` is the command's)."""
+    from gpugate.config.loader import ConfigError
+
+    try:
+        control = Control.from_config(config_path)
+    except ConfigError as exc:
+        # Every issue, warnings too, as `gpugate check` prints them: the first line may
+        # be a warning, and the error that stops the file further down.
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
+    except OSError as exc:
+        print(f"gpugate {name}: {exc}", file=sys.stderr)
+        return Exit.CONFIG
+
+    async def main() -> int:
+        async with aiohttp.ClientSession(timeout=READ_TIMEOUT) as session:
+            await body(control, session)
+        return Exit.OK
+
+    try:
+        return asyncio.run(main())
+    except ControlFailure as exc:
+        print(f"gpugate {name}: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return INTERRUPTED

@@ -9,7 +9,7 @@ Its files (the incident host, the gate's configuration, a FLUX prompt) are packa
 (gpugate/sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
 generates (the configuration it serves, a WAV to transcribe, the prompt) into one temporary
 directory, prints absolute paths and full URLs, and removes that directory when it stops.
-Its gate's control token is the local token of its control port (gpugate.local_token), held
+Its gate's control token is the local token of its control port (local_token.py), held
 while the demo runs and removed when it stops: a second demo (another user's, or one moved
 with `--port-base`) has its own, and the commands each prints present that demo's.
 
@@ -21,6 +21,7 @@ it got a second card (two-cards.yaml): Ollama on both cards, models split over t
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -37,14 +38,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpugate.commands.local_token import (
+    LocalToken,
+    TokenInUse,
+    remove_local_token,
+    write_local_token,
+)
 
-from gpugate.config.model import Address, GateSettings
-from gpugate.local_token import LocalToken, TokenInUse, remove_local_token, write_local_token
-from gpugate.sim.host import HostStartError
-from gpugate.sim.hostprocess import SimulatedHostProcess
+# PyYAML, the configuration's model and the simulator are imported where they are used:
+# every `gpugate` command imports this module to build its parser.
 
-DATA = Path(__file__).resolve().parent / "sim" / "data"
+DATA = Path(__file__).resolve().parents[1] / "sim" / "data"
 """The demo's files, shipped in the package: the incident host, its gate, a FLUX prompt."""
 DEFAULT_HOST = DATA / "incident-2026-07-10.yaml"
 DEFAULT_CONFIG = DATA / "demo-consumers.yaml"
@@ -149,6 +153,39 @@ def demo_ports(port_base: int | None = None) -> dict[str, int]:
     return {name: port_base + offset for offset, (name, _) in enumerate(PORTS)}
 
 
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The `demo` subcommand's options."""
+    demo = subparsers.add_parser("demo", help="a simulated host with the gate in front of it")
+    demo.add_argument(
+        "--host-file", type=Path, help="default: the incident card of 2026-07-10 (packaged)"
+    )
+    demo.add_argument("--config", type=Path, help="default: the demo's consumers.yaml (packaged)")
+    demo.add_argument(
+        "--two-cards",
+        action="store_true",
+        help="a host with two cards (24 GiB + 16 GiB): Ollama on both, models split over them",
+    )
+    demo.add_argument(
+        "--port-base",
+        type=int,
+        metavar="N",
+        help="move every port of the demo to N..N+8, in this order: Ollama through the gate, "
+        "the simulated Ollama, ComfyUI through the gate, the simulated ComfyUI, whisper-server "
+        "through the gate, the simulated one, mVoice through the gate, its upstream, the "
+        "control listener (default: 11434 11435 8188 8189 8080 8081 7860 7861 9411)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """`gpugate demo` with its options."""
+    return run_demo(
+        host_file=args.host_file,
+        config_path=args.config,
+        port_base=args.port_base,
+        two_cards=args.two_cards,
+    )
+
+
 def run_demo(
     host_file: Path | None = None,
     config_path: Path | None = None,
@@ -158,6 +195,10 @@ def run_demo(
 ) -> int:
     """Start the simulated host and `gpugate serve`; stop both on Ctrl-C. `two_cards`: the
     host with a second card (two-cards.yaml) rather than the incident's one card."""
+    # The simulator is imported here only: no other command, and nothing the gate runs, needs it.
+    from gpugate.sim.host import HostStartError
+    from gpugate.sim.hostprocess import SimulatedHostProcess
+
     host_file = (host_file or (TWO_CARDS_HOST if two_cards else DEFAULT_HOST)).resolve()
     config_path = (config_path or (TWO_CARDS_CONFIG if two_cards else DEFAULT_CONFIG)).resolve()
     try:
@@ -238,7 +279,11 @@ def run_demo(
 
 def control_port(config_path: Path, ports: Mapping[str, int]) -> int:
     """The port of the control listener the demo's configuration gives its gate, on the
-    demo's ports: its local token is named by it (gpugate.local_token)."""
+    demo's ports: its local token is named by it (local_token.py)."""
+    import yaml
+
+    from gpugate.config.model import Address, GateSettings
+
     moves = {default: ports[name] for name, default in PORTS}
     config = move_ports(yaml.safe_load(config_path.read_text()) or {}, moves)
     control = (config.get("gate") or {}).get("control")
@@ -298,6 +343,8 @@ def ports_in_use(ports: Mapping[str, int]) -> dict[str, int]:
 def config_copy(config_path: Path, scratch: Path, token: Path, moves: Mapping[int, int]) -> Path:
     """The demo's configuration on the demo's ports, whose control token is the local one, so
     the operator commands (which present it to a gate on loopback) work against the demo."""
+    import yaml
+
     config = move_ports(yaml.safe_load(config_path.read_text()), moves)
     config.setdefault("gate", {})["control_tokens"] = [f"file:{token}"]
     copy = scratch / "consumers.yaml"
@@ -309,6 +356,8 @@ def config_copy(config_path: Path, scratch: Path, token: Path, moves: Mapping[in
 def host_copy(host_file: Path, scratch: Path, moves: Mapping[int, int]) -> Path:
     """The host file on the demo's ports, without its whisper-server: the gate runs that one
     (its `control`)."""
+    import yaml
+
     host = move_ports(yaml.safe_load(host_file.read_text()), moves)
     host.pop("whisper", None)
     copy = scratch / "host.yaml"

@@ -17,7 +17,7 @@ second demo on the same port finds it held and writes nothing (TokenInUse); a fi
 by a demo that was killed is free, and is taken over. A demo removes only the file it
 still holds, never one another demo wrote since.
 
-The order a command looks in (gpugate.control_client): the unit's credential,
+The order a command looks in (control_client.py): the unit's credential,
 `$GPUGATE_TOKEN`, the first of the configuration's `gate.control_tokens` it can read, then
 for a gate on loopback the local token of its control port.
 """

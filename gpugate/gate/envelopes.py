@@ -1,0 +1,139 @@
+"""The envelope book: what the gate knows of the memory a model, a job's kind or a process
+takes before it loads. It is the only owner of those figures:
+
+* **configured**: consumers.yaml's (the runtime's `ModelSettings`);
+* **measured**: what a runtime's listing said a loaded model takes, the peak NVML showed
+  of a process the gate started, or of a job that ran alone and well (with the scale it
+  ran at); kept in the store across restarts;
+* **estimated**: what the runtime says a model will take before it was ever measured
+  (its `Memory` part), kept for ESTIMATE_TTL.
+
+A demand leases the first of these it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from gpugate.core.residents import ResidentKey
+from gpugate.gate.failure import GateFailure
+from gpugate.gate.link import Link
+from gpugate.gate.upstream import upstream_failure
+from gpugate.runtimes.base import Measured, NotSupported
+from gpugate.store.db import MeasuredEnvelope, Store
+
+ESTIMATE_TTL = 60.0
+"""Seconds a runtime's estimate of a model stands before it is asked again."""
+
+
+class EnvelopeBook:
+    """Configured, measured and estimated sizes, by consumer, model and options."""
+
+    def __init__(self, store: Store | None, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+        self._measured: dict[ResidentKey, int] = {}
+        self._scales: dict[ResidentKey, float] = {}
+        """The scale each measured job kind ran at (ComfyUI: megapixels)."""
+        self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
+        """By (consumer, model, options): when the runtime was asked, and its answer."""
+
+    def load(self, envelopes: Iterable[MeasuredEnvelope]) -> None:
+        """What the store kept of earlier runs."""
+        for envelope in envelopes:
+            key = ResidentKey(envelope.consumer, envelope.model, envelope.options)
+            self._measured[key] = envelope.bytes
+            if envelope.scale is not None:
+                self._scales[key] = envelope.scale
+
+    # -- what the gate has without asking ------------------------------------------------
+
+    def measured(self, key: ResidentKey) -> int | None:
+        """What the gate measured of a model (or a process's memory) once it was loaded."""
+        return self._measured.get(key)
+
+    def measured_job(self, kind: ResidentKey) -> Measured | None:
+        """The peak measured for jobs of this kind, if any."""
+        nbytes = self._measured.get(kind)
+        return None if nbytes is None else Measured(nbytes, self._scales.get(kind))
+
+    def known(self, link: Link, model: str, options: str) -> int | None:
+        """Configured or measured bytes for a model, when the gate has them without asking."""
+        configured = link.runtime.settings.configured_envelope(model)
+        if configured is not None:
+            return configured
+        return self._measured.get(ResidentKey(link.consumer.name, model, options))
+
+    def known_from(self, link: Link, model: str, options: str) -> tuple[int, str] | None:
+        """The bytes a request for the model would lease, as far as the gate knows them
+        without asking the runtime, and where they come from: `configured`, `measured`, or
+        an `estimate` made in the last minute. None: only the runtime could say."""
+        configured = link.runtime.settings.configured_envelope(model)
+        if configured is not None:
+            return configured, "configured"
+        measured = self._measured.get(ResidentKey(link.consumer.name, model, options))
+        if measured is not None:
+            return measured, "measured"
+        cached = self._estimates.get((link.consumer.name, model, options))
+        fresh = cached is not None and self.clock() - cached[0] < ESTIMATE_TTL
+        if fresh and cached is not None and cached[1] is not None:
+            return cached[1], "estimate"
+        return None
+
+    # -- what the runtime says -----------------------------------------------------------
+
+    async def envelope(self, link: Link, model: str, options: str) -> int | None:
+        """Bytes to lease for a model: configured, else measured, else estimated.
+
+        None when the runtime does not know the model (it answers 404 without loading).
+        """
+        known = self.known(link, model, options)
+        if known is not None:
+            return known
+        memory = link.runtime.memory
+        cache_key = (link.consumer.name, model, options)
+        cached = self._estimates.get(cache_key)
+        now = self.clock()
+        if cached is not None and now - cached[0] < ESTIMATE_TTL:
+            return cached[1]
+        assert link.session is not None
+        try:
+            if memory is None:
+                raise NotSupported(f"{link.consumer.name} cannot size {model} before it is loaded")
+            async with asyncio.timeout(link.consumer.timeouts.control):
+                estimate = await memory.estimate(link.session, model, options)
+        except Exception as exc:
+            failure = upstream_failure(link.consumer, exc, f"cannot size {model}", model=model)
+            raise GateFailure(failure) from exc
+        if estimate is not None:
+            # Not an unknown model: one pulled a moment later must be sized, not passed.
+            self._estimates[cache_key] = (now, estimate)
+        return estimate
+
+    # -- what the gate measured ----------------------------------------------------------
+
+    def learn_listed(self, key: ResidentKey, nbytes: int) -> None:
+        """What the runtime's listing says a loaded model holds (0 for one on the CPU)."""
+        if self._measured.get(key) != nbytes:
+            self._measured[key] = nbytes
+            self._record(MeasuredEnvelope(key.consumer, key.model, key.options, nbytes))
+
+    def learn_peak(self, key: ResidentKey, nbytes: int) -> None:
+        """What a running process held at most: its model's measured envelope."""
+        if nbytes > 0 and self._measured.get(key) != nbytes:
+            self._measured[key] = nbytes
+            self._record(MeasuredEnvelope(key.consumer, key.model, key.options, nbytes))
+
+    def learn_job(self, kind: ResidentKey, peak: int, scale: float) -> None:
+        """The peak of a job that ran alone and well, at its scale: its kind's envelope."""
+        self._measured[kind] = peak
+        self._scales[kind] = scale
+        envelope = MeasuredEnvelope(kind.consumer, kind.model, kind.options, peak)
+        self._record(attrs.evolve(envelope, scale=scale))
+
+    def _record(self, envelope: MeasuredEnvelope) -> None:
+        if self.store is not None:
+            self.store.record_envelope(envelope)
