@@ -19,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.core.units import MiB
+from gpugate.core.units import GiB, MiB
 from gpugate.init.recognise import (
     Address,
     Found,
@@ -36,6 +36,8 @@ DEFAULT_DATABASE = "/var/lib/gpugate/gpugate.db"
 CONFIG_PATH = "/etc/gpugate/consumers.yaml"
 CONTROL_TOKEN = "/etc/gpugate/control.token"
 ADMIT_TOKEN = "/etc/gpugate/admit.token"
+CONFIG_FILE = "consumers.yaml"
+MOVES_FILE = "moves.txt"
 DROP_IN = "gpugate.conf"
 LATE_DROP_IN = "zz-gpugate.conf"
 ADMIT_WAIT = "5m"
@@ -173,6 +175,10 @@ def _show(host: str, port: int) -> str:
 def mib(nbytes: int) -> int:
     """Whole MiB, rounded up."""
     return -(-nbytes // MiB)
+
+
+def gib(nbytes: int) -> str:
+    return f"{nbytes / GiB:.1f} GiB"
 
 
 def gate_host(host: str) -> tuple[str, str]:
