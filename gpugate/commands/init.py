@@ -1,4 +1,4 @@
-"""`gpugate init [--dry-run] [--out DIR] [--proc-root PATH] [--nvml-library PATH]`.
+"""`gpugate init [--dry-run] [--out DIR] [--pid PID] [--proc-root PATH] [--nvml-library PATH]`.
 
 Reads the host, prints (`--dry-run`) or writes into a new directory the consumers.yaml,
 the drop-ins and the moves. It never writes under /etc and never runs a move. The
@@ -54,6 +54,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--no-ask", action="store_true",
         help="do not ask a running Ollama which models it holds (GET /api/ps on loopback)",
     )  # fmt: skip
+    init.add_argument(
+        "--pid", type=int, action="append", default=[], metavar="PID",
+        help="propose this runtime even though it runs in another network or PID namespace "
+        "(repeat for several)",
+    )  # fmt: skip
 
 
 def _gpugate_program() -> str:
@@ -101,6 +106,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         nvml_library=args.nvml_library,
         gpugate=_gpugate_program(),
         ask_runtimes=not args.no_ask,
+        named=frozenset(args.pid),
     )
     scan = scan_host(args.proc_root, args.nvml_library)
     if scan.nvml_error:
@@ -115,7 +121,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     loaded = {}
     if options.ask_runtimes:
         for found in recognised.runtimes:
-            if found.kind == "ollama" and found.address is not None and not found.process.container:
+            # Loopback here is only this network namespace's: an Ollama elsewhere is not
+            # the one that would answer.
+            if (
+                found.kind == "ollama"
+                and found.address is not None
+                and not found.process.container
+                and found.process.namespaces.same_net
+            ):
                 loaded[found.process.pid] = ask_ollama_ps(found.address.host, found.address.port)
     plan = make_plan(scan, recognised, units, options, loaded)
     files = render_files(plan)

@@ -41,7 +41,7 @@ def moves_text(plan: Plan) -> str:
         unit = f", unit {service.unit}" if service.unit else ""
         lines.append(f"  {service.name:<10} pid {found.process.pid:<7} external{unit}{held}")
     for found, why in plan.left_out:
-        lines.append(f"  {found.kind:<10} pid {found.process.pid:<7} not fronted: {why}")
+        lines += wrap(f"  {found.kind:<10} pid {found.process.pid:<7} not fronted: {why}", "   ")
     for unknown in plan.recognised.unknown:
         used = f"{mib(unknown.used)} MiB" if unknown.used is not None else "? MiB"
         lines.append(
@@ -160,6 +160,15 @@ def _steps(plan: Plan, out: str) -> list[tuple[str, list[str]]]:
                 (
                     f"Publish {front.name}'s container port on 127.0.0.1:{front.upstream_port} "
                     f"instead of {front.was} (its container is {process.container}).",
+                    [],
+                )
+            )
+            continue
+        if not process.namespaces.same_net:
+            steps.append(
+                (
+                    f"Forward {front.name}'s port from its network namespace to "
+                    f"127.0.0.1:{front.upstream_port} here instead of {front.was}.",
                     [],
                 )
             )

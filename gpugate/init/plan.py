@@ -1,9 +1,12 @@
 """From what was recognised to what to write: names, ports, classes, envelopes, controls.
 
-The gate takes the address each runtime listens on now (its clients change nothing) and the
-runtime moves to loopback, on the next port up that nothing listens on (11434 → 11435, as
-the shipped drop-ins do). A runtime that loads its model at start and holds it until it
-exits (whisper-server, llama-server with one model) is admitted at start, as the shipped
+Only what runs in init's own network and PID namespaces is proposed, and what the operator
+names (`--pid`): a runtime in another network namespace listens on that namespace's
+addresses, and moving it to loopback would cut off its clients (namespaces.py). The gate
+takes the address each runtime listens on now (its clients change nothing) and the runtime
+moves to loopback, on the next port up that nothing listens on (11434 → 11435, as the
+shipped drop-ins do). A runtime that loads its model at start and holds it until it exits
+(whisper-server, llama-server with one model) is admitted at start, as the shipped
 whisper-server drop-in does (`gpugate admit ... -- COMMAND` as its ExecStart), and the gate
 controls its unit.
 """
@@ -62,6 +65,8 @@ class Options:
     """The gpugate program a drop-in's `gpugate admit` runs."""
     ask_runtimes: bool = True
     """Ask a found Ollama which models it holds (GET /api/ps on loopback)."""
+    named: frozenset[int] = frozenset()
+    """PIDs the operator named (`--pid`): proposed even when they run in another namespace."""
 
 
 @attrs.frozen
@@ -331,7 +336,24 @@ def make_plan(
     left_out: list[tuple[Found, str]] = []
     in_use = scan.ports_in_use
     listening: list[tuple[Found, Address]] = []
+    named = {pid for found in recognised.runtimes for pid in found.members} & options.named
+    for pid in sorted(options.named - named):
+        process = scan.processes.get(pid)
+        what = (
+            "no such process" if process is None else f"{process.command} is no runtime init knows"
+        )
+        notes.append(f"--pid {pid}: {what}")
     for found in recognised.runtimes:
+        where = found.process.namespaces.elsewhere(scan.own)
+        if where and not named & set(found.members):
+            left_out.append(
+                (
+                    found,
+                    f"it runs {where}: its addresses are that namespace's, not this one's; "
+                    f"name it (--pid {found.process.pid}) to propose it all the same",
+                )
+            )
+            continue
         if found.address is None:
             left_out.append((found, "no address: it listens on no socket init can see"))
             continue
@@ -457,11 +479,20 @@ def _front(
     process = found.process
     unit = process.unit
     info = units.get(unit) if unit is not None else None
+    movable = process.container is None and process.namespaces.same_net
     if process.container is not None:
         notes.append(
             f"it runs in a container ({process.container}): publish its port on "
             f"127.0.0.1:{upstream_port} instead of {address.port} (docker run -p "
             f"127.0.0.1:{upstream_port}:{address.port}); init writes no drop-in for it"
+        )
+    elif not process.namespaces.same_net:
+        notes.append(
+            f"it runs {process.namespaces.elsewhere(scan.own)}, proposed as named: the "
+            f"address shown is in its namespace, and the gate, in this one, reaches it only "
+            f"where that namespace's port is forwarded here; forward it to "
+            f"127.0.0.1:{upstream_port} instead of {address.port}. Init writes no drop-in "
+            "and no restart for it"
         )
     klass = "background" if _embedding(found) else "interactive"
     values: dict = dict(
@@ -474,7 +505,7 @@ def _front(
         gpus=gpus,
         klass=klass,
         commands=_command_match(found),
-        unit=unit if process.container is None else None,
+        unit=unit if movable else None,
         unit_info=info,
     )
     kind = found.kind
@@ -566,10 +597,10 @@ def _front(
                 "runtime's own; check it, or move the address where the unit's command sets it"
             )
             base_argv = process.argv
-    elif unit is not None and process.container is None:
+    elif unit is not None and movable:
         why = info.error if info is not None and info.error else "systemd does not know it"
         notes.append(f"systemctl show {unit}: {why}; the drop-in uses the running command line")
-    if kind != "ollama" and process.container is None:
+    if kind != "ollama" and movable:
         values["new_argv"] = with_address(base_argv, found, upstream_port)
     envelope_known = values.get("envelope") is not None
     if process.user_unit and kind == "llama" and values["policy"] == "always_warm":
@@ -577,15 +608,12 @@ def _front(
             f"a one-model llama-server in a user unit ({unit}): the gate starts and stops only "
             "system units and its own children; run it as a system unit"
         )
-    if unit is not None and process.container is None and not process.user_unit:
+    if unit is not None and movable and not process.user_unit:
         values["admitted"] = (
             kind in ("whisper", "llama") and envelope_known and (values["policy"] == "always_warm")
         )
     elif (
-        kind == "llama"
-        and values["policy"] == "always_warm"
-        and process.container is None
-        and values.get("new_argv")
+        kind == "llama" and values["policy"] == "always_warm" and movable and values.get("new_argv")
     ):
         # A one-model llama-server is controlled as a process: outside systemd, the gate
         # runs it as its child.

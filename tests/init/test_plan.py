@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.init.namespaces import HERE, Namespaces, Sharing
 from gpugate.init.plan import Options, Plan, make_plan
 from gpugate.init.recognise import recognise
 from gpugate.init.scan import Device, GpuProcess, HostScan, Listener, Process, UnitInfo
@@ -55,6 +56,7 @@ class Host:
         user_unit: bool = False,
         cwd: str = "/",
         gpu: int = 0,
+        namespaces: Namespaces = HERE,
     ) -> int:
         self._pid += 1
         pid = self._pid
@@ -74,6 +76,7 @@ class Host:
             user_unit=user_unit,
             container=container,
             sockets=frozenset(sockets),
+            namespaces=namespaces,
         )
         if holds:
             self.gpu.append(GpuProcess(pid, gpu, holds))
@@ -518,3 +521,50 @@ def test_an_ollama_shown_one_card_of_two_stays_on_it(tmp_path: Path) -> None:
     files, config, _ = render(host.plan(), tmp_path)
     assert consumer(config, "ollama").cards == (1,)
     assert "    gpu: 1" in files["consumers.yaml"]
+
+
+ELSEWHERE = Namespaces(net=Sharing.OTHER, net_id="net:[4026532175]")
+
+
+def test_a_runtime_in_another_network_namespace_is_proposed_only_when_named(
+    tmp_path: Path,
+) -> None:
+    host = Host()
+    host.add(["ollama", "serve"], listen=("127.0.0.1", 11434), unit="ollama.service")
+    # A unit with PrivateNetwork=, listening on every address of its own namespace.
+    there = host.add(
+        ["ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0:11500"},
+        unit="ollama-lab.service",
+        namespaces=ELSEWHERE,
+    )
+    files, config, _ = render(host.plan(), tmp_path)
+    assert [c.name for c in config.consumers] == ["ollama"]
+    assert list(files) == ["consumers.yaml", "ollama.service.d/gpugate.conf", "moves.txt"]
+    assert "11500" not in files["consumers.yaml"]
+    assert " ".join(
+        f"ollama pid {there} not fronted: it runs in another network namespace "
+        "(net:[4026532175]): its addresses are that namespace's, not this one's; name it "
+        f"(--pid {there}) to propose it all the same".split()
+    ) in " ".join(files["moves.txt"].split())
+
+    files, config, _ = render(host.plan(named=frozenset({there})), tmp_path)
+    assert {c.name: str(c.listen) for c in config.consumers} == {
+        "ollama-11434": "127.0.0.1:11434",
+        "ollama-11500": "0.0.0.0:11500",
+    }
+    # No drop-in moves it to a loopback the gate cannot reach, and nothing restarts it.
+    assert list(files) == ["consumers.yaml", "ollama.service.d/gpugate.conf", "moves.txt"]
+    assert "ollama-lab.service" not in files["moves.txt"].split("Notes:")[0].split("Moves")[1]
+    assert "Forward ollama-11500's port from its network namespace to 127.0.0.1:11501" in (
+        " ".join(files["moves.txt"].split())
+    )
+
+
+def test_a_named_pid_that_is_no_runtime_is_said(tmp_path: Path) -> None:
+    host = Host()
+    plex = host.add(["/usr/lib/plexmediaserver/Plex Media Server"])
+    files, _, _ = render(host.plan(named=frozenset({plex, 99999})), tmp_path)
+    notes = " ".join(files["moves.txt"].split())
+    assert "--pid 99999: no such process" in notes
+    assert f"--pid {plex}: '/usr/lib/plexmediaserver/Plex Media Server' is no runtime" in notes
