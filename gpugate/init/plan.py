@@ -3,12 +3,12 @@
 Only what runs in init's own network and PID namespaces is proposed, and what the operator
 names (`--pid`): a runtime in another network namespace listens on that namespace's
 addresses, and moving it to loopback would cut off its clients (namespaces.py). The gate
-takes the address each runtime listens on now (its clients change nothing) and the runtime
-moves to loopback, on the next port up that nothing listens on (11434 → 11435, as the
-shipped drop-ins do). A runtime that loads its model at start and holds it until it exits
-(whisper-server, llama-server with one model) is admitted at start, as the shipped
-whisper-server drop-in does (`gpugate admit ... -- COMMAND` as its ExecStart), and the gate
-controls its unit.
+takes the address each runtime listens on now (its clients change nothing; a runtime on
+every address is fronted on every address) and the runtime moves to loopback, on the next
+port up that nothing listens on (11434 → 11435, as the shipped drop-ins do). A runtime that
+loads its model at start and holds it until it exits (whisper-server, llama-server with one
+model) is admitted at start, as the shipped whisper-server drop-in does (`gpugate admit ...
+-- COMMAND` as its ExecStart), and the gate controls its unit.
 """
 
 from __future__ import annotations
@@ -494,6 +494,7 @@ def _front(
             f"127.0.0.1:{upstream_port} instead of {address.port}. Init writes no drop-in "
             "and no restart for it"
         )
+    notes += _other_addresses(found, address, host)
     klass = "background" if _embedding(found) else "interactive"
     values: dict = dict(
         name=name,
@@ -630,6 +631,26 @@ def _front(
     if front.unit is not None:
         front = attrs.evolve(front, drop_in=_drop_in_for(front))
     return front
+
+
+def _other_addresses(found: Found, address: Address, taken: str) -> list[str]:
+    """A note when the runtime listens on more addresses than the one the gate takes, and
+    a client of one of them would be cut off."""
+    others = sorted(
+        {
+            _show(li.host, li.port)
+            for li in found.listeners
+            if li.port == address.port
+            and li.host != address.host
+            and not (taken == "0.0.0.0" and ":" not in li.host)
+        }
+    )
+    if not others:
+        return []
+    return [
+        f"it also listens on {', '.join(others)}: the gate takes {taken}:{address.port} "
+        "only, and a client that connects there now gets no answer once it moves"
+    ]
 
 
 def _drop_in_for(front: Front) -> DropIn:

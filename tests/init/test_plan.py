@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
@@ -568,3 +569,17 @@ def test_a_named_pid_that_is_no_runtime_is_said(tmp_path: Path) -> None:
     notes = " ".join(files["moves.txt"].split())
     assert "--pid 99999: no such process" in notes
     assert f"--pid {plex}: '/usr/lib/plexmediaserver/Plex Media Server' is no runtime" in notes
+
+
+def test_a_client_of_an_address_the_gate_does_not_take_is_warned(tmp_path: Path) -> None:
+    host = Host()
+    pid = host.add(["ollama", "serve"], listen=("192.168.1.5", 11434))
+    process = host.processes[pid]
+    host.listeners.append(Listener("127.0.0.1", 11434, "9999"))
+    host.processes[pid] = attrs.evolve(process, sockets=process.sockets | {"9999"})
+    files, config, _ = render(host.plan(), tmp_path)
+    assert str(consumer(config, "ollama").listen) == "192.168.1.5:11434"
+    assert (
+        "it also listens on 127.0.0.1:11434: the gate takes 192.168.1.5:11434 only, and a "
+        "client that connects there now gets no answer once it moves"
+    ) in " ".join(files["moves.txt"].split())
