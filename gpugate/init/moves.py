@@ -182,15 +182,22 @@ def _steps(plan: Plan, out: str) -> list[tuple[str, list[str]]]:
                 )
             )
             continue
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in front.new_env)
-        argv = redact(front.new_argv if front.new_argv is not None else process.argv)
+        hand = front.hand
+        assert hand is not None
+        argv = front.new_argv if front.new_argv is not None else process.argv
+        kept = []
+        if process.cwd is not None:
+            kept.append("in its working directory")
+        if hand.env_path is not None:
+            kept.append(f"with its environment ({out}/{hand.env_file}, mode 0600)")
+        how = " and ".join(kept) if kept else "as it was started"
+        as_user = f" as {hand.user}" if hand.user else ""
+        hidden = f", with your values in place of {HIDDEN}" if HIDDEN in redact(argv) else ""
         steps.append(
             (
                 f"Stop {front.name} (pid {process.pid}, started outside systemd) and start it "
-                "again on loopback, the way it was started, as"
-                + (f" (with your values for {HIDDEN})" if HIDDEN in argv else "")
-                + ":",
-                [f"kill {process.pid}", (env + " " if env else "") + shlex.join(argv)],
+                f"again on loopback, {how}{as_user}{hidden}:",
+                [f"kill {process.pid}", hand.command(argv, front.new_env)],
             )
         )
     gate_unit = [

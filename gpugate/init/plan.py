@@ -23,6 +23,7 @@ from pathlib import Path
 import attrs
 
 from gpugate.core.units import GiB, MiB
+from gpugate.init.handstart import HandStart, env_path
 from gpugate.init.recognise import (
     Address,
     Found,
@@ -128,6 +129,8 @@ class Front:
     """The command it runs with after the move (None when only its environment changes)."""
     new_env: tuple[tuple[str, str], ...] = ()
     drop_in: DropIn | None = None
+    hand: HandStart | None = None
+    """How it is started again when it was started by hand (no unit, no container)."""
     notes: tuple[str, ...] = ()
 
     @property
@@ -391,7 +394,7 @@ def make_plan(
     fronts: list[Front] = []
     for found, address in fronted:
         name = found.kind if kinds.count(found.kind) == 1 else f"{found.kind}-{address.port}"
-        front = _front(name, found, address, scan, units, ports, default_gpu, loaded)
+        front = _front(name, found, address, scan, units, ports, default_gpu, loaded, options)
         if isinstance(front, str):
             left_out.append((found, front))
         else:
@@ -454,6 +457,7 @@ def _front(
     ports: _Ports,
     default_gpu: int,
     loaded: Mapping[int, tuple[list[LoadedModel], str]],
+    options: Options,
 ) -> Front | str:
     """One consumer, or why it is left out."""
     notes: list[str] = []
@@ -627,6 +631,13 @@ def _front(
         notes.append(
             f"{unit} is a user unit: install the drop-in as its user and use systemctl --user"
         )
+    if movable and unit is None:
+        hand = HandStart(
+            name, process, env_path(options.out, name) if process.env is not None else None
+        )
+        values["hand"] = hand
+        if not values.get("control_command"):
+            notes += hand.notes()
     front = Front(**values, notes=tuple(notes))
     if front.unit is not None:
         front = attrs.evolve(front, drop_in=_drop_in_for(front))

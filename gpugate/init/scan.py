@@ -102,6 +102,8 @@ class Process:
     fds_readable: bool = True
     namespaces: Namespaces = HERE
     """Whether it runs in init's own network and PID namespaces."""
+    uid: int | None = None
+    """The user it runs as (its real UID), when /proc/PID/status shows it."""
 
     @property
     def command(self) -> str:
@@ -249,6 +251,15 @@ def parse_cgroup(text: str) -> tuple[str | None, bool, str | None]:
     return unit, user and unit is not None, container
 
 
+def _uid(base: Path) -> int | None:
+    """The real UID on /proc/PID/status's `Uid:` line."""
+    for line in (_read(base / "status") or b"").decode("utf-8", "replace").splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
 def read_process(proc_root: Path, pid: int, own: OwnNamespaces | None = None) -> Process | None:
     """Process `pid` from `proc_root`, or None when it has gone; its namespaces compared
     with `own` (default: this process's)."""
@@ -295,6 +306,7 @@ def read_process(proc_root: Path, pid: int, own: OwnNamespaces | None = None) ->
         sockets=frozenset(sockets),
         fds_readable=fds_readable,
         namespaces=own.of(base),
+        uid=_uid(base),
     )
 
 

@@ -1,9 +1,9 @@
-"""The text `gpugate init` writes: consumers.yaml, one drop-in per runtime unit, the moves
-(moves.py).
+"""The text `gpugate init` writes: consumers.yaml, one drop-in per runtime unit, the
+environment of each runtime started by hand (handstart.py), the moves (moves.py).
 
 `render_files(plan)` returns them by path (under --out); `dry_run_text` prints them all,
 each after a `==> PATH <==` line (as `head` prints several files), and `split_dry_run`
-reads such a print back.
+reads such a print back. `private_files(plan)` names those to write with mode 0600.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import yaml
 
 from gpugate.core.units import GiB
+from gpugate.init.handstart import env_file_text
 from gpugate.init.moves import moves_text
 from gpugate.init.plan import (
     ADMIT_TOKEN,
@@ -381,14 +382,29 @@ def drop_in_text(front: Front, options: Options) -> str:
 # -- files and the dry run -----------------------------------------------------------------
 
 
-def render_files(plan: Plan) -> dict[str, str]:
-    """Every file init writes, by its path under --out, in the order they are printed."""
+def render_files(plan: Plan, *, shown: bool = False) -> dict[str, str]:
+    """Every file init writes, by its path under --out, in the order they are printed.
+
+    `shown`: to print (the dry run): an environment file's secret-looking values as ***."""
     files = {CONFIG_FILE: config_text(plan)}
     for front in plan.fronts:
         if front.drop_in is not None:
             files[front.drop_in.path] = drop_in_text(front, plan.options)
+    for front in plan.fronts:
+        if front.hand is not None and front.hand.env_path is not None:
+            files[front.hand.env_file] = env_file_text(front.hand, shown=shown)
     files[MOVES_FILE] = moves_text(plan)
     return files
+
+
+def private_files(plan: Plan) -> dict[str, int | None]:
+    """The files to write with mode 0600 (a runtime's environment), by path, each with the
+    user to own it (the runtime's, who runs the command that reads it; None: init's)."""
+    return {
+        front.hand.env_file: front.found.process.uid
+        for front in plan.fronts
+        if front.hand is not None and front.hand.env_path is not None
+    }
 
 
 def dry_run_text(files: dict[str, str]) -> str:

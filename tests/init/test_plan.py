@@ -290,18 +290,69 @@ def test_a_runtime_started_by_hand_is_moved_by_hand(tmp_path: Path) -> None:
     host = Host()
     pid = host.add(
         ["whisper-server", "-m", "models/ggml-base.en.bin", "--port", "8080"],
+        env={"CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "hf_live_secret", "PATH": "/opt/w/bin"},
+        cwd="/srv/whisper",
         listen=("127.0.0.1", 8080),
         holds=300 * MiB,
     )
-    files, config, _ = render(host.plan(), tmp_path)
+    plan = host.plan(out=tmp_path / "proposal")
+    files, config, _ = render(plan, tmp_path)
     whisper = consumer(config, "whisper")
     assert whisper.control is None and whisper.envelope == 300 * MiB
-    assert list(files) == ["consumers.yaml", "moves.txt"]
-    assert f"kill {pid}\n" in files["moves.txt"]
-    assert (
-        "whisper-server -m models/ggml-base.en.bin --port 8081 --host 127.0.0.1"
-        in files["moves.txt"]
+    assert list(files) == ["consumers.yaml", "whisper.env", "moves.txt"]
+    # The environment it has, every variable, written to a file the commands read: the
+    # file holds the secret, the print of it does not.
+    env = tmp_path / "proposal" / "whisper.env"
+    assert files["whisper.env"].splitlines()[-3:] == [
+        "export CUDA_VISIBLE_DEVICES=1",
+        "export HF_TOKEN=hf_live_secret",
+        "export PATH=/opt/w/bin",
+    ]
+    shown = render_files(plan, shown=True)
+    assert "export HF_TOKEN='***'" in shown["whisper.env"]
+    assert "hf_live_secret" not in "".join(v for k, v in shown.items())
+    assert "hf_live_secret" not in files["moves.txt"]
+    moves = files["moves.txt"].splitlines()
+    start = f'cd /srv/whisper && env -i /bin/sh -c \'. "$0" && exec "$@"\' {env} '
+    at = moves.index(f"     kill {pid}")
+    assert moves[at + 1] == (
+        f"     {start}whisper-server -m models/ggml-base.en.bin --port 8081 --host 127.0.0.1"
     )
+
+
+def test_an_ollama_started_by_hand_keeps_its_environment_with_its_address_moved(
+    tmp_path: Path,
+) -> None:
+    host = Host()
+    host.add(
+        ["ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0:11434", "OLLAMA_MODELS": "/data/models"},
+        cwd="/home/alice",
+        listen=("0.0.0.0", 11434),
+    )
+    plan = host.plan(out=tmp_path)
+    files, config, _ = render(plan, tmp_path)
+    assert str(consumer(config, "ollama").listen) == "0.0.0.0:11434"
+    assert "export OLLAMA_MODELS=/data/models" in files["ollama.env"]
+    assert "export OLLAMA_HOST=0.0.0.0:11434" in files["ollama.env"]  # as it was
+    start = f'cd /home/alice && env -i /bin/sh -c \'. "$0" && exec "$@"\' {tmp_path}/ollama.env'
+    moves = files["moves.txt"]
+    assert (
+        f"     {start} env OLLAMA_HOST=127.0.0.1:11435 OLLAMA_KEEP_ALIVE=-1 ollama serve\n" in moves
+    )
+
+
+def test_what_cannot_be_read_of_a_process_started_by_hand_is_said(tmp_path: Path) -> None:
+    host = Host()
+    pid = host.add(["ollama", "serve"], listen=("127.0.0.1", 11434))
+    process = host.processes[pid]
+    host.processes[pid] = attrs.evolve(process, env=None, cwd=None)
+    files, _, _ = render(host.plan(), tmp_path)
+    assert list(files) == ["consumers.yaml", "moves.txt"]
+    moves = files["moves.txt"]
+    assert "     OLLAMA_HOST=127.0.0.1:11435 OLLAMA_KEEP_ALIVE=-1 ollama serve\n" in moves
+    assert "its environment could not be read" in moves
+    assert "its working directory could not be read" in moves
 
 
 def test_a_container_s_runtime_is_fronted_without_a_drop_in(tmp_path: Path) -> None:
@@ -451,7 +502,7 @@ def test_secrets_on_a_command_line_are_not_copied_into_what_init_prints(tmp_path
     printed = "".join(files.values())
     assert "sk-live-123" not in printed and "hf_abc" not in printed
     assert "--api-key '***' '--hf-token=***'" in files["moves.txt"]
-    assert "(with your values for ***)" in files["moves.txt"]
+    assert "with your values in place of ***" in " ".join(files["moves.txt"].split())
 
 
 def test_a_gate_already_running_is_pointed_out(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ network namespace, with a user namespace so that no privilege is needed): its pr
 share this PID namespace, so /proc shows them, as a container's are shown on a real host.
 Fronting that Ollama would have the gate take its port here, and its move to loopback
 would cut off every client it has in its own namespace. The same second host started in
-this namespace is proposed.
+this namespace is proposed, with the restart that keeps its environment.
 """
 
 from __future__ import annotations
@@ -181,12 +181,16 @@ def test_the_same_ollama_in_this_network_namespace_is_proposed(
     with other_host(tmp_path, other_port, own_network=False) as other:
         proc_root = proc_of_both(incident, other, tmp_path / "proc-both")
         files = run_dry(proc_root, fakenvml_path, tmp_path)
+        cwd = os.readlink(f"/proc/{other.ollama}/cwd")
 
     name = f"ollama-{other_port}"
     assert consumers(files, tmp_path)[name] == f"0.0.0.0:{other_port}"  # its socket's address
+    env_file = tmp_path / "proposal" / f"{name}.env"
+    assert f"export OLLAMA_MODELS={OTHER_MODELS}" in files[f"{name}.env"]
+    assert f"export OLLAMA_HOST=0.0.0.0:{other_port}" in files[f"{name}.env"]
     lines = moves(files).splitlines()
     at = lines.index(f"     kill {other.ollama}")
+    start = f'cd {cwd} && env -i /bin/sh -c \'. "$0" && exec "$@"\' {env_file}'
     assert lines[at + 1].startswith(
-        f"     OLLAMA_HOST=127.0.0.1:{other_port + 1} OLLAMA_KEEP_ALIVE=-1 {sys.executable} "
-        "-m gpugate.sim.ollama serve"
+        f"     {start} env OLLAMA_HOST=127.0.0.1:{other_port + 1} OLLAMA_KEEP_ALIVE=-1 "
     )
