@@ -40,6 +40,7 @@ DEFAULT_DATABASE = "/var/lib/gpugate/gpugate.db"
 CONFIG_PATH = "/etc/gpugate/consumers.yaml"
 CONTROL_TOKEN = "/etc/gpugate/control.token"
 ADMIT_TOKEN = "/etc/gpugate/admit.token"
+GATE_UNIT_PATH = "/etc/systemd/system/gpugate.service"
 CONFIG_FILE = "consumers.yaml"
 MOVES_FILE = "moves.txt"
 DROP_IN = "gpugate.conf"
@@ -68,6 +69,8 @@ class Options:
     """Ask a found Ollama which models it holds (GET /api/ps on loopback)."""
     named: frozenset[int] = frozenset()
     """PIDs the operator named (`--pid`): proposed even when they run in another namespace."""
+    root: Path = Path("/")
+    """The file system the moves install into: a file already there is never replaced."""
 
 
 @attrs.frozen
@@ -170,6 +173,9 @@ class Plan:
     left_out: tuple[tuple[Found, str], ...] = ()
     """Runtimes found but not fronted, and why."""
     notes: tuple[str, ...] = ()
+    present: frozenset[str] = frozenset()
+    """The files the moves would install that are there already (under `options.root`):
+    none is replaced, so that every move can be undone."""
 
     @property
     def admits(self) -> bool:
@@ -187,6 +193,18 @@ def mib(nbytes: int) -> int:
 
 def gib(nbytes: int) -> str:
     return f"{nbytes / GiB:.1f} GiB"
+
+
+def present(root: Path, path: str) -> bool:
+    """Whether `path` (absolute, as the moves name it) is there under `root`; a path that
+    cannot be looked at counts as there, so that nothing unseen is replaced."""
+    try:
+        os.lstat(root / path.lstrip("/"))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def gate_host(host: str) -> tuple[str, str]:
@@ -426,6 +444,11 @@ def make_plan(
         )
     elif scan.nvml_error:
         notes.append(f"NVML: {scan.nvml_error}")
+    targets = [CONFIG_PATH, CONTROL_TOKEN, ADMIT_TOKEN, GATE_UNIT_PATH] + [
+        front.drop_in.install_path
+        for front in fronts
+        if front.drop_in is not None and not front.drop_in.user_unit
+    ]
     return Plan(
         scan=scan,
         recognised=recognised,
@@ -435,6 +458,7 @@ def make_plan(
         control=control,
         left_out=tuple(left_out),
         notes=tuple(notes),
+        present=frozenset(t for t in targets if present(options.root, t)),
     )
 
 

@@ -1,5 +1,6 @@
-"""A runtime started by hand, moved as `gpugate init` says: the commands it prints are run
-for real, and the runtime they start has the environment and the working directory it had.
+"""A runtime started by hand, moved as `gpugate init` says and moved back by its undo: the
+commands it prints are run for real, and the runtime they start has the environment and the
+working directory it had.
 
 The runtime is a stand-in whisper-server (a script of that name, run by the interpreter as
 a real one would be by its shebang) that listens where its options say and reports its
@@ -136,7 +137,8 @@ def test_a_runtime_started_by_hand_comes_back_with_its_environment_and_directory
 
     lines = (out / "moves.txt").read_text().splitlines()
     at = lines.index(f"     kill {original.pid}")
-    move = lines[at + 1].strip()
+    move, undo = lines[at + 1].strip(), lines[at + 2]
+    assert undo.startswith("   undo: ")
 
     running.stop(original)
     moved, report = running.shell(move)
@@ -146,3 +148,8 @@ def test_a_runtime_started_by_hand_comes_back_with_its_environment_and_directory
     assert {k: v for k, v in report["env"].items() if k not in SHELL_OWN} == env
 
     running.stop(moved)
+    back, report = running.shell(undo.removeprefix("   undo: "))
+    assert report["address"] == f"0.0.0.0:{port}"
+    assert report["cwd"] == str(work)
+    assert {k: v for k, v in report["env"].items() if k not in SHELL_OWN} == env
+    running.stop(back)

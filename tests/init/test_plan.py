@@ -260,11 +260,12 @@ def test_llama_server_one_model_is_admitted_and_a_router_is_not(tmp_path: Path) 
     assert router.priority is PriorityClass.BACKGROUND  # embeddings
     assert "ExecStartPre" not in files["llama-router.service.d/gpugate.conf"]
     assert router.processes.commands == ("/usr/local/bin/llama-server",)
+    # The moves' own commands, in order (the undo lines name the same units).
     moves = files["moves.txt"]
     assert (
-        moves.index("systemctl restart llama-router.service")
-        < moves.index("enable --now gpugate.service")
-        < moves.index("systemctl start llama-qwen.service")
+        moves.index("     sudo systemctl restart llama-router.service")
+        < moves.index("     sudo systemctl enable --now gpugate.service")
+        < moves.index("     sudo systemctl start llama-qwen.service")
     )
 
 
@@ -318,6 +319,7 @@ def test_a_runtime_started_by_hand_is_moved_by_hand(tmp_path: Path) -> None:
     assert moves[at + 1] == (
         f"     {start}whisper-server -m models/ggml-base.en.bin --port 8081 --host 127.0.0.1"
     )
+    assert moves[at + 2] == f"   undo: {start}whisper-server -m models/ggml-base.en.bin --port 8080"
 
 
 def test_an_ollama_started_by_hand_keeps_its_environment_with_its_address_moved(
@@ -334,12 +336,13 @@ def test_an_ollama_started_by_hand_keeps_its_environment_with_its_address_moved(
     files, config, _ = render(plan, tmp_path)
     assert str(consumer(config, "ollama").listen) == "0.0.0.0:11434"
     assert "export OLLAMA_MODELS=/data/models" in files["ollama.env"]
-    assert "export OLLAMA_HOST=0.0.0.0:11434" in files["ollama.env"]  # as it was
+    assert "export OLLAMA_HOST=0.0.0.0:11434" in files["ollama.env"]  # as it was: the undo's
     start = f'cd /home/alice && env -i /bin/sh -c \'. "$0" && exec "$@"\' {tmp_path}/ollama.env'
     moves = files["moves.txt"]
     assert (
         f"     {start} env OLLAMA_HOST=127.0.0.1:11435 OLLAMA_KEEP_ALIVE=-1 ollama serve\n" in moves
     )
+    assert f"   undo: {start} ollama serve\n" in moves
 
 
 def test_what_cannot_be_read_of_a_process_started_by_hand_is_said(tmp_path: Path) -> None:
@@ -634,3 +637,87 @@ def test_a_client_of_an_address_the_gate_does_not_take_is_warned(tmp_path: Path)
         "it also listens on 127.0.0.1:11434: the gate takes 192.168.1.5:11434 only, and a "
         "client that connects there now gets no answer once it moves"
     ) in " ".join(files["moves.txt"].split())
+
+
+def moves_of(text: str) -> list[tuple[str, list[str], str]]:
+    """The numbered moves of a moves.txt: (title, commands, undo)."""
+    found: list[tuple[str, list[str], str]] = []
+    for block in text.split("Notes:")[0].split("\n\n"):
+        lines = block.splitlines()
+        if not lines or not lines[0][:1].isdigit():
+            continue
+        title = [lines[0].split(" ", 1)[1]]
+        title += [line.strip() for line in lines[1:] if line.startswith("   ") and line[3] != " "
+                  and not line.startswith("   undo:")]  # fmt: skip
+        commands = [line.strip() for line in lines if line.startswith("     ")]
+        undo = [line.removeprefix("   undo: ") for line in lines if line.startswith("   undo:")]
+        found.append((" ".join(title), commands, undo[0] if undo else ""))
+    return found
+
+
+def test_every_move_that_changes_the_host_prints_its_undo(tmp_path: Path) -> None:
+    host = Host()
+    host.add(["ollama", "serve"], listen=("0.0.0.0", 11434), unit="ollama.service")
+    host.add(
+        ["whisper-server", "-m", "/m/base.bin", "--port", "8080"],
+        listen=("127.0.0.1", 8080),
+        holds=300 * MiB,
+        unit="whisper.service",
+    )
+    host.add(["python3", "/opt/ComfyUI/main.py", "--port", "8188"], listen=("127.0.0.1", 8188))
+    files, _, _ = render(host.plan(root=tmp_path / "empty"), tmp_path)
+    moves = moves_of(files["moves.txt"])
+    undos = {title[:31]: undo for title, _, undo in moves}
+    assert [undo == "" for _, _, undo in moves] == [False] * (len(moves) - 1) + [True]
+    assert undos == {
+        "Review the files, then install ": "sudo rm -f /etc/gpugate/consumers.yaml",
+        "Make the control tokens, each i": "sudo rm -f /etc/gpugate/control.token "
+        "/etc/gpugate/admit.token",
+        "Install the drop-ins:": "sudo rm -f /etc/systemd/system/ollama.service.d/gpugate.conf "
+        "/etc/systemd/system/whisper.service.d/gpugate.conf && sudo systemctl daemon-reload",
+        "Move each runtime to its loopba": "sudo rm -f "
+        "/etc/systemd/system/ollama.service.d/gpugate.conf && sudo systemctl daemon-reload "
+        "&& sudo systemctl restart ollama.service",
+        "Stop the runtimes whose start t": "sudo rm -f "
+        "/etc/systemd/system/whisper.service.d/gpugate.conf && sudo systemctl daemon-reload "
+        "&& sudo systemctl start whisper.service",
+        "Stop comfyui (pid 1003, started": 'cd / && env -i /bin/sh -c \'. "$0" && exec '
+        f'"$@"\' {Path.cwd()}/gpugate-init/comfyui.env python3 /opt/ComfyUI/main.py --port 8188',
+        "Install and start the gate: sys": "sudo systemctl disable --now gpugate.service && "
+        "sudo rm -f /etc/systemd/system/gpugate.service && sudo systemctl daemon-reload",
+        "Start the admitted runtimes (ea": "sudo systemctl stop whisper.service",
+        "Check the budget and each runti": "",
+    }
+
+
+def test_a_move_never_replaces_a_file_that_is_there(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for path in (
+        "etc/gpugate/consumers.yaml",
+        "etc/gpugate/control.token",
+        "etc/systemd/system/gpugate.service",
+        "etc/systemd/system/ollama.service.d/gpugate.conf",
+    ):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("mine\n")
+    host = Host()
+    host.add(["ollama", "serve"], listen=("0.0.0.0", 11434), unit="ollama.service")
+    host.add(["python3", "/opt/ComfyUI/main.py"], listen=("127.0.0.1", 8188), unit="comfy.service")
+    files, _, _ = render(host.plan(root=root), tmp_path)
+    moves = moves_of(files["moves.txt"])
+    commands = [command for _, listed, _ in moves for command in listed]
+    undos = " ".join(undo for _, _, undo in moves)
+    assert not [c for c in commands if "/etc/gpugate/consumers.yaml" in c and "install" in c]
+    assert not [c for c in commands if "openssl" in c]  # the token is there: kept
+    assert "sudo systemctl enable --now gpugate.service" in commands
+    assert not [c for c in commands if "install" in c and "gpugate.service " in c + " "]
+    assert not [c for c in commands if c.endswith("ollama.service.d/gpugate.conf")]
+    assert [c for c in commands if c.endswith("comfy.service.d/gpugate.conf")]
+    for kept in ("consumers.yaml", "control.token", "gpugate.service", "ollama.service.d"):
+        assert kept not in undos.replace("gpugate.service &&", "").replace(
+            "disable --now gpugate.service", ""
+        ), kept
+    text = " ".join(files["moves.txt"].split())
+    assert "A configuration is installed at /etc/gpugate/consumers.yaml already" in text
+    assert "/etc/systemd/system/ollama.service.d/gpugate.conf is there already" in text
+    assert "/etc/systemd/system/gpugate.service is there already" in text

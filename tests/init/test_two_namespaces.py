@@ -169,9 +169,11 @@ def test_an_ollama_in_another_network_namespace_is_never_proposed(
         f"ollama-{other_port}": f"0.0.0.0:{other_port}",
     }
     assert f"kill {other.ollama}" not in moves(named)
+    assert not [path for path in named if path.endswith(".env")]
     assert flat(
         f"Forward ollama-{other_port}'s port from its network namespace to "
-        f"127.0.0.1:{other_port + 1} here instead of 0.0.0.0:{other_port}."
+        f"127.0.0.1:{other_port + 1} here instead of 0.0.0.0:{other_port}; to undo, forward "
+        f"it to 0.0.0.0:{other_port} again."
     ) in flat(moves(named))
 
 
@@ -194,3 +196,4 @@ def test_the_same_ollama_in_this_network_namespace_is_proposed(
     assert lines[at + 1].startswith(
         f"     {start} env OLLAMA_HOST=127.0.0.1:{other_port + 1} OLLAMA_KEEP_ALIVE=-1 "
     )
+    assert lines[at + 2].startswith(f"   undo: {start} {sys.executable} -m gpugate.sim.ollama")
