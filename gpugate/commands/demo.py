@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpugate.commands.exits import Exit
 from gpugate.commands.local_token import (
     LocalToken,
     TokenInUse,
@@ -205,7 +206,7 @@ def run_demo(
         ports = demo_ports(port_base)
     except ValueError as exc:
         print(f"gpugate demo: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     busy = ports_in_use(ports)
     if busy:
         taken = ", ".join(f"127.0.0.1:{port} ({name})" for name, port in busy.items())
