@@ -153,7 +153,7 @@ def test_a_missing_file_exits_78(tmp_path: Path) -> None:
     assert (result.returncode, result.stdout, result.stderr) == (
         EXIT_INVALID,
         "",
-        "absent.yaml: no such file\n",
+        "gpugate check: absent.yaml: no such file\n",
     )
 
 
