@@ -11,6 +11,7 @@ NGINX  := build/nginx/usr/sbin/nginx
 HAPROXY := build/haproxy/usr/sbin/haproxy
 ORACLE := build/oracle/ollama-oracle
 LLAMA_SERVER := build/llama-server
+WHISPER_SERVER := build/whisper-server
 
 .PHONY: run test bench fuzz soak demo lint shim oracle clean
 
@@ -52,6 +53,11 @@ oracle: $(ORACLE)
 $(LLAMA_SERVER): $(STAMP) tests/llamaserver/build.sh
 	sh tests/llamaserver/build.sh $(BIN)/pip
 
+# whisper.cpp's whisper-server, built for the CPU from the pywhispercpp sdist on PyPI; the
+# conformance tests run it against the simulator (cached outside the checkout, by version).
+$(WHISPER_SERVER): $(STAMP) tests/whisper/build.sh
+	sh tests/whisper/build.sh $(BIN)/pip
+
 # `make run PORT_BASE=40000` moves every port of the demo (beside a real Ollama on :11434).
 run: $(STAMP) $(SHIM)
 	$(BIN)/gpugate demo $(if $(PORT_BASE),--port-base $(PORT_BASE))
@@ -66,7 +72,7 @@ $(HAPROXY):
 		for deb in $(HAPROXY_DEBS); do dpkg -x $${deb}_*.deb haproxy; done && \
 		for deb in $(HAPROXY_DEBS); do rm -f $${deb}_*.deb; done
 
-test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(LLAMA_SERVER) $(HAPROXY)
+test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(LLAMA_SERVER) $(WHISPER_SERVER) $(HAPROXY)
 	$(BIN)/python -m pytest -q
 
 # wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.
@@ -88,11 +94,13 @@ bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
 	$(BIN)/python -m bench
 
 # 10,000 hostile requests to the gate over the simulated Ollama, then 50,000 checked by the
-# oracles: each runtime's own reader says what could load (docs/reliability.md).
-fuzz: $(STAMP) $(SHIM) $(ORACLE)
+# oracles: each runtime's own reader says what could load (docs/reliability.md); then 2,000
+# to the real whisper-server and llama-server router, whose own logs say what loaded.
+fuzz: $(STAMP) $(SHIM) $(ORACLE) $(LLAMA_SERVER) $(WHISPER_SERVER)
 	$(BIN)/python -m tests.faults.fuzz --requests 10000 --seed 20261201
 	$(BIN)/python -m tests.faults.control_fuzz --requests 10000 --seed 20261203
 	$(BIN)/python -m tests.faults.oracle_fuzz --requests 50000 --seed 20261202
+	$(BIN)/python -m tests.faults.real_fuzz --requests 2000 --seed 20261203
 
 # 10,000 mixed requests under changing external pressure, the budget checked throughout.
 soak: $(STAMP) $(SHIM)

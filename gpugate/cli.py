@@ -2,7 +2,8 @@
 
 Each command is a module of gpugate.commands (`add_parser`, `run`). Exit codes are
 commands/exits.py's (sysexits): 64 for a command line argparse refuses, 78 for a command
-that talks to the gate and finds no configuration file.
+whose configuration is named and not there, or found nowhere (gpugate.config.paths, the one
+lookup every command that reads a configuration uses).
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ from gpugate.store.db import CLOSE_TIMEOUT, Store
 
 log = logging.getLogger("gpugate.serve")
 
+EXIT_CONFIG = 78
+"""EX_CONFIG: the file does not load or names a secret that is not set, as every command
+exits for a configuration it cannot use (gpugate.commands.exits.Exit.CONFIG)."""
 GC_THRESHOLDS = (5000, 20, 10)
 """The collector's thresholds once serving (Python's: 700, 10, 10). A request's objects die
 young and by their reference counts; collected every 700 allocations, those of requests
@@ -354,11 +357,11 @@ def run_serve(config_path: Path, runtimes: RuntimeRegistry = RUNTIMES) -> int:
         loaded = load_config_with_warnings(config_path, runtimes=runtimes.table)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     unset = unset_secrets(loaded.warnings)
     if unset:
         print(f"gpugate serve: {unset}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
 

@@ -75,14 +75,14 @@ async def serve_until_signal(
 
 
 class AppSite:
-    """An aiohttp application served on HOST:PORT, as `serve_until_signal` starts and closes
-    it: `start` answers a port it cannot bind with `bind_failed`'s exit code (which says
-    so in the real server's words) and calls `listening` once it listens (what the real
-    server prints then)."""
+    """An aiohttp application (or a runner of aiohttp's low-level server) served on
+    HOST:PORT, as `serve_until_signal` starts and closes it: `start` answers a port it
+    cannot bind with `bind_failed`'s exit code (which says so in the real server's words)
+    and calls `listening` once it listens (what the real server prints then)."""
 
     def __init__(
         self,
-        app: web.Application,
+        app: web.Application | web.BaseRunner,
         host: str,
         port: int,
         *,
@@ -92,7 +92,11 @@ class AppSite:
         reuse_port: bool = False,
         **runner_options: Any,
     ) -> None:
-        self.runner = web.AppRunner(app, handle_signals=False, access_log=None, **runner_options)
+        self.runner: web.BaseRunner = (
+            app
+            if isinstance(app, web.BaseRunner)
+            else web.AppRunner(app, handle_signals=False, access_log=None, **runner_options)
+        )
         self.host, self.port = host, port
         self.bind_failed, self.listening = bind_failed, listening
         self.reuse_address, self.reuse_port = reuse_address, reuse_port
@@ -137,14 +141,27 @@ def state_dir_of(given: Path | None) -> Path | None:
 
 
 def begin(
-    parser: argparse.ArgumentParser, program: str, argv: Sequence[str] | None
+    parser: argparse.ArgumentParser,
+    program: str,
+    argv: Sequence[str] | None,
+    *,
+    unknown: Callable[[str], int] | None = None,
 ) -> tuple[argparse.Namespace, SimulatedGpuHost]:
     """Begin the process of a simulated server that runs as `program` on a simulated GPU
     host: its options (`argv`, else the command line's) and its host, found through
     `--sim-state-dir` (SystemExit 2 when there is none); the stop signals taken back and the
-    process shown as `program` with its real options (holder.pose_as)."""
+    process shown as `program` with its real options (holder.pose_as).
+
+    A server whose real parser meets an unknown word otherwise than argparse does gives
+    `unknown`: it is called with the first such word, says what the real one says, and its
+    return is the exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(words)
+    if unknown is None:
+        args = parser.parse_args(words)
+    else:
+        args, rest = parser.parse_known_args(words)
+        if rest:
+            raise SystemExit(unknown(rest[0]))
     state_dir = state_dir_of(args.sim_state_dir)
     if state_dir is None or not SimulatedGpuHost(state_dir).state_path.exists():
         print(NO_HOST, file=sys.stderr)

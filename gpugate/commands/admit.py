@@ -35,7 +35,7 @@ from gpugate.commands.control_client import (
     control_session,
 )
 from gpugate.commands.exits import Exit
-from gpugate.config.paths import required_config_path
+from gpugate.config.paths import find_config
 from gpugate.core.units import format_gib, parse_duration
 
 
@@ -57,10 +57,9 @@ def _say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `gpugate admit` command."""
+    """The `gpugate admit` command: the command line checked, then the configuration found."""
     from gpugate.config.loader import ConfigError
 
-    config_path = required_config_path(args.config)
     argv = list(args.argv)
     body: dict[str, object] = {"consumer": args.consumer, "purpose": "start"}
     if args.wait is not None:
@@ -69,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             _say(f"--wait: {exc}")
             return Exit.USAGE
+    config_path = find_config(args.config)
     try:
         url, token = control_address(config_path)
     except ConfigError as exc:

@@ -166,10 +166,12 @@ class Control:
         """The configured consumers and identities, as events name them."""
 
     @classmethod
-    def from_config(cls, path: Path) -> Control:
+    def from_config(cls, path: Path | None) -> Control:
+        """The gate the configuration at `path` names (None: the defaults' gate)."""
+        from gpugate.config.model import Config
         from gpugate.runtimes.sections import load_config_with_warnings
 
-        config = load_config_with_warnings(path).config
+        config = load_config_with_warnings(path).config if path is not None else Config()
         base, token = control_endpoint(config)
         owners = [c.name for c in config.consumers]
         owners += [IDENTITY_PREFIX + i.name for i in config.identities]
@@ -227,7 +229,7 @@ class Control:
 
 
 def run_on_gate(
-    name: str, config_path: Path, body: Callable[[Control, aiohttp.ClientSession], Any]
+    name: str, config_path: Path | None, body: Callable[[Control, aiohttp.ClientSession], Any]
 ) -> int:
     """Run `body` on a session with the gate that `config_path` names: the exit code for
     how it ended, printing one line for a failure (`name` is the command's)."""

@@ -9,6 +9,8 @@ Its files (the incident host, the gate's configuration, a FLUX prompt) are packa
 (gpugate_sim/data/), so an installed gpugate runs it as a checkout does. It writes what it
 generates (the configuration it serves, a WAV to transcribe, the prompt) into one temporary
 directory, prints absolute paths and full URLs, and removes that directory when it stops.
+It prints the `export GPUGATE_CONFIG=...` that lets every command find the configuration it
+serves without `--config`, from any directory.
 Its gate's control token is the local token of its control port (local_token.py), held
 while the demo runs and removed when it stops: a second demo (another user's, or one moved
 with `--port-base`) has its own, and the commands each prints present that demo's.
@@ -38,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpugate.commands.exits import Exit
 from gpugate.commands.local_token import (
     LocalToken,
     TokenInUse,
@@ -94,6 +97,11 @@ that the demo's configuration names to its control port):
   {gpugate} status --config {config}
   {gpugate} evict ollama bge-m3 --config {config}
 
+Every gpugate command (the README's, as printed) finds this configuration without --config
+in a shell where
+
+  export GPUGATE_CONFIG={config}
+
 Ask for a model that does not fit and watch the gate evict the idle one:
 
   curl -s http://127.0.0.1:{ollama}/api/generate -d '{{"model": "qwen2.5:7b", "prompt": "hi"}}'
@@ -130,6 +138,10 @@ gemma3:12b and bge-m3 were loaded on the 4090 behind the gate's back; Plex trans
 4080. Both cards' budgets, each model on its card:
 
   {gpugate} status --config {config}
+
+Every gpugate command finds this configuration without --config in a shell where
+
+  export GPUGATE_CONFIG={config}
 
 Ask for a model that fits neither card within Ollama's 80 %: Ollama splits it over both,
 and the gate leases the part on each card before it is loaded (status shows both parts):
@@ -213,7 +225,7 @@ def run_demo(
         ports = demo_ports(port_base)
     except ValueError as exc:
         print(f"gpugate demo: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     busy = ports_in_use(ports)
     if busy:
         taken = ", ".join(f"127.0.0.1:{port} ({name})" for name, port in busy.items())

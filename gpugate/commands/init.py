@@ -1,13 +1,17 @@
-"""`gpugate init [--dry-run] [--out DIR] [--proc-root PATH] [--nvml-library PATH]`.
+"""`gpugate init [--dry-run] [--out DIR] [--pid PID] [--proc-root PATH] [--nvml-library PATH]`.
 
 Reads the host, prints (`--dry-run`) or writes into a new directory the consumers.yaml,
-the drop-ins and the moves. It never writes under /etc and never runs a move. The
-reading and proposing are gpugate.init's (scan, recognise, plan, write).
+the drop-ins, the environment of each runtime started by hand (mode 0600, owned by its
+user; printed with secret-looking values hidden) and the moves. It never writes under /etc
+and never runs a move. The reading and proposing are gpugate.init's (scan, recognise,
+plan, write, moves).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -54,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--no-ask", action="store_true",
         help="do not ask a running Ollama which models it holds (GET /api/ps on loopback)",
     )  # fmt: skip
+    init.add_argument(
+        "--pid", type=int, action="append", default=[], metavar="PID",
+        help="propose this runtime even though it runs in another network or PID namespace "
+        "(repeat for several)",
+    )  # fmt: skip
 
 
 def _gpugate_program() -> str:
@@ -70,13 +79,24 @@ def _under_etc(path: Path) -> bool:
     return resolved == Path("/etc") or Path("/etc") in resolved.parents
 
 
+def _write_private(target: Path, text: str, uid: int | None) -> None:
+    """A new file only its owner reads (mode 0600 from its creation), given to `uid` (the
+    user whose runtime reads it) where init may."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    if uid is not None and uid != os.geteuid() and os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            os.chown(target, uid, -1)
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Scan, recognise, plan, then print or write."""
     from gpugate.config.model import Address
     from gpugate.init.plan import DEFAULT_DATABASE, Options, make_plan
     from gpugate.init.recognise import recognise
     from gpugate.init.scan import ask_ollama_ps, read_units, scan_host
-    from gpugate.init.write import dry_run_text, render_files
+    from gpugate.init.write import dry_run_text, private_files, render_files
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -101,6 +121,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         nvml_library=args.nvml_library,
         gpugate=_gpugate_program(),
         ask_runtimes=not args.no_ask,
+        named=frozenset(args.pid),
     )
     scan = scan_host(args.proc_root, args.nvml_library)
     if scan.nvml_error:
@@ -115,14 +136,22 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     loaded = {}
     if options.ask_runtimes:
         for found in recognised.runtimes:
-            if found.kind == "ollama" and found.address is not None and not found.process.container:
+            # Loopback here is only this network namespace's: an Ollama elsewhere is not
+            # the one that would answer.
+            if (
+                found.kind == "ollama"
+                and found.address is not None
+                and not found.process.container
+                and found.process.namespaces.same_net
+            ):
                 loaded[found.process.pid] = ask_ollama_ps(found.address.host, found.address.port)
     plan = make_plan(scan, recognised, units, options, loaded)
-    files = render_files(plan)
     if args.dry_run:
-        out.write(dry_run_text(files))
+        out.write(dry_run_text(render_files(plan, shown=True)))
         out.flush()
         return Exit.OK
+    files = render_files(plan)
+    private = private_files(plan)
     targets = {path: args.out / path for path in files}
     existing = [str(target) for target in targets.values() if target.exists()]
     if existing:
@@ -134,8 +163,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         return EXIT_CANTCREAT
     for path, target in targets.items():
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "x", encoding="utf-8") as fh:
-            fh.write(files[path])
+        if path in private:
+            _write_private(target, files[path], private[path])
+        else:
+            with open(target, "x", encoding="utf-8") as fh:
+                fh.write(files[path])
         print(f"gpugate init: wrote {target}", file=out)
     print("", file=out)
     out.write(files["moves.txt"])

@@ -38,7 +38,7 @@ from gpugate.commands.control_client import (
     control_session,
 )
 from gpugate.commands.exits import Exit
-from gpugate.config.paths import required_config_path
+from gpugate.config.paths import find_config
 from gpugate.core.classes import PriorityClass
 from gpugate.core.units import parse_duration, parse_size
 
@@ -109,8 +109,7 @@ def _terms(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `gpugate lease` command."""
-    config_path = required_config_path(args.config)
+    """The `gpugate lease` command: the command line checked, then the configuration found."""
     command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -120,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         body = _terms(args)
     except ValueError as exc:
         return _fail(str(exc), Exit.USAGE)
+    config_path = find_config(args.config)
     from gpugate.config.loader import ConfigError
 
     try:

@@ -26,7 +26,7 @@ from gpugate.commands.control_client import (
     refusal,
 )
 from gpugate.commands.exits import Exit
-from gpugate.config.paths import required_config_path
+from gpugate.config.paths import find_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     """Run one operator action; 0 when the gate did it."""
     from gpugate.config.loader import ConfigError
 
-    config_path = required_config_path(args.config)
+    config_path = find_config(args.config)
     try:
         url, token = control_address(config_path)
     except ConfigError as exc:

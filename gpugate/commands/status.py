@@ -3,6 +3,12 @@
 With a gate running, the numbers are the gate's own (leases, residents, queue). Without
 one, NVML is sampled directly and the budget holds only what NVML shows. `--watch` asks
 the running gate only, and redraws every second.
+
+It is the one command that works without a configuration: the configuration is found as
+every command finds it (gpugate.config.paths), and where none is (a host before `gpugate
+init`), the gate is asked at the default control address, 127.0.0.1:9411, with this
+user's local token of that port (a `gpugate demo`'s), and NVML is sampled when none
+answers. A configuration that is named and not there is an error, as for every command.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from gpugate.commands.control_client import (
     run_on_gate,
 )
 from gpugate.commands.exits import INTERRUPTED, Exit
-from gpugate.config.paths import default_config_path, required_config_path
+from gpugate.config.paths import find_config_if_any
 from gpugate.core.units import GiB, format_duration
 
 if TYPE_CHECKING:
@@ -43,7 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     """The `status` subcommand's options."""
     status = subparsers.add_parser("status", help="the VRAM budget per GPU")
     status.add_argument("--json", action="store_true", help="machine-readable, in bytes")
-    status.add_argument("--config", type=Path, help="consumers.yaml (for attribution)")
+    status.add_argument(
+        "--config", type=Path,
+        help="consumers.yaml: the control address and attribution (default: $GPUGATE_CONFIG, "
+        "./consumers.yaml, /etc/gpugate/consumers.yaml, else none)",
+    )  # fmt: skip
     status.add_argument(
         "--watch", action="store_true", help="redraw every second from the running gate"
     )
@@ -51,9 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def run(args: argparse.Namespace) -> int:
     """`gpugate status`, or with `--watch` the running gate's status redrawn every second."""
+    path = find_config_if_any(args.config)
     if args.watch:
-        return run_watch(required_config_path(args.config), as_json=args.json)
-    return run_status(config_path=args.config, as_json=args.json)
+        return run_watch(path, as_json=args.json)
+    return run_status(config_path=path, as_json=args.json)
 
 
 def _gib(nbytes: int) -> str:
@@ -214,18 +225,16 @@ async def _from_gate(base: str, token: str | None) -> dict[str, Any]:
 
 
 def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Print the budget: from the gate, else from NVML; the exit code is one of exits.py's."""
+    """Print the budget: from the gate, else from NVML; the exit code is one of exits.py's.
+    `config_path`: the configuration found, None for none (the defaults)."""
     from gpugate.config.loader import ConfigError
     from gpugate.config.model import Config
     from gpugate.runtimes.sections import load_config_with_warnings
 
     out = out or sys.stdout
-    path = config_path or default_config_path()
     try:
         # Warnings are `gpugate check`'s business; status only needs the attribution rules.
-        config = (
-            load_config_with_warnings(path).config if path.exists() or config_path else Config()
-        )
+        config = load_config_with_warnings(config_path).config if config_path else Config()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
@@ -249,7 +258,7 @@ def run_status(config_path: Path | None, *, as_json: bool, out: TextIO | None = 
     return Exit.OK
 
 
-def run_watch(config_path: Path, *, as_json: bool, out: TextIO | None = None) -> int:
+def run_watch(config_path: Path | None, *, as_json: bool, out: TextIO | None = None) -> int:
     """`gpugate status --watch`: the budget from the running gate, redrawn every second."""
     stream = out or sys.stdout
 

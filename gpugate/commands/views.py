@@ -23,7 +23,7 @@ import attrs
 
 from gpugate.commands.control_client import Control, ControlFailure, run_on_gate
 from gpugate.commands.exits import Exit
-from gpugate.config.paths import required_config_path
+from gpugate.config.paths import find_config
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import EventKind
 from gpugate.core.failures import FailureClass
@@ -223,8 +223,8 @@ def render_envelopes(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """`gpugate leases`, `gpugate events` or `gpugate envelopes`."""
-    config_path = required_config_path(args.config)
+    """`gpugate leases`, `gpugate events` or `gpugate envelopes`: the command line checked,
+    then the configuration found."""
     stream = out or sys.stdout
 
     def emit(text: str) -> None:
@@ -269,4 +269,4 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"gpugate events: {exc}", file=sys.stderr)
             return Exit.USAGE
     bodies = {"leases": leases, "events": events, "envelopes": envelopes}
-    return run_on_gate(args.command, config_path, bodies[args.command])
+    return run_on_gate(args.command, find_config(args.config), bodies[args.command])

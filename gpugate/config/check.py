@@ -14,7 +14,9 @@ from gpugate.config.runtime_table import RuntimeTable
 from gpugate.core.units import format_gib
 
 EXIT_OK = 0
-EXIT_INVALID = 2
+EXIT_INVALID = 78
+"""EX_CONFIG: the file does not load, as every command exits for a configuration it cannot
+use (gpugate.commands.exits.Exit.CONFIG)."""
 
 
 def run_check(
@@ -25,7 +27,7 @@ def run_check(
     runtimes: RuntimeTable,
 ) -> int:
     """Check `path` against `runtimes`: summary on `out` and 0 if it loads, every issue on
-    `err` and 2 if not."""
+    `err` and 78 if not."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:

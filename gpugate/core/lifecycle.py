@@ -8,8 +8,10 @@ lifecycle interface (the runtime's process control) and reports back what happen
 
 A start that fails goes back to where it came from (a failed wake leaves the runtime
 asleep) and counts for the runtime's backoff; a process that ends on its own (EXITED) is
-stopped and counts too. A runtime the gate finds already running, asleep or stopped (at its
-own start, or before a start) is recorded as found (FOUND_UP, FOUND_ASLEEP, FOUND_STOPPED).
+stopped and counts too; one that ends as a request switches its model (ENDED_SWITCHING:
+the model it was asked to load did not load) is stopped and does not. A runtime the gate
+finds already running, asleep or stopped (at its own start, or before a start) is
+recorded as found (FOUND_UP, FOUND_ASLEEP, FOUND_STOPPED).
 
 Stopped is a state, not a failure: a runtime the gate stopped (an eviction, its ttl) or has
 not started yet is `stopped_on_purpose`; one whose last start failed or that ended on its
@@ -53,6 +55,11 @@ class LifeReport(enum.Enum):
     """Asked to stop or sleep, it could not: it is taken as still up."""
     EXITED = "exited"
     """It ended on its own (a crash, an exit nobody asked for)."""
+    ENDED_SWITCHING = "ended_switching"
+    """It ended while it switched its model at a request, as the runtime ends when the
+    model does not load (whisper-server's /load of a file that is no model): the request's
+    doing, not a crash loop. Stopped, and not failing: its next start loads the model it
+    started with, at once (no backoff counted)."""
     FOUND_UP = "found_up"
     FOUND_ASLEEP = "found_asleep"
     FOUND_STOPPED = "found_stopped"
@@ -197,6 +204,9 @@ class Lifecycles:
             retry = life.backoff.failed(now)
             life.move(LifeState.STOPPED, now)
             life.failing = True
+        elif report is LifeReport.ENDED_SWITCHING:
+            life.move(LifeState.STOPPED, now)
+            life.failing = False
         elif report in (LifeReport.STOPPED, LifeReport.FOUND_STOPPED):
             # A stop the gate asked for ends a failure too; a probe that finds the process
             # stopped after a crash does not.

@@ -63,9 +63,10 @@ class LifecycleEvents:
                 effects.extend(self.ends.process_ready(outcome.start_lease, now))
             else:
                 effects.extend(self.ends.release(outcome.start_lease, now, failed=True))
-        if report in (LifeReport.START_FAILED, LifeReport.EXITED):
+        ended = (LifeReport.START_FAILED, LifeReport.EXITED, LifeReport.ENDED_SWITCHING)
+        if report in ended:
             effects.extend(self.ends.process_ended(consumer, now, detail or report.value))
-        if report is LifeReport.EXITED:
+        if report in (LifeReport.EXITED, LifeReport.ENDED_SWITCHING):
             for lease in list(self.books.leases.values()):
                 mine = lease.key.consumer == consumer and lease.scope is LeaseScope.PROCESS
                 if mine and lease.pending:

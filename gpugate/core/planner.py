@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 
 import attrs
 
+from gpugate.core.crowding import make_room
 from gpugate.core.failures import FailureClass
 from gpugate.core.residents import ANY_OPTIONS, Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Demand
@@ -95,6 +96,7 @@ def plan(
     claimed: Collection[ResidentKey] = frozenset(),
     releasable_unexplained: int = 0,
     may_evict: bool = True,
+    held: Sequence[Resident] = (),
 ) -> Plan:
     """Decide for one demand.
 
@@ -106,7 +108,9 @@ def plan(
     not this demand's to take. `releasable_unexplained` is memory of this GPU's consumers
     the gate cannot name yet but will be able to reclaim once the runtime lists it. With
     `may_evict` false (its earlier unloads are still under way) the demand waits for those
-    instead of choosing more victims on numbers that are moving under it.
+    instead of choosing more victims on numbers that are moving under it. `held` are the
+    consumer's other models its runtime counts against `Demand.most_models`
+    (`crowding.held_by`): those the limit needs gone are evicted first.
     """
     view = (
         residents if isinstance(residents, ResidentView) else ResidentView(residents, now, settings)
@@ -152,7 +156,29 @@ def plan(
             earliest=now,
             reason=f"{busy[0].key} must be replaced and is {_busy_word(busy[0])}",
         )
-    forced = sorted(replaced, key=victim_order)
+    room = make_room(demand, held, claimed, now)
+    if room.short:
+        if room.earliest is None or room.earliest > deadline:
+            never = room.earliest is None
+            return Plan(
+                PlanKind.FAIL,
+                needed,
+                earliest=room.earliest,
+                failure=(
+                    FailureClass.EVICTION_NOT_ALLOWED
+                    if never
+                    else FailureClass.DEADLINE_CANNOT_BE_MET
+                ),
+                reason=room.reason,
+            )
+        return Plan(
+            PlanKind.WAIT,
+            needed,
+            counting_on=room.waiting_for,
+            earliest=room.earliest,
+            reason=room.reason,
+        )
+    forced = sorted([*replaced, *room.victims], key=victim_order)
     # Unloads already under way (for this demand, or for nobody in particular) bring their
     # bytes back soon: count them before choosing anyone else.
     unloading = [
@@ -174,7 +200,8 @@ def plan(
         )
 
     victims = list(forced)
-    freed = sum(r.bytes for r in forced) + incoming
+    # A model the runtime's limit makes go from another of its GPUs frees nothing here.
+    freed = sum(r.bytes for r in forced if r.gpu == demand.gpu) + incoming
     if pool + freed < needed:
         taken = {r.key for r in forced}
         for resident in view.evictable(demand):

@@ -17,6 +17,7 @@ import attrs
 
 from gpugate.core import early
 from gpugate.core.books import Books
+from gpugate.core.crowding import held_by
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.operator import OperatorBook
@@ -448,6 +449,7 @@ class Scheduler:
             claimed=tail.claimed,
             releasable_unexplained=releasable,
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
+            held=held_by(self.books.residents.values(), demand),
         )
 
     def _credited(self, ticket: Ticket, tail: _Tail) -> int:

@@ -74,6 +74,12 @@ class Demand:
     server's /load), which the runtime answers once the new model is loaded. Its answer
     ends the lease, whatever NVML shows (a smaller model never shows the lease's bytes);
     a switch that fails leaves the model it `replaces` where it was."""
+    most_models: int | None = None
+    """The most models the runtime holds for its consumer at once (llama-server's
+    `--models-max`): at that many it unloads one of its own choosing to load another. A
+    demand for a model not held, with that many of its consumer's in the books, evicts
+    one first (the gate's choice, `gpugate.core.crowding`), so the runtime never unloads
+    on its own. None: no such limit."""
     job_bytes: int | None = None
     """JOB scope, set by the core: the job's own size, while `envelope` is what it must
     grow its consumer's job lease by."""

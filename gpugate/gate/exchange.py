@@ -50,6 +50,8 @@ class ProcessFront(Protocol):
 
     async def serve_lease(self, link: Link, priority: PriorityClass) -> Lease: ...
 
+    def switch_broke(self, link: Link) -> None: ...
+
 
 class ExchangeOwner(Protocol):
     """The gate, as a request's exchange sees it: its leases, jobs and processes, and what
@@ -149,6 +151,7 @@ class Exchange:
     def answered(self, status: int, prefix: bytes = b"") -> list[tuple[str, str]]:
         """The runtime answered with `status` (and `prefix`, when `wants_prefix`): the
         books follow, and the headers for the answer come back."""
+        reading = self.link.runtime.reading
         lifecycle = self.link.runtime.lifecycle
         if lifecycle is not None:
             lifecycle.answered(self.classified, status)
@@ -158,7 +161,7 @@ class Exchange:
             return extra
         gate = self.gate
         leases = gate.leases
-        if status < 400:
+        if reading.loaded_by(self.classified, status):
             leases.loaded(lease)
             for part in self.parts:
                 leases.loaded(part)
@@ -222,38 +225,52 @@ class Exchange:
         request may go up again; False when nothing is coming. Raises GateFailure when a
         start it needs cannot be had.
 
-        * A request admitted without its process (one that does not need it) while the
-          process ran, which the books now say is not there (the gate stopped it, or is
-          stopping or starting it): what a request arriving now meets
-          (`Requests.admit`): a start under way is waited for, a stopped process is
-          started for any request but its health route's.
+        * The books say the process is not there (the gate stopped it, is stopping or
+          starting it, or it ended since this request was admitted, its end reported
+          meanwhile): what a request arriving now meets (`Requests.admit`): a start
+          under way is waited for, a stopped process is started for any request but its
+          health route's. A lease this request held on the process that ended is
+          released first.
         * A request that needs the process, which is there but not yet listening (a unit
           started it a moment ago: it loads before it binds): its port and health route,
-          within its start timeout."""
+          within its start timeout, or until the process ends (then as above)."""
         link = self.link
         control = link.consumer.control
         processes = self.gate.processes
         method, path = self.method, self.path
         if control is None or not processes.fronts(link):
             return False
-        if self.busy is None and processes.absent(link):
-            if not await processes.settle(link):
-                return False
-            if not processes.absent(link):
-                return True
-            if processes.stand_in(link, method, path, self.api) is not None:
-                return False
-            self.busy = await processes.serve_lease(link, self.process_priority())
-            return True
         lifecycle = link.runtime.lifecycle
-        if lifecycle is None or not lifecycle.needs_process(method, path):
+        if not processes.absent(link):
+            if lifecycle is None or not lifecycle.needs_process(method, path):
+                return False
+            if not await processes.running(link):
+                return False
+            try:
+                await wait_ready(
+                    link.consumer.upstream.url,
+                    control.health,
+                    control.start_timeout,
+                    process=lifecycle.control,
+                )
+            except NotReady:
+                return False
+            except ProcessExited:
+                # It ended before it answered: its end is in the books now.
+                if not processes.absent(link):
+                    return False
+            else:
+                return True
+        if not await processes.settle(link):
             return False
-        if not await processes.running(link):
+        if not processes.absent(link):
+            return True
+        if processes.stand_in(link, method, path, self.api) is not None:
             return False
-        try:
-            await wait_ready(link.consumer.upstream.url, control.health, control.start_timeout)
-        except (NotReady, ProcessExited):
-            return False
+        if self.busy is not None:
+            busy, self.busy = self.busy, None
+            self.gate.leases.release(busy)
+        self.busy = await processes.serve_lease(link, self.process_priority())
         return True
 
     def process_priority(self) -> PriorityClass:
@@ -265,12 +282,23 @@ class Exchange:
         return self.caller.priority(default) if self.caller is not None else default
 
     def not_answering(self, exc: BaseException) -> ErrorReply:
-        """The gate's answer when the runtime refused the connection and nothing is coming:
-        in place of a process the books say is not there, the health route's stand-in or
-        a failure not reported again (the gate stopped it, or its end was reported once);
+        """The gate's answer when the runtime refused the connection, or closed it without
+        an answer, and nothing is coming: for a switch of a process's model, its load
+        failed (the runtime ends when the model does not load: its end is no crash); in
+        place of a process the books say is not there, the health route's stand-in or a
+        failure not reported again (the gate stopped it, or its end was reported once);
         otherwise a crash, reported."""
         link = self.link
         processes = self.gate.processes
+        lease = self.lease
+        if lease is not None and lease.demand.switch:
+            processes.switch_broke(link)
+            consumer = link.consumer
+            what = (
+                f"MODEL_LOAD_FAILED: {consumer.name} at {consumer.upstream.url}: it did not "
+                f"answer the switch to {self.classified.model} ({exc.__class__.__name__}: {exc})"
+            )
+            return failure_reply(self.api, self._report(FailureClass.MODEL_LOAD_FAILED, what))
         if processes.fronts(link) and processes.absent(link):
             stood = processes.stand_in(link, self.method, self.path, self.api)
             if stood is not None:

@@ -90,14 +90,15 @@ def health_route(link: Link, method: str, path: str) -> bool:
     return control is not None and method in HEALTH_METHODS and path == control.health
 
 
-def stand_in(link: Link, failing: Failure | None, api: ApiFamily) -> ErrorReply:
-    """The gate's answer on the health route of a runtime whose process is not there: the
-    runtime's own when it is up (`Lifecycle.up_health`), or `failing` (START_BACKOFF)."""
+def stand_in(link: Link, method: str, failing: Failure | None, api: ApiFamily) -> ErrorReply:
+    """The gate's answer to `method` on the health route of a runtime whose process is not
+    there: the runtime's own when it is up (`Lifecycle.up_health`), or `failing`
+    (START_BACKOFF)."""
     if failing is not None:
         return failure_reply(api, failing)
     lifecycle = link.runtime.lifecycle
     assert lifecycle is not None, "only a process runtime is stood in for"
-    reply = lifecycle.up_health()
+    reply = lifecycle.up_health(method)
     return attrs.evolve(reply, headers=(*reply.headers, (PROCESS_HEADER, "stopped")))
 
 

@@ -4,6 +4,7 @@ elsewhere, the demand for its start or for a request on it, and its failures. Re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -90,6 +91,14 @@ class ProcessBooks:
             for r in self.residents(link)
         )
 
+    def switching(self, link: Link) -> bool:
+        """Whether a request is switching the process's model now (its lease still open)."""
+        name = link.consumer.name
+        return any(
+            lease.key.consumer == name and lease.demand.switch and lease.pending
+            for lease in self.core.leases()
+        )
+
     def admitted_elsewhere(self, link: Link) -> bool:
         """`gpugate admit` holds a start lease: the process is starting outside the gate."""
         held = self.starts.held(link.consumer.name)
@@ -152,7 +161,10 @@ class ProcessBooks:
         wait = life.backoff.remaining(self.clock())
         if wait <= 0 and not (until_up and life.failing):
             return None
-        when = f"the next start is in {wait:.0f}s" if wait > 0 else "the next request starts it"
+        # Rounded up, as Retry-After is: a start 0.4 s away is not "in 0s".
+        when = (
+            f"the next start is in {math.ceil(wait)}s" if wait > 0 else "the next request starts it"
+        )
         what = f"it failed to start or ended {life.backoff.failures} time(s) in a row; {when}"
         failure = self.failure(link, FailureClass.START_BACKOFF, what)
         return attrs.evolve(failure, retry_after=wait if wait > 0 else None)

@@ -197,6 +197,7 @@ class Requests:
             # The runtime's memory is its process's: a PROCESS demand of a request switches
             # the running process's model, and its answer ends the lease.
             switch=classified.scope is LeaseScope.PROCESS and link.runtime.lifecycle is not None,
+            most_models=link.runtime.residents.most_models,
         )
 
     # -- what bounds a demand a runtime sizes from its request (`Bounds`) ----------------

@@ -12,13 +12,15 @@ A runtime whose memory is its process's (its `Lifecycle`) is handled here:
   and health (`wait_ready`). The answer makes it resident (`process_ready`), whatever
   NVML shows yet; its bytes follow NVML from there.
 * **Failed starts back off** (`StartBackoff`): one failure event per failed start, the
-  runtime's output in the gate's log only, and no new start until the backoff ran out
-  (503 START_BACKOFF with Retry-After meanwhile).
+  runtime's output in the gate's log only, and no new start until the backoff ran out: a
+  request waits for it when it ends within the request's own wait, and is refused (503
+  START_BACKOFF with Retry-After) when it ends later.
 * **Eviction is a stop** (the core's Stop effect), confirmed when NVML shows the
   consumer's memory gone; the next request starts it again.
 * **A crash** (a supervised child's exit, an adopted process's end) is one RUNTIME_CRASH
   event; its resident goes, and an `always_warm` process is started again after its
-  backoff, under a lease.
+  backoff, under a lease. An end while a request switched its model is that request's
+  failed load, not a crash (process_ends.py).
 * **At gate start** an `always_warm` process is started under a lease; one already
   running is adopted; one with no control is reserved for its envelope until it shows.
   `warm` waits for them (the `gpugate: ready` line) and says which is not up.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 
 import attrs
@@ -54,12 +57,12 @@ from gpugate.gate.link import Link
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
 from gpugate.gate.process_absent import start_timeout as start_timeout_of
 from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of, process_model
+from gpugate.gate.process_ends import ProcessEnds
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
 from gpugate.gate.start_leases import StartLeases
 from gpugate.runtimes.base import ApiFamily, Lifecycle
 from gpugate.runtimes.process import (
-    Exit,
     NotReady,
     ProcessExited,
     SupervisedCommand,
@@ -125,6 +128,7 @@ class ProcessStarts:
         """The start of each always_warm process at the gate's start, for `warm`."""
         self._last_failure: dict[str, str] = {}
         """Why each consumer's last start failed, in one line (cleared once it is up)."""
+        self.ends = ProcessEnds(core, self.books, self.envelopes, reports, self._restart)
         for link in links.values():
             process = control_of(link)
             if process is None:
@@ -132,7 +136,7 @@ class ProcessStarts:
             eviction = Eviction.SLEEP if process.sleeps else Eviction.STOP
             core.lifecycles.register(link.consumer.name, eviction, clock())
             if isinstance(process, SupervisedCommand):
-                process.on_exit = lambda exit, link=link: self._exited(link, exit)
+                process.on_exit = lambda exit, link=link: self.ends.exited(link, exit)
 
     async def running(self, link: Link) -> bool:
         """Whether the consumer's process is there (its control says so), bounded."""
@@ -169,6 +173,7 @@ class ProcessStarts:
         process = control_of(link)
         if process is None or process.sleeps:
             return True
+        await self.ends.wait_for_end(link)
         return await self.under_way.wait(link.consumer.name, start_timeout_of(link))
 
     def stand_in(self, link: Link, method: str, path: str, api: ApiFamily) -> ErrorReply | None:
@@ -179,7 +184,7 @@ class ProcessStarts:
             return None
         if life.state not in (LifeState.STOPPED, LifeState.STOPPING):
             return None
-        return stand_in(link, self.books.backoff(link, until_up=True), api)
+        return stand_in(link, method, self.books.backoff(link, until_up=True), api)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -206,6 +211,7 @@ class ProcessStarts:
         """Return once the books hold the consumer's process (loading or resident),
         starting it under a PROCESS lease when it is stopped, adopting it when it runs."""
         name = link.consumer.name
+        await self.ends.wait_for_end(link)
         async with self._locks.setdefault(name, asyncio.Lock()):
             deadline = self.clock() + self.books.admission_timeout(link)
             while self.books.live(link) is None:
@@ -218,17 +224,32 @@ class ProcessStarts:
             else:
                 return
             with self.under_way.running(name):
-                await self._bring_up(link, priority)
+                await self._bring_up(link, priority, deadline)
 
-    async def _bring_up(self, link: Link, priority: PriorityClass) -> None:
-        """Adopt the consumer's process if it runs, else start it under a PROCESS lease."""
+    async def _bring_up(self, link: Link, priority: PriorityClass, deadline: float) -> None:
+        """Adopt the consumer's process if it runs, else start it under a PROCESS lease.
+
+        A start its backoff holds off (its last start failed, or it ended on its own) is
+        waited for when the backoff ends before `deadline` (the request's own wait), and
+        refused (START_BACKOFF, with Retry-After) only when it ends later: a process that
+        ended once is started again for the next request, a second later, not refused for
+        that second."""
         name = link.consumer.name
-        await self.finder.read_unit(link)
-        process = control_of(link)
-        running = process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
-        refused = None if running else self.books.backoff(link)
-        if refused is not None:
-            raise GateFailure(refused)
+        while True:
+            await self.finder.read_unit(link)
+            process = control_of(link)
+            running = (
+                process is None or await self.finder.found(link, process) is LifeReport.FOUND_UP
+            )
+            refused = None if running else self.books.backoff(link)
+            if refused is None:
+                break
+            wait = refused.retry_after
+            if wait is None or self.clock() + wait > deadline:
+                raise GateFailure(refused)
+            log.info("%s: its start waits %.1fs for its backoff", name, wait)
+            # The backoff's end, a time the core set: nothing else would signal it.
+            await asyncio.sleep(wait)
         demand = self.books.demand(link, priority)
         if running:
             # Adopted: what NVML already shows of it is counted (as unexplained); the
@@ -251,9 +272,14 @@ class ProcessStarts:
         self.starts.own(lease)
         await self._start(link, lease)
 
+    def switch_broke(self, link: Link) -> None:
+        """A request that switched the process's model got no answer (process_ends.py)."""
+        self.ends.broke(link)
+
     async def _start(self, link: Link, lease: Lease) -> None:
         """Have the core start (or wake) the runtime under `lease`, and wait for the report."""
         name = link.consumer.name
+        self.ends.starting(name)
         outcome = asyncio.get_running_loop().create_future()
         self._outcomes[name] = outcome
         self.reports.start_process(lease)
@@ -305,7 +331,8 @@ class ProcessStarts:
             )
             retry = self.core.start_wait(name, self.clock())
             cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
-            what = f"its {verb} failed: {_short(exc)}; next start in {retry:.0f}s at the earliest"
+            what = f"its {verb} failed: {_short(exc)}"
+            what += f"; next start in {math.ceil(retry)}s at the earliest"
             failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
             log.warning("%s could not be %s: %s%s", name,
                         "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
@@ -407,6 +434,14 @@ class ProcessStarts:
             link.runtime.settings.residency(model).policy is ResidencyPolicy.ALWAYS_WARM
         )
 
+    def _restart(self, link: Link) -> None:
+        """After its process ended: an always_warm one starts again, after its backoff."""
+        if self._always_warm(link):
+            name = link.consumer.name
+            retry = self.core.start_wait(name, self.clock())
+            log.info("%s is always_warm: starting it again in %.1fs", name, retry)
+            self._spawn(self._keep_warm(link), f"restart-{name}")
+
     async def _keep_warm(self, link: Link) -> None:
         """Start an always_warm process again after it ended, once its backoff allows."""
         name = link.consumer.name
@@ -433,29 +468,6 @@ class ProcessStarts:
             if isinstance(process, SupervisedCommand) and process.running:
                 with contextlib.suppress(Exception):
                     await process.stop()
-
-    # -- what happened to a process --------------------------------------------------------
-
-    def _exited(self, link: Link, exit: Exit) -> None:
-        """A process the gate runs ended on its own: one crash event (a start that fails
-        reports its own), its resident and start lease end, always_warm starts again."""
-        name = link.consumer.name
-        if link.runtime.lifecycle is not None:
-            link.runtime.lifecycle.process_ended()
-        self.envelopes.ended(name)
-        if self.starting(name):
-            return
-        if exit.stderr_tail:
-            log.warning("%s exited (%s); its last output: %s", name, exit.describe(),
-                        " | ".join(exit.stderr_tail[-5:]))  # fmt: skip
-        self.reports.life_report(name, LifeReport.EXITED, f"its process ended: {exit.describe()}")
-        retry = self.core.start_wait(name, self.clock())
-        self.reports.report(
-            self.books.failure(link, FailureClass.RUNTIME_CRASH, f"it exited: {exit.describe()}")
-        )
-        if self._always_warm(link):
-            log.info("%s is always_warm: starting it again in %.1fs", name, retry)
-            self._spawn(self._keep_warm(link), f"restart-{name}")
 
     def _spawn(self, coro, name: str) -> asyncio.Task[None]:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=f"gpugate-{name}")

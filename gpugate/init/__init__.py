@@ -6,8 +6,8 @@
 * `recognise`: a table of small rules, one per runtime (Ollama, ComfyUI, whisper-server,
   llama-server, vLLM) and per external GPU user (Plex, Tdarr), applied to the scan.
 * `plan`: names, the ports the gate takes and the loopback ports the runtimes move to.
-* `write`: the `consumers.yaml` text, one systemd drop-in per runtime unit, and the moves
-  (the commands an operator runs, in order). Nothing is ever run or installed by init.
+* `write`: the `consumers.yaml` text and one systemd drop-in per runtime unit; `moves`: the
+  moves (the commands an operator runs, in order). Nothing is ever run or installed by init.
 
 The command itself (its options, printing or writing what `write` renders) is
 gpugate.commands.init.

@@ -1,11 +1,14 @@
 """From what was recognised to what to write: names, ports, classes, envelopes, controls.
 
-The gate takes the address each runtime listens on now (its clients change nothing) and the
-runtime moves to loopback, on the next port up that nothing listens on (11434 → 11435, as
-the shipped drop-ins do). A runtime that loads its model at start and holds it until it
-exits (whisper-server, llama-server with one model) is admitted at start, as the shipped
-whisper-server drop-in does (`gpugate admit ... -- COMMAND` as its ExecStart), and the gate
-controls its unit.
+Only what runs in init's own network and PID namespaces is proposed, and what the operator
+names (`--pid`): a runtime in another network namespace listens on that namespace's
+addresses, and moving it to loopback would cut off its clients (namespaces.py). The gate
+takes the address each runtime listens on now (its clients change nothing; a runtime on
+every address is fronted on every address) and the runtime moves to loopback, on the next
+port up that nothing listens on (11434 → 11435, as the shipped drop-ins do). A runtime that
+loads its model at start and holds it until it exits (whisper-server, llama-server with one
+model) is admitted at start, as the shipped whisper-server drop-in does (`gpugate admit ...
+-- COMMAND` as its ExecStart), and the gate controls its unit.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.core.units import MiB
+from gpugate.core.units import GiB, MiB
+from gpugate.init.handstart import HandStart, env_path
 from gpugate.init.recognise import (
     Address,
     Found,
@@ -36,6 +40,9 @@ DEFAULT_DATABASE = "/var/lib/gpugate/gpugate.db"
 CONFIG_PATH = "/etc/gpugate/consumers.yaml"
 CONTROL_TOKEN = "/etc/gpugate/control.token"
 ADMIT_TOKEN = "/etc/gpugate/admit.token"
+GATE_UNIT_PATH = "/etc/systemd/system/gpugate.service"
+CONFIG_FILE = "consumers.yaml"
+MOVES_FILE = "moves.txt"
 DROP_IN = "gpugate.conf"
 LATE_DROP_IN = "zz-gpugate.conf"
 ADMIT_WAIT = "5m"
@@ -60,6 +67,10 @@ class Options:
     """The gpugate program a drop-in's `gpugate admit` runs."""
     ask_runtimes: bool = True
     """Ask a found Ollama which models it holds (GET /api/ps on loopback)."""
+    named: frozenset[int] = frozenset()
+    """PIDs the operator named (`--pid`): proposed even when they run in another namespace."""
+    root: Path = Path("/")
+    """The file system the moves install into: a file already there is never replaced."""
 
 
 @attrs.frozen
@@ -121,6 +132,8 @@ class Front:
     """The command it runs with after the move (None when only its environment changes)."""
     new_env: tuple[tuple[str, str], ...] = ()
     drop_in: DropIn | None = None
+    hand: HandStart | None = None
+    """How it is started again when it was started by hand (no unit, no container)."""
     notes: tuple[str, ...] = ()
 
     @property
@@ -160,6 +173,9 @@ class Plan:
     left_out: tuple[tuple[Found, str], ...] = ()
     """Runtimes found but not fronted, and why."""
     notes: tuple[str, ...] = ()
+    present: frozenset[str] = frozenset()
+    """The files the moves would install that are there already (under `options.root`):
+    none is replaced, so that every move can be undone."""
 
     @property
     def admits(self) -> bool:
@@ -173,6 +189,22 @@ def _show(host: str, port: int) -> str:
 def mib(nbytes: int) -> int:
     """Whole MiB, rounded up."""
     return -(-nbytes // MiB)
+
+
+def gib(nbytes: int) -> str:
+    return f"{nbytes / GiB:.1f} GiB"
+
+
+def present(root: Path, path: str) -> bool:
+    """Whether `path` (absolute, as the moves name it) is there under `root`; a path that
+    cannot be looked at counts as there, so that nothing unseen is replaced."""
+    try:
+        os.lstat(root / path.lstrip("/"))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def gate_host(host: str) -> tuple[str, str]:
@@ -325,7 +357,24 @@ def make_plan(
     left_out: list[tuple[Found, str]] = []
     in_use = scan.ports_in_use
     listening: list[tuple[Found, Address]] = []
+    named = {pid for found in recognised.runtimes for pid in found.members} & options.named
+    for pid in sorted(options.named - named):
+        process = scan.processes.get(pid)
+        what = (
+            "no such process" if process is None else f"{process.command} is no runtime init knows"
+        )
+        notes.append(f"--pid {pid}: {what}")
     for found in recognised.runtimes:
+        where = found.process.namespaces.elsewhere(scan.own)
+        if where and not named & set(found.members):
+            left_out.append(
+                (
+                    found,
+                    f"it runs {where}: its addresses are that namespace's, not this one's; "
+                    f"name it (--pid {found.process.pid}) to propose it all the same",
+                )
+            )
+            continue
         if found.address is None:
             left_out.append((found, "no address: it listens on no socket init can see"))
             continue
@@ -363,7 +412,7 @@ def make_plan(
     fronts: list[Front] = []
     for found, address in fronted:
         name = found.kind if kinds.count(found.kind) == 1 else f"{found.kind}-{address.port}"
-        front = _front(name, found, address, scan, units, ports, default_gpu, loaded)
+        front = _front(name, found, address, scan, units, ports, default_gpu, loaded, options)
         if isinstance(front, str):
             left_out.append((found, front))
         else:
@@ -395,6 +444,11 @@ def make_plan(
         )
     elif scan.nvml_error:
         notes.append(f"NVML: {scan.nvml_error}")
+    targets = [CONFIG_PATH, CONTROL_TOKEN, ADMIT_TOKEN, GATE_UNIT_PATH] + [
+        front.drop_in.install_path
+        for front in fronts
+        if front.drop_in is not None and not front.drop_in.user_unit
+    ]
     return Plan(
         scan=scan,
         recognised=recognised,
@@ -404,6 +458,7 @@ def make_plan(
         control=control,
         left_out=tuple(left_out),
         notes=tuple(notes),
+        present=frozenset(t for t in targets if present(options.root, t)),
     )
 
 
@@ -426,6 +481,7 @@ def _front(
     ports: _Ports,
     default_gpu: int,
     loaded: Mapping[int, tuple[list[LoadedModel], str]],
+    options: Options,
 ) -> Front | str:
     """One consumer, or why it is left out."""
     notes: list[str] = []
@@ -451,12 +507,22 @@ def _front(
     process = found.process
     unit = process.unit
     info = units.get(unit) if unit is not None else None
+    movable = process.container is None and process.namespaces.same_net
     if process.container is not None:
         notes.append(
             f"it runs in a container ({process.container}): publish its port on "
             f"127.0.0.1:{upstream_port} instead of {address.port} (docker run -p "
             f"127.0.0.1:{upstream_port}:{address.port}); init writes no drop-in for it"
         )
+    elif not process.namespaces.same_net:
+        notes.append(
+            f"it runs {process.namespaces.elsewhere(scan.own)}, proposed as named: the "
+            f"address shown is in its namespace, and the gate, in this one, reaches it only "
+            f"where that namespace's port is forwarded here; forward it to "
+            f"127.0.0.1:{upstream_port} instead of {address.port}. Init writes no drop-in "
+            "and no restart for it"
+        )
+    notes += _other_addresses(found, address, host)
     klass = "background" if _embedding(found) else "interactive"
     values: dict = dict(
         name=name,
@@ -468,7 +534,7 @@ def _front(
         gpus=gpus,
         klass=klass,
         commands=_command_match(found),
-        unit=unit if process.container is None else None,
+        unit=unit if movable else None,
         unit_info=info,
     )
     kind = found.kind
@@ -560,10 +626,10 @@ def _front(
                 "runtime's own; check it, or move the address where the unit's command sets it"
             )
             base_argv = process.argv
-    elif unit is not None and process.container is None:
+    elif unit is not None and movable:
         why = info.error if info is not None and info.error else "systemd does not know it"
         notes.append(f"systemctl show {unit}: {why}; the drop-in uses the running command line")
-    if kind != "ollama" and process.container is None:
+    if kind != "ollama" and movable:
         values["new_argv"] = with_address(base_argv, found, upstream_port)
     envelope_known = values.get("envelope") is not None
     if process.user_unit and kind == "llama" and values["policy"] == "always_warm":
@@ -571,15 +637,12 @@ def _front(
             f"a one-model llama-server in a user unit ({unit}): the gate starts and stops only "
             "system units and its own children; run it as a system unit"
         )
-    if unit is not None and process.container is None and not process.user_unit:
+    if unit is not None and movable and not process.user_unit:
         values["admitted"] = (
             kind in ("whisper", "llama") and envelope_known and (values["policy"] == "always_warm")
         )
     elif (
-        kind == "llama"
-        and values["policy"] == "always_warm"
-        and process.container is None
-        and values.get("new_argv")
+        kind == "llama" and values["policy"] == "always_warm" and movable and values.get("new_argv")
     ):
         # A one-model llama-server is controlled as a process: outside systemd, the gate
         # runs it as its child.
@@ -592,10 +655,37 @@ def _front(
         notes.append(
             f"{unit} is a user unit: install the drop-in as its user and use systemctl --user"
         )
+    if movable and unit is None:
+        hand = HandStart(
+            name, process, env_path(options.out, name) if process.env is not None else None
+        )
+        values["hand"] = hand
+        if not values.get("control_command"):
+            notes += hand.notes()
     front = Front(**values, notes=tuple(notes))
     if front.unit is not None:
         front = attrs.evolve(front, drop_in=_drop_in_for(front))
     return front
+
+
+def _other_addresses(found: Found, address: Address, taken: str) -> list[str]:
+    """A note when the runtime listens on more addresses than the one the gate takes, and
+    a client of one of them would be cut off."""
+    others = sorted(
+        {
+            _show(li.host, li.port)
+            for li in found.listeners
+            if li.port == address.port
+            and li.host != address.host
+            and not (taken == "0.0.0.0" and ":" not in li.host)
+        }
+    )
+    if not others:
+        return []
+    return [
+        f"it also listens on {', '.join(others)}: the gate takes {taken}:{address.port} "
+        "only, and a client that connects there now gets no answer once it moves"
+    ]
 
 
 def _drop_in_for(front: Front) -> DropIn:

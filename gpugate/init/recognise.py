@@ -368,10 +368,27 @@ def _split_host_port(text: str) -> tuple[str, str | None]:
     return host, port
 
 
+def widest(listeners: Sequence[Listener]) -> Listener:
+    """The socket that reaches the most clients: every address, else one off this host,
+    else loopback (IPv4 before IPv6 among equals). The gate takes its address, so that no
+    client that reaches the runtime now is cut off."""
+    return sorted(
+        listeners, key=lambda li: (not li.is_any, li.is_loopback, ":" in li.host, li.host)
+    )[0]
+
+
 def _address(
-    rule: Rule, process: Process, program: Program, listeners: Sequence[Listener]
+    rule: Rule,
+    process: Process,
+    program: Program,
+    listeners: Sequence[Listener],
+    unowned: Sequence[Listener] = (),
 ) -> Address | None:
-    """Where the runtime listens: its socket when /proc shows one, else what it was told."""
+    """Where the runtime listens: its socket when /proc shows one, else what it was told.
+
+    `unowned`: this namespace's listening sockets, when the process's own cannot be read
+    (another user's, without root): one on the port it was told is taken as its own, so that
+    a runtime on every address is not taken for one on loopback."""
     if rule.external:
         return None
     args = program.args(process.argv)
@@ -398,10 +415,16 @@ def _address(
     port = port or rule.default_port
     if listeners:
         wanted = [li for li in listeners if li.port == port] or list(listeners)
-        chosen = sorted(wanted, key=lambda li: (":" in li.host, li.host))[0]
+        chosen = widest(wanted)
         return Address(chosen.host, chosen.port, "its listening socket")
     if port is None:
         return None
+    on_port = [li for li in unowned if li.port == port]
+    if on_port:
+        chosen = widest(on_port)
+        return Address(
+            chosen.host, chosen.port, "a socket on its port (whose, init could not read)"
+        )
     return Address(host, port, source)
 
 
@@ -442,6 +465,9 @@ def recognise(scan: HostScan, rules: Sequence[Rule] = RULES) -> Recognised:
         rule, program = matched[root]
         process = scan.processes[root]
         listeners = tuple(scan.listeners_of(root))
+        # Another user's sockets are unreadable without root; this namespace's table is
+        # only this namespace's processes'.
+        unowned = scan.listeners if not process.fds_readable and process.namespaces.same_net else ()
         found = Found(
             rule=rule,
             process=process,
@@ -449,7 +475,7 @@ def recognise(scan: HostScan, rules: Sequence[Rule] = RULES) -> Recognised:
             members=tuple(sorted(members)),
             gpu_use=tuple(on_card.get(root, ())),
             listeners=listeners,
-            address=_address(rule, process, program, listeners),
+            address=_address(rule, process, program, listeners, unowned),
         )
         (external if rule.external else runtimes).append(found)
     return Recognised(tuple(runtimes), tuple(external), tuple(unknown))

@@ -3,7 +3,9 @@
 Everything here only reads. What cannot be read is left empty and said so (`env is None`,
 `cwd is None`, a device list with `nvml_error`), never guessed: another user's
 /proc/PID/environ, fd/ and cwd need root (or CAP_SYS_PTRACE), and a container's sockets
-live in its own network namespace, which /proc/net/tcp of this one does not list.
+live in its own network namespace, which /proc/net/tcp of this one does not list. Each
+process's namespaces are compared with init's own (namespaces.py), so that what runs in
+another is told apart.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import attrs
+
+from gpugate.init.namespaces import HERE, Namespaces, OwnNamespaces
 
 LISTEN_STATE = "0A"
 """The state column of a listening socket in /proc/net/tcp{,6}."""
@@ -96,6 +100,10 @@ class Process:
     sockets: frozenset[str] = frozenset()
     """Inodes of the sockets it holds (None readable: empty)."""
     fds_readable: bool = True
+    namespaces: Namespaces = HERE
+    """Whether it runs in init's own network and PID namespaces."""
+    uid: int | None = None
+    """The user it runs as (its real UID), when /proc/PID/status shows it."""
 
     @property
     def command(self) -> str:
@@ -137,6 +145,9 @@ class HostScan:
     nvml_error: str = ""
     processes: Mapping[int, Process] = attrs.field(factory=dict)
     listeners: tuple[Listener, ...] = ()
+    """The listening sockets of init's own network namespace."""
+    own: Namespaces = HERE
+    """Init's own namespaces, as /proc shows them (for what it prints)."""
 
     @property
     def ports_in_use(self) -> frozenset[int]:
@@ -240,8 +251,19 @@ def parse_cgroup(text: str) -> tuple[str | None, bool, str | None]:
     return unit, user and unit is not None, container
 
 
-def read_process(proc_root: Path, pid: int) -> Process | None:
-    """Process `pid` from `proc_root`, or None when it has gone."""
+def _uid(base: Path) -> int | None:
+    """The real UID on /proc/PID/status's `Uid:` line."""
+    for line in (_read(base / "status") or b"").decode("utf-8", "replace").splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def read_process(proc_root: Path, pid: int, own: OwnNamespaces | None = None) -> Process | None:
+    """Process `pid` from `proc_root`, or None when it has gone; its namespaces compared
+    with `own` (default: this process's)."""
+    own = own or OwnNamespaces.read()
     base = proc_root / str(pid)
     stat = _read(base / "stat")
     if stat is None:
@@ -283,18 +305,21 @@ def read_process(proc_root: Path, pid: int) -> Process | None:
         container=container,
         sockets=frozenset(sockets),
         fds_readable=fds_readable,
+        namespaces=own.of(base),
+        uid=_uid(base),
     )
 
 
-def read_processes(proc_root: Path) -> dict[int, Process]:
+def read_processes(proc_root: Path, own: OwnNamespaces | None = None) -> dict[int, Process]:
     """Every process under `proc_root`, by PID."""
+    own = own or OwnNamespaces.read()
     try:
         pids = sorted(int(p.name) for p in proc_root.iterdir() if p.name.isdigit())
     except OSError:
         return {}
     found = {}
     for pid in pids:
-        process = read_process(proc_root, pid)
+        process = read_process(proc_root, pid, own)
         if process is not None:
             found[pid] = process
     return found
@@ -434,6 +459,7 @@ def scan_host(
 ) -> HostScan:
     """One reading of the host: NVML first (its PIDs), then /proc."""
     driver, devices, gpu_processes, error = read_nvml(nvml_library)
+    own = OwnNamespaces.read()
     return HostScan(
         hostname=hostname or os.uname().nodename,
         proc_root=proc_root,
@@ -441,8 +467,9 @@ def scan_host(
         devices=devices,
         gpu_processes=gpu_processes,
         nvml_error=error,
-        processes=read_processes(proc_root),
+        processes=read_processes(proc_root, own),
         listeners=read_listeners(proc_root),
+        own=own.shown,
     )
 
 

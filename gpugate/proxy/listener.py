@@ -69,7 +69,8 @@ def _request(
 
 def reply(error: ErrorReply, screening: Screening | None = None) -> web.Response:
     """A response the gate writes itself (Date and Content-Length added as the runtime's),
-    with the headers the runtime's own middleware would have put on it (CORS)."""
+    with the headers the runtime's own middleware would have put on it (CORS, and a
+    `Server` header where the runtime's server sets one on every answer)."""
     headers: CIMultiDict[str] = CIMultiDict()
     if error.content_type:
         headers[hdrs.CONTENT_TYPE] = error.content_type
@@ -80,7 +81,11 @@ def reply(error: ErrorReply, screening: Screening | None = None) -> web.Response
     headers.extend(error.headers)
     if screening is not None:
         headers.extend(screening.reply_headers)
-    return web.Response(status=error.status, body=error.body, headers=headers)
+    response = web.Response(status=error.status, body=error.body, headers=headers)
+    if hdrs.SERVER in headers:
+        # The runtime's own words: kept, as an upstream's Server header is.
+        response[UPSTREAM_SERVER] = True
+    return response
 
 
 class ConsumerListener:

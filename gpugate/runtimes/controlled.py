@@ -102,6 +102,10 @@ class ProcessModel:
         return None
 
 
+HealthAnswer = ErrorReply | Callable[[str], ErrorReply]
+"""A runtime's answer on its health route once up: the same to every method, or by method."""
+
+
 class ProcessLifecycle(Lifecycle):
     """The lifecycle every process runtime shares: its control, its model, its routes."""
 
@@ -111,13 +115,16 @@ class ProcessLifecycle(Lifecycle):
         control: ProcessControl | None,
         *,
         needs_process: Callable[[str, str], bool] | None = None,
-        up_health: ErrorReply = UP_HEALTH,
+        up_health: HealthAnswer = UP_HEALTH,
+        loaded_by: Callable[[Classified, int], bool] | None = None,
     ) -> None:
-        """`needs_process`: the runtime's routes that run its process (None: all)."""
+        """`needs_process`: the runtime's routes that run its process (None: all);
+        `loaded_by`: its reading's rule for an answer that says a switch took effect."""
         self.model = model
         self.control = control
         self._needs = needs_process
         self._up_health = up_health
+        self._loaded_by = loaded_by
 
     def process_model(self) -> str:
         return self.model.current
@@ -125,12 +132,15 @@ class ProcessLifecycle(Lifecycle):
     def needs_process(self, method: str, path: str) -> bool:
         return self._needs is None or self._needs(method, path)
 
-    def up_health(self) -> ErrorReply:
-        return self._up_health
+    def up_health(self, method: str = "GET") -> ErrorReply:
+        answer = self._up_health
+        return answer if isinstance(answer, ErrorReply) else answer(method)
 
     def answered(self, classified: Classified, status: int) -> None:
-        # A switch of the running process's model took effect.
-        if classified.kind is RouteKind.DEMAND and status == 200 and classified.model:
+        # A switch of the running process's model took effect, by the rule the gate's
+        # books follow too (`Reading.loaded_by`).
+        loaded = self._loaded_by(classified, status) if self._loaded_by else status < 400
+        if classified.kind is RouteKind.DEMAND and loaded and classified.model:
             self.model.current = classified.model
 
     def process_ended(self) -> None:
@@ -178,7 +188,7 @@ def process_runtime(
     healthy: Callable[[int], bool] | None = None,
     unobserved: HealthSignal = HealthSignal.HEALTH_ROUTE,
     needs_process: Callable[[str, str], bool] | None = None,
-    up_health: ErrorReply = UP_HEALTH,
+    up_health: HealthAnswer = UP_HEALTH,
     reclaim_rule: ReclaimRule = STOP_RECLAIM,
 ) -> Runtime:
     """A process runtime's record around its own reading.
@@ -194,7 +204,11 @@ def process_runtime(
         residents=ProcessResidents(consumer, reclaim_rule, controlled=control is not None),
         health=RouteHealth(signal, settings.url(health_path), healthy=healthy),
         lifecycle=ProcessLifecycle(
-            model, control, needs_process=needs_process, up_health=up_health
+            model,
+            control,
+            needs_process=needs_process,
+            up_health=up_health,
+            loaded_by=reading.loaded_by,
         ),
     )
 

@@ -78,6 +78,13 @@ class Reading(abc.ABC):
         """Whether a request may put a model in VRAM, under which lease scope, and its body
         (`query`: the URL's raw query string, for runtimes that read fields from it)."""
 
+    def loaded_by(self, classified: Classified, status: int) -> bool:
+        """Whether the runtime's answer `status` to a request that may load (a DEMAND) says
+        the load took effect: the gate then counts the model loaded (a switch done), and a
+        process runtime's current model follows the same rule. The default: any status
+        below 400."""
+        return status < 400
+
     def refused_after_load(self, classified: Classified, status: int, body: bytes) -> bool:
         """Whether the runtime's 5xx answer (`body`: its first bytes) to a request that
         may load is its own refusal of the request once the model was loaded: the model is
@@ -110,6 +117,13 @@ class Residents(abc.ABC):
     @abc.abstractmethod
     def evict_timeout(self) -> float:
         """How long an eviction may take (a process's stop takes its stop timeout)."""
+
+    @property
+    def most_models(self) -> int | None:
+        """The most models the runtime holds at once, past which it unloads one of its own
+        choosing to load another (`Demand.most_models`, llama-server's `--models-max`);
+        None: no such limit."""
+        return None
 
 
 class Inventory(abc.ABC):
@@ -201,13 +215,15 @@ class Lifecycle(abc.ABC):
         and any other request starts it: only the runtime can answer it."""
 
     @abc.abstractmethod
-    def up_health(self) -> ErrorReply:
-        """What the runtime answers on its health route (`control.health`) once it is up:
-        the gate answers it in the runtime's place while it keeps the process stopped."""
+    def up_health(self, method: str = "GET") -> ErrorReply:
+        """What the runtime answers on its health route (`control.health`) to `method` (GET
+        or HEAD) once it is up: the gate answers it in the runtime's place while it keeps
+        the process stopped."""
 
     @abc.abstractmethod
     def answered(self, classified: Classified, status: int) -> None:
-        """The runtime answered a request with `status` (a model switch took effect)."""
+        """The runtime answered a request with `status` (a model switch took effect when
+        its reading's `loaded_by` says so)."""
 
     @abc.abstractmethod
     def process_ended(self) -> None:

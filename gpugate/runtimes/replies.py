@@ -46,10 +46,12 @@ def aiohttp_too_large(limit: int, seen: int, path: str) -> ErrorReply:
 
 
 WHISPER_DEFAULT_HEADERS = (
+    ("Server", "whisper.cpp"),
     ("Access-Control-Allow-Origin", "*"),
     ("Access-Control-Allow-Headers", "content-type, authorization"),
 )
-"""What whisper-server's `set_default_headers` puts on every answer (besides `Server`)."""
+"""What whisper-server's `set_default_headers` puts on every answer (whisper.cpp 1.8.5
+examples/server/server.cpp, before its routes)."""
 
 
 def whisper_too_large(limit: int, seen: int, path: str) -> ErrorReply:

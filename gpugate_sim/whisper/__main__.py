@@ -38,6 +38,7 @@ from gpugate_sim.cuda import NO_DEVICE_GGML, visible_devices
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.serving import AppSite, begin, serve_until_signal
 from gpugate_sim.whisper import stdio
+from gpugate_sim.whisper.listening import httplib_runner
 from gpugate_sim.whisper.model import (
     PROCESS_NAME,
     Context,
@@ -47,7 +48,13 @@ from gpugate_sim.whisper.model import (
     NotAModel,
 )
 from gpugate_sim.whisper.record import WhisperRecords
-from gpugate_sim.whisper.server import LISTENING, ServerOptions, WhisperServer, hard_exit
+from gpugate_sim.whisper.server import (
+    LISTENING,
+    N_THREADS,
+    ServerOptions,
+    WhisperServer,
+    hard_exit,
+)
 
 EXIT_INIT_FAILED = 3
 EXIT_BIND_FAILED = 1
@@ -71,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--inference-path", default="/inference")
     parser.add_argument("--request-path", default="")
     parser.add_argument("-dev", "--device", type=int, default=None, help="GPU index")
+    parser.add_argument("-t", "--threads", type=int, default=N_THREADS)
+    parser.add_argument("-p", "--processors", type=int, default=1)
     sim = parser.add_argument_group("simulation (not shown in the process's command line)")
     sim.add_argument("--sim-state-dir", type=Path, help="the simulated GPU host's directory")
     sim.add_argument("--sim-model-size", type=_model_size, action="append", default=[],
@@ -135,25 +144,30 @@ async def _serve(server: WhisperServer, options: ServerOptions) -> int:
         hard_exit(1)
 
     # cpp-httplib's default_socket_options: SO_REUSEPORT alone. It decodes no body itself
-    # (built without compression): the framing middleware answers an encoded one, so aiohttp
-    # must not inflate or refuse it first.
+    # (built without compression): the framing middleware answers an encoded one, so
+    # aiohttp must not inflate or refuse it first.
     site = AppSite(
-        server.app,
+        httplib_runner(server.handle, keepalive_timeout=options.keepalive_timeout),
         options.host,
         options.port,
         bind_failed=bind_failed,
         listening=listening,
         reuse_address=False,
         reuse_port=True,
-        keepalive_timeout=options.keepalive_timeout,
-        auto_decompress=False,
     )
     return await serve_until_signal(site.start, site.close, first=first, second=second)
 
 
+def _unknown(word: str) -> int:
+    # whisper_params_parse: the first unknown word, the usage, and exit(0).
+    print(f"error: unknown argument: {word}", file=sys.stderr)
+    print(f"\nusage: {PROCESS_NAME} [options] \n", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a simulated whisper-server; the exit code."""
-    args, gpu_host = begin(_parser(), PROCESS_NAME, argv)
+    args, gpu_host = begin(_parser(), PROCESS_NAME, argv, unknown=_unknown)
     out, err = stdio.install()
     options = ServerOptions(
         host=args.host,
@@ -164,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         keepalive_max=args.sim_keepalive_max,
         decode_seconds=args.sim_decode_seconds,
         decode_per_audio_second=args.sim_decode_per_audio_second,
+        threads=args.threads,
+        processors=args.processors,
     )
     ordinal = _ordinal(args)
     context = Context(

@@ -1,6 +1,7 @@
 """Multipart fields of a request, read as whisper-server's `get_req_parameters` reads them.
 
-Every field is a multipart part (`req.has_file`); numbers go through `std::stoi` or
+Every field is a multipart part (`req.has_file`; the parts as cpp-httplib reads them are
+framing.py's); numbers go through `std::stoi` or
 `std::stof`, which take the longest numeric prefix after leading blanks and throw
 `std::invalid_argument` / `std::out_of_range` whose what() is the function's name. The
 server's exception handler turns that into a 500 `text/plain` body.
@@ -11,8 +12,6 @@ from __future__ import annotations
 import re
 
 import attrs
-from aiohttp import web
-from aiohttp.multipart import BodyPartReader
 
 INT_MAX = 2**31 - 1
 FLOAT_MAX = 3.4028234663852886e38
@@ -75,23 +74,6 @@ class Part:
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
-
-
-async def read_parts(request: web.Request) -> dict[str, Part]:
-    """The multipart parts by name (the first of a repeated name, as `get_file_value`)."""
-    parts: dict[str, Part] = {}
-    if not request.content_type.startswith("multipart/"):
-        await request.read()
-        return parts
-    reader = await request.multipart()
-    while True:
-        part = await reader.next()
-        if part is None:
-            return parts
-        if isinstance(part, BodyPartReader):
-            data = await part.read(decode=False)
-            if part.name and part.name not in parts:
-                parts[part.name] = Part(bytes(data), part.filename or "")
 
 
 @attrs.define

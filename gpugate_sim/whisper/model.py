@@ -7,8 +7,8 @@ after the load time. A part that does not fit fails as ggml-cuda reports it; wha
 process then does (abort, or whisper-server's own `return 3`) is the caller's choice.
 
 A file is a model when it is one of the catalog's (the simulated disk) or a real file that
-starts with ggml's magic; anything else that opens — another file, a directory — passes
-`is_file_exist` in server.cpp but fails `whisper_model_load` with "bad magic".
+whisper.cpp would load (ggml.py); anything else that opens — another file, a directory, a
+model cut short — passes `is_file_exist` in server.cpp but fails `whisper_model_load`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ import attrs
 
 from gpugate.core.units import MiB
 from gpugate_sim.device import GpuOutOfMemory, SimulatedGpuHost
+from gpugate_sim.whisper.ggml import BadModel, ModelFile, read_model
 
 PROCESS_NAME = "whisper-server"
 STATE_SHARE = 8
 """1/STATE_SHARE of a model's bytes is its state (KV caches, compute buffers)."""
-GGML_MAGIC = b"lmgg"
-"""GGML_FILE_MAGIC (0x67676d6c) as whisper_model_load reads it: a little-endian uint32."""
 
 
 class ModelMissing(Exception):
@@ -37,7 +36,12 @@ class ModelMissing(Exception):
 
 
 class NotAModel(Exception):
-    """The path opens (a file or a directory) but holds no ggml model."""
+    """The path opens (a file or a directory) but holds no model whisper.cpp loads."""
+
+    def __init__(self, path: str, line: str) -> None:
+        super().__init__(path)
+        self.line = line
+        """What whisper_model_load logs about it."""
 
 
 class ModelDoesNotFit(Exception):
@@ -57,30 +61,39 @@ class ModelCatalog:
     def size(self, path: str) -> int:
         """The VRAM `path` takes once loaded; ModelMissing when there is no such file,
         NotAModel when it opens but is no model."""
+        return self.model(path).size
+
+    def model(self, path: str) -> ModelFile:
+        """The model at `path`: the catalog's (English-only when its file name says `.en`),
+        else the real file's, read as whisper_model_load reads it (ggml.py)."""
         for key in (path, os.path.basename(path)):
             if key in self.sizes:
-                return self.sizes[key]
-        real = Path(path)
-        if real.is_dir():
-            raise NotAModel(path)
+                return ModelFile(self.sizes[key], is_multilingual(path))
+        if Path(path).is_dir():
+            raise NotAModel(path, "whisper_model_load: invalid model data (bad magic)")
         try:
-            with real.open("rb") as model:
-                magic = model.read(len(GGML_MAGIC))
+            return read_model(path)
+        except BadModel as exc:
+            raise NotAModel(path, str(exc)) from None
         except OSError:
             raise ModelMissing(path) from None
-        if magic != GGML_MAGIC:
-            raise NotAModel(path)
-        return real.stat().st_size
 
     def exists(self, path: str) -> bool:
-        """`is_file_exist` of the server: whether `std::ifstream(path)` opens (a directory does)."""
+        """`is_file_exist` of the server: whether `std::ifstream(path)` opens (a directory
+        does; a named pipe waits for a writer)."""
         if any(key in self.sizes for key in (path, os.path.basename(path))):
             return True
-        return bool(path) and os.access(path, os.R_OK)
+        if not path:
+            return False
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+        except OSError:
+            return False
+        return True
 
 
 def is_multilingual(path: str) -> bool:
-    """Whether a model file is multilingual: English-only ones are named `*.en*`."""
+    """Whether a catalog model is multilingual: English-only ones are named `*.en*`."""
     return ".en" not in os.path.basename(path)
 
 
@@ -107,6 +120,7 @@ class Context:
         self.err = err
         self.pid = os.getpid()
         self.model: str | None = None
+        self._multilingual = False
         self.held = 0
 
     def init(self, path: str, sleep: bool = True) -> None:
@@ -116,16 +130,17 @@ class Context:
         """
         self._say(f"whisper_init_from_file_with_params_no_state: loading model from '{path}'")
         try:
-            size = self.catalog.size(path)
+            found = self.catalog.model(path)
         except ModelMissing:
             self._say(f"whisper_init_from_file_with_params_no_state: failed to open '{path}'")
             raise
-        except NotAModel:
+        except NotAModel as exc:
             self._say_init()
             self._say("whisper_model_load: loading model")
-            self._say("whisper_model_load: invalid model data (bad magic)")
+            self._say(exc.line)
             self._say("whisper_init_with_params_no_state: failed to load model")
             raise
+        size = found.size
         weights = size - size // STATE_SHARE
         self._say_init()
         self._allocate(weights, [
@@ -142,11 +157,12 @@ class Context:
         ])  # fmt: skip
         self._say(f"whisper_init_state: kv self size  = {(size - weights) / 1e6:7.2f} MB")
         self.model = path
+        self._multilingual = found.multilingual
 
     @property
     def multilingual(self) -> bool:
         """`whisper_is_multilingual` of the loaded model."""
-        return self.model is not None and is_multilingual(self.model)
+        return self.model is not None and self._multilingual
 
     def free(self) -> None:
         """`whisper_free`: the VRAM goes back at once."""

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import enum
 import os
+import re
 import sys
 import time
 import weakref
@@ -36,18 +37,14 @@ from aiohttp import web
 
 import gpugate_sim.whisper.transcript as transcript
 from gpugate_sim.whisper.audio import AudioError, read_audio
-from gpugate_sim.whisper.fields import (
-    CppException,
-    InferenceParams,
-    Part,
-    inference_params,
-    read_parts,
-)
+from gpugate_sim.whisper.fields import CppException, InferenceParams, Part, inference_params
+from gpugate_sim.whisper.framing import Content, expects_content, httplib_path, read_content
+from gpugate_sim.whisper.httplib import header_value
 from gpugate_sim.whisper.model import Context, ModelDoesNotFit, ModelMissing, NotAModel
 from gpugate_sim.whisper.page import default_content
 from gpugate_sim.whisper.record import ACTING, Acting, Route, WhisperRecords
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest, dict[str, Part]], Awaitable[web.StreamResponse]]
 EXIT_LOAD_FAILED = 1
 LISTENING = "whisper server listening at"
 """The start of the stdout line whisper-server prints once its port is bound."""
@@ -56,6 +53,10 @@ DISCONNECT_POLL = 0.01
 N_THREADS = min(4, os.cpu_count() or 1)
 """whisper_params' default n_threads: min(4, hardware_concurrency)."""
 HANDLER = "operator()"
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "PRI"}
+)
+"""The methods `Server::parse_request_line` takes (httplib.h L6585)."""
 """`__func__` in the /inference lambda, which starts some of its log lines."""
 
 
@@ -76,6 +77,8 @@ class ServerOptions:
     """Fixed decoding time of one request."""
     decode_per_audio_second: float = 0.0
     """Decoding time per second of audio (0.05: 20x real time)."""
+    threads: int = N_THREADS
+    processors: int = 1
 
 
 def hard_exit(code: int) -> None:
@@ -115,36 +118,40 @@ class WhisperServer:
         self.mutex = asyncio.Lock()
         self.requests = 0
         self._served: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
-        self.app = self._build_app()
 
-    def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=sys.maxsize, middlewares=[self._httplib])
+    def _routes(self) -> list[tuple[str, re.Pattern[str], Handler]]:
+        """server.cpp's `svr->Get/Options/Post` patterns: regular expressions, matched whole
+        (httplib.h `make_matcher`, `RegexMatcher`), in the order it registers them."""
         base = self.options.request_path
-        app.router.add_get(base + "/", self.index)
-        app.router.add_route("OPTIONS", base + self.options.inference_path, self.options_)
-        app.router.add_post(base + self.options.inference_path, self.inference)
-        app.router.add_post(base + "/load", self.load)
-        app.router.add_get(base + "/health", self.health)
-        return app
+        inference = base + self.options.inference_path
+        return [
+            ("GET", re.compile(base + "/"), self.index),
+            ("OPTIONS", re.compile(inference), self.options_),
+            ("POST", re.compile(inference), self.inference),
+            ("POST", re.compile(base + "/load"), self.load),
+            ("GET", re.compile(base + "/health"), self.health),
+        ]
 
     # -- cpp-httplib's framing -------------------------------------------------------------
 
-    @web.middleware
-    async def _httplib(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """One request, through cpp-httplib's framing and routing (listening.py serves it)."""
+        path = httplib_path(request.raw_path)
+        content = Content()
+        if request.method not in METHODS or request.version not in ((1, 0), (1, 1)):
+            # parse_request_line: another method or version is a request it cannot parse.
+            content = Content(status=400)
+        elif expects_content(request):
+            if header_value(list(request.raw_headers), b"expect") == b"100-continue":
+                # Process_request answers it before any routing, whatever the version.
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            content = await read_content(request)
         try:
-            if request.body_exists and _encoded(request.headers.get("Content-Encoding", "")):
-                # httplib.h prepare_content_receiver: built without its zlib, Brotli and
-                # zstd support, it answers 415 before any handler reads the body.
-                response = _content(415, "", "text/plain")
-            else:
-                response = await handler(request)
-        except web.HTTPException as exc:
-            # No route (404) or no method (405): httplib answers 404 for both.
-            response = _content(exc.status if exc.status == 400 else 404, "", "text/plain")
+            response = await self._route(request, path, content)
         except CppException as exc:
             response = _content(500, f"500 Internal Server Error\n{exc}", "text/plain")
         if response.status >= 400 and isinstance(response, web.Response):
-            response = self._error_handler(request, response)
+            response = self._error_handler(path, response)
         self._record(request, response.status)
         if request.method == "HEAD":
             response.headers.setdefault("Accept-Ranges", "bytes")
@@ -155,66 +162,92 @@ class WhisperServer:
         ):
             response.headers.setdefault(name, value)
         self._count(request, response)
+        if content.unread and request.keep_alive and request.protocol is not None:
+            # What it never read of the body is the next request on this connection.
+            request.protocol.data_received(content.unread)
         return response
 
-    def _acting(self, request: web.Request, route: Route) -> Acting:
+    async def _route(self, request: web.BaseRequest, path: str, content: Content) -> web.Response:
+        if content.status is not None:
+            return _content(content.status, "", "text/plain")
+        method = "GET" if request.method == "HEAD" else request.method
+        parts = {
+            name: Part(bytes(file.content), file.filename.decode("utf-8", "replace"))
+            for name, file in content.files.items()
+        }
+        for verb, pattern, handler in self._routes():
+            if verb == method and pattern.fullmatch(path):
+                response = await handler(request, parts)
+                assert isinstance(response, web.Response)
+                return response
+        return _content(404, "", "text/plain")
+
+    def _acting(self, request: web.BaseRequest, route: Route) -> Acting:
         """Start the record of a /load or /inference request, as its handler starts."""
         acting = Acting(route, time.time(), request.rel_url.query.get("case", ""))
         request[ACTING] = acting
         return acting
 
-    def _record(self, request: web.Request, status: int | None) -> None:
+    def _record(self, request: web.BaseRequest, status: int | None) -> None:
         acting: Acting | None = request.get(ACTING)
         if acting is not None and self.records is not None:
             self.records.write(acting.record(status))
 
-    def _error_handler(self, request: web.Request, response: web.Response) -> web.Response:
+    def _error_handler(self, path: str, response: web.Response) -> web.Response:
         if response.status == 400:
             return _content(400, "Invalid request", "text/plain")
         if response.status != 500:
-            return _content(404, f"File Not Found ({request.path})", "text/plain")
+            return _content(404, f"File Not Found ({path})", "text/plain")
         return response
 
-    def _count(self, request: web.Request, response: web.StreamResponse) -> None:
+    def _count(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        """`write_response_core` and the keep-alive loop: the last allowed request and a
+        `Connection: close` (exactly, the last such header) say close; HTTP/1.0 without
+        `Connection: Keep-Alive` is closed after an answer that says keep-alive."""
         self.requests += 1
         transport = request.transport
         served = 1
         if transport is not None:
             served = self._served.get(transport, 0) + 1
             self._served[transport] = served
-        if served >= self.options.keepalive_max or not request.keep_alive:
+        connection = header_value(list(request.raw_headers), b"connection")
+        last = served >= self.options.keepalive_max
+        if last or connection == b"close":
+            response.headers["Connection"] = "close"
             response.force_close()
-        else:
-            timeout = f"{self.options.keepalive_timeout:g}"
-            response.headers["Keep-Alive"] = f"timeout={timeout}, max={self.options.keepalive_max}"
+            return
+        timeout = f"{self.options.keepalive_timeout:g}"
+        response.headers["Keep-Alive"] = f"timeout={timeout}, max={self.options.keepalive_max}"
+        if request.version == (1, 0) and connection != b"Keep-Alive":
+            response.force_close()
 
     # -- routes ----------------------------------------------------------------------------
 
-    async def index(self, request: web.Request) -> web.StreamResponse:
+    async def index(self, request: web.BaseRequest, parts: dict[str, Part]) -> web.StreamResponse:
         path = self.options.request_path + self.options.inference_path
         return _content(200, default_content(self.options.port, path), "text/html")
 
-    async def options_(self, request: web.Request) -> web.StreamResponse:
+    async def options_(
+        self, request: web.BaseRequest, parts: dict[str, Part]
+    ) -> web.StreamResponse:
         return web.Response(status=200)
 
-    async def health(self, request: web.Request) -> web.StreamResponse:
+    async def health(self, request: web.BaseRequest, parts: dict[str, Part]) -> web.StreamResponse:
         if self.state is ServerState.READY:
             return _content(200, '{"status":"ok"}', "application/json")
         return _content(503, '{"status":"loading model"}', "application/json")
 
-    async def inference(self, request: web.Request) -> web.StreamResponse:
+    async def inference(
+        self, request: web.BaseRequest, parts: dict[str, Part]
+    ) -> web.StreamResponse:
         self._acting(request, Route.INFERENCE)
-        try:
-            parts = await read_parts(request)
-        except ValueError:
-            return _content(400, "", "text/plain")
         async with self.mutex:
             if "file" not in parts:
                 self._err("error: no 'file' field in the request")
                 return _json_error(400, "no 'file' field in the request")
             return await self._transcribe(request, parts)
 
-    async def _transcribe(self, request: web.Request, parts: dict[str, Part]) -> web.Response:
+    async def _transcribe(self, request: web.BaseRequest, parts: dict[str, Part]) -> web.Response:
         audio_part = parts["file"]
         params = inference_params(parts)
         name = audio_part.filename
@@ -231,7 +264,8 @@ class WhisperServer:
         self._err("")
         self._err(
             f"{HANDLER}: processing '{name}' ({samples} samples, {samples / 16000:.1f} sec), "
-            f"{N_THREADS} threads, 1 processors, lang = {params.language}, "
+            f"{self.options.threads} threads, {self.options.processors} processors, "
+            f"lang = {params.language}, "
             f"task = {'translate' if params.translate else 'transcribe'}, "
             f"timestamps = {0 if params.no_timestamps else 1} ..."
         )
@@ -297,7 +331,7 @@ class WhisperServer:
             return _content(200, body, "application/json")
         return _content(200, transcript.format_json(result), "application/json")
 
-    async def _decode(self, request: web.Request, seconds: float) -> bool:
+    async def _decode(self, request: web.BaseRequest, seconds: float) -> bool:
         """Spend the decoding time; False as soon as the client has gone (abort callback)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -310,12 +344,8 @@ class WhisperServer:
                 return True
             await asyncio.sleep(min(DISCONNECT_POLL, remaining))
 
-    async def load(self, request: web.Request) -> web.StreamResponse:
+    async def load(self, request: web.BaseRequest, parts: dict[str, Part]) -> web.StreamResponse:
         acting = self._acting(request, Route.LOAD)
-        try:
-            parts = await read_parts(request)
-        except ValueError:
-            return _content(400, "", "text/plain")
         async with self.mutex:
             # Set before the checks and not reset by them: a failed /load leaves the
             # server "loading" until a later one succeeds.
@@ -323,9 +353,12 @@ class WhisperServer:
             if "model" not in parts:
                 self._err("error: no 'model' field in the request")
                 return _json_error(400, "no 'model' field in the request")
-            model = parts["model"].text
+            # A C string to is_file_exist and whisper_init: the path ends at a NUL.
+            model = parts["model"].content.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             acting.model = model
-            if not self.context.catalog.exists(model):
+            # std::ifstream opens it: a FIFO holds the handler there until a writer comes,
+            # while /health (no mutex) answers.
+            if not await asyncio.to_thread(self.context.catalog.exists, model):
                 self._err(f"error: 'model': {model} not found!")
                 return _json_error(400, "model not found!")
             self.context.free()
@@ -352,8 +385,3 @@ class WhisperServer:
     def _err(self, line: str) -> None:
         self.context.err.write(line + "\n")
         self.context.err.flush()
-
-
-def _encoded(coding: str) -> bool:
-    """A Content-Encoding cpp-httplib would have to decode (it matches these spellings)."""
-    return coding in ("gzip", "deflate", "zstd") or "br" in coding

@@ -120,7 +120,7 @@ def test_the_seed_file_describes_the_host(monkeypatch: pytest.MonkeyPatch) -> No
     assert by_name["ops"].priority is PriorityClass.PRODUCTION
 
 
-def test_an_invalid_file_exits_2_with_every_error(tmp_path: Path) -> None:
+def test_an_invalid_file_exits_78_with_every_error(tmp_path: Path) -> None:
     (tmp_path / "consumers.yaml").write_text(
         ollama(residency="{ttl: forever}", gpu="yes", upstream="http://10.1.1.1:11435")
     )
@@ -148,12 +148,12 @@ def test_warnings_go_to_stderr_and_the_file_passes(tmp_path: Path) -> None:
     )
 
 
-def test_a_missing_file_exits_2(tmp_path: Path) -> None:
+def test_a_missing_file_exits_78(tmp_path: Path) -> None:
     result = gpugate_check("absent.yaml", cwd=tmp_path)
     assert (result.returncode, result.stdout, result.stderr) == (
         EXIT_INVALID,
         "",
-        "absent.yaml: no such file\n",
+        "gpugate check: absent.yaml: no such file\n",
     )
 
 

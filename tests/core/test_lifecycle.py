@@ -268,6 +268,27 @@ def test_a_switch_its_process_did_not_survive_leaves_no_model():
     assert core.residents() == []
 
 
+def test_an_end_while_switching_is_no_failure_and_no_backoff():
+    # whisper-server's /load of a file that opens but is no model: it frees its model,
+    # fails and exits. The request's doing: stopped, not failing, started again at once.
+    core = core_with(Eviction.STOP)
+    started(core)
+    lease = core.submit(switch_demand(), 3.0).lease
+    assert lease is not None
+    core.lifecycles.reported(W, LifeReport.ENDED_SWITCHING, 4.0, "exit status 1")
+    assert core.lease(lease.id) is None and core.residents() == []
+    life = core.lifecycle(W)
+    assert (life.state, life.failing, life.stopped_on_purpose) == (LifeState.STOPPED, False, True)
+    assert core.start_wait(W, 4.0) == 0.0
+    # A crash after that still counts from where the backoff was.
+    lease = core.submit(start_demand(), 5.0).lease
+    assert lease is not None
+    core.lifecycles.start(W, lease.id, 5.0)
+    core.lifecycles.reported(W, LifeReport.UP, 5.5)
+    core.lifecycles.reported(W, LifeReport.EXITED, 6.0, "killed by SIGKILL")
+    assert core.start_wait(W, 6.0) == 1.0
+
+
 class LifecycleWorld(RuleBasedStateMachine):
     """Random starts, reports and evictions of a process runtime beside Ollama's loads."""
 

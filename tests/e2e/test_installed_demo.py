@@ -154,7 +154,7 @@ def test_the_printed_commands_name_the_ports_and_absolute_paths(tmp_path: Path):
 
 
 def test_a_port_base_out_of_range_or_a_port_in_use_starts_nothing(capsys):
-    assert run_demo(port_base=65530) == 2
+    assert run_demo(port_base=65530) == 64
     assert "--port-base" in capsys.readouterr().err
     base = free_port_base()
     with socket.socket() as taken:

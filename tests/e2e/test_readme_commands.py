@@ -1,14 +1,19 @@
 """Every command in the README's table, as printed, against `make run`: the demo on its own
-ports, the commands run from the checkout (where `./consumers.yaml` names the demo's
-control address) with no token in the environment: the demo's local token reaches them."""
+ports, with no token in the environment (the demo's local token reaches them), each command
+run three ways: from the checkout, where `./consumers.yaml` names the demo's control
+address; from another directory in a shell where the `export GPUGATE_CONFIG=...` the demo
+prints was typed; and from another directory with `--config` and the file the demo prints."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from tests.sim.processes import LineReader, kill_quietly
@@ -25,7 +30,7 @@ STARTED_BY_THE_TEST = {
 """Commands of the table that are not run against the demo, and why."""
 
 RUNS: list[tuple[str, list[str], int]] = [
-    ("check", ["check", "consumers.yaml"], 0),
+    ("check", ["check"], 0),
     ("status", ["status"], 0),
     ("status", ["status", "--json"], 0),
     ("leases", ["leases"], 0),
@@ -58,11 +63,30 @@ def readme_commands() -> set[str]:
     return names
 
 
-def gpugate(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def gpugate(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpugate", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=90,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
+
+
+def with_config(args: list[str], config: str) -> list[str]:
+    """`args` with `--config FILE` (before a `-- CMD`; `check` takes the file itself)."""
+    if args[0] == "check":
+        return [*args, config]
+    at = args.index("--") if "--" in args else len(args)
+    return [*args[:at], "--config", config, *args[at:]]
+
+
+def bge_m3_loaded() -> None:
+    """Load bge-m3 again through the gate (an earlier way evicted it): each way evicts it."""
+    request = urllib.request.Request(
+        "http://127.0.0.1:11434/api/embed",
+        data=json.dumps({"model": "bge-m3", "input": "hello"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        assert answer.status == 200
 
 
 def test_the_table_is_what_this_test_runs():
@@ -70,7 +94,7 @@ def test_the_table_is_what_this_test_runs():
     assert readme_commands() == covered | set(STARTED_BY_THE_TEST)
 
 
-def test_every_readme_command_works_as_printed_against_make_run():
+def test_every_readme_command_works_as_printed_against_make_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUGATE_")}
     demo = subprocess.Popen(
         [sys.executable, "-m", "gpugate", "demo"],
@@ -78,28 +102,41 @@ def test_every_readme_command_works_as_printed_against_make_run():
     )  # fmt: skip
     try:
         assert demo.stdout is not None
-        LineReader(demo.stdout).until("Events follow", timeout=90)
+        reader = LineReader(demo.stdout)
+        reader.until("Events follow", timeout=90)
+        (export,) = [line for line in reader.seen if line.strip().startswith("export ")]
+        name, _, config = shlex.split(export)[1].partition("=")
+        assert name == "GPUGATE_CONFIG" and Path(config).is_file()
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        ways = {
+            "from the checkout": (ROOT, env, lambda args: args),
+            "with the demo's export": (elsewhere, {**env, name: config}, lambda args: args),
+            "with --config": (elsewhere, env, lambda args: with_config(args, config)),
+        }
         failed = []
-        for name, args, status in RUNS:
-            done = gpugate(args, env)
-            if done.returncode != status:
-                failed.append((name, args, done.returncode, done.stderr.strip()[-300:]))
-            elif not done.stdout.strip() and name not in ("lease", "admit"):
-                failed.append((name, args, "printed nothing", done.stderr.strip()[-300:]))
+        for way, (cwd, way_env, form) in ways.items():
+            bge_m3_loaded()
+            for command, args, status in RUNS:
+                done = gpugate(form(args), way_env, cwd)
+                if done.returncode != status:
+                    failed.append((way, args, done.returncode, done.stderr.strip()[-300:]))
+                elif not done.stdout.strip() and command not in ("lease", "admit"):
+                    failed.append((way, args, "printed nothing", done.stderr.strip()[-300:]))
+            for args in FOLLOWED:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "gpugate", *form(args)],
+                    cwd=cwd, env=way_env, stdout=subprocess.PIPE, text=True,
+                )  # fmt: skip
+                try:
+                    assert child.stdout is not None
+                    first = LineReader(child.stdout).next(timeout=30)
+                    assert first, (way, args)
+                    child.send_signal(signal.SIGINT)
+                    assert child.wait(timeout=30) in (0, 130), (way, args)
+                finally:
+                    kill_quietly(child)
         assert failed == []
-        for args in FOLLOWED:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "gpugate", *args],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            try:
-                assert child.stdout is not None
-                first = LineReader(child.stdout).next(timeout=30)
-                assert first, args
-                child.send_signal(signal.SIGINT)
-                assert child.wait(timeout=30) in (0, 130), args
-            finally:
-                kill_quietly(child)
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGTERM)

@@ -36,7 +36,7 @@ def test_serve_says_which_port_it_cannot_take(tmp_path):
     ) in result.stderr
 
 
-def test_serve_with_a_bad_config_exits_2_naming_the_line(tmp_path):
+def test_serve_with_a_bad_config_exits_78_naming_the_line(tmp_path):
     config = tmp_path / "consumers.yaml"
     config.write_text("consumers:\n  ollama:\n    runtime: ollama\n    listen: nowhere\n")
     result = subprocess.run(
@@ -45,11 +45,11 @@ def test_serve_with_a_bad_config_exits_2_naming_the_line(tmp_path):
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 78
     assert f"{config}:4: consumers.ollama.listen: expected an address" in result.stderr
 
 
-def test_serve_without_a_tokens_variable_exits_2_naming_it(tmp_path):
+def test_serve_without_a_tokens_variable_exits_78_naming_it(tmp_path):
     control, listen, upstream = free_ports(3)
     config = tmp_path / "consumers.yaml"
     config.write_text(
@@ -67,7 +67,7 @@ def test_serve_without_a_tokens_variable_exits_2_naming_it(tmp_path):
         timeout=60,
         env=env,
     )
-    assert result.returncode == 2
+    assert result.returncode == 78
     assert result.stderr.splitlines() == [
         f"gpugate serve: environment variable GPUGATE_OPS_TOKEN ({config}:10: "
         "identities[0].tokens[0]) is not set; set it or remove the token"

@@ -26,6 +26,7 @@ from gpugate.runtimes.process import SupervisedCommand
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
 from tests.gate.harness import free_ports, running_stack
+from tests.gate.test_process_absent import failures_of
 from tests.gate.test_process_start import (
     BASE,
     KEEP_WARM,
@@ -53,9 +54,13 @@ def spec_for(upstream: int, size: int = WHISPER) -> WhisperServerSpec:
     )
 
 
-def stack_with(tmp_path, sim_host, fakenvml_path, ports, argv, *, residency=KEEP_WARM):
+def stack_with(
+    tmp_path, sim_host, fakenvml_path, ports, argv, *, residency=KEEP_WARM, admission="10s"
+):
     listen, upstream = ports
-    extra = whisper_yaml(listen, upstream, argv, residency=residency, cls="background")
+    extra = whisper_yaml(
+        listen, upstream, argv, residency=residency, cls="background", admission=admission
+    )
     return running_stack(tmp_path, sim_host, fakenvml_path, extra=extra)
 
 
@@ -199,37 +204,113 @@ async def test_a_start_that_fails_is_counted_once_and_backs_off(
         "sys.stderr.write('whisper_init_from_file: failed to open SECRET-MODEL-PATH\\n')\n"
         "sys.exit(1)\n"
     )
+    # A request may wait 1.25 s for its start: a 1 s backoff is waited out, a 2 s one not.
     async with stack_with(
-        tmp_path, sim_host, fakenvml_path, ports, [sys.executable, "-c", script]
+        tmp_path, sim_host, fakenvml_path, ports, [sys.executable, "-c", script], admission="1.25s"
     ) as stack:
         gate = stack.gate
         url = f"http://127.0.0.1:{ports[0]}"
-        crashes = []
-        gate.events.subscribe(
-            lambda e: (
-                e.kind is EventKind.FAILURE
-                and e.failure.failure_class is FailureClass.RUNTIME_CRASH
-                and crashes.append(e)
-            )
-        )
+        crashes = failures_of(gate, FailureClass.RUNTIME_CRASH)
         async with aiohttp.ClientSession() as session:
-            form = aiohttp.FormData()
-            form.add_field("file", b"RIFF", filename="a.wav")
-            async with session.post(url + "/inference", data=form) as resp:
-                assert resp.status == 502
-                assert resp.headers[FAILURE_HEADER] == "RUNTIME_CRASH"
-                body = await resp.text()
+
+            async def post() -> tuple[int, str | None, str | None, str]:
+                form = aiohttp.FormData()
+                form.add_field("file", b"RIFF", filename="a.wav")
+                async with session.post(url + "/inference", data=form) as resp:
+                    failure, retry = (
+                        resp.headers.get(FAILURE_HEADER),
+                        resp.headers.get("Retry-After"),
+                    )
+                    return resp.status, failure, retry, await resp.text()
+
+            status, failure, _, body = await post()
+            assert (status, failure) == (502, "RUNTIME_CRASH")
             assert "SECRET-MODEL-PATH" not in body, "the runtime's log stays in the gate's log"
-            assert "exit status 1" in body
-            form = aiohttp.FormData()
-            form.add_field("file", b"RIFF", filename="a.wav")
-            async with session.post(url + "/inference", data=form) as resp:
-                assert resp.status == 503
-                assert resp.headers[FAILURE_HEADER] == "START_BACKOFF"
-                assert 0 < int(resp.headers["Retry-After"]) <= 2
-        assert starts.read_text() == "x", "the second request did not start it again"
-        assert len(crashes) == 1, [e.detail for e in crashes]
+            assert "exit status 1" in body and "next start in 1s at the earliest" in body
+            # Its 1 s backoff ends within the request's wait: waited out, then a start.
+            status, failure, _, body = await post()
+            assert (status, failure) == (502, "RUNTIME_CRASH"), body
+            assert starts.read_text() == "xx", "the second request started it again"
+            # Its backoff is now 2 s, longer than a request may wait: refused at once.
+            status, failure, retry, body = await post()
+            assert (status, failure) == (503, "START_BACKOFF"), body
+            assert retry is not None and 1 <= int(retry) <= 2
+            assert "ended 2 time(s) in a row; the next start is in " in body
+            assert "in 0s" not in body
+        assert starts.read_text() == "xx", "the third request did not start it"
+        assert len(crashes) == 2, [e.detail for e in crashes]
         assert gate.core.leases() == [] and gate.core.waiting() == []
+
+
+ENDING = """\
+import asyncio, signal, sys
+from aiohttp import web
+
+port, starts, closed = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+open(starts, "a").write("x")
+
+
+async def main():
+    async def health(request):
+        return web.json_response({"status": "ok"})
+
+    async def inference(request):
+        await request.read()
+        return web.json_response({"text": "hello"})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/inference", inference)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, reuse_address=True)
+    await site.start()
+    loop = asyncio.get_running_loop()
+    closing, ending = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, closing.set)
+    loop.add_signal_handler(signal.SIGUSR2, ending.set)
+    await closing.wait()
+    await site.stop()
+    open(closed, "w").write("closed")
+    await ending.wait()
+    sys.exit(1)
+
+
+asyncio.run(main())
+"""
+"""A runtime that, on SIGUSR1, stops listening but runs on until SIGUSR2 ends it (exit 1):
+a process on its way out, which the gate has not seen end yet."""
+
+
+async def test_a_request_that_meets_its_process_ending_is_served_by_its_next_start(
+    tmp_path, sim_host, fakenvml_path, ports
+):
+    listen, upstream = ports
+    starts, closed = tmp_path / "starts", tmp_path / "closed"
+    argv = [sys.executable, "-c", ENDING, str(upstream), str(starts), str(closed)]
+    async with stack_with(tmp_path, sim_host, fakenvml_path, ports, argv) as stack:
+        gate = stack.gate
+        url = f"http://127.0.0.1:{listen}"
+        assert (await transcribe(url))[0] == 200
+        crashes = failures_of(gate, FailureClass.RUNTIME_CRASH)
+        process = process_of(stack)
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGUSR1)
+        await until(closed.exists)
+        # Admitted on the process the books say is up; its connection is refused.
+        work = asyncio.create_task(transcribe(url))
+        await until(lambda: any(lease.key.consumer == "whisper" for lease in gate.core.leases()))
+        os.kill(process.pid, signal.SIGUSR2)
+        # Before, it waited out the start timeout for a port no process would open, then
+        # was answered 502; now the process's end sends it to the next start.
+        status, text = await work
+        assert status == 200, text
+        assert starts.read_text() == "xx"
+        assert [e.detail for e in crashes] == [
+            f"RUNTIME_CRASH: whisper (http://127.0.0.1:{upstream}): it exited: exit status 1"
+        ]
+        await until(lambda: gate.core.leases() == [])
+        assert gate.core.waiting() == []
 
 
 async def test_an_always_warm_process_killed_is_started_again_under_a_lease(

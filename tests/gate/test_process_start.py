@@ -41,7 +41,9 @@ def wav_bytes(seconds: float = 1.0) -> bytes:
     return out.getvalue()
 
 
-def whisper_yaml(port: int, upstream: int, argv: list[str], *, residency: str, cls: str) -> str:
+def whisper_yaml(
+    port: int, upstream: int, argv: list[str], *, residency: str, cls: str, admission: str = "10s"
+) -> str:
     command = json.dumps(argv)
     return textwrap.indent(
         textwrap.dedent(f"""\
@@ -60,7 +62,7 @@ def whisper_yaml(port: int, upstream: int, argv: list[str], *, residency: str, c
               env: {{PYTHONPATH: {json.dumps(child_env({})["PYTHONPATH"])}}}
               start_timeout: 20s
               stop_timeout: 5s
-              start_admission_timeout: 10s
+              start_admission_timeout: {admission}
         """),
         "  ",
     )

@@ -181,7 +181,7 @@ def role_of(pid: int) -> str:
     raise AssertionError(f"pid {pid} is no part of the simulated host: {line}")
 
 
-PROC_LINKS = ("stat", "status", "comm", "cmdline", "environ", "fd", "cwd")
+PROC_LINKS = ("stat", "status", "comm", "cmdline", "environ", "fd", "cwd", "ns")
 
 
 def restricted_proc(root: Path, tree: Mapping[int, int], roles: Mapping[int, str]) -> Path:

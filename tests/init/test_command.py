@@ -105,6 +105,7 @@ def test_without_nvml_it_says_so_and_proposes_what_it_can(
     tree = ProcTree(tmp_path / "proc")
     tree.add(10, comm="ollama", argv=["/usr/local/bin/ollama", "serve"],
              cgroup="0::/system.slice/ollama.service")  # fmt: skip
+    (tree.root / "10" / "ns").symlink_to("/proc/self/ns")  # it shares init's namespaces
     code, printed, err = run(
         "--dry-run", "--proc-root", str(tree.root), "--no-ask",
         "--nvml-library", str(tmp_path / "no-libnvidia-ml.so.1"),

@@ -10,9 +10,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.init.namespaces import HERE, Namespaces, Sharing
 from gpugate.init.plan import Options, Plan, make_plan
 from gpugate.init.recognise import recognise
 from gpugate.init.scan import Device, GpuProcess, HostScan, Listener, Process, UnitInfo
@@ -55,6 +57,7 @@ class Host:
         user_unit: bool = False,
         cwd: str = "/",
         gpu: int = 0,
+        namespaces: Namespaces = HERE,
     ) -> int:
         self._pid += 1
         pid = self._pid
@@ -74,6 +77,7 @@ class Host:
             user_unit=user_unit,
             container=container,
             sockets=frozenset(sockets),
+            namespaces=namespaces,
         )
         if holds:
             self.gpu.append(GpuProcess(pid, gpu, holds))
@@ -256,11 +260,12 @@ def test_llama_server_one_model_is_admitted_and_a_router_is_not(tmp_path: Path) 
     assert router.priority is PriorityClass.BACKGROUND  # embeddings
     assert "ExecStartPre" not in files["llama-router.service.d/gpugate.conf"]
     assert router.processes.commands == ("/usr/local/bin/llama-server",)
+    # The moves' own commands, in order (the undo lines name the same units).
     moves = files["moves.txt"]
     assert (
-        moves.index("systemctl restart llama-router.service")
-        < moves.index("enable --now gpugate.service")
-        < moves.index("systemctl start llama-qwen.service")
+        moves.index("     sudo systemctl restart llama-router.service")
+        < moves.index("     sudo systemctl enable --now gpugate.service")
+        < moves.index("     sudo systemctl start llama-qwen.service")
     )
 
 
@@ -286,18 +291,71 @@ def test_a_runtime_started_by_hand_is_moved_by_hand(tmp_path: Path) -> None:
     host = Host()
     pid = host.add(
         ["whisper-server", "-m", "models/ggml-base.en.bin", "--port", "8080"],
+        env={"CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "hf_live_secret", "PATH": "/opt/w/bin"},
+        cwd="/srv/whisper",
         listen=("127.0.0.1", 8080),
         holds=300 * MiB,
     )
-    files, config, _ = render(host.plan(), tmp_path)
+    plan = host.plan(out=tmp_path / "proposal")
+    files, config, _ = render(plan, tmp_path)
     whisper = consumer(config, "whisper")
     assert whisper.control is None and whisper.envelope == 300 * MiB
-    assert list(files) == ["consumers.yaml", "moves.txt"]
-    assert f"kill {pid}\n" in files["moves.txt"]
-    assert (
-        "whisper-server -m models/ggml-base.en.bin --port 8081 --host 127.0.0.1"
-        in files["moves.txt"]
+    assert list(files) == ["consumers.yaml", "whisper.env", "moves.txt"]
+    # The environment it has, every variable, written to a file the commands read: the
+    # file holds the secret, the print of it does not.
+    env = tmp_path / "proposal" / "whisper.env"
+    assert files["whisper.env"].splitlines()[-3:] == [
+        "export CUDA_VISIBLE_DEVICES=1",
+        "export HF_TOKEN=hf_live_secret",
+        "export PATH=/opt/w/bin",
+    ]
+    shown = render_files(plan, shown=True)
+    assert "export HF_TOKEN='***'" in shown["whisper.env"]
+    assert "hf_live_secret" not in "".join(v for k, v in shown.items())
+    assert "hf_live_secret" not in files["moves.txt"]
+    moves = files["moves.txt"].splitlines()
+    start = f'cd /srv/whisper && env -i /bin/sh -c \'. "$0" && exec "$@"\' {env} '
+    at = moves.index(f"     kill {pid}")
+    assert moves[at + 1] == (
+        f"     {start}whisper-server -m models/ggml-base.en.bin --port 8081 --host 127.0.0.1"
     )
+    assert moves[at + 2] == f"   undo: {start}whisper-server -m models/ggml-base.en.bin --port 8080"
+
+
+def test_an_ollama_started_by_hand_keeps_its_environment_with_its_address_moved(
+    tmp_path: Path,
+) -> None:
+    host = Host()
+    host.add(
+        ["ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0:11434", "OLLAMA_MODELS": "/data/models"},
+        cwd="/home/alice",
+        listen=("0.0.0.0", 11434),
+    )
+    plan = host.plan(out=tmp_path)
+    files, config, _ = render(plan, tmp_path)
+    assert str(consumer(config, "ollama").listen) == "0.0.0.0:11434"
+    assert "export OLLAMA_MODELS=/data/models" in files["ollama.env"]
+    assert "export OLLAMA_HOST=0.0.0.0:11434" in files["ollama.env"]  # as it was: the undo's
+    start = f'cd /home/alice && env -i /bin/sh -c \'. "$0" && exec "$@"\' {tmp_path}/ollama.env'
+    moves = files["moves.txt"]
+    assert (
+        f"     {start} env OLLAMA_HOST=127.0.0.1:11435 OLLAMA_KEEP_ALIVE=-1 ollama serve\n" in moves
+    )
+    assert f"   undo: {start} ollama serve\n" in moves
+
+
+def test_what_cannot_be_read_of_a_process_started_by_hand_is_said(tmp_path: Path) -> None:
+    host = Host()
+    pid = host.add(["ollama", "serve"], listen=("127.0.0.1", 11434))
+    process = host.processes[pid]
+    host.processes[pid] = attrs.evolve(process, env=None, cwd=None)
+    files, _, _ = render(host.plan(), tmp_path)
+    assert list(files) == ["consumers.yaml", "moves.txt"]
+    moves = files["moves.txt"]
+    assert "     OLLAMA_HOST=127.0.0.1:11435 OLLAMA_KEEP_ALIVE=-1 ollama serve\n" in moves
+    assert "its environment could not be read" in moves
+    assert "its working directory could not be read" in moves
 
 
 def test_a_container_s_runtime_is_fronted_without_a_drop_in(tmp_path: Path) -> None:
@@ -447,7 +505,7 @@ def test_secrets_on_a_command_line_are_not_copied_into_what_init_prints(tmp_path
     printed = "".join(files.values())
     assert "sk-live-123" not in printed and "hf_abc" not in printed
     assert "--api-key '***' '--hf-token=***'" in files["moves.txt"]
-    assert "(with your values for ***)" in files["moves.txt"]
+    assert "with your values in place of ***" in " ".join(files["moves.txt"].split())
 
 
 def test_a_gate_already_running_is_pointed_out(tmp_path: Path) -> None:
@@ -518,3 +576,148 @@ def test_an_ollama_shown_one_card_of_two_stays_on_it(tmp_path: Path) -> None:
     files, config, _ = render(host.plan(), tmp_path)
     assert consumer(config, "ollama").cards == (1,)
     assert "    gpu: 1" in files["consumers.yaml"]
+
+
+ELSEWHERE = Namespaces(net=Sharing.OTHER, net_id="net:[4026532175]")
+
+
+def test_a_runtime_in_another_network_namespace_is_proposed_only_when_named(
+    tmp_path: Path,
+) -> None:
+    host = Host()
+    host.add(["ollama", "serve"], listen=("127.0.0.1", 11434), unit="ollama.service")
+    # A unit with PrivateNetwork=, listening on every address of its own namespace.
+    there = host.add(
+        ["ollama", "serve"],
+        env={"OLLAMA_HOST": "0.0.0.0:11500"},
+        unit="ollama-lab.service",
+        namespaces=ELSEWHERE,
+    )
+    files, config, _ = render(host.plan(), tmp_path)
+    assert [c.name for c in config.consumers] == ["ollama"]
+    assert list(files) == ["consumers.yaml", "ollama.service.d/gpugate.conf", "moves.txt"]
+    assert "11500" not in files["consumers.yaml"]
+    assert " ".join(
+        f"ollama pid {there} not fronted: it runs in another network namespace "
+        "(net:[4026532175]): its addresses are that namespace's, not this one's; name it "
+        f"(--pid {there}) to propose it all the same".split()
+    ) in " ".join(files["moves.txt"].split())
+
+    files, config, _ = render(host.plan(named=frozenset({there})), tmp_path)
+    assert {c.name: str(c.listen) for c in config.consumers} == {
+        "ollama-11434": "127.0.0.1:11434",
+        "ollama-11500": "0.0.0.0:11500",
+    }
+    # No drop-in moves it to a loopback the gate cannot reach, and nothing restarts it.
+    assert list(files) == ["consumers.yaml", "ollama.service.d/gpugate.conf", "moves.txt"]
+    assert "ollama-lab.service" not in files["moves.txt"].split("Notes:")[0].split("Moves")[1]
+    assert "Forward ollama-11500's port from its network namespace to 127.0.0.1:11501" in (
+        " ".join(files["moves.txt"].split())
+    )
+
+
+def test_a_named_pid_that_is_no_runtime_is_said(tmp_path: Path) -> None:
+    host = Host()
+    plex = host.add(["/usr/lib/plexmediaserver/Plex Media Server"])
+    files, _, _ = render(host.plan(named=frozenset({plex, 99999})), tmp_path)
+    notes = " ".join(files["moves.txt"].split())
+    assert "--pid 99999: no such process" in notes
+    assert f"--pid {plex}: '/usr/lib/plexmediaserver/Plex Media Server' is no runtime" in notes
+
+
+def test_a_client_of_an_address_the_gate_does_not_take_is_warned(tmp_path: Path) -> None:
+    host = Host()
+    pid = host.add(["ollama", "serve"], listen=("192.168.1.5", 11434))
+    process = host.processes[pid]
+    host.listeners.append(Listener("127.0.0.1", 11434, "9999"))
+    host.processes[pid] = attrs.evolve(process, sockets=process.sockets | {"9999"})
+    files, config, _ = render(host.plan(), tmp_path)
+    assert str(consumer(config, "ollama").listen) == "192.168.1.5:11434"
+    assert (
+        "it also listens on 127.0.0.1:11434: the gate takes 192.168.1.5:11434 only, and a "
+        "client that connects there now gets no answer once it moves"
+    ) in " ".join(files["moves.txt"].split())
+
+
+def moves_of(text: str) -> list[tuple[str, list[str], str]]:
+    """The numbered moves of a moves.txt: (title, commands, undo)."""
+    found: list[tuple[str, list[str], str]] = []
+    for block in text.split("Notes:")[0].split("\n\n"):
+        lines = block.splitlines()
+        if not lines or not lines[0][:1].isdigit():
+            continue
+        title = [lines[0].split(" ", 1)[1]]
+        title += [line.strip() for line in lines[1:] if line.startswith("   ") and line[3] != " "
+                  and not line.startswith("   undo:")]  # fmt: skip
+        commands = [line.strip() for line in lines if line.startswith("     ")]
+        undo = [line.removeprefix("   undo: ") for line in lines if line.startswith("   undo:")]
+        found.append((" ".join(title), commands, undo[0] if undo else ""))
+    return found
+
+
+def test_every_move_that_changes_the_host_prints_its_undo(tmp_path: Path) -> None:
+    host = Host()
+    host.add(["ollama", "serve"], listen=("0.0.0.0", 11434), unit="ollama.service")
+    host.add(
+        ["whisper-server", "-m", "/m/base.bin", "--port", "8080"],
+        listen=("127.0.0.1", 8080),
+        holds=300 * MiB,
+        unit="whisper.service",
+    )
+    host.add(["python3", "/opt/ComfyUI/main.py", "--port", "8188"], listen=("127.0.0.1", 8188))
+    files, _, _ = render(host.plan(root=tmp_path / "empty"), tmp_path)
+    moves = moves_of(files["moves.txt"])
+    undos = {title[:31]: undo for title, _, undo in moves}
+    assert [undo == "" for _, _, undo in moves] == [False] * (len(moves) - 1) + [True]
+    assert undos == {
+        "Review the files, then install ": "sudo rm -f /etc/gpugate/consumers.yaml",
+        "Make the control tokens, each i": "sudo rm -f /etc/gpugate/control.token "
+        "/etc/gpugate/admit.token",
+        "Install the drop-ins:": "sudo rm -f /etc/systemd/system/ollama.service.d/gpugate.conf "
+        "/etc/systemd/system/whisper.service.d/gpugate.conf && sudo systemctl daemon-reload",
+        "Move each runtime to its loopba": "sudo rm -f "
+        "/etc/systemd/system/ollama.service.d/gpugate.conf && sudo systemctl daemon-reload "
+        "&& sudo systemctl restart ollama.service",
+        "Stop the runtimes whose start t": "sudo rm -f "
+        "/etc/systemd/system/whisper.service.d/gpugate.conf && sudo systemctl daemon-reload "
+        "&& sudo systemctl start whisper.service",
+        "Stop comfyui (pid 1003, started": 'cd / && env -i /bin/sh -c \'. "$0" && exec '
+        f'"$@"\' {Path.cwd()}/gpugate-init/comfyui.env python3 /opt/ComfyUI/main.py --port 8188',
+        "Install and start the gate: sys": "sudo systemctl disable --now gpugate.service && "
+        "sudo rm -f /etc/systemd/system/gpugate.service && sudo systemctl daemon-reload",
+        "Start the admitted runtimes (ea": "sudo systemctl stop whisper.service",
+        "Check the budget and each runti": "",
+    }
+
+
+def test_a_move_never_replaces_a_file_that_is_there(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for path in (
+        "etc/gpugate/consumers.yaml",
+        "etc/gpugate/control.token",
+        "etc/systemd/system/gpugate.service",
+        "etc/systemd/system/ollama.service.d/gpugate.conf",
+    ):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("mine\n")
+    host = Host()
+    host.add(["ollama", "serve"], listen=("0.0.0.0", 11434), unit="ollama.service")
+    host.add(["python3", "/opt/ComfyUI/main.py"], listen=("127.0.0.1", 8188), unit="comfy.service")
+    files, _, _ = render(host.plan(root=root), tmp_path)
+    moves = moves_of(files["moves.txt"])
+    commands = [command for _, listed, _ in moves for command in listed]
+    undos = " ".join(undo for _, _, undo in moves)
+    assert not [c for c in commands if "/etc/gpugate/consumers.yaml" in c and "install" in c]
+    assert not [c for c in commands if "openssl" in c]  # the token is there: kept
+    assert "sudo systemctl enable --now gpugate.service" in commands
+    assert not [c for c in commands if "install" in c and "gpugate.service " in c + " "]
+    assert not [c for c in commands if c.endswith("ollama.service.d/gpugate.conf")]
+    assert [c for c in commands if c.endswith("comfy.service.d/gpugate.conf")]
+    for kept in ("consumers.yaml", "control.token", "gpugate.service", "ollama.service.d"):
+        assert kept not in undos.replace("gpugate.service &&", "").replace(
+            "disable --now gpugate.service", ""
+        ), kept
+    text = " ".join(files["moves.txt"].split())
+    assert "A configuration is installed at /etc/gpugate/consumers.yaml already" in text
+    assert "/etc/systemd/system/ollama.service.d/gpugate.conf is there already" in text
+    assert "/etc/systemd/system/gpugate.service is there already" in text

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import attrs
 import pytest
 
+from gpugate.init.namespaces import Namespaces, Sharing
 from gpugate.init.recognise import (
     Address,
     option,
@@ -155,6 +157,39 @@ def test_a_listening_socket_is_where_it_listens_whatever_it_was_told() -> None:
     listeners = (Listener("127.0.0.1", 8100, "7"), Listener("127.0.0.1", 8188, "8"))
     (found,) = recognise(scan_of(comfy, listeners=listeners)).runtimes
     assert found.address == Address("127.0.0.1", 8188, "its listening socket")
+
+
+def test_of_a_runtime_s_sockets_the_gate_takes_the_one_that_reaches_the_most_clients() -> None:
+    process = proc(["ollama", "serve"], sockets=("1", "2", "3"))
+    lan_and_loopback = (
+        Listener("127.0.0.1", 11434, "1"),
+        Listener("::1", 11434, "2"),
+        Listener("192.168.1.5", 11434, "3"),
+    )
+    (found,) = recognise(scan_of(process, listeners=lan_and_loopback)).runtimes
+    assert found.address == Address("192.168.1.5", 11434, "its listening socket")
+    every = (*lan_and_loopback[:2], Listener("0.0.0.0", 11434, "3"))
+    (found,) = recognise(scan_of(process, listeners=every)).runtimes
+    assert found.address == Address("0.0.0.0", 11434, "its listening socket")
+
+
+def test_a_socket_on_its_port_is_its_own_when_its_sockets_cannot_be_read() -> None:
+    # Another user's Ollama without root: neither its environment nor its sockets are
+    # readable, and it would be taken for one on loopback, its default.
+    unreadable = attrs.evolve(proc(["ollama", "serve"]), env=None, fds_readable=False)
+    table = (Listener("0.0.0.0", 11434, "77"), Listener("127.0.0.1", 9000, "78"))
+    (found,) = recognise(scan_of(unreadable, listeners=table)).runtimes
+    assert found.address == Address(
+        "0.0.0.0", 11434, "a socket on its port (whose, init could not read)"
+    )
+    # Its sockets read, none on that port: the one there is another process's.
+    readable = proc(["ollama", "serve"])
+    (found,) = recognise(scan_of(readable, listeners=table)).runtimes
+    assert found.address == Address("127.0.0.1", 11434, "the default")
+    # In another network namespace, this namespace's table is not its.
+    elsewhere = attrs.evolve(unreadable, namespaces=Namespaces(net=Sharing.OTHER))
+    (found,) = recognise(scan_of(elsewhere, listeners=table)).runtimes
+    assert found.address == Address("127.0.0.1", 11434, "the default")
 
 
 def test_children_belong_to_their_outermost_recognised_ancestor() -> None:

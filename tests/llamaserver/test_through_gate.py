@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gpugate.core.effects import Event, EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
+from gpugate.runtimes.llamaserver import router as llama_router
 from gpugate.runtimes.sections import load_config_text
 from gpugate.serve import serve
 from gpugate.store.db import Store
@@ -229,21 +231,69 @@ async def test_eviction_is_a_models_unload(gated, router):
     assert status["residents"] == []
 
 
-async def test_models_max_the_routers_lru_gives_its_place(gated, router):
+ROUTER_EVICTS = ("models_max limit reached, removing LRU", "evicting idle LRU name=")
+"""What the router logs when it unloads a model of its own accord (server-models.cpp
+`unload_lru`, `server_lru_sched::tick`)."""
+
+
+@pytest.mark.parametrize("route", ["/completion", "/models/load"])
+async def test_at_models_max_the_gate_makes_the_room_and_the_router_evicts_nothing(
+    gated, router, route
+):
+    before = router.log().count(ROUTER_EVICTS[0]) + router.log().count(ROUTER_EVICTS[1])
     async with httpx.AsyncClient(base_url=gated.url, timeout=60) as client:
-        for name in ("alpha", "beta", "alpha", "gamma"):
+        for name in ("alpha", "beta", "alpha"):
             reply = await client.post(
                 "/completion", json={"model": name, "prompt": "a", "n_predict": 1}
             )
             assert reply.status_code == 200
-    # The router unloaded beta, its least recently used, to load gamma; the gate agrees.
+        body = {"model": "gamma", "prompt": "a", "n_predict": 1}
+        reply = await client.post(
+            route, json=body if route == "/completion" else {"model": "gamma"}
+        )
+        assert reply.status_code == 200, reply.text
+    # The gate evicted beta, its least recently used, before gamma went up: the router
+    # found a free slot.
     await wait_statuses(router, {"alpha": "loaded", "beta": "unloaded", "gamma": "loaded"})
+    evicted = [e.model for e in gated.events if e.kind is EventKind.EVICTION_STARTED]
+    assert evicted == ["beta"]
+    after = router.log().count(ROUTER_EVICTS[0]) + router.log().count(ROUTER_EVICTS[1])
+    assert after == before, "the router unloaded a model of its own accord"
     async with asyncio.timeout(10):
         while True:
             status = await control_status(gated)
             if sorted(r["model"] for r in status["residents"]) == ["alpha", "gamma"]:
                 break
             await asyncio.sleep(0.05)
+
+
+async def test_a_models_load_of_a_model_the_router_unloaded_itself_is_leased(
+    gated, router, monkeypatch
+):
+    # The router unloads beta behind the gate's back (as its own --models-max LRU did);
+    # the gate's last listing, still fresh, calls it loaded. Its /models/load is leased all
+    # the same: the books decide, not a cached listing.
+    monkeypatch.setattr(llama_router, "CATALOG_TTL", 3600.0)
+    reading = gated.gate.links["llama"].runtime.reading
+    assert isinstance(reading, llama_router.RouterReading)
+    state = reading.state
+    async with httpx.AsyncClient(base_url=gated.url, timeout=60) as client:
+        reply = await client.post(
+            "/completion", json={"model": "beta", "prompt": "a", "n_predict": 1}
+        )
+        assert reply.status_code == 200
+        async with aiohttp.ClientSession() as session:
+            await state.refresh(session, time.monotonic())
+        assert state.catalog.resolve("beta").running
+        async with httpx.AsyncClient(base_url=router.url, timeout=30) as direct:
+            assert (await direct.post("/models/unload", json={"model": "beta"})).status_code == 200
+        await wait_statuses(router, {"beta": "unloaded"})
+        granted = len([e for e in gated.events if e.kind is EventKind.LEASE_GRANTED])
+        reply = await client.post("/models/load", json={"model": "beta"})
+    assert reply.status_code == 200
+    grants = [e for e in gated.events if e.kind is EventKind.LEASE_GRANTED][granted:]
+    assert [e.model for e in grants] == ["beta"]
+    await wait_statuses(router, {"beta": "loaded"})
 
 
 async def test_models_load_holds_a_lease_until_the_model_is_up(gated, router):

@@ -205,7 +205,10 @@ async def test_connections_to_the_runtime_send_without_delay():
 
 
 def test_cpp_httplib_runtimes_are_reused_well_inside_their_servers_keep_alive():
-    for reading in (WhisperReading, RouterReading, LlamaSingleReading):
+    # whisper-server reads what it left of a refused body as the next request on a kept
+    # connection: every request to it goes on a connection of its own.
+    assert WhisperReading.keep_alive is NEVER and not NEVER.pools_idle
+    for reading in (RouterReading, LlamaSingleReading):
         assert reading.keep_alive is HTTPLIB, reading
     # The gate's own calls (aiohttp's client keeps a connection 15 s) open one each.
     assert not HTTPLIB.pools_idle

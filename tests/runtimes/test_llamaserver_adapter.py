@@ -156,16 +156,18 @@ def test_load_holds_its_lease_until_the_child_shows_and_unload_is_an_unload(rout
     assert router.classify("POST", "/models/unload", b"{}", "").kind is RouteKind.PASS
 
 
-def test_at_models_max_a_load_takes_the_least_recently_used_models_place(router, state):
+def test_at_models_max_the_gate_makes_the_room_and_names_no_victim(runtime, router, state):
     state.catalog = parse_models(listing(("a", "loaded"), ("b", "loaded"), ("c", "unloaded")))
+    residents = runtime.residents
+    assert residents.most_models is None  # unread: no limit known yet
     state.models_max = 2
-    router.classify("POST", "/completion", b'{"model": "b"}', "")
-    router.classify("POST", "/completion", b'{"model": "a"}', "")
-    assert router.classify("POST", "/completion", b'{"model": "c"}', "").replaces == "b"
-    # A model already running displaces nobody; below the limit nobody either.
-    assert router.classify("POST", "/completion", b'{"model": "a"}', "").replaces is None
-    state.models_max = 3
+    assert residents.most_models == 2
+    # The books choose whom to evict (gpugate/core/crowding.py), not a guess at the
+    # router's own LRU clock from a listing.
     assert router.classify("POST", "/completion", b'{"model": "c"}', "").replaces is None
+    assert router.classify("POST", "/models/load", b'{"model": "c"}', "").replaces is None
+    state.models_max = 0  # --models-max 0: unlimited
+    assert residents.most_models is None
 
 
 async def serve_router(aiohttp_server, rows: dict, props: dict):
@@ -227,9 +229,14 @@ async def test_vet_passes_what_the_router_would_refuse(aiohttp_server, consumers
             "POST", "/completion?autoload=1", b'{"model": "qwen"}', "", query="autoload=1"
         )
         assert await vetting.vet(asked, session, 0.0) is None
+        # A load of a model a listing calls running is leased all the same: the router
+        # may have unloaded it since, and the books say whether it is held.
         running = reading.classify("POST", "/models/load", b'{"model": "phi"}', "")
-        assert await vetting.vet(running, session, 0.0) is not None
+        assert await vetting.vet(running, session, 0.0) is None
+        unknown_load = reading.classify("POST", "/models/load", b'{"model": "nope"}', "")
+        assert await vetting.vet(unknown_load, session, 0.0) is not None
         assert reading.state.models_max == 4 and reading.state.autoload is False
+        assert runtime.residents.most_models == 4
         loaded = await runtime.inventory.listing(session)
         assert [m.name for m in loaded] == ["phi"]
 

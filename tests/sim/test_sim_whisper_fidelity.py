@@ -36,6 +36,7 @@ from gpugate_sim.whisper.server import LISTENING
 from tests.gate.harness import free_ports
 from tests.sim.test_sim_whisper import TURBO, TURBO_BYTES, card, spec, wait_for
 from tests.sim.test_sim_whisper_http import Connection, multipart
+from tests.whisper.ggml_models import write_multilingual
 
 WAIT = 20.0
 BASE_EN = "ggml-base.en.bin"
@@ -281,9 +282,8 @@ def test_a_load_of_something_that_is_no_model_exits_1_without_an_answer(
     assert gpu.ooms() == []
 
 
-def test_a_real_file_with_ggml_magic_loads(gpu: SimulatedGpuHost, tmp_path: Path) -> None:
-    model = tmp_path / "ggml-tiny.bin"
-    model.write_bytes(b"lmgg" + bytes(3 * MiB))
+def test_a_real_model_file_loads(gpu: SimulatedGpuHost, tmp_path: Path) -> None:
+    model = write_multilingual(tmp_path / "ggml-tiny.bin", pad_to=3 * MiB)
     with SimWhisper(spec(), gpu.directory) as sim:
         conn = Connection(sim.url or "")
         assert conn.request("POST", "/load", multipart({"model": str(model)}))[0] == 200

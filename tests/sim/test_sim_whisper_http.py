@@ -175,7 +175,12 @@ def test_a_failed_load_leaves_health_stuck_until_a_good_one(
     server: SimWhisper, gpu: SimulatedGpuHost
 ) -> None:
     conn = Connection(server.url or "")
-    for fields in ({}, {"model": "models/missing.bin"}):
+    # A form without any part is no form to cpp-httplib (400 before the handler runs, the
+    # state untouched); one without a `model` part reaches the handler.
+    status, _, body = conn.request("POST", "/load", multipart({}))
+    assert (status, body) == (400, b"Invalid request")
+    assert conn.request("GET", "/health")[0] == 200
+    for fields in ({"other": "x"}, {"model": "models/missing.bin"}):
         status, headers, body = conn.request("POST", "/load", multipart(fields))  # type: ignore[arg-type]
         assert (status, headers["Content-Type"], body) == (400, "text/plain", b"Invalid request")
         # /health answers 503 "loading model"; httplib's error handler makes it a 404.

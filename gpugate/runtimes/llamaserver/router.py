@@ -8,11 +8,21 @@ What decides its parts (tools/server/server-models.cpp):
   a DEMAND for that model. A name the router does not know (400 "model 'x' not found"),
   a body it cannot parse (500) or an empty name (400) pass unleased for it to refuse.
 * `POST /models/load` answers at once and loads in the background: its lease is held
-  until the model's child shows its memory (PROCESS scope), as a start's is.
+  until the model's child shows its memory (PROCESS scope), as a start's is. It is leased
+  whatever a listing said of the model a moment ago: the books decide (a model they hold
+  costs a 0-byte lease, and the router answers 400 `model is already running`), never a
+  cached listing, which the router's own unloads leave behind
+  (`post_router_models_load`: `is_running`, else `load`).
 * `POST /models/unload` frees a model: the child exits. The gate's evictions use it, and
   a client's passes as an UNLOAD for the books to follow.
-* `--models-max N`: at N running models the router unloads its least recently used one
-  before it loads another (unload_lru): such a load takes that model's place.
+* `--models-max N` (its `/props` `max_instances`): at N running models (loaded, loading,
+  sleeping, or stopping until the child exits) the router unloads its least recently
+  used idle one before it loads another (`load` → `unload_lru`; a request that autoloads:
+  `ensure_model_ready` → `server_lru_sched::tick`). The gate makes that room itself
+  (`Residents.most_models`, gpugate/core/crowding.py): it evicts one of the consumer's
+  models with `/models/unload` and waits until the router no longer lists it, so the
+  router finds a free slot and unloads nothing of its own accord, and the books stay what
+  it holds.
 * `GET /models` lists every model with its status; the loaded ones are the residents.
 """
 
@@ -59,8 +69,8 @@ CATALOG_TTL = 2.0
 
 class RouterState:
     """What the gate knows of one router: its catalog, as last listed, with its
-    `--models-max` and autoload, and when the gate last sent each model a request. Shared
-    by the router's reading, vetting, listing and estimates."""
+    `--models-max` and autoload. Shared by the router's reading, vetting, listing,
+    residents and estimates."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
@@ -69,8 +79,6 @@ class RouterState:
         self.models_max: int | None = None
         """`--models-max` as the router's /props says it (`max_instances`); None: unread."""
         self.autoload = True
-        self.last_used: dict[str, float] = {}
-        """When the gate last sent each model a request (the router's LRU clock)."""
 
     def canonical(self, name: str | None) -> str | None:
         """A model's own name for a name or alias the router knows; other names as written."""
@@ -78,15 +86,6 @@ class RouterState:
             return None
         entry = self.catalog.resolve(name)
         return entry.name if entry is not None else name
-
-    def displaced(self, model: str) -> str | None:
-        """The model the router unloads to make room for `model` (its LRU at models_max)."""
-        if not self.models_max or self.models_max <= 0:
-            return None
-        running = [e.name for e in self.catalog.running() if e.name != model]
-        if any(e.name == model for e in self.catalog.running()) or len(running) < self.models_max:
-            return None
-        return min(running, key=lambda name: self.last_used.get(name, float("-inf")))
 
     async def refresh(self, session: aiohttp.ClientSession, now: float) -> Catalog:
         """Read the router's listing (and, once, its `--models-max` from /props)."""
@@ -163,7 +162,6 @@ class RouterReading(Reading):
                 model,
                 scope=LeaseScope.PROCESS,
                 appear_within=state.settings.consumer.timeouts.control * 4,
-                replaces=state.displaced(model),
             )
         if not is_proxied(method, path):
             return Classified(RouteKind.PASS, api)
@@ -175,22 +173,19 @@ class RouterReading(Reading):
             return Classified(RouteKind.PASS, api)
         entry = state.catalog.resolve(request.model)
         model = entry.name if entry is not None else request.model
-        if entry is not None:
-            # Only the router's own models: a client's made-up names are not remembered.
-            state.last_used[model] = time.monotonic()
         return Classified(
             RouteKind.DEMAND,
             api,
             model,
             idle_ttl=state.settings.residency(model).idle_ttl,
-            replaces=state.displaced(model),
             reading=request.autoload,
         )
 
 
 class RouterVetting(Vetting):
     """A model the router does not know, or may not load (autoload off), goes up unleased
-    for the router to refuse (400): nothing loads for it."""
+    for the router to refuse (400): nothing loads for it. A `/models/load` of a model it
+    knows is always leased: whether the model runs is the books' to say."""
 
     def __init__(self, state: RouterState) -> None:
         self.state = state
@@ -211,8 +206,7 @@ class RouterVetting(Vetting):
         if entry is None:
             return Vetted()
         if classified.scope is LeaseScope.PROCESS:
-            # /models/load of a running model: "model is already running" (400).
-            return Vetted() if entry.running else None
+            return None
         autoload = classified.reading if isinstance(classified.reading, bool) else state.autoload
         if not autoload and not entry.running:
             return Vetted()
@@ -244,8 +238,14 @@ class RouterResidents(Residents):
 
     reclaim_rule = ReclaimRule(recovered_fraction=0.75)
 
-    def __init__(self, settings: ModelSettings) -> None:
-        self.settings = settings
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+        self.settings = state.settings
+
+    @property
+    def most_models(self) -> int | None:
+        """`--models-max` once read (0, unlimited, or unread: None)."""
+        return self.state.models_max if self.state.models_max else None
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
         """`POST /models/unload`: the router stops the model's child. A model no longer
@@ -285,7 +285,7 @@ def router_runtime(consumer: Consumer) -> Runtime:
     return Runtime(
         settings=settings,
         reading=RouterReading(state),
-        residents=RouterResidents(settings),
+        residents=RouterResidents(state),
         health=RouteHealth(HealthSignal.LISTING, settings.url("/health")),
         vetting=RouterVetting(state),
         inventory=RouterInventory(state),
