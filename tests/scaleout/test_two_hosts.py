@@ -28,7 +28,7 @@ import attrs
 import pytest
 
 from tests.scaleout import netns
-from tests.scaleout.haproxy import Host, backend, haproxy_config, model_map
+from tests.scaleout.haproxy import ROOM, Host, backend, haproxy_config, model_map
 from tests.scaleout.hosts import (
     NamespacedHost,
     NamespacedProcess,
@@ -168,7 +168,7 @@ class Example:
         return {
             server: (row["status"], int(row["weight"] or 0))
             for (px, server), row in rows.items()
-            if px == name and server not in ("FRONTEND", "BACKEND")
+            if px == name and server not in ("FRONTEND", "BACKEND") and not server.endswith(ROOM)
         }
 
 
