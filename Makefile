@@ -13,7 +13,7 @@ ORACLE := build/oracle/ollama-oracle
 LLAMA_SERVER := build/llama-server
 WHISPER_SERVER := build/whisper-server
 
-.PHONY: run test bench fuzz soak demo lint shim oracle clean
+.PHONY: run test bench fuzz soak demo lint shim oracle manifests clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -128,6 +128,11 @@ demo: $(STAMP) $(SHIM) $(HAPROXY)
 	@echo "   its gate, behind HAProxy: round robin straight at the Ollamas, then routed by each"
 	@echo "   gate's capacity; batch jobs lease first; one gate killed and started again mid-run:"
 	$(BIN)/python -m tests.scaleout.fleet --requests 1000 --seed 20261207
+
+# deploy/kubernetes/ is the Helm chart deploy/helm/gpugate rendered with its defaults, by
+# Helm's own engine (the helm-python-sdk test extra); make test fails when they differ.
+manifests: $(STAMP)
+	$(BIN)/python -m tests.deploy.chart --write
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate tests bench

@@ -254,13 +254,27 @@ def test_the_gate_reads_the_rendered_file_and_tokens(tmp_path):
     assert batch.tokens == ("token-of-batch.token",)
 
 
-def test_nomad_and_kubernetes_front_the_same_runtimes_the_same_way(tmp_path):
+def test_nomad_fronts_the_runtimes_the_kubernetes_pod_runs_as_the_chart_does(tmp_path):
+    """The same budget, control and store; the runtimes both front, with the same class,
+    residency and process matching (Nomad's are host services, the chart's are containers
+    of the gated pod, so the models the router names are the chart's alone)."""
     nomad = _loaded(tmp_path).config
     kubernetes = load_config_text_with_warnings(configmap_text(), tmp_path / "k.yaml").config
-    assert nomad.consumers == kubernetes.consumers
     assert nomad.budget == kubernetes.budget
     assert nomad.gate.control == kubernetes.gate.control
     assert nomad.gate.database == kubernetes.gate.database
+    ours = {c.name: c for c in nomad.consumers}
+    shared = [c for c in kubernetes.consumers if c.name in ours]
+    assert [c.name for c in shared] == [c.name for c in kubernetes.consumers]
+    for theirs in shared:
+        mine = ours[theirs.name]
+        assert (mine.runtime, mine.listen, mine.upstream) == (
+            theirs.runtime,
+            theirs.listen,
+            theirs.upstream,
+        )
+        assert mine.priority == theirs.priority and mine.residency == theirs.residency
+        assert mine.processes == theirs.processes
 
 
 def test_the_state_is_a_host_volume_where_the_config_keeps_its_database(tmp_path):
