@@ -20,7 +20,6 @@ import hcl2
 from hcl2 import SerializationOptions
 
 from gpugate.config.model import Scope, token_scopes
-from gpugate.control.openapi import openapi_document
 from gpugate.runtimes.sections import load_config_text_with_warnings
 from tests.deploy.manifests import (
     NOMAD_JOB,
@@ -243,13 +242,16 @@ def test_the_gate_reads_the_rendered_file_and_tokens(tmp_path):
         "token-of-control.token": frozenset(Scope),
         "token-of-read.token": frozenset({Scope.READ}),
     }
-    # The control and batch tokens come from a Nomad variable; only the read token, which
-    # the health check presents, is a job variable.
-    assert "nomadVar" in rendered["/secrets/control.token"]["data"]
-    assert "nomadVar" in rendered["/secrets/batch.token"]["data"]
-    assert rendered["/secrets/read.token"]["data"] == "${var.read_token}\n"
+    # Every token comes from the job's Nomad variable, rendered into the task's secrets
+    # directory; none is a job variable, and no token is in the job spec.
+    for name in ("control", "batch", "read"):
+        data = rendered[f"/secrets/{name}.token"]["data"]
+        wanted = '{{ with nomadVar "nomad/jobs/gpugate" }}{{ .NAME_token }}{{ end }}\n'
+        assert data == wanted.replace("NAME", name)
     variables = {name for v in job_file()["variable"] for name in v}
-    assert variables == {"image", "read_token"}
+    assert variables == {"image"}
+    assert "Bearer" not in NOMAD_JOB.read_text()
+    assert "header" not in _keys(job_file())
     [batch] = loaded.config.identities
     assert batch.tokens == ("token-of-batch.token",)
 
@@ -308,10 +310,9 @@ def test_the_static_ports_are_the_configs_listeners_and_each_has_a_checked_servi
         assert check["type"] in ("tcp", "http") and check["interval"] and check["timeout"]
     control = services["gpugate-control"]
     assert ports[control["port"]] == config.gate.control.port
+    # Nomad's own checks are HTTP or TCP, and an HTTP check's header would put the read
+    # token in the job: the control port is checked over TCP.
     [check] = control["check"]
-    assert check["type"] == "http"
-    assert check["path"] in openapi_document()["paths"]
-    assert check["path"] == "/gate/v1/health"
-    [header] = check["header"]
-    assert header == {"Authorization": ["Bearer ${var.read_token}"]}
+    assert check["type"] == "tcp"
+    assert "metrics" in control["tags"]
     assert len(services) == len(config.consumers) + 1
