@@ -13,7 +13,7 @@ ORACLE := build/oracle/ollama-oracle
 LLAMA_SERVER := build/llama-server
 WHISPER_SERVER := build/whisper-server
 
-.PHONY: run test bench fuzz soak demo lint shim oracle clean
+.PHONY: run test bench fuzz soak demo lint shim oracle manifests clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -106,8 +106,9 @@ fuzz: $(STAMP) $(SHIM) $(ORACLE) $(LLAMA_SERVER) $(WHISPER_SERVER)
 soak: $(STAMP) $(SHIM)
 	$(BIN)/python -m tests.faults.soak --requests 10000 --seed 20261202
 
-# Both incidents, narrated, then the seeded trace replayed direct and through the gate.
-demo: $(STAMP) $(SHIM)
+# Both incidents, narrated, then the seeded trace replayed direct and through the gate, then
+# the same on a fleet: three hosts behind HAProxy (network namespaces, as root).
+demo: $(STAMP) $(SHIM) $(HAPROXY)
 	@echo "== Incident of 2026-07-10: a FLUX render found no GPU space. The card held"
 	@echo "   gemma3:12b (24h keep_alive), bge-m3, whisper-server, mVoice and an idle ComfyUI,"
 	@echo "   nobody coordinating them. Behind the gate every load is leased from one budget,"
@@ -123,6 +124,15 @@ demo: $(STAMP) $(SHIM)
 	@echo "== The same server with a second card (24 GiB + 16 GiB): Ollama places and splits"
 	@echo "   models over both, ComfyUI renders on one, whisper restarts on the other:"
 	$(BIN)/python -m tests.faults.trace --requests 2000 --seed 20260729 --host two-cards
+	@echo "== Three GPU hosts, each a network namespace with a 16 GiB card, an Ollama and (gated)"
+	@echo "   its gate, behind HAProxy: round robin straight at the Ollamas, then routed by each"
+	@echo "   gate's capacity; batch jobs lease first; one gate killed and started again mid-run:"
+	$(BIN)/python -m tests.scaleout.fleet --requests 1000 --seed 20261207
+
+# deploy/kubernetes/ is the Helm chart deploy/helm/gpugate rendered with its defaults, by
+# Helm's own engine (the helm-python-sdk test extra); make test fails when they differ.
+manifests: $(STAMP)
+	$(BIN)/python -m tests.deploy.chart --write
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate gpugate_sim tests bench

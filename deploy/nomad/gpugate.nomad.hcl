@@ -16,26 +16,19 @@
 #       }
 #     }
 #
-# The control and batch tokens live in a Nomad variable, which this job's task may read:
+# Every token lives in a Nomad variable, which this job's task may read (nothing of a token
+# is in the job spec, which whoever may read the job can read):
 #
-#     nomad var put nomad/jobs/gpugate \
-#         control_token="$(openssl rand -hex 32)" batch_token="$(openssl rand -hex 32)"
+#     nomad var put nomad/jobs/gpugate control_token="$(openssl rand -hex 32)" \
+#         batch_token="$(openssl rand -hex 32)" read_token="$(openssl rand -hex 32)"
+#     nomad job run -var image=registry.example/gpugate:0.1.0 deploy/nomad/gpugate.nomad.hcl
 #
-# The read token is a job variable, because the health check's header cannot come from a
-# Nomad variable: it is part of the job, so it grants reads (status, events, /metrics) only.
-#
-#     nomad job run -var "read_token=$(openssl rand -hex 32)" \
-#         -var image=registry.example/gpugate:0.1.0 deploy/nomad/gpugate.nomad.hcl
+# With Vault instead, each token template reads a secret (docs/scale-out.md, "Nomad").
 
 variable "image" {
   type        = string
   description = "The gate's image, built from deploy/Containerfile."
   default     = "registry.example/gpugate:0.1.0"
-}
-
-variable "read_token" {
-  type        = string
-  description = "The control token with only the read scope: health check and Prometheus."
 }
 
 job "gpugate" {
@@ -129,22 +122,20 @@ job "gpugate" {
       }
     }
 
-    # The control port: /metrics for Prometheus (nomad_sd_configs, service gpugate-control)
-    # and the gate's health. 200 while the gate runs on fresh data, 503 otherwise.
+    # The control port: /metrics for Prometheus (nomad_sd_configs, service gpugate-control).
+    # A TCP check: Nomad's own checks are HTTP or TCP, and an HTTP check's header is part of
+    # the job, where no token belongs (reads off loopback need the read token). Where
+    # Consul registers the services, a script check can run the readiness probe in the task
+    # with /secrets/read.token instead (docs/scale-out.md).
     service {
       provider = "nomad"
       name     = "gpugate-control"
       port     = "control"
       tags     = ["metrics"]
       check {
-        name     = "health"
-        type     = "http"
-        path     = "/gate/v1/health"
+        type     = "tcp"
         interval = "10s"
-        timeout  = "3s"
-        header {
-          Authorization = ["Bearer ${var.read_token}"]
-        }
+        timeout  = "2s"
       }
     }
 
@@ -283,11 +274,13 @@ job "gpugate" {
       }
 
       template {
-        destination = "secrets/read.token"
-        uid         = 10001
-        gid         = 10001
-        perms       = "0400"
-        data        = "${var.read_token}\n"
+        destination   = "secrets/read.token"
+        uid           = 10001
+        gid           = 10001
+        perms         = "0400"
+        change_mode   = "signal"
+        change_signal = "SIGHUP"
+        data          = "{{ with nomadVar \"nomad/jobs/gpugate\" }}{{ .read_token }}{{ end }}\n"
       }
 
       # SIGTERM, then gate.shutdown_grace for the streams in flight, then the kill.

@@ -1,4 +1,5 @@
-"""The shipped deployment files, read as the tests need them."""
+"""The shipped deployment files, read as the tests need them: deploy/kubernetes/ is the
+Helm chart deploy/helm/gpugate rendered with its defaults (tests/deploy/chart.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ SERVICEMONITOR_SCHEMA = Path(__file__).with_name("servicemonitor-v1.schema.json"
 
 
 def manifest_files() -> list[Path]:
-    return sorted(KUBERNETES.glob("*.yaml"))
+    """The manifests (the kustomization names them; it is no Kubernetes object)."""
+    return sorted(p for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
 @cache
@@ -64,8 +66,18 @@ def gate_container() -> dict[str, Any]:
     return container
 
 
+def runtime_containers() -> dict[str, dict[str, Any]]:
+    """The runtimes' containers of the gated pod, by name."""
+    return {c["name"]: c for c in pod_spec()["containers"] if c["name"] != "gpugate"}
+
+
 def configmap_text() -> str:
     return only("ConfigMap", "gpugate-config")["data"]["consumers.yaml"]
+
+
+def router_files() -> dict[str, str]:
+    """The router's haproxy.cfg and map files, as its ConfigMap holds them."""
+    return dict(only("ConfigMap", "gpugate-router")["data"])
 
 
 def strict_servicemonitor_schema() -> dict[str, Any]:

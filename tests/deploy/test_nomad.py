@@ -20,7 +20,6 @@ import hcl2
 from hcl2 import SerializationOptions
 
 from gpugate.config.model import Scope, token_scopes
-from gpugate.control.openapi import openapi_document
 from gpugate.runtimes.sections import load_config_text_with_warnings
 from tests.deploy.manifests import (
     NOMAD_JOB,
@@ -243,24 +242,41 @@ def test_the_gate_reads_the_rendered_file_and_tokens(tmp_path):
         "token-of-control.token": frozenset(Scope),
         "token-of-read.token": frozenset({Scope.READ}),
     }
-    # The control and batch tokens come from a Nomad variable; only the read token, which
-    # the health check presents, is a job variable.
-    assert "nomadVar" in rendered["/secrets/control.token"]["data"]
-    assert "nomadVar" in rendered["/secrets/batch.token"]["data"]
-    assert rendered["/secrets/read.token"]["data"] == "${var.read_token}\n"
+    # Every token comes from the job's Nomad variable, rendered into the task's secrets
+    # directory; none is a job variable, and no token is in the job spec.
+    for name in ("control", "batch", "read"):
+        data = rendered[f"/secrets/{name}.token"]["data"]
+        wanted = '{{ with nomadVar "nomad/jobs/gpugate" }}{{ .NAME_token }}{{ end }}\n'
+        assert data == wanted.replace("NAME", name)
     variables = {name for v in job_file()["variable"] for name in v}
-    assert variables == {"image", "read_token"}
+    assert variables == {"image"}
+    assert "Bearer" not in NOMAD_JOB.read_text()
+    assert "header" not in _keys(job_file())
     [batch] = loaded.config.identities
     assert batch.tokens == ("token-of-batch.token",)
 
 
-def test_nomad_and_kubernetes_front_the_same_runtimes_the_same_way(tmp_path):
+def test_nomad_fronts_the_runtimes_the_kubernetes_pod_runs_as_the_chart_does(tmp_path):
+    """The same budget, control and store; the runtimes both front, with the same class,
+    residency and process matching (Nomad's are host services, the chart's are containers
+    of the gated pod, so the models the router names are the chart's alone)."""
     nomad = _loaded(tmp_path).config
     kubernetes = load_config_text_with_warnings(configmap_text(), tmp_path / "k.yaml").config
-    assert nomad.consumers == kubernetes.consumers
     assert nomad.budget == kubernetes.budget
     assert nomad.gate.control == kubernetes.gate.control
     assert nomad.gate.database == kubernetes.gate.database
+    ours = {c.name: c for c in nomad.consumers}
+    shared = [c for c in kubernetes.consumers if c.name in ours]
+    assert [c.name for c in shared] == [c.name for c in kubernetes.consumers]
+    for theirs in shared:
+        mine = ours[theirs.name]
+        assert (mine.runtime, mine.listen, mine.upstream) == (
+            theirs.runtime,
+            theirs.listen,
+            theirs.upstream,
+        )
+        assert mine.priority == theirs.priority and mine.residency == theirs.residency
+        assert mine.processes == theirs.processes
 
 
 def test_the_state_is_a_host_volume_where_the_config_keeps_its_database(tmp_path):
@@ -294,10 +310,9 @@ def test_the_static_ports_are_the_configs_listeners_and_each_has_a_checked_servi
         assert check["type"] in ("tcp", "http") and check["interval"] and check["timeout"]
     control = services["gpugate-control"]
     assert ports[control["port"]] == config.gate.control.port
+    # Nomad's own checks are HTTP or TCP, and an HTTP check's header would put the read
+    # token in the job: the control port is checked over TCP.
     [check] = control["check"]
-    assert check["type"] == "http"
-    assert check["path"] in openapi_document()["paths"]
-    assert check["path"] == "/gate/v1/health"
-    [header] = check["header"]
-    assert header == {"Authorization": ["Bearer ${var.read_token}"]}
+    assert check["type"] == "tcp"
+    assert "metrics" in control["tags"]
     assert len(services) == len(config.consumers) + 1

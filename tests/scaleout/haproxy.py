@@ -14,6 +14,9 @@ Routing, with HAProxy 2.6's own directives only (no Lua):
 * a backend whose every server is drained has no usable server (`nbsrv`): the request
   goes to the `hosts` backend, whose agents answer for each host as a whole (its
   schedulable share), where the gate evicts or queues as it would for any request;
+* when every host is drained as a whole too (full, or paused), the request goes to the
+  `any` backend, every host whose gate is up with no agent: HAProxy would otherwise answer
+  503 itself, with no class and no Retry-After, where a gate queues or refuses with both;
 * a regular HTTP health check (`GET /api/version`, answered by the runtime through the
   gate) takes a host whose gate is gone out at once; `retry-on` with `option redispatch`
   sends a request that found a closed port or a closed connection to another host.
@@ -29,6 +32,8 @@ from pathlib import Path
 import attrs
 
 HAPROXY_LIBS = "usr/lib/x86_64-linux-gnu"
+ROOM = "_room"
+"""The suffix of a host's backup server in a model's backend."""
 
 
 @attrs.frozen
@@ -69,14 +74,15 @@ def haproxy_config(
 ) -> str:
     """haproxy.cfg for `hosts` and a backend per model in `models` (the gate's names)."""
 
-    def servers(agent_send: str | None) -> str:
+    def servers(agent_send: str | None, suffix: str = "", backup: bool = False) -> str:
         lines = []
         for host in hosts:
-            send = "" if agent_send is None else f' agent-send "{agent_send}\\n"'
-            lines.append(
-                f"    server {host.name} {host.address}:{host.port} "
-                f"agent-port {host.agent_port}{send}"
-            )
+            if agent_send is None:
+                agent = " no-agent-check"
+            else:
+                agent = f' agent-port {host.agent_port} agent-send "{agent_send}\\n"'
+            role = " backup" if backup else ""
+            lines.append(f"    server {host.name}{suffix} {host.address}:{host.port}{role}{agent}")
         return "\n".join(lines)
 
     stats = ""
@@ -104,16 +110,31 @@ def haproxy_config(
                 bind {bind}
                 http-request set-var(txn.model) req.body,json_query('$.model') if {{ method POST }}
                 http-request set-var(txn.pool) var(txn.model),map_str({map_file}) if {{ var(txn.model) -m found }}
-                # A model's own backend while some host is resident or has room for it.
+                # A model's own backend while some host is resident, has room for it, or
+                # has room as a whole; a request naming no model, the host with most room.
                 use_backend %[var(txn.pool)] if {{ var(txn.pool) -m found }} {{ var(txn.pool),nbsrv gt 0 }}
-                default_backend hosts
+                use_backend hosts if !{{ var(txn.pool) -m found }} {{ nbsrv(hosts) gt 0 }}
+                # Every host full or paused: any host whose gate is up, which queues the
+                # request or refuses it with its class.
+                default_backend any
 
+            backend any
+                # Every host whose gate is up, whatever its room: no agent.
+                balance roundrobin
+                option httpchk GET /api/version
+                http-response set-header X-Served-By %[srv_name]
+            """  # noqa: E501
+        )
+        + servers(None)
+        + "\n"
+        + textwrap.dedent(
+            """
             backend hosts
                 # Each host as a whole: its schedulable share, drained when full or paused.
                 balance roundrobin
                 option httpchk GET /api/version
                 http-response set-header X-Served-By %[srv_name]
-            """  # noqa: E501
+            """
         )
         + servers("")
         + "\n"
@@ -127,10 +148,13 @@ def haproxy_config(
         )
         head = (
             f"\nbackend {name}\n"
-            "    # Where it is resident (100%), else where it fits, by the room left.\n"
+            "    # Where it is resident (100%), else where it fits, by the room left; else,\n"
+            "    # as backups, the hosts by their room as a whole (an eviction), so that a\n"
+            "    # request sent again after a host went away finds another.\n"
             "    balance roundrobin\n"
+            "    option allbackups\n"
             "    option httpchk GET /api/version\n"
-            "    http-response set-header X-Served-By %[srv_name]\n"
+            f"    http-response set-header X-Served-By %[srv_name,regsub({ROOM}$,)]\n"
         )
-        text += head + rules + servers(model) + "\n"
+        text += head + rules + servers(model) + "\n" + servers("", ROOM, backup=True) + "\n"
     return text
