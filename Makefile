@@ -129,7 +129,7 @@ demo: $(STAMP) $(SHIM) $(HAPROXY)
 	@echo "   gate's capacity; batch jobs lease first; one gate killed and started again mid-run:"
 	$(BIN)/python -m tests.scaleout.fleet --requests 1000 --seed 20261207
 
-# deploy/kubernetes/ is the Helm chart deploy/helm/gpugate rendered with its defaults, by
+# gpugate/share/deploy/kubernetes/ is the Helm chart gpugate/share/deploy/helm/gpugate rendered with its defaults, by
 # Helm's own engine (the helm-python-sdk test extra); make test fails when they differ.
 manifests: $(STAMP)
 	$(BIN)/python -m tests.deploy.chart --write

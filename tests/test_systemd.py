@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SYSTEMD = ROOT / "gpugate" / "share" / "systemd"
 ANALYZE = shutil.which("systemd-analyze")
 
 
@@ -35,7 +36,7 @@ def _analyze_version() -> str:
 
 def _installed_gpugate_unit(tmp_path: Path) -> Path:
     # The unit names /usr/local/bin/gpugate; verify checks that the command exists.
-    unit = (ROOT / "systemd" / "gpugate.service").read_text()
+    unit = (SYSTEMD / "gpugate.service").read_text()
     gpugate = Path(sys.executable).with_name("gpugate")
     path = tmp_path / "gpugate.service"
     path.write_text(unit.replace("/usr/local/bin/gpugate", str(gpugate)))
@@ -65,7 +66,7 @@ def _directives(text: str, name: str) -> list[str]:
 
 
 def test_gpugate_unit_s_sandbox_keeps_what_the_gate_reads_and_opens():
-    unit = (ROOT / "systemd" / "gpugate.service").read_text()
+    unit = (SYSTEMD / "gpugate.service").read_text()
     # Attribution reads every user's /proc/PID and /proc/net/tcp; NVML /proc/driver/nvidia.
     assert _directives(unit, "ProtectProc") in ([], ["default"])
     assert _directives(unit, "ProcSubset") in ([], ["all"])
@@ -81,7 +82,7 @@ def test_gpugate_unit_s_sandbox_keeps_what_the_gate_reads_and_opens():
 
 
 def test_gpugate_unit_passes_its_tokens_as_credentials():
-    unit = (ROOT / "systemd" / "gpugate.service").read_text()
+    unit = (SYSTEMD / "gpugate.service").read_text()
     assert _directives(unit, "LoadCredential") == [
         "control.token:/etc/gpugate/control.token",
         "admit.token:/etc/gpugate/admit.token",
@@ -96,7 +97,7 @@ def test_gpugate_unit_passes_its_tokens_as_credentials():
 
 
 def test_ollama_drop_in_keeps_ollama_on_loopback():
-    text = (ROOT / "systemd" / "ollama.service.d" / "gpugate.conf").read_text()
+    text = (SYSTEMD / "ollama.service.d" / "gpugate.conf").read_text()
     assert "Environment=OLLAMA_HOST=127.0.0.1:11435" in text
     assert "Environment=OLLAMA_KEEP_ALIVE=-1" in text
 
@@ -112,7 +113,7 @@ PROGRAMS = (
 
 
 def _drop_in(runtime: str) -> str:
-    return (ROOT / "systemd" / f"{runtime}.service.d" / "gpugate.conf").read_text()
+    return (SYSTEMD / f"{runtime}.service.d" / "gpugate.conf").read_text()
 
 
 def _runnable(text: str) -> str:
@@ -129,8 +130,8 @@ def test_each_runtime_unit_verifies_with_its_drop_in(tmp_path, runtime):
     # The example unit is the base the drop-in is verified against; verify reads the
     # drop-in from UNIT.service.d/ next to the unit, and the gate's unit (After=, Wants=).
     for name, text in (
-        (f"{runtime}.service", (ROOT / "systemd" / "examples" / f"{runtime}.service").read_text()),
-        ("gpugate.service", (ROOT / "systemd" / "gpugate.service").read_text()),
+        (f"{runtime}.service", (SYSTEMD / "examples" / f"{runtime}.service").read_text()),
+        ("gpugate.service", (SYSTEMD / "gpugate.service").read_text()),
         (f"{runtime}.service.d/gpugate.conf", _drop_in(runtime)),
     ):
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -196,7 +197,7 @@ def test_whisper_s_start_is_admitted_and_a_refusal_that_repeats_stops_it():
 
 
 def _unit_setting(name: str) -> str:
-    text = (ROOT / "systemd" / "gpugate.service").read_text()
+    text = (SYSTEMD / "gpugate.service").read_text()
     return next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith(name + "="))
 
 

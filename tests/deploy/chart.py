@@ -1,8 +1,8 @@
-"""The Helm chart in deploy/helm/gpugate, rendered by Helm's own engine (helm.sh/helm/v4's
+"""The Helm chart in gpugate/share/deploy/helm/gpugate, rendered by Helm's own engine (helm.sh/helm/v4's
 `engine` and `action` packages, which the helm-python-sdk wheel carries compiled as
-libhelm_c), and the plain manifests of deploy/kubernetes/ made from it.
+libhelm_c), and the plain manifests of gpugate/share/deploy/kubernetes/ made from it.
 
-    python -m tests.deploy.chart --write    # deploy/kubernetes/ from the chart (make manifests)
+    python -m tests.deploy.chart --write    # gpugate/share/deploy/kubernetes/ from the chart (make manifests)
     python -m tests.deploy.chart --check    # exit 1 if they differ from the chart's output
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import helm_python as helm
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "deploy" / "helm" / "gpugate"
-PLAIN = ROOT / "deploy" / "kubernetes"
+CHART = ROOT / "gpugate" / "share" / "deploy" / "helm" / "gpugate"
+PLAIN = ROOT / "gpugate" / "share" / "deploy" / "kubernetes"
 RELEASE = "gpugate"
 NAMESPACE = "gpugate"
 PLAIN_VALUES: dict[str, Any] = {"namespace": {"create": True}, "serviceMonitor": {"enabled": True}}
@@ -38,8 +38,8 @@ SEPARATE = ("servicemonitor",)
 """Templates written to a file of their own, outside the kustomization: a ServiceMonitor
 needs the Prometheus Operator's CRDs."""
 HEADER = (
-    "# Rendered from deploy/helm/gpugate by `make manifests`, as\n"
-    "#     helm template gpugate deploy/helm/gpugate --namespace gpugate "
+    "# Rendered from gpugate/share/deploy/helm/gpugate by `make manifests`, as\n"
+    "#     helm template gpugate gpugate/share/deploy/helm/gpugate --namespace gpugate "
     "--set namespace.create=true{extra}\n"
     "# Edit the chart (or its values) and render again rather than editing this file.\n"
 )
@@ -68,7 +68,7 @@ def lint(values: dict[str, Any] | None = None, kube_version: str = "v1.34.0") ->
 
 
 def plain_files() -> dict[str, str]:
-    """deploy/kubernetes/: file name → text."""
+    """gpugate/share/deploy/kubernetes/: file name → text."""
     rendered = render(PLAIN_VALUES)
 
     def join(names: list[str], extra: str) -> str:
@@ -82,7 +82,7 @@ def plain_files() -> dict[str, str]:
     for name in SEPARATE:
         files[f"{name}.yaml"] = join([name], f" \\\n#         --set {name_value(name)}=true")
     files["kustomization.yaml"] = (
-        "# kubectl apply -k deploy/kubernetes/ (make the two token Secrets first: see\n"
+        "# kubectl apply -k gpugate/share/deploy/kubernetes/ (make the two token Secrets first: see\n"
         "# docs/scale-out.md). servicemonitor.yaml needs the Prometheus Operator's CRDs:\n"
         "# apply it on its own where they are installed.\n"
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
@@ -99,7 +99,9 @@ def name_value(template: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="write deploy/kubernetes/")
+    parser.add_argument(
+        "--write", action="store_true", help="write gpugate/share/deploy/kubernetes/"
+    )
     args = parser.parse_args(argv)
     files = plain_files()
     stale = [name for name, text in files.items() if not (PLAIN / name).exists()
@@ -108,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         PLAIN.mkdir(parents=True, exist_ok=True)
         for name in stale:
             (PLAIN / name).write_text(files[name])
-            print(f"wrote deploy/kubernetes/{name}")
+            print(f"wrote gpugate/share/deploy/kubernetes/{name}")
         return 0
     for name in stale:
-        print(f"deploy/kubernetes/{name} differs from the chart's output: make manifests")
+        print(
+            f"gpugate/share/deploy/kubernetes/{name} differs from the chart's output: make manifests"
+        )
     return 1 if stale else 0
 
 

@@ -1,5 +1,5 @@
-"""The shipped deployment files, read as the tests need them: deploy/kubernetes/ is the
-Helm chart deploy/helm/gpugate rendered with its defaults (tests/deploy/chart.py)."""
+"""The shipped deployment files, read as the tests need them: gpugate/share/deploy/kubernetes/ is the
+Helm chart gpugate/share/deploy/helm/gpugate rendered with its defaults (tests/deploy/chart.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
+DEPLOY = ROOT / "gpugate" / "share" / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 NOMAD_JOB = DEPLOY / "nomad" / "gpugate.nomad.hcl"
 CONTAINERFILE = DEPLOY / "Containerfile"

@@ -1,5 +1,5 @@
-"""The Helm chart deploy/helm/gpugate, rendered by Helm's own engine (tests/deploy/chart.py):
-`helm lint --strict` passes; deploy/kubernetes/ is exactly what it renders with its
+"""The Helm chart gpugate/share/deploy/helm/gpugate, rendered by Helm's own engine (tests/deploy/chart.py):
+`helm lint --strict` passes; gpugate/share/deploy/kubernetes/ is exactly what it renders with its
 defaults; its other shapes (the device plugin instead of DRA, a runtime turned off) render
 manifests that validate strictly; and the router's HAProxy configuration is accepted by
 Debian's HAProxy and routes every model the gates front."""

@@ -1,4 +1,4 @@
-"""deploy/Containerfile, checked as far as this machine can: no container engine can build it
+"""gpugate/share/deploy/Containerfile, checked as far as this machine can: no container engine can build it
 here (the docker command is a client with no engine, and the base image is on Docker Hub,
 which the machine cannot reach), so hadolint lints it, and its steps run outside a
 container: what it copies is installed as its RUN installs it, and the installed package

@@ -1,4 +1,4 @@
-"""The Kubernetes manifests in deploy/kubernetes/ (the chart rendered with its defaults)
+"""The Kubernetes manifests in gpugate/share/deploy/kubernetes/ (the chart rendered with its defaults)
 validate against Kubernetes' own schemas (kubernetes-validate, strict: an unknown field is
 an error) and the ServiceMonitor against the prometheus-operator CRD's schema, and they say
 what the design needs: one pod per GPU node that claims every card of the node and runs the
@@ -23,7 +23,7 @@ from gpugate.config.model import Scope, token_scopes
 from gpugate.control.openapi import openapi_document
 from gpugate.runtimes.sections import load_config_text_with_warnings
 from tests.deploy.manifests import (
-    DEPLOY,
+    ROOT,
     all_documents,
     configmap_text,
     containerfile,
@@ -438,7 +438,7 @@ def test_the_containerfile_builds_the_image_the_gate_runs():
     assert image_entrypoint() == ["gpugate", "serve", "--config", "/etc/gpugate/consumers.yaml"]
     copied = [c.split()[:-1] for c in instructions["COPY"]]
     # What the wheel is built from: pyproject's top-level packages, and the files it reads.
-    include = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["tool"]["setuptools"][
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "packages"
     ]["find"]["include"]
     packages = sorted(name for name in include if "." not in name)

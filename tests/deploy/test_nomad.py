@@ -1,4 +1,4 @@
-"""deploy/nomad/gpugate.nomad.hcl parses as HCL2 (python-hcl2) and says what the gate needs:
+"""gpugate/share/deploy/nomad/gpugate.nomad.hcl parses as HCL2 (python-hcl2) and says what the gate needs:
 a system job on the host's network and PIDs, the NVIDIA runtime without a GPU taken from
 the device plugin, a consumers.yaml that passes `gpugate check`, its tokens and state, and
 a service with a check for every port.

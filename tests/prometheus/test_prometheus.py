@@ -22,6 +22,7 @@ PROM = ROOT / "build" / "prom" / "usr" / "bin"
 PROMETHEUS = PROM / "prometheus"
 PROMTOOL = PROM / "promtool"
 DOCS = ROOT / "docs"
+SHARE = ROOT / "gpugate" / "share"
 
 SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -107,14 +108,14 @@ async def test_prometheus_scrapes_the_schedulable_bytes_the_status_reports(
 @needs_prometheus
 def test_the_alert_rules_pass_promtool_and_their_unit_tests():
     check = subprocess.run(
-        [str(PROMTOOL), "check", "rules", str(DOCS / "alerts.yml")],
+        [str(PROMTOOL), "check", "rules", str(SHARE / "alerts.yml")],
         capture_output=True,
         text=True,
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 12 rules found" in check.stdout
-    rules = (DOCS / "alerts.yml").read_text()
+    rules = (SHARE / "alerts.yml").read_text()
     names = set(re.findall(r"^\s+- alert: (\w+)", rules, re.M))
     assert {"GpugatePaused", "GpugateDown", "GpugateStoreDown", "GpugateUnhealthy"} <= names
     # Every metric a rule reads is one the gate documents (and so exports: tests/gate).
@@ -122,11 +123,11 @@ def test_the_alert_rules_pass_promtool_and_their_unit_tests():
     for name in set(re.findall(r"\bgpugate_\w+", rules)):
         base = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
         assert f"`{base}`" in documented, name
-    tested = set(re.findall(r"alertname: (\w+)", (DOCS / "alerts.test.yml").read_text()))
+    tested = set(re.findall(r"alertname: (\w+)", (SHARE / "alerts.test.yml").read_text()))
     assert names == tested, names ^ tested
     unit = subprocess.run(
         [str(PROMTOOL), "test", "rules", "alerts.test.yml"],
-        cwd=DOCS,
+        cwd=SHARE,
         capture_output=True,
         text=True,
         check=False,
@@ -154,7 +155,7 @@ def exposed_names(text: str) -> set[str]:
 async def test_the_grafana_dashboard_uses_only_exposed_and_documented_metrics(
     tmp_path, sim_host, fakenvml_path
 ):
-    dashboard = json.loads((DOCS / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((SHARE / "grafana-dashboard.json").read_text())
     expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     expressions += [v["definition"] for v in dashboard["templating"]["list"] if v.get("definition")]
     used = {name for e in expressions for name in re.findall(r"\bgpugate_\w+", e)}

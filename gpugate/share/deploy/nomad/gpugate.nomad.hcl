@@ -21,13 +21,13 @@
 #
 #     nomad var put nomad/jobs/gpugate control_token="$(openssl rand -hex 32)" \
 #         batch_token="$(openssl rand -hex 32)" read_token="$(openssl rand -hex 32)"
-#     nomad job run -var image=registry.example/gpugate:0.1.0 deploy/nomad/gpugate.nomad.hcl
+#     nomad job run -var image=registry.example/gpugate:0.1.0 gpugate/share/deploy/nomad/gpugate.nomad.hcl
 #
 # With Vault instead, each token template reads a secret (docs/scale-out.md, "Nomad").
 
 variable "image" {
   type        = string
-  description = "The gate's image, built from deploy/Containerfile."
+  description = "The gate's image, built from gpugate/share/deploy/Containerfile."
   default     = "registry.example/gpugate:0.1.0"
 }
 
