@@ -21,6 +21,7 @@ from gpugate.commands import (
     lease,
     operator,
     serve,
+    share,
     sim,
     status,
     views,
@@ -43,6 +44,7 @@ COMMANDS: dict[str, Command] = {
     "pause": operator,
     "resume": operator,
     "init": init,
+    "share": share,
     "sim": sim,
     "demo": demo,
 }

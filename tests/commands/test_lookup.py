@@ -127,6 +127,10 @@ OTHERS: dict[str, Other] = {
         ("init", "--dry-run", "--no-ask"), ("init", "--control", "nowhere"),
         "gpugate init: --control: ",
     ),
+    "share": Other(
+        ("share", "systemd/gpugate.service"), ("share", "nowhere"),
+        "gpugate share: nowhere: not among",
+    ),
     "sim": Other(
         ("sim", "run", "host.yaml"), ("sim", "run"),
         "error: the following arguments are required: host_file",
@@ -305,4 +309,4 @@ def test_the_commands_that_read_no_configuration_never_look_for_one(
     code, printed = place.run([*OTHERS[name].args, *(extra if name == "init" else [])])
     assert code == Exit.OK, printed
     assert "GPUGATE_CONFIG" not in printed
-    assert ran == ([] if name == "init" else [name])
+    assert ran == ([] if name in ("init", "share") else [name])

@@ -27,6 +27,7 @@ ARGUMENTS = {
     "pause": ["--gpu", "0"],
     "resume": [],
     "init": ["--dry-run"],
+    "share": ["systemd/gpugate.service"],
     "sim": ["run", "host.yaml"],
     "demo": ["--two-cards"],
 }
