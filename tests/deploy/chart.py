@@ -1,8 +1,9 @@
-"""The Helm chart in gpugate/share/deploy/helm/gpugate, rendered by Helm's own engine (helm.sh/helm/v4's
-`engine` and `action` packages, which the helm-python-sdk wheel carries compiled as
-libhelm_c), and the plain manifests of gpugate/share/deploy/kubernetes/ made from it.
+"""The Helm chart in gpugate/share/deploy/helm/gpugate, rendered by Helm's own engine
+(helm.sh/helm/v4's `engine` and `action` packages, which the helm-python-sdk wheel carries
+compiled as libhelm_c), and the plain manifests of gpugate/share/deploy/kubernetes/ made
+from it.
 
-    python -m tests.deploy.chart --write    # gpugate/share/deploy/kubernetes/ from the chart (make manifests)
+    python -m tests.deploy.chart --write    # deploy/kubernetes/ from the chart (make manifests)
     python -m tests.deploy.chart --check    # exit 1 if they differ from the chart's output
 """
 
@@ -82,9 +83,9 @@ def plain_files() -> dict[str, str]:
     for name in SEPARATE:
         files[f"{name}.yaml"] = join([name], f" \\\n#         --set {name_value(name)}=true")
     files["kustomization.yaml"] = (
-        "# kubectl apply -k gpugate/share/deploy/kubernetes/ (make the two token Secrets first: see\n"
-        "# docs/scale-out.md). servicemonitor.yaml needs the Prometheus Operator's CRDs:\n"
-        "# apply it on its own where they are installed.\n"
+        "# kubectl apply -k gpugate/share/deploy/kubernetes/ (make the two token Secrets\n"
+        "# first: see docs/scale-out.md). servicemonitor.yaml needs the Prometheus\n"
+        "# Operator's CRDs: apply it on its own where they are installed.\n"
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         "kind: Kustomization\n"
         "resources:\n"
@@ -110,12 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         PLAIN.mkdir(parents=True, exist_ok=True)
         for name in stale:
             (PLAIN / name).write_text(files[name])
-            print(f"wrote gpugate/share/deploy/kubernetes/{name}")
+            print(f"wrote {PLAIN.relative_to(ROOT)}/{name}")
         return 0
     for name in stale:
-        print(
-            f"gpugate/share/deploy/kubernetes/{name} differs from the chart's output: make manifests"
-        )
+        print(f"{PLAIN.relative_to(ROOT)}/{name} differs from the chart's output: make manifests")
     return 1 if stale else 0
 
 

@@ -1,5 +1,6 @@
-"""The shipped deployment files, read as the tests need them: gpugate/share/deploy/kubernetes/ is the
-Helm chart gpugate/share/deploy/helm/gpugate rendered with its defaults (tests/deploy/chart.py)."""
+"""The shipped deployment files, read as the tests need them: gpugate/share/deploy/kubernetes/
+is the Helm chart gpugate/share/deploy/helm/gpugate rendered with its defaults
+(tests/deploy/chart.py)."""
 
 from __future__ import annotations
 

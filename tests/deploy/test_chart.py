@@ -1,8 +1,8 @@
-"""The Helm chart gpugate/share/deploy/helm/gpugate, rendered by Helm's own engine (tests/deploy/chart.py):
-`helm lint --strict` passes; gpugate/share/deploy/kubernetes/ is exactly what it renders with its
-defaults; its other shapes (the device plugin instead of DRA, a runtime turned off) render
-manifests that validate strictly; and the router's HAProxy configuration is accepted by
-Debian's HAProxy and routes every model the gates front."""
+"""The Helm chart gpugate/share/deploy/helm/gpugate, rendered by Helm's own engine
+(tests/deploy/chart.py): `helm lint --strict` passes; gpugate/share/deploy/kubernetes/ is
+exactly what it renders with its defaults; its other shapes (the device plugin instead of
+DRA, a runtime turned off) render manifests that validate strictly; and the router's HAProxy
+configuration is accepted by Debian's HAProxy and routes every model the gates front."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""gpugate/share/deploy/Containerfile, checked as far as this machine can: no container engine can build it
-here (the docker command is a client with no engine, and the base image is on Docker Hub,
-which the machine cannot reach), so hadolint lints it, and its steps run outside a
-container: what it copies is installed as its RUN installs it, and the installed package
+"""gpugate/share/deploy/Containerfile, checked as far as this machine can: no container engine
+can build it here (the docker command is a client with no engine, and the base image is on
+Docker Hub, which the machine cannot reach), so hadolint lints it, and its steps run outside
+a container: what it copies is installed as its RUN installs it, and the installed package
 runs the image's entrypoint command on the Kubernetes ConfigMap."""
 
 from __future__ import annotations

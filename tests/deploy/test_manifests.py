@@ -1,5 +1,5 @@
-"""The Kubernetes manifests in gpugate/share/deploy/kubernetes/ (the chart rendered with its defaults)
-validate against Kubernetes' own schemas (kubernetes-validate, strict: an unknown field is
+"""The Kubernetes manifests in gpugate/share/deploy/kubernetes/ (the chart rendered with its
+defaults) validate against Kubernetes' own schemas (kubernetes-validate, strict: an unknown field is
 an error) and the ServiceMonitor against the prometheus-operator CRD's schema, and they say
 what the design needs: one pod per GPU node that claims every card of the node and runs the
 runtimes beside the gate on the pod's loopback; the node's PIDs; a configuration that

@@ -1,7 +1,7 @@
-"""gpugate/share/deploy/nomad/gpugate.nomad.hcl parses as HCL2 (python-hcl2) and says what the gate needs:
-a system job on the host's network and PIDs, the NVIDIA runtime without a GPU taken from
-the device plugin, a consumers.yaml that passes `gpugate check`, its tokens and state, and
-a service with a check for every port.
+"""gpugate/share/deploy/nomad/gpugate.nomad.hcl parses as HCL2 (python-hcl2) and says what the
+gate needs: a system job on the host's network and PIDs, the NVIDIA runtime without a GPU
+taken from the device plugin, a consumers.yaml that passes `gpugate check`, its tokens and
+state, and a service with a check for every port.
 
 No `nomad` binary can be had here (Debian does not package it), so `nomad job validate`
 does not run: the job is checked structurally, its docker task's options against the
