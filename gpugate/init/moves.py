@@ -19,6 +19,7 @@ from gpugate.init.plan import (
     CONFIG_FILE,
     CONFIG_PATH,
     CONTROL_TOKEN,
+    GATE_UNIT_FILE,
     GATE_UNIT_PATH,
     Front,
     Plan,
@@ -221,7 +222,7 @@ def moves(plan: Plan) -> list[Move]:
     for front in plan.fronts:
         if front.drop_in is None:
             steps.append(_by_hand(front, out))
-    steps.append(_gate(plan))
+    steps.append(_gate(plan, out))
     if admitted:
         steps.append(
             Move(
@@ -308,36 +309,38 @@ def _by_hand(front: Front, out: str) -> Move:
     )
 
 
-def _gate(plan: Plan) -> Move:
+SANDBOX_HIDDEN = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+"""Where the unit's sandbox hides files from the gate (ProtectHome=, PrivateTmp=)."""
+
+
+def _gate(plan: Plan, out: str) -> Move:
     options = plan.options
+    unit = f"{out}/{GATE_UNIT_FILE}"
     enable = "sudo systemctl enable --now gpugate.service"
     disable = "sudo systemctl disable --now gpugate.service"
-    credential = (
-        ""
-        if plan.admits
-        else "; no start is admitted here: drop its LoadCredential=admit.token line"
-    )
     if GATE_UNIT_PATH in plan.present:
+        credential = (
+            "" if plan.admits else "; no start is admitted here: drop its admit.token credential"
+        )
         return Move(
             f"Start the gate: {GATE_UNIT_PATH} is there already, and init does not replace it "
-            f"(check that it serves {CONFIG_PATH}){credential}:",
+            f"(compare it with {unit}, and check that it serves {CONFIG_PATH}){credential}:",
             (enable,),
             disable,
         )
-    title = (
-        "Install and start the gate: systemd/gpugate.service from gpugate's source"
-        + (
-            f" (its ExecStart= names /usr/local/bin/gpugate; this one is {options.gpugate})"
-            if options.gpugate != "/usr/local/bin/gpugate"
-            else ""
-        )
-        + credential
-        + ":"
+    hidden = [d for d in SANDBOX_HIDDEN if options.gpugate.startswith(d + "/")]
+    caveat = (
+        f"; {options.gpugate} is under {hidden[0]}, which the unit's sandbox hides "
+        "(ProtectHome=, PrivateTmp=): install gpugate elsewhere (a virtualenv in /opt, or "
+        "/usr/local) and run init with that gpugate, or the gate will not start"
+        if hidden
+        else ""
     )
     return Move(
-        title,
+        f"Install and start the gate: {unit} is gpugate's packaged unit with this gpugate "
+        f"({options.gpugate}) as its program{caveat}:",
         (
-            f"sudo install -m 0644 systemd/gpugate.service {GATE_UNIT_PATH}",
+            f"sudo install -m 0644 {shlex.quote(unit)} {GATE_UNIT_PATH}",
             "sudo systemctl daemon-reload",
             enable,
         ),

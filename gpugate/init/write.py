@@ -1,4 +1,5 @@
-"""The text `gpugate init` writes: consumers.yaml, one drop-in per runtime unit, the
+"""The text `gpugate init` writes: consumers.yaml, one drop-in per runtime unit, the gate's
+unit (the packaged one, gpugate/share/systemd/gpugate.service, for this gpugate), the
 environment of each runtime started by hand (handstart.py), the moves (moves.py).
 
 `render_files(plan)` returns them by path (under --out); `dry_run_text` prints them all,
@@ -24,6 +25,7 @@ from gpugate.init.plan import (
     CONFIG_PATH,
     CONTROL_TOKEN,
     DROP_IN,
+    GATE_UNIT_FILE,
     MOVES_FILE,
     Front,
     Options,
@@ -31,6 +33,7 @@ from gpugate.init.plan import (
     gib,
     mib,
 )
+from gpugate.packaged import GATE_UNIT, SHIPPED_PROGRAM, shared
 
 __all__ = ["CONFIG_FILE", "MOVES_FILE", "dry_run_text", "render_files", "split_dry_run"]
 
@@ -379,6 +382,30 @@ def drop_in_text(front: Front, options: Options) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the gate's unit -----------------------------------------------------------------------
+
+ADMIT_CREDENTIAL = f"LoadCredential=admit.token:{ADMIT_TOKEN}"
+
+
+def gate_unit_text(plan: Plan) -> str:
+    """The packaged gate unit, its program this gpugate, without the admit token's
+    credential when no runtime's start is admitted (every LoadCredential= file must exist)."""
+    shipped = shared(GATE_UNIT).read_text(encoding="utf-8")
+    program = systemd_word(plan.options.gpugate)
+    lines = [
+        line.replace(SHIPPED_PROGRAM, program)
+        for line in shipped.splitlines()
+        if plan.admits or line != ADMIT_CREDENTIAL
+    ]
+    head = _comment_lines(
+        f"gpugate's packaged unit (`gpugate share {GATE_UNIT}`), written by `gpugate init` "
+        f"with {plan.options.gpugate} as its program"
+        + ("" if plan.admits else f" and no {ADMIT_CREDENTIAL} (no start is admitted here)")
+        + "."
+    )
+    return "\n".join([*head, *lines]) + "\n"
+
+
 # -- files and the dry run -----------------------------------------------------------------
 
 
@@ -393,6 +420,7 @@ def render_files(plan: Plan, *, shown: bool = False) -> dict[str, str]:
     for front in plan.fronts:
         if front.hand is not None and front.hand.env_path is not None:
             files[front.hand.env_file] = env_file_text(front.hand, shown=shown)
+    files[GATE_UNIT_FILE] = gate_unit_text(plan)
     files[MOVES_FILE] = moves_text(plan)
     return files
 

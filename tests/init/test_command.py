@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from gpugate.cli import main
-from gpugate.commands.init import EXIT_CANTCREAT
+from gpugate.commands.init import EXIT_CANTCREAT, _gpugate_program
 from gpugate.init.scan import UNIT_PROPERTIES
 from gpugate.init.write import dry_run_text, split_dry_run
+from gpugate.packaged import shared
 from gpugate.runtimes.sections import load_config_text_with_warnings
 from gpugate_sim.device import SimulatedGpuHost
 from tests.gpu.proctree import ProcTree
@@ -47,8 +48,24 @@ def test_init_writes_its_files_into_a_new_directory_and_never_over_one(
     out = tmp_path / "proposal"
     code, printed, err = run("--out", str(out), *quiet_host)
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["consumers.yaml", "moves.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "consumers.yaml",
+        "gpugate.service",
+        "moves.txt",
+    ]
     assert f"gpugate init: wrote {out / 'consumers.yaml'}" in printed
+    # The gate's unit is the packaged one, for the gpugate that ran init; nothing here is
+    # admitted, so its admit token (a file that would have to exist) is not loaded.
+    unit = (out / "gpugate.service").read_text()
+    shipped = shared("systemd/gpugate.service").read_text()
+    program = _gpugate_program()
+    assert unit.split("[Unit]\n", 1)[1] == shipped.split("[Unit]\n", 1)[1].replace(
+        "/usr/local/bin/gpugate", program
+    ).replace("LoadCredential=admit.token:/etc/gpugate/admit.token\n", "")
+    assert f"ExecStart={program} serve --config /etc/gpugate/consumers.yaml" in unit
+    assert f"sudo install -m 0644 {out}/gpugate.service /etc/systemd/system/gpugate.service" in (
+        printed
+    )
     moves = (out / "moves.txt").read_text()
     assert printed.endswith(moves)
     assert f"sudo install -D -m 0644 {out}/consumers.yaml /etc/gpugate/consumers.yaml" in moves
@@ -60,7 +77,10 @@ def test_init_writes_its_files_into_a_new_directory_and_never_over_one(
     (out / "consumers.yaml").write_text(before + "# edited by hand\n")
     code, printed, err = run("--out", str(out), *quiet_host)
     assert code == EXIT_CANTCREAT
-    assert f"not overwriting {out / 'consumers.yaml'}, {out / 'moves.txt'}" in err
+    assert (
+        f"not overwriting {out / 'consumers.yaml'}, {out / 'gpugate.service'}, "
+        f"{out / 'moves.txt'}" in err
+    )
     assert (out / "consumers.yaml").read_text().endswith("# edited by hand\n")
 
 
@@ -72,7 +92,7 @@ def test_a_dry_run_writes_nothing_and_prints_every_file(
     assert code == 0, err
     assert not (tmp_path / "gpugate-init").exists()
     files = split_dry_run(printed)
-    assert list(files) == ["consumers.yaml", "moves.txt"]
+    assert list(files) == ["consumers.yaml", "gpugate.service", "moves.txt"]
     assert dry_run_text(files) == printed
 
 

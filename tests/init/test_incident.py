@@ -112,6 +112,7 @@ def test_the_dry_run_prints_a_configuration_that_checks_clean_and_fronts_every_r
             "ollama.service.d/gpugate.conf",
             "comfyui.service.d/gpugate.conf",
             "whisper-server.service.d/gpugate.conf",
+            "gpugate.service",
             "moves.txt",
         ]
     )

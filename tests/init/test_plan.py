@@ -19,11 +19,11 @@ from gpugate.init.plan import Options, Plan, make_plan
 from gpugate.init.recognise import recognise
 from gpugate.init.scan import Device, GpuProcess, HostScan, Listener, Process, UnitInfo
 from gpugate.init.write import render_files
+from gpugate.packaged import SHARE
 from gpugate.runtimes.sections import load_config_text_with_warnings
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN_WARNINGS = {"gate.control_tokens[0]", "gate.control_tokens[1].token"}
 
 
@@ -300,7 +300,7 @@ def test_a_runtime_started_by_hand_is_moved_by_hand(tmp_path: Path) -> None:
     files, config, _ = render(plan, tmp_path)
     whisper = consumer(config, "whisper")
     assert whisper.control is None and whisper.envelope == 300 * MiB
-    assert list(files) == ["consumers.yaml", "whisper.env", "moves.txt"]
+    assert list(files) == ["consumers.yaml", "whisper.env", "gpugate.service", "moves.txt"]
     # The environment it has, every variable, written to a file the commands read: the
     # file holds the secret, the print of it does not.
     env = tmp_path / "proposal" / "whisper.env"
@@ -351,7 +351,7 @@ def test_what_cannot_be_read_of_a_process_started_by_hand_is_said(tmp_path: Path
     process = host.processes[pid]
     host.processes[pid] = attrs.evolve(process, env=None, cwd=None)
     files, _, _ = render(host.plan(), tmp_path)
-    assert list(files) == ["consumers.yaml", "moves.txt"]
+    assert list(files) == ["consumers.yaml", "gpugate.service", "moves.txt"]
     moves = files["moves.txt"]
     assert "     OLLAMA_HOST=127.0.0.1:11435 OLLAMA_KEEP_ALIVE=-1 ollama serve\n" in moves
     assert "its environment could not be read" in moves
@@ -370,7 +370,7 @@ def test_a_container_s_runtime_is_fronted_without_a_drop_in(tmp_path: Path) -> N
     ollama = consumer(config, "ollama")
     assert str(ollama.listen) == "0.0.0.0:11434"
     assert ollama.processes.units == ()
-    assert list(files) == ["consumers.yaml", "moves.txt"]
+    assert list(files) == ["consumers.yaml", "gpugate.service", "moves.txt"]
     assert "Publish ollama's container port on 127.0.0.1:11435" in files["moves.txt"]
 
 
@@ -429,7 +429,7 @@ def test_a_host_with_nothing_to_front_still_writes_a_loadable_file(tmp_path: Pat
 # -- the drop-ins, as systemd reads them -----------------------------------------------------
 
 ANALYZE = shutil.which("systemd-analyze")
-EXAMPLES = ROOT / "systemd" / "examples"
+EXAMPLES = SHARE / "systemd" / "examples"
 
 
 def _example_exec_start(unit: str) -> list[str]:
@@ -465,10 +465,7 @@ def test_the_drop_ins_verify_against_the_shipped_example_units(tmp_path: Path) -
             text = text.replace(program, true)
         return text
 
-    gate_unit = (
-        (ROOT / "systemd" / "gpugate.service").read_text().replace("/usr/local/bin/gpugate", true)
-    )
-    (tmp_path / "gpugate.service").write_text(gate_unit)
+    (tmp_path / "gpugate.service").write_text(files["gpugate.service"])
     for unit in ("ollama.service", "comfyui.service", "whisper-server.service"):
         (tmp_path / unit).write_text(runnable((EXAMPLES / unit).read_text()))
         (tmp_path / f"{unit}.d").mkdir()
@@ -595,7 +592,12 @@ def test_a_runtime_in_another_network_namespace_is_proposed_only_when_named(
     )
     files, config, _ = render(host.plan(), tmp_path)
     assert [c.name for c in config.consumers] == ["ollama"]
-    assert list(files) == ["consumers.yaml", "ollama.service.d/gpugate.conf", "moves.txt"]
+    assert list(files) == [
+        "consumers.yaml",
+        "ollama.service.d/gpugate.conf",
+        "gpugate.service",
+        "moves.txt",
+    ]
     assert "11500" not in files["consumers.yaml"]
     assert " ".join(
         f"ollama pid {there} not fronted: it runs in another network namespace "
@@ -609,7 +611,12 @@ def test_a_runtime_in_another_network_namespace_is_proposed_only_when_named(
         "ollama-11500": "0.0.0.0:11500",
     }
     # No drop-in moves it to a loopback the gate cannot reach, and nothing restarts it.
-    assert list(files) == ["consumers.yaml", "ollama.service.d/gpugate.conf", "moves.txt"]
+    assert list(files) == [
+        "consumers.yaml",
+        "ollama.service.d/gpugate.conf",
+        "gpugate.service",
+        "moves.txt",
+    ]
     assert "ollama-lab.service" not in files["moves.txt"].split("Notes:")[0].split("Moves")[1]
     assert "Forward ollama-11500's port from its network namespace to 127.0.0.1:11501" in (
         " ".join(files["moves.txt"].split())
@@ -683,7 +690,7 @@ def test_every_move_that_changes_the_host_prints_its_undo(tmp_path: Path) -> Non
         "&& sudo systemctl start whisper.service",
         "Stop comfyui (pid 1003, started": 'cd / && env -i /bin/sh -c \'. "$0" && exec '
         f'"$@"\' {Path.cwd()}/gpugate-init/comfyui.env python3 /opt/ComfyUI/main.py --port 8188',
-        "Install and start the gate: sys": "sudo systemctl disable --now gpugate.service && "
+        "Install and start the gate: gpu": "sudo systemctl disable --now gpugate.service && "
         "sudo rm -f /etc/systemd/system/gpugate.service && sudo systemctl daemon-reload",
         "Start the admitted runtimes (ea": "sudo systemctl stop whisper.service",
         "Check the budget and each runti": "",
@@ -721,3 +728,33 @@ def test_a_move_never_replaces_a_file_that_is_there(tmp_path: Path) -> None:
     assert "A configuration is installed at /etc/gpugate/consumers.yaml already" in text
     assert "/etc/systemd/system/ollama.service.d/gpugate.conf is there already" in text
     assert "/etc/systemd/system/gpugate.service is there already" in text
+
+
+def test_the_gate_s_unit_is_the_packaged_one_for_this_gpugate(tmp_path: Path) -> None:
+    shipped = (SHARE / "systemd" / "gpugate.service").read_text()
+    admitted = Host()
+    admitted.add(
+        ["whisper-server", "-m", "/m/base.bin", "--port", "8080"],
+        listen=("127.0.0.1", 8080),
+        holds=300 * MiB,
+        unit="whisper.service",
+    )
+    files, _, _ = render(admitted.plan(gpugate="/opt/gpugate/bin/gpugate"), tmp_path)
+    unit = files["gpugate.service"]
+    assert unit.endswith(shipped.replace("/usr/local/bin/gpugate", "/opt/gpugate/bin/gpugate"))
+    assert "LoadCredential=admit.token:/etc/gpugate/admit.token" in unit
+    moves = " ".join(files["moves.txt"].split())
+    assert "sudo install -m 0644 gpugate-init/gpugate.service /etc/systemd/system/" in moves
+    assert "sandbox hides" not in moves
+
+    # Nothing admitted: no admit token to load. A gpugate under /home cannot run in the
+    # unit's sandbox (ProtectHome=): the move says so.
+    moved = Host()
+    moved.add(["ollama", "serve"], listen=("0.0.0.0", 11434), unit="ollama.service")
+    files, _, _ = render(moved.plan(gpugate="/home/alice/venv/bin/gpugate"), tmp_path)
+    unit = files["gpugate.service"]
+    credentials = [line for line in unit.splitlines() if line.startswith("LoadCredential=")]
+    assert credentials == ["LoadCredential=control.token:/etc/gpugate/control.token"]
+    assert "ExecStart=/home/alice/venv/bin/gpugate serve --config" in unit
+    moves = " ".join(files["moves.txt"].split())
+    assert "/home/alice/venv/bin/gpugate is under /home, which the unit's sandbox hides" in moves

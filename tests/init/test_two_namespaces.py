@@ -151,6 +151,7 @@ def test_an_ollama_in_another_network_namespace_is_never_proposed(
         "whisper-server.service.d/gpugate.conf",
         "ollama.service.d/gpugate.conf",
         "comfyui.service.d/gpugate.conf",
+        "gpugate.service",
         "moves.txt",
     ]
     assert f"kill {other.ollama}" not in moves(files)
