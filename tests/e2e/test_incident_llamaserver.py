@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate.sim.llamaserver.memory import plan
+from gpugate.sim.llamaserver.memory import CUDA_CONTEXT, plan
 from gpugate.sim.llamaserver.model import load_model_info, with_weights
 from tests.clihost import HostProcess, running_gate, running_host
 from tests.e2e.test_incident_comfyui import INCIDENT, connect, outcome, until_no_lease
@@ -61,9 +61,10 @@ capped at this, never below the floor."""
 
 def held_bytes(path: Path, weights: int) -> int:
     """What the simulated child of a model holds once loaded: the given weights, then
-    the KV cache and compute buffer of its GGUF header (the whole context, all layers)."""
+    the KV cache and compute buffer of its GGUF header (the whole context, all layers),
+    and its CUDA context."""
     info = with_weights(load_model_info(path), weights)
-    return plan(info, info.n_ctx_train, info.n_layer + 1).total
+    return plan(info, info.n_ctx_train, info.n_layer + 1).total + CUDA_CONTEXT
 
 
 def host_yaml(models: Path, ollama: int, comfy: int, llama: int) -> str:
