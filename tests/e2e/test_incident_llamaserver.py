@@ -53,7 +53,10 @@ WEIGHTS = {"alpha": 4 * GiB, "beta": 3 * GiB}
 WAIT = 20.0
 FLUX_FLOOR = (11350 + 1024) * MiB
 """The least the render runs in: its largest stage (the UNet) and 1 GiB per megapixel."""
-FLUX_CEILING = (16384 - 434 - 1024 - 210 - 2012) * MiB
+BGE_M3 = 1_695_784_960
+"""What bge-m3's runner holds: its llama-server's buffers and CUDA context (its shape in
+the incident's host file)."""
+FLUX_CEILING = (16384 - 434 - 1024 - 210) * MiB - BGE_M3
 """The most the card can give it: less the driver, the reserve, ComfyUI's idle context and
 bge-m3 (production: the render may not evict it). The job is leased the sum of its files
 capped at this, never below the floor."""
