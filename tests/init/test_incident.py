@@ -180,9 +180,10 @@ def test_the_dry_run_prints_a_configuration_that_checks_clean_and_fronts_every_r
     assert f"Environment=OLLAMA_HOST=127.0.0.1:{upstreams['ollama']}" in ollama_dropin
     assert "Environment=OLLAMA_KEEP_ALIVE=-1" in ollama_dropin
     comfy = _exec_start(files["comfyui.service.d/gpugate.conf"])
+    # ComfyUI sizes its loads to the free memory less --reserve-vram: the gate's reserve.
     assert comfy == [
         "/usr/bin/python3", "ComfyUI/main.py", "--listen", "127.0.0.1",
-        "--port", str(upstreams["comfyui"]),
+        "--port", str(upstreams["comfyui"]), "--reserve-vram", "1",
     ]  # fmt: skip
     whisper_dropin = files["whisper-server.service.d/gpugate.conf"]
     assert _exec_start(whisper_dropin)[-4:] == [
