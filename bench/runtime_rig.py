@@ -28,7 +28,7 @@ import yaml
 from bench.targets import LOAD_CPU, PROXY_CPU, start, wait_http
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.hostprocess import SimulatedHostProcess
-from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.memory import CUDA_CONTEXT, plan
 from gpugate_sim.llamaserver.model import load_model_info, with_weights
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
@@ -64,9 +64,10 @@ class Paths:
 
 def llama_bytes(path: Path) -> int:
     """What the simulated router's child holds for the model: the weights given, then the
-    KV cache and compute buffer its GGUF header implies (all layers, its whole context)."""
+    KV cache and compute buffer its GGUF header implies (all layers, its whole context),
+    and its CUDA context."""
     info = with_weights(load_model_info(path), LLAMA_WEIGHTS)
-    return plan(info, info.n_ctx_train, info.n_layer + 1).total
+    return plan(info, info.n_ctx_train, info.n_layer + 1).total + CUDA_CONTEXT
 
 
 def host_yaml(models: Path, ports: dict[str, int]) -> str:

@@ -232,7 +232,7 @@ def _model(
 ) -> ModelCapacity:
     settings = link.runtime.settings
     consumer = link.consumer
-    known = gate.envelopes.known_from(link, name, "")
+    known = gate.envelopes.known_from(consumer.name, link.runtime.memory, name, "")
     envelope, source = (None, None) if known is None else known
     model_class = settings.model_priority(name)
     priority = model_class if query is None or query.priority is None else query.priority

@@ -47,7 +47,8 @@ class Demand:
     key: ResidentKey
     gpu: int
     envelope: int
-    """Bytes the model takes once loaded; leased in full when it is not resident."""
+    """Bytes the model takes once loaded; leased in full when it is not resident (the
+    ceiling of a runtime whose loads degrade)."""
     priority: PriorityClass
     """The request's class: decides its place in the queue and whom it may evict."""
     resident_priority: PriorityClass
@@ -86,6 +87,10 @@ class Demand:
     started: Started | None = None
     """JOB scope: the runtime runs the job already (accepted before its lease); None: it
     runs only once leased. See `gpugate.core.early`."""
+    floor: int | None = None
+    """The least the runtime runs the load in, degraded (ComfyUI's partial load, a context
+    llama-server's `--fit` cut); None: the envelope, a runtime that cannot degrade. Carried
+    with the demand and its lease: the core grants the envelope."""
 
     @property
     def consumer(self) -> str:

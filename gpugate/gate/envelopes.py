@@ -5,10 +5,11 @@ takes before it loads. It is the only owner of those figures:
 * **measured**: what a runtime's listing said a loaded model takes, the peak NVML showed
   of a process the gate started, or of a job that ran alone and well (with the scale it
   ran at); kept in the store across restarts;
-* **estimated**: what the runtime says a model will take before it was ever measured
-  (its `Memory` part), kept for ESTIMATE_TTL.
+* **estimated**: what the runtime's `Memory` part says a load of the model takes before
+  it was ever measured, from the model itself (its file), kept for ESTIMATE_TTL.
 
-A demand leases the first of these it has.
+A demand leases the first of these it has. Every figure about a runtime comes through its
+`Memory` part: the book takes that part, never the whole runtime.
 """
 
 from __future__ import annotations
@@ -16,17 +17,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
+import aiohttp
 import attrs
 
+from gpugate.config.model import Consumer
 from gpugate.core.residents import ResidentKey
+from gpugate.core.state import GateCore
 from gpugate.gate.failure import GateFailure
-from gpugate.gate.link import Link
 from gpugate.gate.upstream import upstream_failure
-from gpugate.runtimes.base import Measured, NotSupported
+from gpugate.runtimes.base import Measured, Memory
+from gpugate.runtimes.footprint import Cards, Footprint
 from gpugate.store.db import MeasuredEnvelope, Store
 
 ESTIMATE_TTL = 60.0
 """Seconds a runtime's estimate of a model stands before it is asked again."""
+
+
+def cards_of(core: GateCore, consumer: Consumer) -> Cards:
+    """The consumer's cards as its runtime sees them: their totals, once sampled."""
+    totals = []
+    for gpu in consumer.cards:
+        observation = core.observation(gpu)
+        if observation is None:
+            return Cards()
+        totals.append(observation.total)
+    return Cards(tuple(totals))
 
 
 class EnvelopeBook:
@@ -38,7 +53,7 @@ class EnvelopeBook:
         self._measured: dict[ResidentKey, int] = {}
         self._scales: dict[ResidentKey, float] = {}
         """The scale each measured job kind ran at (ComfyUI: megapixels)."""
-        self._estimates: dict[tuple[str, str, str], tuple[float, int | None]] = {}
+        self._estimates: dict[tuple[str, str, str], tuple[float, Footprint | None]] = {}
         """By (consumer, model, options): when the runtime was asked, and its answer."""
 
     def load(self, envelopes: Iterable[MeasuredEnvelope]) -> None:
@@ -60,53 +75,60 @@ class EnvelopeBook:
         nbytes = self._measured.get(kind)
         return None if nbytes is None else Measured(nbytes, self._scales.get(kind))
 
-    def known(self, link: Link, model: str, options: str) -> int | None:
+    def known(self, consumer: str, memory: Memory, model: str, options: str) -> int | None:
         """Configured or measured bytes for a model, when the gate has them without asking."""
-        configured = link.runtime.settings.configured_envelope(model)
+        configured = memory.configured(model)
         if configured is not None:
             return configured
-        return self._measured.get(ResidentKey(link.consumer.name, model, options))
+        return self._measured.get(ResidentKey(consumer, model, options))
 
-    def known_from(self, link: Link, model: str, options: str) -> tuple[int, str] | None:
+    def known_from(
+        self, consumer: str, memory: Memory, model: str, options: str
+    ) -> tuple[int, str] | None:
         """The bytes a request for the model would lease, as far as the gate knows them
         without asking the runtime, and where they come from: `configured`, `measured`, or
         an `estimate` made in the last minute. None: only the runtime could say."""
-        configured = link.runtime.settings.configured_envelope(model)
+        configured = memory.configured(model)
         if configured is not None:
             return configured, "configured"
-        measured = self._measured.get(ResidentKey(link.consumer.name, model, options))
+        measured = self._measured.get(ResidentKey(consumer, model, options))
         if measured is not None:
             return measured, "measured"
-        cached = self._estimates.get((link.consumer.name, model, options))
+        cached = self._estimates.get((consumer, model, options))
         fresh = cached is not None and self.clock() - cached[0] < ESTIMATE_TTL
         if fresh and cached is not None and cached[1] is not None:
-            return cached[1], "estimate"
+            return cached[1].ceiling, "estimate"
         return None
 
     # -- what the runtime says -----------------------------------------------------------
 
-    async def envelope(self, link: Link, model: str, options: str) -> int | None:
-        """Bytes to lease for a model: configured, else measured, else estimated.
+    async def envelope(
+        self,
+        consumer: Consumer,
+        memory: Memory,
+        session: aiohttp.ClientSession,
+        model: str,
+        options: str,
+        cards: Cards,
+    ) -> Footprint | None:
+        """What a load of the model takes: configured, else measured, else estimated by the
+        runtime's `Memory` from the model itself (with its floor, where it degrades).
 
         None when the runtime does not know the model (it answers 404 without loading).
         """
-        known = self.known(link, model, options)
+        known = self.known(consumer.name, memory, model, options)
         if known is not None:
-            return known
-        memory = link.runtime.memory
-        cache_key = (link.consumer.name, model, options)
+            return Footprint.fixed(known)
+        cache_key = (consumer.name, model, options)
         cached = self._estimates.get(cache_key)
         now = self.clock()
         if cached is not None and now - cached[0] < ESTIMATE_TTL:
             return cached[1]
-        assert link.session is not None
         try:
-            if memory is None:
-                raise NotSupported(f"{link.consumer.name} cannot size {model} before it is loaded")
-            async with asyncio.timeout(link.consumer.timeouts.control):
-                estimate = await memory.estimate(link.session, model, options)
+            async with asyncio.timeout(consumer.timeouts.control):
+                estimate = await memory.estimate(session, model, options, cards)
         except Exception as exc:
-            failure = upstream_failure(link.consumer, exc, f"cannot size {model}", model=model)
+            failure = upstream_failure(consumer, exc, f"cannot size {model}", model=model)
             raise GateFailure(failure) from exc
         if estimate is not None:
             # Not an unknown model: one pulled a moment later must be sized, not passed.

@@ -16,10 +16,11 @@ from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
-from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.envelopes import EnvelopeBook, cards_of
 from gpugate.gate.link import Link
 from gpugate.gate.start_leases import StartLeases
 from gpugate.runtimes.base import Lifecycle
+from gpugate.runtimes.footprint import Footprint
 from gpugate.runtimes.process import ProcessControl
 
 DEFAULT_START_ADMISSION_TIMEOUT = 120.0
@@ -67,8 +68,19 @@ class ProcessBooks:
         self.clock = clock
 
     def envelope(self, link: Link) -> int | None:
+        """The bytes of the process's current model, as `size` finds them."""
         model = process_model(link.runtime.lifecycle)
-        return None if model is None else link.runtime.settings.configured_envelope(model)
+        found = None if model is None else self.size(link, model)
+        return None if found is None else found.ceiling
+
+    def size(self, link: Link, model: str) -> Footprint | None:
+        """What the runtime's memory says a process of `model` takes: configured, else
+        read from the model's file on this host."""
+        memory = link.runtime.memory
+        configured = memory.configured(model)
+        if configured is not None:
+            return Footprint.fixed(configured)
+        return memory.read(model, cards_of(self.core, link.consumer))
 
     def live(self, link: Link) -> Resident | None:
         """The consumer's process in the books (loading or resident), its current model first."""
@@ -128,7 +140,12 @@ class ProcessBooks:
         model = process_model(link.runtime.lifecycle) if key is None else key.model
         assert model is not None
         measured = self.envelopes.measured(ResidentKey(consumer.name, model))
-        envelope = measured or settings.configured_envelope(model) or self.envelope(link) or 0
+        footprint = self.size(link, model)
+        if footprint is None and model != process_model(link.runtime.lifecycle):
+            current = self.envelope(link)
+            footprint = None if current is None else Footprint.fixed(current)
+        envelope = measured or (footprint.ceiling if footprint is not None else 0)
+        floor = footprint.floor if footprint is not None and footprint.degrades else None
         residency = settings.residency(model)
         start = key is None
         return Demand(
@@ -146,6 +163,7 @@ class ProcessBooks:
                 if start and consumer.control is not None
                 else None
             ),
+            floor=None if measured else floor,
         )
 
     def admission_timeout(self, link: Link) -> float:

@@ -1,8 +1,9 @@
 """A listener's requests, as the gate admits them: the listener asks once (`admit`) and is
 handed an `Exchange` (exchange.py). Admission runs the runtime's own refusal first (its
 `Vetting`), then starts the process a request needs and keeps it busy (its `Lifecycle`),
-then leases what the request may load: sized by the runtime from the request (its
-`Memory`), else configured, measured or estimated (the envelope book), and placed among
+then leases what the request may load: sized by the runtime's `Memory` part from the
+request, else configured, measured or estimated from the model (the envelope book, which
+takes that part too), and placed among
 the consumer's GPUs by the runtime's rule (its `Placement`) or by the gate.
 """
 
@@ -19,7 +20,7 @@ from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.core.views import class_allows
-from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.envelopes import EnvelopeBook, cards_of
 from gpugate.gate.exchange import Caller, Exchange, ExchangeOwner, Trial
 from gpugate.gate.failure import GateFailure
 from gpugate.gate.link import Link
@@ -33,6 +34,7 @@ from gpugate.runtimes.base import (
     Vetting,
 )
 from gpugate.runtimes.base import placing as placing_of
+from gpugate.runtimes.footprint import Footprint
 
 unvetted = OncePerInterval(logging.getLogger("gpugate.listener"), 60.0)
 
@@ -167,17 +169,25 @@ class Requests:
         consumer = link.consumer
         model = classified.model
         key = ResidentKey(consumer.name, model, classified.options_key)
-        envelope = None
         model_class = settings.model_priority(model)
         priority = caller.priority(model_class)
-        if memory is not None:
-            envelope = memory.size(classified, key, priority, self)
-        if envelope is None:
-            envelope = self.envelopes.known(link, model, classified.options_key)
-        if envelope is None:
-            envelope = await self.envelopes.envelope(link, model, classified.options_key)
-        if envelope is None:
+        footprint = memory.size(classified, key, priority, self)
+        if footprint is None:
+            known = self.envelopes.known(consumer.name, memory, model, classified.options_key)
+            footprint = Footprint.fixed(known) if known is not None else None
+        if footprint is None:
+            assert link.session is not None
+            footprint = await self.envelopes.envelope(
+                consumer,
+                memory,
+                link.session,
+                model,
+                classified.options_key,
+                cards_of(self.core, consumer),
+            )
+        if footprint is None:
             return None
+        envelope = footprint.ceiling
         residency = settings.residency(model)
         return Demand(
             key=key,
@@ -198,6 +208,7 @@ class Requests:
             # the running process's model, and its answer ends the lease.
             switch=classified.scope is LeaseScope.PROCESS and link.runtime.lifecycle is not None,
             most_models=link.runtime.residents.most_models,
+            floor=footprint.floor if footprint.degrades else None,
         )
 
     # -- what bounds a demand a runtime sizes from its request (`Bounds`) ----------------

@@ -35,6 +35,12 @@ from gpugate.init.recognise import (
 )
 from gpugate.init.scan import HostScan, LoadedModel, UnitInfo, comfyui_model_files, redact
 
+BUDGET_RESERVE = "1GiB"
+"""The budget's reserve the configuration is written with."""
+COMFYUI_RESERVE_VRAM = "1"
+"""ComfyUI's `--reserve-vram`, in GB as it reads them (× 1024³, comfy/model_management.py
+`EXTRA_RESERVED_VRAM`): the budget's reserve, which ComfyUI's self-sized loads must leave
+free (its default is 0.4 GB on Linux)."""
 DEFAULT_CONTROL_PORT = 9411
 DEFAULT_DATABASE = "/var/lib/gpugate/gpugate.db"
 CONFIG_PATH = "/etc/gpugate/consumers.yaml"
@@ -633,6 +639,10 @@ def _front(
         notes.append(f"systemctl show {unit}: {why}; the drop-in uses the running command line")
     if kind != "ollama" and movable:
         values["new_argv"] = with_address(base_argv, found, upstream_port)
+        if kind == "comfyui" and not has_flag(base_argv, ["--reserve-vram"]):
+            # ComfyUI sizes its loads to the free memory less this (partial loads, Dynamic
+            # VRAM): it must leave the gate's reserve free, as the gate does.
+            values["new_argv"] += ("--reserve-vram", COMFYUI_RESERVE_VRAM)
     envelope_known = values.get("envelope") is not None
     if process.user_unit and kind == "llama" and values["policy"] == "always_warm":
         return (

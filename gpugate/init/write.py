@@ -21,6 +21,7 @@ from gpugate.init.moves import moves_text
 from gpugate.init.plan import (
     ADMIT_TOKEN,
     ADMIT_WAIT,
+    BUDGET_RESERVE,
     CONFIG_FILE,
     CONFIG_PATH,
     CONTROL_TOKEN,
@@ -131,7 +132,9 @@ def config_text(plan: Plan) -> str:
         out.append("")
     out += [
         "budget:",
-        _with_comment("  reserve: 1GiB", "always kept free, on top of everything counted"),
+        _with_comment(
+            f"  reserve: {BUDGET_RESERVE}", "always kept free, on top of everything counted"
+        ),
         _with_comment("  reserve_max: 2GiB", "grows up to this while external use jumps"),
         "",
         "gate:",

@@ -28,7 +28,7 @@ from gpugate.runtimes.answers import (
     RouteKind,
 )
 from gpugate.runtimes.health import RouteHealth
-from gpugate.runtimes.parts import Lifecycle, Reading, Residents
+from gpugate.runtimes.parts import Lifecycle, Memory, Reading, Residents
 from gpugate.runtimes.process import ProcessControl, SupervisedCommand, SystemdUnit
 from gpugate.runtimes.replies import ErrorReply
 from gpugate.runtimes.runtime import ModelSettings, Runtime
@@ -190,12 +190,14 @@ def process_runtime(
     needs_process: Callable[[str, str], bool] | None = None,
     up_health: HealthAnswer = UP_HEALTH,
     reclaim_rule: ReclaimRule = STOP_RECLAIM,
+    memory: Callable[[ModelSettings], Memory] = Memory,
 ) -> Runtime:
     """A process runtime's record around its own reading.
 
     Its health is its process's when the gate controls it (a stopped one is fine, a running
     one must answer `health_path`); without a control, `unobserved`: its health route, or
-    nothing where nothing says where it answers."""
+    nothing where nothing says where it answers. `memory` builds its memory part from its
+    settings (by default: its configured envelope, no knob)."""
     signal = HealthSignal.PROCESS if control is not None else unobserved
     settings = ModelSettings(consumer, envelope=consumer.envelope)
     return Runtime(
@@ -203,6 +205,7 @@ def process_runtime(
         reading=reading,
         residents=ProcessResidents(consumer, reclaim_rule, controlled=control is not None),
         health=RouteHealth(signal, settings.url(health_path), healthy=healthy),
+        memory=memory(settings),
         lifecycle=ProcessLifecycle(
             model,
             control,

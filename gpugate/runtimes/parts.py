@@ -1,10 +1,10 @@
 """The parts a runtime may have, each a small interface of its own.
 
-A runtime is a record of its parts (runtime.py): how its requests are read, how it gives
-memory back, how it is known to be well, and, where it has them, its own refusals, its
-listing, its jobs, what it says of memory before a load, its process and its placement
-among GPUs. A part it lacks is None there, and nowhere else: no flag beside a method, no
-method that raises for a runtime that lacks it. Each part of the gate takes the part it
+A runtime is a record of its parts (runtime.py): how its requests are read, how it takes
+memory and gives it back, how it is known to be well, and, where it has them, its own
+refusals, its listing, its jobs, its process and its placement among GPUs. A part it
+lacks is None there, and nowhere else: no flag beside a method, no method that raises for
+a runtime that lacks it. Each part of the gate takes the part it
 uses (the listener: `Reading`; the unload runner: `Residents`, `Inventory`, `Lifecycle`).
 
 A part that needs state another part of the same runtime keeps (whisper-server's current
@@ -28,11 +28,13 @@ from gpugate.runtimes.answers import (
     JobEnd,
     LoadedModel,
     Measured,
+    NotSupported,
     ReclaimRule,
     Screening,
     Vetted,
 )
 from gpugate.runtimes.dialect import BodyCoding, ServerDialect
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
 from gpugate.runtimes.keepalive import KEEP, KeepAlivePolicy
 from gpugate.runtimes.process import ProcessControl
 from gpugate.runtimes.replies import BodyLimit, ErrorReply
@@ -168,24 +170,62 @@ class Bounds(Protocol):
         ...
 
 
-class Memory(abc.ABC):
-    """What the runtime can say of the memory a demand will take before the gate measured
-    it: from the request itself, or from the model."""
+class Configured(Protocol):
+    """The consumer's configuration of a model's bytes (`ModelSettings`)."""
+
+    def configured_envelope(self, model: str) -> int | None: ...
+
+
+class Memory:
+    """How the runtime takes memory for a load, and what a load takes before the gate
+    measured one: configured, read from the request, or from the model itself. Every
+    runtime has one; the gate sizes every demand through it, and nothing else.
+
+    Written from each runtime's source (its package's `memory` module, docs/runtimes/):
+    whether a load is fixed or fitted to what the runtime sees free (`elasticity`), the
+    least it runs in and the most it takes (`Footprint`), and the knob that tells it the
+    most it may take (`cap`). This class itself is the memory of a runtime the gate knows
+    only by its configuration."""
+
+    elasticity: Elasticity = Elasticity.FIXED
+    knob: str = ""
+    """The runtime's own name for what `cap` sets (`--gpu-memory-utilization`), for the
+    operator; empty: it has none."""
+
+    def __init__(self, settings: Configured) -> None:
+        self.settings = settings
+
+    def configured(self, model: str) -> int | None:
+        """The bytes the configuration gives the model (consumers.yaml's `envelope`)."""
+        return self.settings.configured_envelope(model)
 
     def size(
         self, classified: Classified, kind: ResidentKey, priority: PriorityClass, bounds: Bounds
-    ) -> int | None:
-        """Bytes for a demand read from its request (ComfyUI's prompt); None: sized by its
+    ) -> Footprint | None:
+        """What a demand takes, read from its request (ComfyUI's prompt); None: sized by its
         model (configured, measured, else `estimate`)."""
         return None
 
-    @abc.abstractmethod
+    def read(self, model: str, cards: Cards) -> Footprint | None:
+        """What a load of `model` takes, from its file as the gate reads it on this host
+        (no call to the runtime); None: the gate cannot tell that way."""
+        return None
+
     async def estimate(
-        self, session: aiohttp.ClientSession, model: str, options: str
-    ) -> int | None:
-        """Bytes a model will take before it was ever measured; None: the runtime does not
-        know the model (it will refuse the request without loading anything). Raises
-        NotSupported when the runtime cannot say."""
+        self, session: aiohttp.ClientSession, model: str, options: str, cards: Cards
+    ) -> Footprint | None:
+        """What a first load of `model` with runner `options` takes, from the model itself,
+        on `cards`; None: the runtime does not know the model (it will refuse the request
+        without loading anything). Raises NotSupported when the runtime cannot say."""
+        found = self.read(model, cards)
+        if found is None:
+            raise NotSupported(f"{model}: its runtime says nothing of a model before it loads")
+        return found
+
+    def cap(self, model: str, nbytes: int, cards: Cards) -> Cap | None:
+        """How to tell the runtime a load of `model` may hold at most `nbytes` on `cards`;
+        None: it has no knob for it (its load is what its model takes)."""
+        return None
 
 
 class Lifecycle(abc.ABC):

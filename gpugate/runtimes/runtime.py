@@ -95,14 +95,15 @@ class Runtime:
     reading: Reading
     residents: Residents
     health: Health
+    memory: Memory
+    """How it takes memory for a load, and what a load takes before the gate measured one:
+    the only way the gate sizes a demand of it."""
     vetting: Vetting | None = None
     """Asked before a demand's lease whether the runtime will refuse it."""
     inventory: Inventory | None = None
     """Its listing, asked every listing interval: the books follow what it names."""
     jobs: Jobs | None = None
     """Its JOB leases end when it says their jobs ended."""
-    memory: Memory | None = None
-    """What it says of a demand's memory before a load (else: configured or measured)."""
     lifecycle: Lifecycle | None = None
     """Its memory is its process's, from start to exit."""
     placement: Placement | None = None

@@ -29,6 +29,8 @@ _VALUED = {
     "-np": "parallel", "--parallel": "parallel",
     "-n": "n_predict", "--predict": "n_predict", "--n-predict": "n_predict",
     "-ub": "ubatch", "--ubatch-size": "ubatch",
+    "-b": "batch", "--batch-size": "batch",
+    "-fa": "flash_attn", "--flash-attn": "flash_attn",
     "-fit": "fit", "--fit": "fit",
     "-fitt": "fit_target", "--fit-target": "fit_target",
     "-fitc": "fit_ctx", "--fit-ctx": "fit_ctx",
@@ -45,16 +47,12 @@ _IGNORED_VALUED = {
     "--threads",
     "-tb",
     "--threads-batch",
-    "-b",
-    "--batch-size",
     "--temp",
     "--top-k",
     "--top-p",
     "--min-p",
     "--seed",
     "-s",
-    "-fa",
-    "--flash-attn",
     "-ctk",
     "--cache-type-k",
     "-ctv",
@@ -141,6 +139,8 @@ class Args:
     parallel: int = -1
     n_predict: int = -1
     ubatch: int = 512
+    batch: int = 2048
+    flash_attn: str = "auto"
     fit: bool = True
     fit_target: int = FIT_TARGET
     fit_ctx: int = FIT_MIN_CTX
@@ -196,7 +196,8 @@ class Args:
 
 
 def _set(args: Args, name: str, value: str) -> None:
-    if name in ("port", "ctx_size", "parallel", "n_predict", "ubatch", "fit_ctx", "models_max"):
+    if name in ("port", "ctx_size", "parallel", "n_predict", "ubatch", "batch", "fit_ctx",
+                "models_max"):  # fmt: skip
         try:
             setattr(args, name, int(value))
         except ValueError:
@@ -213,6 +214,10 @@ def _set(args: Args, name: str, value: str) -> None:
         args.fit = value in ("on", "true", "1", "enabled")
     elif name == "fit_target":
         args.fit_target = int(value.split(",")[0]) * 1024 * 1024
+    elif name == "flash_attn":
+        if value not in ("on", "off", "auto"):
+            raise ValueError(f"unknown value for --flash-attn: '{value}'")
+        args.flash_attn = value
     elif name == "pooling":
         if value not in ("none", "mean", "cls", "last", "rank"):
             raise ValueError("invalid value")

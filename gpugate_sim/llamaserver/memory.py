@@ -1,16 +1,30 @@
 """What a loaded model holds on the simulated GPU, and taking and giving it back.
 
-    held = weights on the GPU + KV cache + compute buffer
+    held = CUDA context + weights on the GPU + KV cache + compute buffer
 
-* weights: the tensors of the last `n_gpu_layers` repeating layers (`blk.N.*`), plus the
-  output layer when `n_gpu_layers` > n_layer; the token embeddings stay in host memory
-  (src/llama-model.cpp `load_tensors`: `i_gpu_start = n_layer - n_gpu_layers`, the input
-  layer always on the CPU, the output layer on the GPU only for n_layer + 1);
-* KV cache: n_ctx × Σ over offloaded layers of (n_embd_k_gqa + n_embd_v_gqa) × 2 bytes
-  (f16 K and V, src/llama-kv-cache.cpp; one unified stream: the server's auto n_parallel
-  sets kv_unified, tools/server/server.cpp);
-* compute buffer: n_ubatch × (n_vocab + 4 × n_embd) × 4 bytes, an estimate of the graph's
-  f32 scratch (logits and activations of one micro-batch) when any layer is offloaded.
+as llama-server (llama.cpp in llama-cpp-python 0.3.36) allocates them:
+
+* CUDA context: CUDA_CONTEXT, taken when the process starts on a GPU (ggml's CUDA backend
+  initialises before the model loads) and kept until it exits; no buffer counts it.
+* weights: of the n_layer + 1 layers (the repeating `blk.N` ones, then the output layer)
+  the last `n_gpu_layers` are on the GPU (src/llama-model.cpp `load_tensors`:
+  `i_gpu_start = n_layer + 1 - n_gpu_layers`), so the output layer is there as soon as any
+  layer is; the token embeddings stay in host memory ("very little benefit to offloading
+  the input layer"), and a file without an output matrix gets them again as its output
+  layer (model.py).
+* KV cache: for each offloaded repeating layer, (n_embd_k_gqa + n_embd_v_gqa) × 2 bytes
+  (f16) for each cell (src/llama-kv-cache.cpp). The cells: the context padded to 256 for
+  each stream, one stream when the server chose its slots itself (`kv_unified`), else one
+  per slot sharing the context; sliding-window layers only min(cells, window + n_ubatch)
+  padded (src/llama-kv-cache-iswa.cpp `size_swa`).
+* compute buffer: the largest set of intermediate tensors live at once in one micro-batch
+  of n_ubatch tokens, as ggml-alloc packs the llama graph (reserved for one output token
+  a slot): with flash attention the f16 attention mask (cells × n_ubatch) plus the
+  largest of the feed-forward phase (3 × n_ff + 4 × n_embd floats a token, 2 × n_ff where
+  n_ff ≤ 2 × n_embd) and the attention phase (5 × n_embd, or 4 × n_embd + 2 × n_embd_kv);
+  without it an f32 mask and every head's attention matrix (cells × n_ubatch × n_head
+  floats) beside 6 × n_embd. These are the figures the real server logged for it
+  (`CPU compute buffer size`) across the tiny models' widths, contexts and micro-batches.
 
 `fit` follows common/fit.cpp's order: when the full plan does not leave `fit_target` free,
 a context the user did not set is first cut (linearly, down to `fit_min_ctx`, rounded down
@@ -34,8 +48,13 @@ N_UBATCH = 512
 FIT_TARGET = 1 * GiB
 FIT_MIN_CTX = 4096
 CTX_ALIGN = 256
+KV_PAD = 256
 NGL_AUTO = -1
 NGL_ALL = -2
+CUDA_CONTEXT = 512 * MiB
+"""What a ggml CUDA process holds beyond its buffers (context, cuBLAS workspace, pools): an
+Ollama llama3.2:3b runner showed 3.1 GiB in NVML on a 16 GiB card for 2.57 GiB of
+weights, KV cache and graph."""
 
 
 @attrs.frozen
@@ -50,18 +69,51 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
+        """The buffers on the GPU (the process's CUDA context comes on top)."""
         return self.weights + self.kv + self.compute
 
 
-def plan(model: ModelInfo, n_ctx: int, gpu_layers: int, n_ubatch: int = N_UBATCH) -> MemoryPlan:
-    """The bytes `model` takes on the GPU with this context and these layers offloaded."""
+def _pad(n: int) -> int:
+    return -(-n // KV_PAD) * KV_PAD
+
+
+def plan(
+    model: ModelInfo,
+    n_ctx: int,
+    gpu_layers: int,
+    n_ubatch: int = N_UBATCH,
+    *,
+    streams: int = 1,
+    slots: int = 1,
+    flash_attn: bool = True,
+) -> MemoryPlan:
+    """The bytes `model` takes on the GPU with this context and these layers offloaded;
+    `streams` KV streams (1 unified, else one per slot) for `slots` slots."""
     gpu_layers = max(0, min(gpu_layers, model.n_layer + 1))
-    repeating = min(gpu_layers, model.n_layer)
-    weights = layer_sum(model.layer_bytes, repeating)
-    if gpu_layers > model.n_layer:
-        weights += model.output_bytes
-    kv = n_ctx * model.kv_bytes_per_token(repeating)
-    compute = n_ubatch * (model.n_vocab + 4 * model.n_embd) * 4 if gpu_layers else 0
+    if gpu_layers == 0:
+        return MemoryPlan(n_ctx, 0, 0, 0, 0)
+    streams = max(1, streams)
+    first = model.n_layer + 1 - gpu_layers
+    weights = layer_sum(model.layer_bytes, model.n_layer - first) + model.output_bytes
+    cells = _pad(max(1, n_ctx // streams))
+    window = 0
+    if model.n_swa:
+        window = min(cells, _pad(model.n_swa * (slots if streams == 1 else 1) + n_ubatch))
+    per_cell = [h * (model.n_embd_head_k + model.n_embd_head_v) * 2 for h in model.n_head_kv]
+    kv = streams * sum(
+        (window if model.is_swa(layer) else cells) * per_cell[layer]
+        for layer in range(max(first, 0), model.n_layer)
+    )
+    e, ff = model.n_embd, model.n_ff
+    kv_e = max(model.n_head_kv, default=0) * max(model.n_embd_head_k, model.n_embd_head_v)
+    ffn = (3 * ff if ff > 2 * e else 2 * ff) + 4 * e
+    phase = 4 * n_ubatch * max(ffn, 5 * e, 4 * e + 2 * kv_e)
+    masked = (cells + window) * n_ubatch
+    if flash_attn:
+        compute = phase + 2 * masked
+    else:
+        scores = 4 * cells * n_ubatch * model.n_head + 4 * n_ubatch * 6 * e
+        compute = 4 * masked + max(phase, scores)
     return MemoryPlan(n_ctx, gpu_layers, weights, kv, compute)
 
 
@@ -78,38 +130,48 @@ class PlacementOptions:
     n_ubatch: int = N_UBATCH
     on_gpu: bool = True
     """False for `-dev none`: nothing is offloaded."""
+    streams: int = 1
+    slots: int = 1
+    flash_attn: bool = True
 
 
 def place(model: ModelInfo, options: PlacementOptions, free: int | None) -> MemoryPlan:
     """The plan llama-server starts `model` with, given the GPU's `free` bytes."""
     ctx_auto = not options.ctx_size
     n_ctx = options.ctx_size or model.n_ctx_train
+
+    def sized(n_ctx: int, layers: int) -> MemoryPlan:
+        return plan(
+            model, n_ctx, layers, options.n_ubatch, streams=options.streams,
+            slots=options.slots, flash_attn=options.flash_attn,
+        )  # fmt: skip
+
     if not options.on_gpu:
-        return plan(model, n_ctx, 0, options.n_ubatch)
+        return sized(n_ctx, 0)
     ngl = options.n_gpu_layers
     layers = model.n_layer + 1 if ngl < 0 else ngl
-    full = plan(model, n_ctx, layers, options.n_ubatch)
+    full = sized(n_ctx, layers)
     if not options.fit or free is None or full.total <= free - options.fit_target:
         return full
     target = free - options.fit_target
     # -c 0 asks for the full context: fit.cpp's minimum becomes UINT32_MAX, no cut.
     min_ctx = options.fit_min_ctx if options.ctx_size is None else n_ctx
     if ctx_auto and n_ctx > min_ctx:
-        smallest = plan(model, min_ctx, layers, options.n_ubatch)
+        smallest = sized(min_ctx, layers)
         if target > smallest.total:
             grown = min_ctx + (n_ctx - min_ctx) * (target - smallest.total) // (
                 full.total - smallest.total
             )
             cut = max(grown - grown % CTX_ALIGN, min_ctx)
-            return plan(model, cut, layers, options.n_ubatch)
+            return sized(cut, layers)
         n_ctx = min_ctx
     if ngl != NGL_AUTO:
-        return plan(model, n_ctx, layers, options.n_ubatch)
+        return sized(n_ctx, layers)
     for fewer in range(layers, -1, -1):
-        candidate = plan(model, n_ctx, fewer, options.n_ubatch)
+        candidate = sized(n_ctx, fewer)
         if candidate.total <= target:
             return candidate
-    return plan(model, n_ctx, 0, options.n_ubatch)
+    return sized(n_ctx, 0)
 
 
 class LoadFailed(Exception):

@@ -2,9 +2,13 @@
 
 The hyperparameters are the ones llama.cpp reads in `llama_model::load_hparams`
 (src/llama-model.cpp): `<arch>.context_length`, `.embedding_length`, `.block_count`,
-`.attention.head_count`, `.attention.head_count_kv` (a number or one per layer),
-`.attention.key_length` / `.value_length` (default: n_embd / n_head); the vocabulary is
-`tokenizer.ggml.tokens`.
+`.feed_forward_length`, `.attention.head_count`, `.attention.head_count_kv` (a number or
+one per layer), `.attention.key_length` / `.value_length` (default: n_embd / n_head),
+`.attention.sliding_window` with the architecture's window pattern (gemma2 every second
+layer global, gemma3 every sixth: src/models/gemma2.cpp, gemma3.cpp `load_swa_pattern`);
+the vocabulary is `tokenizer.ggml.tokens`. A file without `output.weight` uses its token
+embeddings as its output layer too, copied to that layer's device (src/models/llama.cpp,
+`TENSOR_DUPLICATED`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ _TENSOR_FTYPE = {0: 0, 1: 1, 30: 32, 2: 2, 3: 3, 6: 8, 7: 9, 8: 7, 10: 10, 11: 1
 _VOCAB_TYPES = {"no_vocab": 0, "llama": 1, "gpt2": 2, "t5": 3, "bert": 4, "rwkv": 5, "plamo2": 6}
 """enum llama_vocab_type (include/llama.h) by tokenizer.ggml.model."""
 _POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+_SWA_PERIODS = {"gemma2": 2, "gemma3": 6}
+"""The sliding-window period of the architectures with one (`load_swa_pattern`)."""
 
 
 def ftype_name(gguf: GgufFile) -> str:
@@ -63,6 +69,11 @@ class ModelInfo:
     """Per layer."""
     n_embd_head_k: int
     n_embd_head_v: int
+    n_ff: int
+    n_swa: int
+    """The sliding window of the layers that have one (0: no layer has)."""
+    swa_period: int
+    """Layers per sliding-window period, the last of them global."""
     tokens: tuple[str, ...]
     vocab_type: int
     bos: int | None
@@ -80,7 +91,8 @@ class ModelInfo:
     layer_bytes: tuple[int, ...]
     """Bytes of each repeating layer's tensors."""
     output_bytes: int
-    """Bytes of the output layer (output_norm, output: what -ngl n_layer+1 adds)."""
+    """Bytes of the output layer (output_norm, output; the token embeddings' copy where the
+    file has no output matrix): what llama.cpp puts on the output layer's device."""
     input_bytes: int
     """Bytes of the input layer (token embeddings: always kept in host memory)."""
     file_size: int
@@ -88,6 +100,11 @@ class ModelInfo:
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    def is_swa(self, layer: int) -> bool:
+        """`llama_hparams::set_swa_pattern` (dense last): all but the period's last."""
+        period = self.swa_period
+        return self.n_swa > 0 and period > 0 and layer % period < period - 1
 
     def kv_bytes_per_token(self, layers: int | None = None, bytes_per_value: int = 2) -> int:
         """K and V cache bytes per token of context for the last `layers` layers (all when
@@ -103,6 +120,13 @@ class NotAModel(Exception):
 
 def _arch_value(gguf: GgufFile, arch: str, key: str, default: Any = None) -> Any:
     return gguf.get(f"{arch}.{key}", default)
+
+
+def _largest(value: Any, default: int) -> int:
+    """A count, or the largest of a per-layer list."""
+    if isinstance(value, list):
+        value = max((int(v) for v in value), default=0)
+    return int(value) if value else default
 
 
 def _per_layer(value: Any, n_layer: int, default: int) -> tuple[int, ...]:
@@ -132,15 +156,25 @@ def load_model_info(path: str | os.PathLike[str]) -> ModelInfo:
     tokens = tuple(str(t) for t in gguf.get("tokenizer.ggml.tokens", []))
     layers = [0] * n_layer
     output = inputs = 0
+    has_output = False
     for tensor in gguf.tensors:
         layer = tensor.layer
         if layer is not None and layer < n_layer:
             layers[layer] += tensor.nbytes
-        elif tensor.name.startswith("token_embd"):
+        elif tensor.name.startswith(("token_embd.", "position_embd.", "token_types.")):
+            # The input layer (LLM_TENSOR_LAYER_INPUT, src/llama-arch.cpp).
             inputs += tensor.nbytes
         else:
             output += tensor.nbytes
+            has_output = has_output or tensor.name == "output.weight"
     pooling = _arch_value(gguf, arch, "pooling_type")
+    if not has_output and pooling is None:
+        output += next((t.nbytes for t in gguf.tensors if t.name == "token_embd.weight"), 0)
+    period = int(_arch_value(gguf, arch, "attention.sliding_window_pattern", 0) or 0)
+    period = period or _SWA_PERIODS.get(arch, 0)
+    window = int(_arch_value(gguf, arch, "attention.sliding_window", 0) or 0)
+    if arch == "gemma2" and not window:
+        window = 4096  # its default (src/models/gemma2.cpp)
     bos = gguf.get("tokenizer.ggml.bos_token_id")
     eos = gguf.get("tokenizer.ggml.eos_token_id")
     model = str(gguf.get("tokenizer.ggml.model", "llama"))
@@ -155,6 +189,9 @@ def load_model_info(path: str | os.PathLike[str]) -> ModelInfo:
         n_head_kv=n_head_kv,
         n_embd_head_k=head_k,
         n_embd_head_v=head_v,
+        n_ff=_largest(_arch_value(gguf, arch, "feed_forward_length"), 4 * n_embd),
+        n_swa=window if period else 0,
+        swa_period=period,
         tokens=tokens,
         vocab_type=_VOCAB_TYPES.get(model, 1),
         bos=None if bos is None else int(bos),

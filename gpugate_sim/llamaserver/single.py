@@ -27,7 +27,13 @@ from aiohttp import web
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.llamaserver.cli import Args
 from gpugate_sim.llamaserver.framing import dumps
-from gpugate_sim.llamaserver.memory import GpuHolding, LoadFailed, PlacementOptions, place
+from gpugate_sim.llamaserver.memory import (
+    CUDA_CONTEXT,
+    GpuHolding,
+    LoadFailed,
+    PlacementOptions,
+    place,
+)
 from gpugate_sim.llamaserver.model import (
     NotAModel,
     load_model_info,
@@ -164,11 +170,21 @@ def _model_server(
         prompt_tokens_per_second=args.sim_prompt_tokens_per_second,
         eos_after=args.sim_eos_after,
     )
+    # Slots the server picks itself share one KV stream (kv_unified); set ones get one each.
+    streams = 1 if args.parallel < 0 else args.parallel
     placement = PlacementOptions(
         ctx_size=args.ctx_size, n_gpu_layers=args.n_gpu_layers, fit=args.fit,
-        fit_target=args.fit_target, fit_min_ctx=args.fit_ctx, n_ubatch=args.ubatch,
-        on_gpu=on_gpu,
+        fit_target=args.fit_target, fit_min_ctx=args.fit_ctx,
+        n_ubatch=min(args.ubatch, args.batch), on_gpu=on_gpu,
+        streams=streams, slots=options.n_parallel, flash_attn=args.flash_attn != "off",
     )  # fmt: skip
+    if on_gpu:
+        # ggml's CUDA backend starts before the model loads: what --fit then sees free
+        # is without the process's own context.
+        try:
+            holding.take(CUDA_CONTEXT, "CUDA context")
+        except LoadFailed as exc:
+            return None, exc.lines[-1]
     return ModelServer(info, place(info, placement, holding.free_bytes()), options), ""
 
 
@@ -195,5 +211,5 @@ def _record(records: Records | None, args: Args, server: ModelServer | None, ok:
     records.write(LoadRecord(
         t=time.time(), pid=os.getpid(), model=str(args.model), loaded=ok,
         n_ctx=plan.n_ctx if plan else 0, gpu_layers=plan.gpu_layers if plan else 0,
-        bytes=plan.total if plan and args.gpu is not None else 0,
+        bytes=plan.total + CUDA_CONTEXT if plan and args.gpu is not None else 0,
     ))  # fmt: skip

@@ -8,6 +8,7 @@ from datetime import datetime
 from aiohttp import web
 
 from gpugate_sim.ollama.binding import BindError, GoType, Struct, bind, text_field
+from gpugate_sim.ollama.blobs import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, metadata, tensors
 from gpugate_sim.ollama.catalog import CatalogModel, ModelName
 from gpugate_sim.ollama.services import bind_message, services
 from gpugate_sim.ollama.wire import (
@@ -56,7 +57,17 @@ async def tags(request: web.Request) -> web.StreamResponse:
     return json_response({"models": [tag_entry(m) for m in models]})
 
 
+TENSOR_TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q8_0: "Q8_0", Q4_K: "Q4_K",
+                     Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16"}  # fmt: skip
+"""fs/ggml/type.go `TensorType.String`."""
+
+
 def _model_info(model: CatalogModel) -> dict[str, object]:
+    if model.blob_size:
+        # The blob's keys, as getModelData reads them (general.name is dropped).
+        info: dict[str, object] = dict(metadata(model.spec))
+        info.pop("general.name", None)
+        return info
     family = model.spec.family
     info: dict[str, object] = {
         "general.architecture": family,
@@ -93,7 +104,10 @@ def show_body(model: CatalogModel) -> dict[str, object]:
         "template": template,
         "details": model.details(),
         "model_info": _model_info(model),
-        "tensors": [],
+        "tensors": [
+            {"name": t.name, "type": TENSOR_TYPE_NAMES[t.kind], "shape": list(t.dims)}
+            for t in (tensors(model.spec) if model.blob_size else [])
+        ],
         "capabilities": [c.value for c in model.capabilities],
         "modified_at": rfc3339(_local(model.modified_at)),
     }

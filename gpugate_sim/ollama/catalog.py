@@ -1,4 +1,5 @@
-"""The models the simulated Ollama has "on disk": names, digests, sizes, capabilities."""
+"""The models the simulated Ollama has on disk: names, digests, sizes, capabilities, and for
+a model with a shape its manifest and GGUF blob (blobs.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import attrs
 
+from gpugate_sim.ollama.blobs import shaped, write_blob, write_manifest
 from gpugate_sim.ollama.names import ModelName, ModelRef
 from gpugate_sim.scenario import OllamaModelSpec
 
@@ -35,6 +37,11 @@ class CatalogModel:
     blob_digest: str
     blob_path: str
     modified_at: float
+    blob_size: int = 0
+    """The blob's size on disk; 0: no blob was written (the model has no shape)."""
+    default_num_ctx: int = 4096
+    """The context of a request that sets none: Ollama's by the VRAM it sees for a model
+    with a shape (sizing.vram_context), else the spec's."""
 
     @property
     def display(self) -> str:
@@ -46,10 +53,13 @@ class CatalogModel:
 
     @property
     def file_size(self) -> int:
-        """Bytes on disk: the spec's, else the runner size without the default KV cache."""
+        """Bytes on disk: the spec's, else its blob's, else the runner size without the
+        default KV cache."""
         if self.spec.file_size:
             return self.spec.file_size
-        kv = self.spec.default_num_ctx * self.spec.kv_bytes_per_token
+        if self.blob_size:
+            return self.blob_size
+        kv = self.default_num_ctx * self.spec.kv_bytes_per_token
         return max(1, self.spec.size - kv)
 
     @property
@@ -72,7 +82,15 @@ class CatalogModel:
 class Catalog:
     """Name lookup over the scenario's models."""
 
-    def __init__(self, specs: tuple[OllamaModelSpec, ...], blobs_dir: Path, now: float) -> None:
+    def __init__(
+        self,
+        specs: tuple[OllamaModelSpec, ...],
+        blobs_dir: Path,
+        now: float,
+        *,
+        default_ctx: int = 4096,
+    ) -> None:
+        """`default_ctx`: the context Ollama gives a request that sets none (by its VRAM)."""
         self._models: dict[str, CatalogModel] = {}
         for index, spec in enumerate(specs):
             name = ModelName.parse(spec.name)
@@ -82,14 +100,24 @@ class Catalog:
                 raise ValueError(f"ollama.models[{index}].name: {spec.name!r} is listed twice")
             digest = spec.digest.removeprefix("sha256:") or _sha256(f"manifest:{name.key}")
             blob = _sha256(f"blob:{name.key}")
+            path = blobs_dir / f"sha256-{blob}"
+            size = 0
+            if shaped(spec):
+                size = write_blob(path, spec)
+                parts = (name.host, name.namespace, name.model, name.tag)
+                write_manifest(blobs_dir.parent, parts, blob, size)
             self._models[name.key] = CatalogModel(
                 spec=spec,
                 name=name,
                 digest=digest,
                 blob_digest=blob,
-                blob_path=str(blobs_dir / f"sha256-{blob}"),
+                blob_path=str(path),
                 # One second apart, so /api/tags (newest first) lists them in spec order.
                 modified_at=float(int(now) - index),
+                blob_size=size,
+                default_num_ctx=(
+                    min(default_ctx, spec.context_length) if size else spec.default_num_ctx
+                ),
             )
 
     def find(self, text: str) -> CatalogModel | None:

@@ -13,6 +13,7 @@ import attrs
 
 from gpugate_sim.ollama.catalog import CatalogModel
 from gpugate_sim.ollama.gofold import go_int64
+from gpugate_sim.ollama.sizing import runner_bytes
 
 MIN_NUM_CTX = 4
 DEFAULT_NUM_BATCH = 512
@@ -136,7 +137,7 @@ def parse_options(
     num_thread = _integer(options, "num_thread") if runner_options else None
     use_mmap = _boolean(options, "use_mmap") if runner_options else None
     runner = RunnerOptions(
-        num_ctx=max(MIN_NUM_CTX, num_ctx if num_ctx is not None else model.spec.default_num_ctx),
+        num_ctx=max(MIN_NUM_CTX, num_ctx if num_ctx is not None else model.default_num_ctx),
         num_batch=num_batch if num_batch is not None else DEFAULT_NUM_BATCH,
         num_gpu=num_gpu if num_gpu is not None else -1,
         main_gpu=main_gpu,
@@ -177,9 +178,16 @@ def effective_num_ctx(model: CatalogModel, runner: RunnerOptions) -> int:
     return max(MIN_NUM_CTX, min(runner.num_ctx, model.spec.context_length))
 
 
-def runner_size(model: CatalogModel, runner: RunnerOptions) -> int:
-    """Total bytes (GPU + CPU) a runner holds with these options."""
-    delta = effective_num_ctx(model, runner) - model.spec.default_num_ctx
+def runner_size(model: CatalogModel, runner: RunnerOptions, parallel: int = 1) -> int:
+    """Total bytes (GPU + CPU) a runner holds with these options: what llama-server holds
+    for the model's blob (sizing.py), or, for a model whose size its spec gives, that size
+    and `kv_bytes_per_token` for every token of context beyond the default."""
+    if not model.spec.size and model.blob_size:
+        return runner_bytes(
+            model.blob_path, effective_num_ctx(model, runner), parallel, runner.num_batch,
+            model.spec.embedding,
+        )  # fmt: skip
+    delta = effective_num_ctx(model, runner) - model.default_num_ctx
     return max(1, model.spec.size + delta * model.spec.kv_bytes_per_token)
 
 

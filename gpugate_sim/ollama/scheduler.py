@@ -268,7 +268,8 @@ class Scheduler:
                 await self._evict(find_runner_to_unload(others))
                 continue
             options = pending.options.runner
-            size = runner_size(pending.model, options)
+            parallel = 1 if pending.model.spec.embedding else self._spec.num_parallel
+            size = runner_size(pending.model, options, parallel)
             explicit = requested_gpu_share(pending.model, options, size)
             plan = plan_load(
                 self._gpu.read(), self.devices, own_bytes(self._runners.values()), size,

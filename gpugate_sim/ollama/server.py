@@ -22,6 +22,7 @@ from gpugate_sim.ollama.record import recorded
 from gpugate_sim.ollama.runnerref import ScheduleError
 from gpugate_sim.ollama.scheduler import Scheduler
 from gpugate_sim.ollama.services import SERVICES, Services
+from gpugate_sim.ollama.sizing import vram_context
 from gpugate_sim.ollama.state import SimState
 from gpugate_sim.ollama.wire import json_response
 from gpugate_sim.recordfile import RecordFile
@@ -60,7 +61,12 @@ class SimOllama:
     ) -> None:
         self.spec = spec
         self.gpu = gpu
-        self.catalog = Catalog(spec.models, gpu.directory / "ollama" / "blobs", clock())
+        state = gpu.read()
+        vram = sum(state.device(i).total for i in spec.devices(len(state.devices)))
+        self.catalog = Catalog(
+            spec.models, gpu.directory / "ollama" / "blobs", clock(),
+            default_ctx=vram_context(vram, spec.context_length),
+        )  # fmt: skip
         self.scheduler = Scheduler(spec, gpu, clock)
         self.engine = Engine(spec, self.scheduler)
         self.url: str | None = None

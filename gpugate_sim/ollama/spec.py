@@ -8,6 +8,8 @@ ollama:
   keep_alive: 5m
   models:
     - {name: gemma3:12b, size: 7796MiB, block_count: 48, load_seconds: 2s}
+    - {name: qwen2.5:7b, family: qwen2, block_count: 28, embedding_length: 3584,
+       feed_forward_length: 18944, head_count: 28, head_count_kv: 4, vocab_size: 152064}
   preload:
     - {model: gemma3:12b, keep_alive: 24h}
   record: readings.jsonl     # one line per request a loading route read (record.py)
@@ -38,8 +40,9 @@ class OllamaModelSpec:
     """A model the simulated Ollama has on disk."""
 
     name: str
-    size: int
-    """VRAM the runner holds with default options (weights + default KV cache + overhead)."""
+    size: int = 0
+    """VRAM the runner holds with default options, given (weights, KV cache and overhead as
+    one number). 0: what the llama-server Ollama starts holds for the model's shape."""
     load_seconds: float = 0.5
     context_length: int = 8192
     """Training context; num_ctx above it is capped."""
@@ -58,10 +61,20 @@ class OllamaModelSpec:
     block_count: int = 32
     """Layers; `num_gpu: N` below this puts N/block_count of the model on the GPU."""
     head_count: int = 0
-    """Attention heads, in /api/show's model_info (0: left out, as for a model whose shape
-    the gate cannot read); with `head_count_kv` and `vocab_size` what Ollama sizes a load by."""
+    """Attention heads (0: the shape is not given: no GGUF blob is written, and `size`
+    must be). With the dimensions below, the blob's header and /api/show's model_info and
+    tensors describe the model (blobs.py), and a load holds what llama-server holds for
+    it (runners.py)."""
     head_count_kv: int = 0
     vocab_size: int = 0
+    feed_forward_length: int = 0
+    """The feed-forward width (0: 4 × embedding_length)."""
+    key_length: int = 0
+    """Each head's key and value width (0: embedding_length / head_count)."""
+    sliding_window: int = 0
+    """The window of the architecture's sliding-window layers (gemma3: 5 of every 6)."""
+    tied_embeddings: bool = False
+    """No output matrix: the token embeddings serve as one."""
     tokens_per_second: float | None = None
     """Overrides the server's token rate for this model."""
 
@@ -91,8 +104,12 @@ class OllamaSpec:
     version: str = "0.33.0"
     max_queue: int = 512
     """OLLAMA_MAX_QUEUE: pending loads beyond this are answered 503."""
-    num_parallel: int = 4
-    """OLLAMA_NUM_PARALLEL: requests one loaded model serves at once (embedding models: 1)."""
+    num_parallel: int = 1
+    """OLLAMA_NUM_PARALLEL: requests one loaded model serves at once, each with a context of
+    its own (embedding models: 1). Its default is 1 (envconfig/config.go)."""
+    context_length: int = 0
+    """OLLAMA_CONTEXT_LENGTH: the context of a request that sets none (0: by the VRAM of
+    the GPUs Ollama sees, for a model with a shape)."""
     max_loaded_models: int | None = None
     """OLLAMA_MAX_LOADED_MODELS: loading one more evicts one first. None: 3 per GPU Ollama
     sees (Ollama's default, `defaultModelsPerGPU`)."""
@@ -130,7 +147,8 @@ def parse_ollama(data: dict[str, Any], base: Path | None = None) -> OllamaSpec:
     from gpugate_sim.ollama.names import ModelName
 
     simple = {"listen", "gpu", "gpus", "keep_alive", "tokens_per_second", "version", "max_queue"}
-    knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins", "sched_spread"}
+    knobs = {"num_parallel", "max_loaded_models", "fit_margin", "origins", "sched_spread",
+             "context_length"}  # fmt: skip
     _only(data, "ollama", simple | knobs | {"models", "preload", "faults", "record"})
 
     def keep_alive(value: Any, where: str) -> str:
@@ -189,6 +207,7 @@ def parse_ollama(data: dict[str, Any], base: Path | None = None) -> OllamaSpec:
         num_parallel=_number(
             data, "num_parallel", "ollama", int, default["num_parallel"], minimum=1
         ),
+        context_length=_number(data, "context_length", "ollama", int, 0, minimum=0),
         max_loaded_models=None
         if data.get("max_loaded_models") is None
         else _number(data, "max_loaded_models", "ollama", int, 3, minimum=1),
@@ -203,8 +222,8 @@ def parse_ollama(data: dict[str, Any], base: Path | None = None) -> OllamaSpec:
 
 def _model(data: Any, where: str) -> OllamaModelSpec:
     _only(data, where, {f.name for f in attrs.fields(OllamaModelSpec)})
-    if "name" not in data or "size" not in data:
-        raise ValueError(f"{where}: 'name' and 'size' are required")
+    if "name" not in data or ("size" not in data and not data.get("head_count")):
+        raise ValueError(f"{where}: 'name' and 'size' (or the model's shape) are required")
     default = {f.name: f.default for f in attrs.fields(OllamaModelSpec)}
     load_seconds = data.get("load_seconds", default["load_seconds"])
     try:
@@ -239,6 +258,10 @@ def _model(data: Any, where: str) -> OllamaModelSpec:
         head_count=_number(data, "head_count", where, int, 0, minimum=0),
         head_count_kv=_number(data, "head_count_kv", where, int, 0, minimum=0),
         vocab_size=_number(data, "vocab_size", where, int, 0, minimum=0),
+        feed_forward_length=_number(data, "feed_forward_length", where, int, 0, minimum=0),
+        key_length=_number(data, "key_length", where, int, 0, minimum=0),
+        sliding_window=_number(data, "sliding_window", where, int, 0, minimum=0),
+        tied_embeddings=_boolean(data, "tied_embeddings", where),
         tokens_per_second=None
         if rate is None
         else _number(data, "tokens_per_second", where, float, 0.0, positive=True),
@@ -267,6 +290,13 @@ def _gpus(data: dict[str, Any]) -> tuple[int, ...] | None:
             raise ValueError(f"ollama.gpus[{i}]: GPU {gpu} is listed twice")
         gpus.append(gpu)
     return tuple(gpus)
+
+
+def _boolean(data: dict[str, Any], key: str, where: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
 
 
 def _flag(data: dict[str, Any], key: str) -> bool:

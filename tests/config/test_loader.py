@@ -209,7 +209,8 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 "consumers.ollama.colour",
                 "unknown key 'colour'; expected one of runtime, listen, upstream, gpu, gpus, "
                 "class, residency, envelope, queue_limit, max_body, processes, models, timeouts, "
-                "limits, preempt, control, origins, sched_spread, ollama",
+                "limits, preempt, control, context_length, gpu_overhead, kv_cache_type, "
+                "num_parallel, origins, sched_spread, ollama",
             ),
         ),
         (
@@ -219,7 +220,8 @@ def test_load_config_reads_the_file_and_logs_warnings(
                 "consumers.ollama.name",
                 "unknown key 'name'; expected one of runtime, listen, upstream, gpu, gpus, "
                 "class, residency, envelope, queue_limit, max_body, processes, models, timeouts, "
-                "limits, preempt, control, origins, sched_spread, ollama",
+                "limits, preempt, control, context_length, gpu_overhead, kv_cache_type, "
+                "num_parallel, origins, sched_spread, ollama",
             ),
         ),
     ],

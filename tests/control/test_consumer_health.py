@@ -23,6 +23,7 @@ from gpugate.runtimes.base import (
     HealthSignal,
     Inventory,
     LoadedModel,
+    Memory,
     ModelSettings,
     NotSupported,
     Residents,
@@ -129,11 +130,13 @@ def fake_runtime(consumer: Consumer) -> Runtime:
     health = FakeHealth(SIGNALS[consumer.name])
     listed = consumer.name == "listed"
     process = consumer.name == "proc"
+    settings = ModelSettings(consumer)
     return Runtime(
-        settings=ModelSettings(consumer),
+        settings=settings,
         reading=PassReading(),
         residents=NoUnload(),
         health=health,
+        memory=Memory(settings),
         inventory=FakeInventory(health.answers) if listed else None,
         lifecycle=ProcessLifecycle(ProcessModel(consumer), FakeProcess()) if process else None,
     )

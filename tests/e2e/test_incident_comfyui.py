@@ -64,8 +64,8 @@ def consumers_yaml(control: int, ollama: tuple[int, int], comfy: tuple[int, int]
             residency: {{policy: keep_warm, ttl: 15m}}
             processes: {{commands: ["ollama serve"]}}
             models:
-              gemma3:12b: {{class: background, envelope: 7796MiB}}
-              bge-m3: {{class: background, envelope: 2012MiB}}
+              gemma3:12b: {{class: background}}
+              bge-m3: {{class: background}}
           comfyui:
             runtime: comfyui
             listen: 127.0.0.1:{comfy[0]}
@@ -199,11 +199,12 @@ async def test_flux_renders_through_the_gate_where_it_ran_out_of_memory_directly
     assert {e["model"] for e in done} == {"gemma3:12b", "bge-m3:latest"}
     # For whom, and the bytes: each victim's, and the job's lease they made room for.
     for event in started:
-        assert event["consumer"] == "ollama" and event["bytes"] > 1900 * MiB
+        assert event["consumer"] == "ollama" and event["bytes"] > 1500 * MiB
         assert event["detail"].startswith("for comfyui/job-")
     [queued] = [e for e in log if e["event"] == "ticket_queued" and e["consumer"] == "comfyui"]
     assert queued["bytes"] == (11350 + 1024) * MiB
-    assert sum(e["bytes"] for e in done) >= (7796 + 2012) * MiB
+    # What their runners hold (their shapes in the host file): 8,330 and 1,617 MiB.
+    assert sum(e["bytes"] for e in done) >= (8329 + 1617) * MiB
     # The bytes before and after: the job did not fit before, it fits once the last is done.
     for event in started:
         assert event["schedulable_before"] < queued["bytes"]

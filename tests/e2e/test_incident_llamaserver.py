@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 from gpugate.core.units import GiB, MiB
-from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.memory import CUDA_CONTEXT, plan
 from gpugate_sim.llamaserver.model import load_model_info, with_weights
 from tests.clihost import HostProcess, running_gate, running_host
 from tests.e2e.test_incident_comfyui import INCIDENT, connect, outcome, until_no_lease
@@ -53,7 +53,10 @@ WEIGHTS = {"alpha": 4 * GiB, "beta": 3 * GiB}
 WAIT = 20.0
 FLUX_FLOOR = (11350 + 1024) * MiB
 """The least the render runs in: its largest stage (the UNet) and 1 GiB per megapixel."""
-FLUX_CEILING = (16384 - 434 - 1024 - 210 - 2012) * MiB
+BGE_M3 = 1_695_784_960
+"""What bge-m3's runner holds: its llama-server's buffers and CUDA context (its shape in
+the incident's host file)."""
+FLUX_CEILING = (16384 - 434 - 1024 - 210) * MiB - BGE_M3
 """The most the card can give it: less the driver, the reserve, ComfyUI's idle context and
 bge-m3 (production: the render may not evict it). The job is leased the sum of its files
 capped at this, never below the floor."""
@@ -61,9 +64,10 @@ capped at this, never below the floor."""
 
 def held_bytes(path: Path, weights: int) -> int:
     """What the simulated child of a model holds once loaded: the given weights, then
-    the KV cache and compute buffer of its GGUF header (the whole context, all layers)."""
+    the KV cache and compute buffer of its GGUF header (the whole context, all layers),
+    and its CUDA context."""
     info = with_weights(load_model_info(path), weights)
-    return plan(info, info.n_ctx_train, info.n_layer + 1).total
+    return plan(info, info.n_ctx_train, info.n_layer + 1).total + CUDA_CONTEXT
 
 
 def host_yaml(models: Path, ollama: int, comfy: int, llama: int) -> str:

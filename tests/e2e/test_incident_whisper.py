@@ -45,6 +45,8 @@ INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
 TOKEN = "incident-token"
 UNIT = "whisper-server.service"
 GEMMA_MIB = 11600
+BGE_MIB = 2012
+"""bge-m3's runner as it was that day (its shape alone makes it 1,617 MiB today)."""
 
 
 def incident_host(ports: dict[str, int]) -> tuple[dict, WhisperServerSpec]:
@@ -56,6 +58,8 @@ def incident_host(ports: dict[str, int]) -> tuple[dict, WhisperServerSpec]:
         if model["name"] == "gemma3:12b":
             model["size"] = f"{GEMMA_MIB}MiB"
             model["load_seconds"] = "1s"
+        if model["name"] == "bge-m3":
+            model["size"] = f"{BGE_MIB}MiB"
     host["ollama"]["preload"] = [p for p in host["ollama"]["preload"] if p["model"] == "bge-m3"]
     whisper = host.pop("whisper")
     spec = WhisperServerSpec(

@@ -81,6 +81,8 @@ class FakeUpstream:
     ps: Mode = Mode.OK
     unload_mode: Mode = Mode.OK
     tags_mode: Mode = Mode.OK
+    show_mode: Mode = Mode.OK
+    """/api/show: OK answers 404 (no model is installed), as Ollama does for one it lacks."""
     shape_body: object = attrs.field(factory=lambda: {"models": {"name": 3}})
     on_unload: Callable[[str], None] = lambda model: None
     ps_calls: int = 0
@@ -114,8 +116,14 @@ class FakeUpstream:
     async def handle_tags(self, request: web.Request) -> web.Response:
         return await self._answer(self.tags_mode, {"models": []})
 
+    async def handle_show(self, request: web.Request) -> web.Response:
+        if self.show_mode is Mode.OK:
+            return web.json_response({"error": "model not found"}, status=404)
+        return await self._answer(self.show_mode, {})
+
     def app(self) -> web.Application:
         app = web.Application()
+        app.router.add_post("/api/show", self.handle_show)
         app.router.add_get("/api/ps", self.handle_ps)
         app.router.add_post("/api/generate", self.handle_generate)
         app.router.add_get("/api/tags", self.handle_tags)

@@ -7,7 +7,7 @@ import ollama
 
 from gpugate.core.effects import EventKind
 from gpugate.core.units import MiB
-from gpugate.runtimes.ollama.models import RUNTIME_OVERHEAD
+from gpugate.runtimes.llamacpp import CUDA_CONTEXT
 from tests.gate.harness import running_stack
 
 NO_LLAMA_ENVELOPE = """\
@@ -34,7 +34,7 @@ async def test_estimate_then_measure_then_remember_across_restarts(
         await client.generate(model="llama3.2:3b", prompt="x", options={"num_predict": 1})
         estimate = (await granted).bytes
         # Weights on disk plus runtime overhead (the simulated model reports no KV shape).
-        assert estimate == await tags_size(stack.sim_url, "llama3.2:3b") + RUNTIME_OVERHEAD
+        assert estimate == await tags_size(stack.sim_url, "llama3.2:3b") + CUDA_CONTEXT
         # The next listing measures what the runner really holds.
         measured = stack.next_event(EventKind.ENVELOPE_MEASURED, model="llama3.2:3b")
         stack.gate.want_reconcile("ollama")

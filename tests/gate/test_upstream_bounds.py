@@ -16,6 +16,7 @@ from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Demand
 from gpugate.core.units import MiB
 from gpugate.gate.gate import GateFailure
+from gpugate.runtimes.footprint import Cards
 from tests.gate.fakes import FakeGpu, FakeUpstream, Mode, fake_gate
 from tests.gate.harness import running_stack
 from tests.gate.test_eviction import IDENTITIES, SLOW_MODELS
@@ -64,11 +65,15 @@ async def test_a_hung_unload_fails_its_ticket_as_timeout_at_the_control_bound(tm
 
 
 async def test_a_hung_sizing_call_is_a_timeout(tmp_path):
-    upstream = FakeUpstream(tags_mode=Mode.HANG)
+    upstream = FakeUpstream(show_mode=Mode.HANG)
     async with fake_gate(tmp_path, upstream=upstream) as fakes:
         link = fakes.gate.links["ollama"]
+        assert link.session is not None
+        sizing = fakes.gate.envelopes.envelope(
+            link.consumer, link.runtime.memory, link.session, "mistral:7b", "", Cards()
+        )
         with pytest.raises(GateFailure) as failed:
-            await asyncio.wait_for(fakes.gate.envelopes.envelope(link, "mistral:7b", ""), 5)
+            await asyncio.wait_for(sizing, 5)
         assert failed.value.failure.failure_class is FailureClass.TIMEOUT
         assert failed.value.failure.message.startswith("TIMEOUT: cannot size mistral:7b")
 

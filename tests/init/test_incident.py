@@ -48,6 +48,10 @@ MiB = 1024 * 1024
 SYSTEMCTL_READS = ("show", "is-active")
 """What init may ask systemctl: it reads units, never starts, stops or reloads them."""
 
+GEMMA, BGE = 8_734_445_440, 1_695_784_960
+"""What the incident's two preloaded runners hold: the llama-servers Ollama starts for the
+models' shapes (the host file's)."""
+
 
 def run_dry(incident: IncidentHost, tmp: Path, library: Path, *extra: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -80,7 +84,7 @@ def test_the_scan_finds_each_runtime_its_unit_and_what_it_holds(
     ollama = runtimes["ollama"]
     # The two preloaded models are held by runner children of `ollama serve`.
     assert sorted(p.pid for p in ollama.gpu_use) == incident.children("ollama")
-    assert ollama.bytes_now == (7796 + 2012) * MiB
+    assert ollama.bytes_now == GEMMA + BGE
     assert runtimes["whisper"].bytes_now == 2050 * MiB
     assert runtimes["comfyui"].bytes_now == 210 * MiB
     assert runtimes["whisper"].model == "models/ggml-large-v3-turbo.bin"
@@ -141,7 +145,8 @@ def test_the_dry_run_prints_a_configuration_that_checks_clean_and_fronts_every_r
     assert consumers["ollama"].runtime == "ollama"
     assert consumers["ollama"].settings_as(OllamaSettings).origins == (OLLAMA_ORIGINS,)
     models = {m.name: m.envelope for m in consumers["ollama"].models}
-    assert models == {"gemma3:12b": 7796 * MiB, "bge-m3:latest": 2012 * MiB}
+    # What each runner holds, rounded up to the MiB as written.
+    assert models == {"gemma3:12b": 8330 * MiB, "bge-m3:latest": 1618 * MiB}
     assert consumers["comfyui"].residency.policy is ResidencyPolicy.LOAD_ON_DEMAND
     files_sized = {
         f"{f.pattern.folder}/{f.pattern.name}": f.size
@@ -176,9 +181,10 @@ def test_the_dry_run_prints_a_configuration_that_checks_clean_and_fronts_every_r
     assert f"Environment=OLLAMA_HOST=127.0.0.1:{upstreams['ollama']}" in ollama_dropin
     assert "Environment=OLLAMA_KEEP_ALIVE=-1" in ollama_dropin
     comfy = _exec_start(files["comfyui.service.d/gpugate.conf"])
+    # ComfyUI sizes its loads to the free memory less --reserve-vram: the gate's reserve.
     assert comfy == [
         "/usr/bin/python3", "ComfyUI/main.py", "--listen", "127.0.0.1",
-        "--port", str(upstreams["comfyui"]),
+        "--port", str(upstreams["comfyui"]), "--reserve-vram", "1",
     ]  # fmt: skip
     whisper_dropin = files["whisper-server.service.d/gpugate.conf"]
     assert _exec_start(whisper_dropin)[-4:] == [
@@ -279,7 +285,7 @@ async def _through_the_gate(ports: dict[str, int], control: str) -> None:
             (gpu,) = (await resp.json())["gpus"]
         observed = {name: row["observed"] for name, row in gpu["consumers"].items()}
         assert observed == {
-            "ollama": (7796 + 2012) * MiB, "whisper": 2050 * MiB, "comfyui": 210 * MiB
+            "ollama": GEMMA + BGE, "whisper": 2050 * MiB, "comfyui": 210 * MiB
         }  # fmt: skip
         assert gpu["external"]["plex"] == 1536 * MiB
         assert gpu["external"]["tdarr"] == 600 * MiB

@@ -400,7 +400,7 @@ def test_a_unit_that_runs_a_wrapper_gets_the_runtime_s_own_command(tmp_path: Pat
     files, _, _ = render(host.plan(), tmp_path)
     assert exec_start(files["comfyui.service.d/gpugate.conf"]) == [
         "/opt/ComfyUI/venv/bin/python", "/opt/ComfyUI/main.py", "--port", "8189",
-        "--listen", "127.0.0.1",
+        "--listen", "127.0.0.1", "--reserve-vram", "1",
     ]  # fmt: skip
     assert "comfyui.service runs /opt/ComfyUI/start.sh" in files["moves.txt"]
 
@@ -486,8 +486,8 @@ def test_the_drop_ins_verify_against_the_shipped_example_units(tmp_path: Path) -
     ]  # fmt: skip
     assert command[1:3] == ["admit", "whisper"]
     assert "LoadCredential=gpugate-token:/etc/gpugate/admit.token" in whisper
-    assert exec_start(files["comfyui.service.d/gpugate.conf"])[-4:] == [
-        "--listen", "127.0.0.1", "--port", "8189",
+    assert exec_start(files["comfyui.service.d/gpugate.conf"])[-6:] == [
+        "--listen", "127.0.0.1", "--port", "8189", "--reserve-vram", "1",
     ]  # fmt: skip
 
 

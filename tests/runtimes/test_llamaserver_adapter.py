@@ -14,9 +14,10 @@ from gpugate.config.model import Upstream
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.base import ApiFamily, RouteKind, Runtime, error_reply, failure_reply
+from gpugate.runtimes.gguf import GgufError, read_file
+from gpugate.runtimes.llamacpp import CUDA_CONTEXT, LoadOptions, header_shape, load_size
 from gpugate.runtimes.llamaserver.catalog import LlamaServerError, ModelEntry, parse_models
-from gpugate.runtimes.llamaserver.envelope import CUDA_CONTEXT, estimate_entry, load_bytes
-from gpugate.runtimes.llamaserver.gguf import GgufError, file_facts
+from gpugate.runtimes.llamaserver.memory import context_cap, footprint
 from gpugate.runtimes.llamaserver.reading import Unreadable, read_json
 from gpugate.runtimes.llamaserver.router import RouterReading, RouterState, router_runtime
 from gpugate.runtimes.llamaserver.single import LlamaSingleReading
@@ -284,30 +285,50 @@ def test_a_listing_that_is_not_one_is_an_error():
     assert parse_models({"data": [{"id": "m.gguf"}]}).entries[0].status == "loaded"
 
 
-def test_the_envelope_is_weights_and_kv_cache_from_the_gguf_header(tmp_path):
+def test_the_envelope_is_weights_kv_cache_and_buffer_from_the_gguf_header(tmp_path):
     path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2, n_embd=64, n_head=4, n_head_kv=2)
-    facts = file_facts(path)
-    assert (facts.n_layer, facts.n_embd, facts.n_head, facts.n_head_kv) == (2, 64, 4, 2)
-    assert 0 < facts.weights <= path.stat().st_size
-    # head_dim 16 × 2 kv heads × (K + V) × 2 layers × 2 bytes per token
-    assert facts.kv_cache_bytes(512) == 2 * 512 * (32 + 32) * 2
+    shape = header_shape(read_file(path))
+    assert shape is not None
+    assert (shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv) == (2, 64, 4, (2, 2))
+    assert 0 < shape.weights <= path.stat().st_size
     entry = ModelEntry("tiny", "unloaded", args=("llama-server", "-m", str(path), "-c", "512"))
-    assert estimate_entry(entry) == load_bytes(facts, 512, None)
-    assert estimate_entry(entry) > facts.weights + facts.kv_cache_bytes(512)
+    found = footprint(entry.option("-m"), entry.option)
+    assert found is not None and not found.degrades  # -c set: --fit does not cut it
+    expected = load_size(shape, LoadOptions(n_ctx=512, n_parallel=4, unified=True))
+    assert found.ceiling == expected.total
+    # head_dim 16 × 2 kv heads × (K + V) × 2 layers × 2 bytes a cell, 512 cells
+    assert expected.kv == 2 * 512 * (32 + 32) * 2
+    assert expected.context == CUDA_CONTEXT
     no_gpu = ModelEntry("tiny", "unloaded", args=("-m", str(path), "-ngl", "0"))
-    assert estimate_entry(no_gpu) == CUDA_CONTEXT
-    assert (
-        estimate_entry(ModelEntry("x", "unloaded", args=("-m", str(tmp_path / "missing")))) is None
-    )
+    found = footprint(no_gpu.option("-m"), no_gpu.option)
+    assert found is not None and found.ceiling < CUDA_CONTEXT  # held in host memory
+    assert footprint(str(tmp_path / "missing"), no_gpu.option) is None
+
+
+def test_an_unset_context_is_fitted_between_the_fit_context_and_the_trained_one(tmp_path):
+    path = write_tiny_llama(tmp_path / "long.gguf", context_length=32768)
+    entry = ModelEntry("long", "unloaded", args=("-m", str(path)))
+    found = footprint(str(path), entry.option)
+    assert found is not None and found.degrades
+    shape = header_shape(read_file(path))
+    assert shape is not None
+    options = LoadOptions(n_parallel=4, unified=True)
+    assert found.ceiling == load_size(shape, options).total
+    assert found.floor == load_size(shape, attrs.evolve(options, n_ctx=4096)).total
+    fixed = ModelEntry("long", "unloaded", args=("-m", str(path), "--fit", "off"))
+    off = footprint(str(path), fixed.option)
+    assert off is not None and not off.degrades
+    cap = context_cap(str(path), entry.option, found.floor + 1)
+    assert cap is not None and cap.args == ("-c", "4096")
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(GgufError):
-        file_facts(bad)
+        read_file(bad)
     truncated = tmp_path / "short.gguf"
     path = write_tiny_llama(tmp_path / "full.gguf")
     truncated.write_bytes(path.read_bytes()[:40])
     with pytest.raises(GgufError):
-        file_facts(truncated)
+        read_file(truncated)

@@ -16,7 +16,6 @@ from gpugate.config.model import (
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.runtimes.base import ApiFamily, RouteKind
 from gpugate.runtimes.ollama.adapter import normalize_model, ollama_runtime, options_key
-from gpugate.runtimes.ollama.models import kv_cache_bytes
 
 CONSUMER = Consumer(
     name="ollama",
@@ -213,19 +212,9 @@ def test_multipart_transcription_model_is_read():
     assert result.kind is RouteKind.DEMAND and result.model == "whisper-large:latest"
 
 
-def test_names_and_sizes():
+def test_names():
     assert normalize_model("llama3.2") == "llama3.2:latest"
     assert normalize_model("hf.co/org/model:Q4_K_M") == "hf.co/org/model:q4_k_m"
     assert (
         normalize_model("registry.local:5000/team/model") == "registry.local:5000/team/model:latest"
     )
-    info = {
-        "general.architecture": "llama",
-        "llama.block_count": 32,
-        "llama.attention.head_count": 32,
-        "llama.attention.head_count_kv": 8,
-        "llama.embedding_length": 4096,
-        "llama.context_length": 131072,
-    }
-    assert kv_cache_bytes(info, 4096) == 2 * 32 * 4096 * 8 * 128 * 2
-    assert kv_cache_bytes({}, 4096) == 0

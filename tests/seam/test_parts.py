@@ -149,3 +149,37 @@ def test_the_check_sees_a_whole_runtime_taken():
         "line 1: parameter runtime is a Runtime",
         "line 3: the whole runtime is read",
     ]
+
+
+SIZING = ("gate/envelopes.py",)
+"""The gate's sizing: it takes a runtime's memory part, and nothing else of a runtime."""
+
+
+def runtime_reads(tree: ast.Module) -> list[str]:
+    """Every runtime part (or link) a module reads, as `part` names."""
+    read = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in PARTS | {"runtime"}:
+            read.append(node.attr)
+        if isinstance(node, ast.Name) and node.id in {"Link", "Runtime", "ModelSettings"}:
+            read.append(node.id)
+    return read
+
+
+def test_the_sizing_takes_only_the_memory_part():
+    for name in SIZING:
+        tree = ast.parse((PACKAGE / name).read_text())
+        assert runtime_reads(tree) == [], name
+        parameters = {
+            arg.annotation.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+            for arg in node.args.args
+            if isinstance(arg.annotation, ast.Name)
+        }
+        assert "Memory" in parameters, name
+
+
+def test_the_sizing_check_sees_another_part():
+    code = "def size(link: Link) -> int:\n    return link.runtime.settings.envelope\n"
+    assert sorted(runtime_reads(ast.parse(code))) == ["Link", "runtime", "settings"]

@@ -41,6 +41,7 @@ from gpugate.runtimes.base import (
     HealthSignal,
     JobEnd,
     Jobs,
+    Memory,
     ModelSettings,
     NotSupported,
     Reading,
@@ -127,6 +128,7 @@ def queue_runtime(consumer: Consumer) -> Runtime:
         reading=QueueReading(consumer),
         residents=QueueResidents(settings),
         health=QueueHealth(),
+        memory=Memory(settings),
         jobs=QueueJobs(),
     )
 

@@ -25,6 +25,8 @@ from gpugate_sim.host import (
     default_gpu_uuid,
 )
 from gpugate_sim.hostprocess import SimulatedHostProcess
+from gpugate_sim.ollama.blobs import write_blob
+from gpugate_sim.ollama.sizing import runner_bytes
 from gpugate_sim.scenario import GpuSpec, HolderSpec, HostSpec, OllamaSpec, load_host
 from tests.gate.harness import free_ports
 from tests.sim.processes import (
@@ -358,23 +360,32 @@ def test_the_incident_holders(tmp_path: Path) -> None:
     assert not state_dir.exists()
 
 
-def test_the_incident_file_describes_the_incident() -> None:
+def test_the_incident_file_describes_the_incident(tmp_path: Path) -> None:
     data = yaml.safe_load(INCIDENT.read_text())
     (gpu,) = data["gpus"]
     assert (gpu["total"], gpu["reserved"]) == ("16GiB", "434MiB")
-    ollama = data["ollama"]
-    assert ollama["listen"] == "127.0.0.1:11435"
-    sizes = {m["name"]: m["size"] for m in ollama["models"]}
-    assert (sizes["gemma3:12b"], sizes["bge-m3"]) == ("7796MiB", "2012MiB")
-    assert [(p["model"], p["keep_alive"]) for p in ollama["preload"]] == [
+    spec = load_host(INCIDENT).ollama
+    assert spec is not None and spec.listen == "127.0.0.1:11435"
+    assert [(p.model, p.keep_alive) for p in spec.preload] == [
         ("gemma3:12b", "24h"),
         ("bge-m3", "24h"),
     ]
+    # Each model is its shape: a runner holds what llama-server holds for its blob.
+    runners = {}
+    for model in spec.models:
+        assert model.size == 0 and model.head_count > 0
+        blob = tmp_path / model.name.replace(":", "-")
+        write_blob(blob, model)
+        context = min(4096, model.context_length)
+        runners[model.name] = runner_bytes(str(blob), context, 1, 512, model.embedding)
     held = sum(int(h["bytes"].removesuffix("MiB")) for h in data["holders"])
     whisper = data["whisper"]
     held += int(whisper["models"][whisper["model"]].removesuffix("MiB"))
     held += int(data["comfyui"]["context"].removesuffix("MiB"))
-    assert held + 7796 + 2012 + 434 == 16384 - 3590, "3,590 MiB free: too little for FLUX"
+    preloaded = (runners["gemma3:12b"] + runners["bge-m3"]) / MiB
+    assert round(preloaded) == 8330 + 1617
+    free = 16384 - 434 - held - preloaded
+    assert round(free) == 3451, "3,451 MiB free: too little for FLUX's text encoders (4,902)"
 
 
 FAKE_OLLAMA = """

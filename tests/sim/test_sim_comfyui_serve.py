@@ -39,7 +39,8 @@ async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):
                 "python3", "ComfyUI/main.py", "--listen", "127.0.0.1", "--port", port,
             ]  # fmt: skip
             assert Path(f"/proc/{row.pid}/comm").read_text().strip() == "python3"
-            assert gpu.free(0) == 3590 * MiB
+            # 3,451 MiB (the two runners hold what their llama-servers hold for them).
+            assert 3450 * MiB < gpu.free(0) <= 3451 * MiB
             # FLUX does not fit next to the Ollama runners: a CUDA OOM, recorded on the host.
             socket = await connect(session, url, "me")
             prompt_id = await queue(session, url + "/api", flux(), client_id="me")
@@ -51,4 +52,4 @@ async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):
             assert [oom.pid for oom in gpu.ooms()] == [row.pid]
             async with session.get(f"{url}/system_stats") as resp:
                 stats = json.loads(await resp.text())
-            assert stats["devices"][0]["vram_free"] == 3590 * MiB
+            assert stats["devices"][0]["vram_free"] == gpu.free(0)

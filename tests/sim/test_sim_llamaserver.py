@@ -17,7 +17,7 @@ import pytest
 
 from gpugate.core.units import GiB
 from gpugate_sim.device import SimDevice, SimulatedGpuHost, pid_alive
-from gpugate_sim.llamaserver.memory import PlacementOptions, place, plan
+from gpugate_sim.llamaserver.memory import CUDA_CONTEXT, PlacementOptions, place, plan
 from gpugate_sim.llamaserver.model import load_model_info
 from gpugate_sim.llamaserver.process import LlamaServerStartError, SimLlamaServer
 from gpugate_sim.llamaserver.spec import LlamaServerSpec
@@ -94,6 +94,8 @@ def test_memory_formula_from_the_gguf_header(model: Path) -> None:
     # KV: n_ctx × layers × (k + v values: 2 heads of 16 each) × 2 bytes (f16).
     assert whole.kv == 512 * 2 * (2 * 16 + 2 * 16) * 2
     assert whole.weights == sum(info.layer_bytes) + info.output_bytes
+    # The output layer is the last of the n_layer + 1: one layer offloaded is that one.
+    assert plan(info, 512, 1).weights == info.output_bytes
     assert plan(info, 512, 0).total == 0
     assert place(info, PlacementOptions(on_gpu=False), None).total == 0
     # Too little free memory: the auto context is cut first, then layers go.
@@ -105,7 +107,8 @@ def test_single_model_holds_vram_under_its_pid_and_frees_it(single: Any) -> None
     _url, proc, gpu = single
     held = gpu.read().held_by(proc.pid, 0)
     info = load_model_info(cmdline(proc.pid)[2])
-    assert held == plan(info, 512, 3).total
+    # Its buffers, and the CUDA context it took before the model loaded.
+    assert held == plan(info, 512, 3).total + CUDA_CONTEXT
     assert comm(proc.pid) == "llama-server"
     assert cmdline(proc.pid)[0] == "llama-server"
     proc.send_signal(signal.SIGTERM)

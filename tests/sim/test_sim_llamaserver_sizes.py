@@ -16,7 +16,7 @@ import pytest
 
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.llamaserver.cli import parse_args
-from gpugate_sim.llamaserver.memory import plan
+from gpugate_sim.llamaserver.memory import CUDA_CONTEXT, plan
 from gpugate_sim.llamaserver.model import load_model_info, sized_for, with_weights
 from gpugate_sim.llamaserver.process import llamaserver_argv
 from gpugate_sim.llamaserver.spec import parse_llamaserver
@@ -43,7 +43,7 @@ def test_a_size_replaces_the_weights_and_keeps_the_cache_and_buffer(model: Path)
     # Each part keeps its share of the file: fewer layers offloaded, fewer bytes.
     for layer, part in zip(sized.layer_bytes, info.layer_bytes, strict=True):
         assert layer == (3 * GiB + 1) * part // sum((*info.layer_bytes, info.output_bytes))
-    assert plan(sized, 512, 1).weights == sized.layer_bytes[-1] < big.weights
+    assert plan(sized, 512, 2).weights == sized.layer_bytes[-1] + sized.output_bytes < big.weights
     assert sized.size == info.input_bytes + 3 * GiB + 1
     assert sized.tokens == info.tokens and sized.n_ctx_train == info.n_ctx_train
 
@@ -111,7 +111,11 @@ def test_a_router_passes_the_size_to_its_children(tmp_path: Path) -> None:
                  "alpha and beta loaded")  # fmt: skip
         held = {p.pid: p.used for p in gpu.read().processes}
         # beta holds its own tensors; alpha the size given, and the same cache and buffer.
-        assert sorted(held.values()) == [tiny.total, 3 * GiB + tiny.kv + tiny.compute]
+        context = CUDA_CONTEXT
+        assert sorted(held.values()) == [
+            tiny.total + context,
+            3 * GiB + tiny.kv + tiny.compute + context,
+        ]
         for pid in held:
             # Shown as llama-server, without the simulator's options.
             assert comm(pid) == "llama-server"

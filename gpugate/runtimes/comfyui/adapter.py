@@ -12,6 +12,7 @@ prompt finished, failed, interrupted or deleted. What ComfyUI keeps loaded after
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import aiohttp
@@ -21,12 +22,12 @@ from gpugate.config.model import Consumer
 from gpugate.core.classes import PriorityClass
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import LeaseScope
+from gpugate.core.units import GiB
 from gpugate.runtimes.answers import (
     AdapterError,
     ApiFamily,
     Classified,
     HealthSignal,
-    NotSupported,
     ReclaimRule,
     Refusal,
     RouteKind,
@@ -50,6 +51,7 @@ from gpugate.runtimes.comfyui.origin import (
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.comfyui.vetting import PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
 from gpugate.runtimes.health import RouteHealth
 from gpugate.runtimes.parts import Bounds, Memory, Reading, Residents
 from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
@@ -161,17 +163,29 @@ class ComfyUIResidents(Residents):
 
 class PromptMemory(Memory):
     """A prompt's files and working set, read from the prompt: ComfyUI cannot size a model
-    by its name."""
+    by its name.
 
-    def __init__(self, consumer: Consumer) -> None:
+    FITTED: in NORMAL_VRAM ComfyUI loads a model partially when the card is short
+    (comfy/model_management.py `load_models_gpu`: `lowvram_model_memory` from the device's
+    free memory less `minimum_memory_required`), and frees its other models for the one a
+    node needs (`free_memory`), so a prompt runs, slower, in as little as its largest stage
+    and the working set (the floor) and takes its files and working set whole with room
+    (the ceiling). Its knob is `--reserve-vram GB` (cli_args.py; `EXTRA_RESERVED_VRAM`):
+    what it leaves of the card for others, so the most it takes is the card less that."""
+
+    elasticity = Elasticity.FITTED
+    knob = "--reserve-vram"
+
+    def __init__(self, settings: ModelSettings, consumer: Consumer) -> None:
+        super().__init__(settings)
         self.consumer = consumer
         self.sizing = PromptSizing.of(consumer)
 
     def size(
         self, classified: Classified, kind: ResidentKey, priority: PriorityClass, bounds: Bounds
-    ) -> int | None:
+    ) -> Footprint | None:
         """The prompt's files and working set, or a measured peak of the same files, within
-        the most the consumer's cards could ever give it."""
+        the most the consumer's cards could ever give it; its floor the largest stage."""
         demand = classified.reading
         if not isinstance(demand, PromptDemand):
             return None
@@ -186,12 +200,15 @@ class PromptMemory(Memory):
             measured_megapixels=None if measured is None else measured.scale,
             ceiling=max(known, default=None),
         )
-        return envelope.bytes
+        return Footprint(envelope.bytes, min(envelope.floor, envelope.bytes))
 
-    async def estimate(
-        self, session: aiohttp.ClientSession, model: str, options: str
-    ) -> int | None:
-        raise NotSupported(f"{self.consumer.name} cannot size {model} before it is loaded")
+    def cap(self, model: str, nbytes: int, cards: Cards) -> Cap | None:
+        """`--reserve-vram`: the card's total less `nbytes`, in GiB (ComfyUI multiplies by
+        1024³), rounded up to a hundredth."""
+        if not cards.totals:
+            return None
+        reserve = max(0, cards.totals[0] - nbytes) / GiB
+        return Cap(args=("--reserve-vram", f"{math.ceil(reserve * 100) / 100:.2f}"))
 
 
 def comfyui_runtime(consumer: Consumer) -> Runtime:
@@ -209,5 +226,5 @@ def comfyui_runtime(consumer: Consumer) -> Runtime:
             PromptVetting(consumer.upstream.url, consumer.timeouts.control) if validate else None
         ),
         jobs=PromptJobs(settings),
-        memory=PromptMemory(consumer),
+        memory=PromptMemory(settings, consumer),
     )

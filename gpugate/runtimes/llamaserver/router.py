@@ -40,6 +40,7 @@ from gpugate.runtimes.answers import (
     Classified,
     HealthSignal,
     LoadedModel,
+    NotSupported,
     ReclaimRule,
     Refusal,
     RouteKind,
@@ -47,10 +48,11 @@ from gpugate.runtimes.answers import (
     Vetted,
 )
 from gpugate.runtimes.dialect import ServerDialect
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
 from gpugate.runtimes.health import RouteHealth
 from gpugate.runtimes.keepalive import HTTPLIB
 from gpugate.runtimes.llamaserver.catalog import Catalog, LlamaServerError, parse_models
-from gpugate.runtimes.llamaserver.envelope import estimate_entry
+from gpugate.runtimes.llamaserver.memory import context_cap, footprint
 from gpugate.runtimes.llamaserver.reading import (
     LOAD,
     UNLOAD,
@@ -228,7 +230,10 @@ class RouterInventory(Inventory):
         loaded = []
         for entry in catalog.entries:
             if entry.status == "loaded":
-                size = settings.configured_envelope(entry.name) or estimate_entry(entry) or 0
+                size = settings.configured_envelope(entry.name)
+                if size is None:
+                    found = footprint(entry.option("-m", "--model"), entry.option)
+                    size = found.ceiling if found is not None else 0
                 loaded.append(LoadedModel(entry.name, size, size, sized=False))
         return loaded
 
@@ -261,20 +266,36 @@ class RouterResidents(Residents):
 
 
 class RouterMemory(Memory):
-    """A model's weights and KV cache from its GGUF header."""
+    """A router's model: its child's load, from its file and the arguments the router's
+    listing shows it starts with (memory.py)."""
+
+    elasticity = Elasticity.FITTED
+    knob = "-c (in the model's preset), --fit-target"
 
     def __init__(self, state: RouterState) -> None:
+        super().__init__(state.settings)
         self.state = state
 
     async def estimate(
-        self, session: aiohttp.ClientSession, model: str, options: str
-    ) -> int | None:
-        """Weights and KV cache from the model's GGUF header, for the context its server
-        starts with; None when the router does not know the model."""
+        self, session: aiohttp.ClientSession, model: str, options: str, cards: Cards
+    ) -> Footprint | None:
+        """None when the router does not know the model; NotSupported when its file
+        cannot be read."""
         entry = self.state.catalog.resolve(model)
         if entry is None:
             entry = (await self.state.refresh(session, time.monotonic())).resolve(model)
-        return None if entry is None else estimate_entry(entry)
+        if entry is None:
+            return None
+        found = footprint(entry.option("-m", "--model"), entry.option)
+        if found is None:
+            raise NotSupported(f"{model}: the gate cannot read its file to size it")
+        return found
+
+    def cap(self, model: str, nbytes: int, cards: Cards) -> Cap | None:
+        entry = self.state.catalog.resolve(model)
+        if entry is None:
+            return None
+        return context_cap(entry.option("-m", "--model"), entry.option, nbytes)
 
 
 def router_runtime(consumer: Consumer) -> Runtime:

@@ -16,6 +16,7 @@ from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind, Screening
 from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.keepalive import HTTPLIB
+from gpugate.runtimes.llamaserver.memory import SingleMemory
 from gpugate.runtimes.llamaserver.reading import is_proxied
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
 from gpugate.runtimes.parts import Reading
@@ -65,4 +66,5 @@ def single_runtime(consumer: Consumer) -> Runtime:
         health_path=control.health if control is not None else "/health",
         needs_process=needs_process,
         up_health=UP_HEALTH,
+        memory=lambda settings: SingleMemory(settings, model.commanded_model),
     )

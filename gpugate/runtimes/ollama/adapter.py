@@ -40,6 +40,7 @@ from gpugate.runtimes.ollama.keepalive import (
     parse_keep_alive,
     policy_keep_alive,
 )
+from gpugate.runtimes.ollama.memory import OllamaMemory
 from gpugate.runtimes.ollama.models import FRESH, ModelFactsCache
 from gpugate.runtimes.ollama.multipart import read_transcription
 from gpugate.runtimes.ollama.names import Source, model_ref, written_name
@@ -56,7 +57,6 @@ from gpugate.runtimes.ollama.reading import (
 from gpugate.runtimes.ollama.settings import OllamaSettings
 from gpugate.runtimes.ollama.upstream import (
     OllamaInventory,
-    OllamaMemory,
     OllamaResidents,
     host_headers,
     normalize_model,
@@ -312,7 +312,7 @@ def ollama_runtime(consumer: Consumer) -> Runtime:
         ),
         vetting=OllamaVetting(facts),
         inventory=OllamaInventory(consumer),
-        memory=OllamaMemory(consumer),
+        memory=OllamaMemory(settings, consumer, host_headers(consumer)),
         placement=OllamaPlacing(consumer, facts),
     )
 

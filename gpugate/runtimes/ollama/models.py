@@ -8,14 +8,10 @@ have gets no facts: the sizing step answers for it (no lease, Ollama's own 404).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import attrs
 
-from gpugate.core.units import MiB
 from gpugate.runtimes.base import AdapterError
 from gpugate.runtimes.ollama.needs import ModelFacts
 
@@ -122,158 +118,8 @@ class ModelFactsCache:
                 raise AdapterError(f"{resp.url.path} answered something not JSON: {exc}") from None
 
 
-# -- sizes before a first measurement --------------------------------------------------
-# As Ollama v0.24.0 sizes a load (llm/server.go `Load`, fs/ggml `GraphSize`): the weights,
-# the KV cache for the context the runner gets, the compute graph, and the CUDA context
-# NVML counts on top of what Ollama itself reports.
-
-RUNTIME_OVERHEAD = 512 * MiB
-"""The runner's CUDA context and library workspaces: held on the card, never part of
-Ollama's own figures (llama3.2:3b on a 16 GiB card: 3.1 GiB in NVML for 2.57 GiB of
-weights, KV cache and graph)."""
-DEFAULT_NUM_CTX = 4096
-"""The context a runner gets when the request sets none: OLLAMA_CONTEXT_LENGTH unset, a
-card under 23 GiB (server/routes.go `Serve`: 4k below, 32k from 23 GiB, 256k from 47)."""
-DEFAULT_NUM_BATCH = 512
-NUM_PARALLEL = 1
-"""OLLAMA_NUM_PARALLEL's default: the KV cache holds one context."""
-F16 = 2
-"""Bytes per KV cache element (OLLAMA_KV_CACHE_TYPE's default, f16)."""
-LLAMA_GRAPHS = frozenset({"llama", "llama4"})
-GEMMA_GRAPHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
-GEMMA3_GLOBAL_EVERY = 6
-
-
-@attrs.frozen
-class Geometry:
-    """What /api/show's `model_info` says of a model's shape (the GGUF's keys)."""
-
-    arch: str
-    layers: int
-    embedding: int
-    heads: int
-    kv_heads: int
-    key_length: int
-    value_length: int
-    trained_ctx: int
-    vocab: int
-    sliding_window: int
-    embedding_model: bool
-
-    @classmethod
-    def read(cls, info: Mapping[str, Any]) -> Geometry | None:
-        """None when the keys a size needs are missing (weights alone are known then)."""
-        arch = info.get("general.architecture")
-        if not isinstance(arch, str):
-            return None
-        layers = info_count(info.get(f"{arch}.block_count"))
-        heads = info_count(info.get(f"{arch}.attention.head_count"))
-        kv_heads = info_count(info.get(f"{arch}.attention.head_count_kv")) or heads
-        width = info_count(info.get(f"{arch}.embedding_length"))
-        if not (layers and heads and kv_heads and width):
-            return None
-        key_length = info_count(info.get(f"{arch}.attention.key_length")) or width // heads
-        value_length = info_count(info.get(f"{arch}.attention.value_length")) or key_length
-        tokens = info.get("tokenizer.ggml.tokens")
-        vocab = info_count(info.get(f"{arch}.vocab_size")) or (
-            len(tokens) if isinstance(tokens, list) else 0
-        )
-        return cls(
-            arch=arch,
-            layers=layers,
-            embedding=width,
-            heads=heads,
-            kv_heads=kv_heads,
-            key_length=key_length,
-            value_length=value_length,
-            trained_ctx=info_count(info.get(f"{arch}.context_length")),
-            vocab=vocab,
-            sliding_window=info_count(info.get(f"{arch}.attention.sliding_window")),
-            embedding_model=f"{arch}.pooling_type" in info,
-        )
-
-    def context(self, num_ctx: int) -> int:
-        """num_ctx capped at the training context, as the runner is started."""
-        return min(num_ctx, self.trained_ctx) if self.trained_ctx else num_ctx
-
-    def kv_bytes(self, num_ctx: int, batch: int) -> int:
-        """The KV cache: every attention layer holds K and V for the whole context
-        (gemma3's sliding layers only their window)."""
-        context = self.context(num_ctx) * NUM_PARALLEL
-        per_token = (self.key_length + self.value_length) * self.kv_heads * F16
-        total = 0
-        for layer in range(self.layers):
-            tokens = context
-            if (
-                self.arch == "gemma3"
-                and self.sliding_window
-                and (layer + 1) % GEMMA3_GLOBAL_EVERY != 0
-            ):
-                tokens = NUM_PARALLEL * self.sliding_window + batch
-            total += tokens * per_token
-        return total
-
-    def graph_bytes(self, num_ctx: int, batch: int, kv: int) -> int:
-        """The compute graph of a model wholly on the GPU (GraphSize's full offload)."""
-        context = self.context(num_ctx) * NUM_PARALLEL
-        width, heads, vocab = self.embedding, self.heads, self.vocab
-        vocab_graph = 4 * batch * (width + vocab)
-        if self.arch in LLAMA_GRAPHS:
-            return max(4 * batch * (1 + 4 * width + context * (1 + heads)), vocab_graph)
-        if self.arch == "qwen2":
-            return max(vocab_graph, 4 * batch * (1 + 2 * width + context + context * heads))
-        if self.arch in GEMMA_GRAPHS:
-            graph = max(
-                vocab_graph,
-                4
-                * batch
-                * (2 + context + context * heads + 2 * width + 2 * self.key_length * heads),
-            )
-            return 4 * graph if self.arch == "gemma3n" else graph
-        # Every other architecture: Ollama's fallback from the KV cache's size.
-        return heads // self.kv_heads * kv // 6
-
-
 def info_count(value: object) -> int:
     """A positive count from model_info (a per-layer list counts as its largest)."""
     if isinstance(value, list):
         value = max((v for v in value if type(v) is int), default=0)
     return value if type(value) is int and value > 0 else 0
-
-
-def estimate_bytes(weights: int, info: Mapping[str, Any] | None, options: str) -> int:
-    """What a first load of a model takes on the card, as Ollama sizes it: its weights
-    (the file), the KV cache and graph for the context it will get, and a CUDA context."""
-    geometry = Geometry.read(info) if info is not None else None
-    if geometry is None:
-        return weights + RUNTIME_OVERHEAD
-    num_ctx = max(4, option_of(options, "num_ctx", DEFAULT_NUM_CTX))
-    batch = min(option_of(options, "num_batch", DEFAULT_NUM_BATCH), geometry.context(num_ctx))
-    if geometry.embedding_model:
-        batch = max(batch, geometry.context(num_ctx))
-    kv = geometry.kv_bytes(num_ctx, batch)
-    return weights + kv + geometry.graph_bytes(num_ctx, batch, kv) + RUNTIME_OVERHEAD
-
-
-def kv_cache_bytes(model_info: Mapping[str, Any], num_ctx: int) -> int:
-    """The KV cache for `num_ctx` tokens (0 when model_info lacks the model's shape)."""
-    geometry = Geometry.read(model_info)
-    if geometry is None:
-        return 0
-    return geometry.kv_bytes(num_ctx, min(DEFAULT_NUM_BATCH, geometry.context(num_ctx)))
-
-
-def option_of(options: str, name: str, default: int) -> int:
-    """An integer runner option of a lease key's options (`num_ctx=8192,...`)."""
-    for part in options.split(","):
-        key, _, value = part.partition("=")
-        if key == name:
-            try:
-                return int(json.loads(value))
-            except (ValueError, TypeError):
-                return default
-    return default
-
-
-def num_ctx_of(options: str) -> int:
-    return max(4, option_of(options, "num_ctx", DEFAULT_NUM_CTX))

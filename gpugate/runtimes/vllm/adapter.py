@@ -12,12 +12,15 @@ sleeps (sleep.py): the core's evictions of it are Sleep effects, its starts Wake
 
 from __future__ import annotations
 
+import math
+
 from gpugate.config.model import Consumer
 from gpugate.runtimes.answers import ApiFamily, Classified, ReclaimRule, RouteKind
 from gpugate.runtimes.controlled import ProcessModel, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.parts import Reading
-from gpugate.runtimes.runtime import Runtime
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
+from gpugate.runtimes.parts import Memory, Reading
+from gpugate.runtimes.runtime import ModelSettings, Runtime
 from gpugate.runtimes.vllm.settings import VllmSettings
 from gpugate.runtimes.vllm.sleep import SleepMode
 
@@ -62,6 +65,47 @@ def needs_process(method: str, path: str) -> bool:
     return method == "POST" and path in AWAKE_ROUTES
 
 
+DEFAULT_UTILIZATION = 0.9
+"""`--gpu-memory-utilization`'s default (vllm/config/cache.py `gpu_memory_utilization`)."""
+
+
+class VllmMemory(Memory):
+    """vLLM takes `--gpu-memory-utilization` of the card's total at start, whatever its
+    model (vllm/v1/worker/gpu_worker.py `determine_available_memory`: the KV cache gets
+    `total × utilization` less the weights and the profiled activations), and gives all
+    but its CUDA context back asleep. What a wake takes back is the consumer's envelope;
+    the knob is the fraction itself, derived from what the gate may give it."""
+
+    elasticity = Elasticity.SHARE
+    knob = "--gpu-memory-utilization"
+
+    def __init__(self, settings: ModelSettings, model: ProcessModel) -> None:
+        super().__init__(settings)
+        self.model = model
+
+    def utilization(self) -> float:
+        """The fraction its command asks for (the default when it names none)."""
+        text = self.model.commanded_model("--gpu-memory-utilization")
+        try:
+            value = float(text) if text is not None else DEFAULT_UTILIZATION
+        except ValueError:
+            value = DEFAULT_UTILIZATION
+        return value if 0 < value <= 1 else DEFAULT_UTILIZATION
+
+    def read(self, model: str, cards: Cards) -> Footprint | None:
+        """Its share of the first card (None before a sample said how big it is)."""
+        if not cards.totals:
+            return None
+        return Footprint.fixed(int(cards.totals[0] * self.utilization()))
+
+    def cap(self, model: str, nbytes: int, cards: Cards) -> Cap | None:
+        """The fraction of the card `nbytes` is, rounded down to a thousandth."""
+        if not cards.totals or cards.totals[0] <= 0:
+            return None
+        share = math.floor(1000 * min(1.0, nbytes / cards.totals[0])) / 1000
+        return Cap(args=("--gpu-memory-utilization", f"{share:.3f}"))
+
+
 def vllm_runtime(consumer: Consumer) -> Runtime:
     """One vLLM server with sleep mode behind the gate: its lifecycle sleeps; `GET /health`
     answers 200 while the engine lives (asleep too)."""
@@ -72,13 +116,15 @@ def vllm_runtime(consumer: Consumer) -> Runtime:
         level=consumer.settings_as(VllmSettings).sleep_level,
         timeout=timeout,
     )
+    model = ProcessModel(consumer)
     return process_runtime(
         consumer,
         VllmReading(),
-        ProcessModel(consumer),
+        model,
         control=sleep,
         health_path="/health",
         needs_process=needs_process,
         # The CUDA context stays while it sleeps.
         reclaim_rule=ReclaimRule(recovered_fraction=0.75),
+        memory=lambda settings: VllmMemory(settings, model),
     )
