@@ -350,6 +350,7 @@ class GateCore:
             detail = f"unload failed: {failure.failure_class.value}"
         elif reclaimed:
             detail = "reclaimed"
+            self.telemetry.unloaded(unload.gpu, unload.bytes, now)
         else:
             detail = "not reclaimed"
             if resident is not None:
