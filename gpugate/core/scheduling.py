@@ -19,6 +19,7 @@ from gpugate.core import early
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.margins import after_evictions, record_evictions
 from gpugate.core.operator import OperatorBook
 from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
@@ -373,7 +374,7 @@ class Scheduler:
                     ticket.demand.envelope,
                     now,
                     extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
-                    f"{ticket.demand.priority.label} may wait",
+                    f"{ticket.demand.priority.label} may wait{self.after_evictions(ticket)}",
                 )
                 effects.extend(self.reject(ticket, failure, now))
                 gpus.add(ticket.demand.gpu)
@@ -510,7 +511,7 @@ class Scheduler:
                 decision.needed,
                 now,
                 retry_after=retry,
-                extra=f"; {decision.reason}",
+                extra=f"; {decision.reason}{self.after_evictions(ticket, tail)}",
             )
             if queued:
                 effects.extend(self.reject(ticket, failure, now))
@@ -528,6 +529,7 @@ class Scheduler:
         if decision.kind is PlanKind.EVICT:
             ticket.evicting = decision.victims
             before = self._schedulable(gpu)
+            record_evictions(self.telemetry, self.books, ticket, decision.victims, now)
             for key in decision.victims:
                 resident = self.books.residents[key]
                 reason = (
@@ -644,6 +646,9 @@ class Scheduler:
                     )
                 )
             if stopping:
+                keys = tuple(pool.lease.key for pool in stopping)
+                freed = sum(pool.bytes for pool in stopping)
+                record_evictions(self.telemetry, self.books, ticket, keys, now, freed=freed)
                 self.books.touch()
         if not stopping:
             return None
@@ -654,6 +659,12 @@ class Scheduler:
             earliest=now,
             reason="waiting for the jobs it preempted to end",
         )
+
+    def after_evictions(self, ticket: Ticket, tail: _Tail | None = None) -> str:
+        """For the failure of a ticket that had residents evicted for it: what changed
+        since its plan began ("" for one that evicted nothing)."""
+        ahead = 0 if tail is None else max(0, tail.schedulable - tail.pool)
+        return after_evictions(self.telemetry, self.books, ticket, ahead=ahead)
 
     def _schedulable(self, gpu: int) -> int:
         """The GPU's schedulable bytes now (for the record of an eviction)."""

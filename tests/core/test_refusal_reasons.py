@@ -1,5 +1,7 @@
 """A refusal says the real reason: the bytes needed, the bytes that could ever be freed for
-the demand, and who holds the rest.
+the demand, and who holds the rest; a demand refused after residents were evicted for it
+says what was evicted and what changed since, and the gate's own unloads never undo a
+plan.
 
 The card of issue 27's second finding: whisper-server warm (2 GiB, `always_warm`) beside
 the demo's Ollama models; a FLUX graph that also loads clip_l and ae needs a 12.5 GiB lease,
@@ -10,7 +12,7 @@ policy", which was not the reason: the lower-class holder was idle and evictable
 from __future__ import annotations
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
-from gpugate.core.effects import Unload
+from gpugate.core.effects import Reject, Unload
 from gpugate.core.failures import FailureClass
 from gpugate.core.units import GiB, MiB
 from tests.core.builders import demand, gpu, host, make_core, proc
@@ -81,3 +83,49 @@ def test_a_demand_that_waits_names_each_holder_with_what_it_is_to_it():
     message = admission.failure.message
     assert "whisper/large-v3-turbo 2.0 GiB (interactive, always_warm" in message, message
     assert "pinned by policy" not in message
+
+
+def test_a_plan_undone_by_external_growth_says_what_it_evicted_and_why():
+    core, processes = whisper_warm_card()
+    flux = demand("job-3", 10 * GiB, consumer="comfyui")
+    admission = core.submit(flux, 60.0)
+    assert admission.waiting
+    victims = [e for e in admission.effects if isinstance(e, Unload)]
+    assert {v.key.model for v in victims} == {"bge-m3", "qwen2.5:7b"}
+    # Plex starts while the unloads run: 3 GiB the plan did not count on.
+    plex = proc(500, 3 * GiB, "plex", managed=False)
+    effects = []
+    for victim in victims:
+        processes = [p for p in processes if p.used != victim.bytes]
+        effects += core.observe(host(gpu(*processes, plex), at=61.0), 61.0)
+        effects += core.unloaded(victim.key, 61.0, reclaimed=True)
+    (reject,) = [e for e in effects if isinstance(e, Reject)]
+    failure = reject.failure
+    assert failure.failure_class is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
+    assert (
+        "; after evicting ollama/bge-m3, ollama/qwen2.5:7b (7.5 GiB) for it: " in (failure.message)
+        or "; after evicting ollama/qwen2.5:7b, ollama/bge-m3 (7.5 GiB) for it: " in failure.message
+    )
+    assert "external use grew by 3.0 GiB (0.0 GiB → 3.0 GiB)" in failure.message, failure.message
+    assert core.leases() == [] and core.waiting() == []
+
+
+def test_a_plan_the_gates_own_unloads_cannot_undo_is_granted():
+    # The same plan, the unloading runners showing as used memory no process holds for a
+    # sample, as NVML shows them (issue 27): the reserve may grow to 2 GiB, and does not.
+    core, processes = whisper_warm_card(reserve_max=2 * GiB)
+    flux = demand("job-3", 12_300 * MiB, consumer="comfyui")
+    admission = core.submit(flux, 60.0)
+    victims = [e for e in admission.effects if isinstance(e, Unload)]
+    assert len(victims) == 2
+    effects = []
+    for victim in victims:
+        processes = [p for p in processes if p.used != victim.bytes]
+        vanished = gpu(*processes, unattributed=victim.bytes)
+        effects += core.observe(host(vanished, at=61.0), 61.0)
+        effects += core.observe(host(gpu(*processes), at=61.5), 61.5)
+        effects += core.unloaded(victim.key, 61.5, reclaimed=True)
+    assert not [e for e in effects if isinstance(e, Reject)]
+    (lease,) = core.leases()
+    assert lease.key == flux.key and lease.pending == 12_300 * MiB
+    assert core.budget(0).reserve == 1 * GiB
