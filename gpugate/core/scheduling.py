@@ -209,6 +209,11 @@ class Scheduler:
         if resident is not None:
             lease = self.books.open_lease(ticket_id, demand, now, now, 0, resident)
             return Admission(ticket_id, lease=lease, effects=(granted_event(lease),))
+        if self.telemetry.overruns.growing(gpu) and self._usable(gpu, now) is None:
+            # The memory an overrun takes may still be going: nothing new on old numbers.
+            if at_once:
+                return Admission(ticket_id, deferred=True)
+            return self._hold(demand, ticket_id, now, why=f"an overrun on GPU {gpu} is growing")
         unusable = self._usable(gpu, now)
         if unusable is not None:
             self.gave_up(demand)
@@ -303,8 +308,9 @@ class Scheduler:
         )
         return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
 
-    def _hold(self, demand: Demand, ticket_id: int, now: float) -> Admission:
-        """Queue a demand on a paused GPU without planning it: it waits for resume."""
+    def _hold(self, demand: Demand, ticket_id: int, now: float, *, why: str = "") -> Admission:
+        """Queue a demand without planning it: its GPU is paused (it waits for resume), or
+        `why` (it waits for the next sample)."""
         queue = self.queues.setdefault(demand.gpu, TicketQueue())
         if queue.waiting_for(demand.consumer) >= self._queue_limit(demand.consumer):
             self.gave_up(demand)
@@ -325,7 +331,7 @@ class Scheduler:
             key=demand.key,
             gpu=demand.gpu,
             bytes=demand.envelope,
-            detail=f"admission on GPU {demand.gpu} is paused",
+            detail=why or f"admission on GPU {demand.gpu} is paused",
         )
         return Admission(ticket_id, effects=(queued,))
 
@@ -412,7 +418,8 @@ class Scheduler:
         pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
         tail = _Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
-        paused = gpu in self.operator.paused
+        # While an overrun grows, what the budget says now may be gone by the next sample.
+        paused = gpu in self.operator.paused or self.telemetry.overruns.growing(gpu)
         if queue and budget is not None and not paused and self._usable(gpu, now) is None:
             no_wait = set(no_wait)
             for ticket in queue:

@@ -8,6 +8,7 @@ from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget, budget_of, unexplained_of
 from gpugate.core.motion import external_for_reserve
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
+from gpugate.core.overrun import OverrunWatch
 from gpugate.core.pressure import ExternalHistory, PressureGauge, ReserveSettings
 
 
@@ -35,6 +36,8 @@ class Telemetry:
         """Per GPU, (until, bytes) of unloads confirmed a moment ago whose last bytes may
         still be on their way back (`gpugate.core.motion`)."""
         self.pressure: dict[int, PressureGauge] = {}
+        self.overruns = OverrunWatch()
+        """Consumers holding more than their leases (`gpugate.core.overrun`)."""
 
     def reserve_settings(self, gpu: int) -> ReserveSettings:
         return self._reserve_by_gpu.get(gpu, self._reserve)
