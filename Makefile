@@ -12,7 +12,7 @@ HAPROXY := build/haproxy/usr/sbin/haproxy
 ORACLE := build/oracle/ollama-oracle
 LLAMA_SERVER := build/llama-server
 
-.PHONY: run test bench fuzz soak demo lint shim oracle clean
+.PHONY: run test bench fuzz soak demo demo-runs lint shim oracle clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -115,6 +115,12 @@ demo: $(STAMP) $(SHIM)
 	@echo "== The same server with a second card (24 GiB + 16 GiB): Ollama places and splits"
 	@echo "   models over both, ComfyUI renders on one, whisper restarts on the other:"
 	$(BIN)/python -m tests.faults.trace --requests 2000 --seed 20260729 --host two-cards
+
+# `gpugate demo` in the README's order (qwen2.5:7b, then the FLUX prompt), RUNS fresh demos:
+# FLUX renders, nothing is evicted for a demand then refused, the reserve stays at its base.
+RUNS ?= 50
+demo-runs: $(STAMP) $(SHIM)
+	$(BIN)/python -m tests.e2e.demo_runs --runs $(RUNS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate tests bench
