@@ -61,6 +61,8 @@ class DemoRun:
     """The most external use any status showed during the run (the demo's card runs
     nothing external: what shows is the gate's own memory on its way back)."""
     failures: tuple[str, ...]
+    overruns: int
+    """`overrun` events: a consumer holding more than the gate leased it."""
     seconds: float
 
     @property
@@ -79,7 +81,8 @@ class DemoRun:
             f"evicted then refused {self.evicted_then_refused}, reserve "
             f"{format_gib(self.reserve_before)} → max {format_gib(self.reserve_max)} → "
             f"{format_gib(self.reserve_after)}, external max {format_gib(self.external_max)}, "
-            f"{self.seconds:.0f}s" + "".join(f"\n    {failure}" for failure in self.failures)
+            f"overruns {self.overruns}, {self.seconds:.0f}s"
+            + "".join(f"\n    {failure}" for failure in self.failures)
         )
 
 
@@ -156,6 +159,7 @@ async def demo_run(*, timeout: float = RENDER_TIMEOUT) -> DemoRun:
             reserve_after=watch.reserve,
             external_max=watch.external_max,
             failures=failures,
+            overruns=sum(1 for e in events if e.get("event") == "overrun"),
             seconds=time.monotonic() - started,
         )
     finally:
@@ -239,10 +243,12 @@ def counts(runs: Sequence[DemoRun]) -> str:
     refused = sum(r.evicted_then_refused for r in runs)
     at_base = sum(1 for r in runs if r.reserve_max == BASE_RESERVE)
     highest = max((r.reserve_max for r in runs), default=0)
+    overruns = sum(r.overruns for r in runs)
     return (
         f"{len(runs)} fresh demos: FLUX rendered {rendered} of {len(runs)}; evictions for a "
         f"demand then refused: {refused}; reserve at its base ({format_gib(BASE_RESERVE)}) "
-        f"throughout in {at_base} of {len(runs)} (highest seen {format_gib(highest)})"
+        f"throughout in {at_base} of {len(runs)} (highest seen {format_gib(highest)}); "
+        f"overruns: {overruns}"
     )
 
 
