@@ -10,8 +10,8 @@ the reserve stays where the plan saw it until external use grows. What the gate 
 decide can still undo a plan: external use that grows, a consumer that grows past its
 lease, a demand of a higher class that arrives and takes the memory first. Then the
 failure says what was evicted for the demand and which of these happened, with the
-figures from when the plan began (issue 27: FLUX refused after bge-m3 and qwen2.5:7b had
-been unloaded for it, the reserve grown by the gate's own unloads).
+figures from when the plan began (the demo's image render was once refused after two
+models had been unloaded for it, the reserve grown by the gate's own unloads).
 """
 
 from __future__ import annotations

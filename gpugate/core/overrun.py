@@ -1,7 +1,7 @@
 """Overrun: a consumer that holds more than the gate leased it, noticed within one sample.
 
 A runtime that sizes itself grows past its lease: a load larger than its envelope, a KV
-cache or a working set that grows, ComfyUI's Dynamic VRAM taking free memory (issue 27).
+cache or a working set that grows, a runtime taking free memory for itself.
 The budget already counts what a sample shows beyond the books (`committed` takes the
 consumer's unexplained memory from that sample on), so nothing is granted into it after
 the sample. What this adds:
@@ -40,8 +40,8 @@ from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
 from gpugate.core.units import MiB, format_gib
 
 TOLERANCE = 64 * MiB
-"""Growth smaller than this is allocator noise, not an overrun (PyTorch's caching
-allocator and llama.cpp's buffers grow in blocks of a few to tens of MiB)."""
+"""Growth smaller than this is allocator noise, not an overrun (the runtimes' allocators
+and compute buffers grow in blocks of a few to tens of MiB)."""
 
 
 @attrs.define

@@ -3,10 +3,10 @@ the demand, and who holds the rest; a demand refused after residents were evicte
 says what was evicted and what changed since, and the gate's own unloads never undo a
 plan.
 
-The card of issue 27's second finding: whisper-server warm (2 GiB, `always_warm`) beside
-the demo's Ollama models; a FLUX graph that also loads clip_l and ae needs a 12.5 GiB lease,
-and only 11.9 GiB can ever be freed. The refusal said "lower-class holders pinned by
-policy", which was not the reason: the lower-class holder was idle and evictable.
+The demo's card with whisper-server warm (2 GiB, `always_warm`) beside its Ollama models: a
+FLUX graph that also loads clip_l and ae needs a 12.5 GiB lease, and only about 12 GiB can
+ever be freed. The refusal said "lower-class holders pinned by policy", which was not the
+reason: the lower-class holder was idle and evictable.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def test_a_plan_undone_by_external_growth_says_what_it_evicted_and_why():
 
 def test_a_plan_the_gates_own_unloads_cannot_undo_is_granted():
     # The same plan, the unloading runners showing as used memory no process holds for a
-    # sample, as NVML shows them (issue 27): the reserve may grow to 2 GiB, and does not.
+    # sample, as NVML shows them: the reserve may grow to 2 GiB, and does not.
     core, processes = whisper_warm_card(reserve_max=2 * GiB)
     flux = demand("job-3", 12_300 * MiB, consumer="comfyui")
     admission = core.submit(flux, 60.0)

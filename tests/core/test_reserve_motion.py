@@ -1,7 +1,7 @@
 """The reserve moves only for others: its history sees neither the consumers' memory nor
 what their loads, unloads and starts hold where NVML does not show it under them.
 
-The demo's failure of issue 27: the sample an unloading runner had left NVML's process list
+The demo's failure: the sample an unloading runner had left NVML's process list
 while the driver still counted its bytes read as 8 GiB of external use, and its return as
 external volatility, so the reserve climbed from 1 GiB to its 2 GiB ceiling for ten minutes
 with nothing external on the card.

@@ -4,8 +4,8 @@ own). Counted over the runs: FLUX renders; evictions started for a demand that w
 refused; the reserve against its base (the demo's card runs nothing external, so it must
 stay there).
 
-Issue 27 saw FLUX refused after the gate had evicted bge-m3 and qwen2.5:7b for it in 4 of
-19 fresh demos: the gate's own unloads had grown the reserve from 1 GiB to 2 GiB.
+Fresh demos had seen FLUX refused after the gate had evicted bge-m3 and qwen2.5:7b for it in
+4 of 19: the gate's own unloads had grown the reserve from 1 GiB to 2 GiB.
 
     python -m tests.e2e.demo_runs --runs 50      (make demo-runs)
 

@@ -4,7 +4,7 @@ demand it then refuses, and keeps the reserve at its base (nothing external on t
 
 Before the reserve's history stopped counting the gate's own unloads, FLUX was refused
 after its evictions, the reserve grown to 2 GiB, in 1 of 10 fresh demos here (and 1 of 3
-more; issue 27 saw 4 of 19): three runs catch that coming back about one time in three.
+more; 4 of 19 when first seen): three runs catch that coming back about one time in three.
 """
 
 from __future__ import annotations
