@@ -22,8 +22,10 @@ the sample. What this adds:
 
 What a consumer held before the gate leased it anything (a CUDA context, a process
 adopted with its memory) is its own, not an overrun: it is the floor the excess is
-measured from, the least seen since its books last held nothing. A job its runtime runs
-before its lease (`gpugate.core.early`) takes memory on purpose and is not judged here.
+measured from, the least seen since its books last held nothing (while nothing of it was
+loading). A job its runtime runs before its lease (`gpugate.core.early`) takes memory on
+purpose and is not judged here, nor is a process whose resident follows NVML (its memory
+is its process's, and what it grows to is its measured size).
 """
 
 from __future__ import annotations
@@ -82,12 +84,17 @@ class OverrunWatch:
         effects: list[Effect] = []
         for consumer in sorted(set(observation.managed) | set(usage.resident) | set(usage.pending)):
             excess = unexplained.get(consumer, 0)
-            leased = usage.resident.get(consumer, 0) + usage.pending.get(consumer, 0)
+            pending = usage.pending.get(consumer, 0)
+            leased = usage.resident.get(consumer, 0) + pending
             watch = self._watches.setdefault((gpu, consumer), _Watch())
-            if not leased or consumer in early:
+            if not leased or consumer in early or _follows_nvml(books, consumer, gpu, pending):
                 watch.floor, watch.reported = excess, 0
                 continue
-            watch.floor = min(watch.floor, excess)
+            if not pending:
+                # A lease not yet shown hides what the consumer held before it (the
+                # excess is clamped at 0 while NVML shows less than the books): the
+                # floor moves only while nothing of the consumer's is loading.
+                watch.floor = min(watch.floor, excess)
             over = excess - watch.floor
             if over <= self.tolerance:
                 watch.reported = 0
@@ -138,6 +145,17 @@ class OverrunWatch:
                   detail=detail),
             Overrun(consumer, gpu, over, key, measured if learnable else None),
         ]  # fmt: skip
+
+
+def _follows_nvml(books: Books, consumer: str, gpu: int, pending: int) -> bool:
+    """Whether the consumer's books on the GPU are what NVML shows of it: only residents
+    that grow and shrink with its process (`gpugate.core.scopes.follow_observed`), nothing
+    loading. What such a process grows to is its size (learned as its peak), not an
+    overrun of the books."""
+    residents = [r for r in books.on_gpu(gpu) if r.key.consumer == consumer]
+    return (
+        not pending and bool(residents) and all(r.tracks_observed and r.process for r in residents)
+    )
 
 
 def _holders(books: Books, consumer: str, gpu: int) -> dict[ResidentKey, int]:

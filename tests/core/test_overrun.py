@@ -84,6 +84,9 @@ def test_what_a_consumer_held_before_any_lease_is_its_own():
     job = demand("job-1", 2 * GiB, consumer="comfy")
     admission = card.core.submit(job, card.now)
     assert admission.lease is not None
+    # Half loaded: NVML shows less than the books, which hides the context for a sample.
+    card.comfy = 210 * MiB + 1 * GiB
+    assert overruns(card.sample()) == []
     card.comfy = 210 * MiB + 2 * GiB
     assert overruns(card.sample()) == []
     card.comfy = 210 * MiB + 3 * GiB
@@ -164,3 +167,16 @@ def test_a_job_its_runtime_runs_before_its_lease_is_not_an_overrun():
     assert card.core.submit(job, card.now).waiting
     card.comfy = 4 * GiB  # the job runs meanwhile, taking what the card has free
     assert overruns(card.sample()) == []
+
+
+def test_a_process_whose_resident_follows_nvml_is_not_an_overrun_while_it_starts():
+    card = Card()
+    start = attrs.evolve(demand("server", 2 * GiB, consumer="comfy"), scope=LeaseScope.PROCESS)
+    admission = card.core.submit(start, card.now)
+    assert admission.lease is not None
+    card.comfy = 1600 * MiB  # 78 %: the lease becomes the process's resident, at what shows
+    assert overruns(card.sample()) == []
+    card.comfy = 2 * GiB  # the rest of its model arrives
+    assert overruns(card.sample()) == []
+    (resident,) = card.core.residents(0)
+    assert resident.process and resident.bytes == 2 * GiB
