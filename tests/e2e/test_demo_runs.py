@@ -1,6 +1,7 @@
 """`gpugate demo` in the README's order, a few fresh runs (`make demo-runs` does 50): qwen2.5:7b
 through the gate, then the printed FLUX prompt. Each run renders FLUX, evicts nothing for a
-demand it then refuses, and keeps the reserve at its base (nothing external on the card).
+demand it then refuses, keeps the reserve at its base (nothing external on the card), and
+reports no overrun (the demo's envelopes are what its loads take).
 
 Before the reserve's history stopped counting the gate's own unloads, FLUX was refused
 after its evictions, the reserve grown to 2 GiB, in 1 of 10 fresh demos here (and 1 of 3
@@ -24,6 +25,7 @@ async def test_the_demo_in_the_readmes_order_renders_flux_and_keeps_its_reserve(
         assert run.reserve_before == BASE_RESERVE, run.line()
         assert run.reserve_max == BASE_RESERVE, run.line()
         assert run.failures == (), run.line()
+        assert run.overruns == 0, "the demo's envelopes are its loads' sizes: " + run.line()
 
 
 def test_an_eviction_for_a_demand_then_refused_is_counted_once():
