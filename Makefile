@@ -13,7 +13,7 @@ ORACLE := build/oracle/ollama-oracle
 LLAMA_SERVER := build/llama-server
 WHISPER_SERVER := build/whisper-server
 
-.PHONY: run test bench fuzz soak demo lint shim oracle manifests clean
+.PHONY: run test bench fuzz soak demo demo-runs lint shim oracle manifests clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -133,6 +133,12 @@ demo: $(STAMP) $(SHIM) $(HAPROXY)
 # Helm's own engine (the helm-python-sdk test extra); make test fails when they differ.
 manifests: $(STAMP)
 	$(BIN)/python -m tests.deploy.chart --write
+
+# `gpugate demo` in the README's order (qwen2.5:7b, then the FLUX prompt), RUNS fresh demos:
+# FLUX renders, nothing is evicted for a demand then refused, the reserve stays at its base.
+RUNS ?= 50
+demo-runs: $(STAMP) $(SHIM)
+	$(BIN)/python -m tests.e2e.demo_runs --runs $(RUNS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpugate gpugate_sim tests bench

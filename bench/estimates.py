@@ -48,7 +48,7 @@ from tests.gate.harness import free_ports
 from tests.llamaserver.gguf_models import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-INCIDENT = ROOT / "gpugate" / "sim" / "data" / "incident-2026-07-10.yaml"
+INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
 LLAMA_SERVER = ROOT / "build" / "llama-server"
 TOLERANCE = 0.10
 TEST_ARGS = "-c 512 -np 1"

@@ -360,6 +360,12 @@ class GateMetrics:
             ["consumer"],
             registry=r,
         )
+        self.overruns = Counter(
+            "gpugate_overruns",
+            "Samples that showed a consumer holding more than its leases, by GPU.",
+            ["consumer", "gpu"],
+            registry=r,
+        )
         # Not the routine lease events: those are counted in the gate's tally.
         gate.events.subscribe(self.on_event)
 
@@ -375,3 +381,5 @@ class GateMetrics:
             self.offloads.labels(consumer).inc()
         elif event.kind is EventKind.OUT_OF_BAND_RESIDENT:
             self.out_of_band.labels(consumer).inc()
+        elif event.kind is EventKind.OVERRUN:
+            self.overruns.labels(consumer, str(event.gpu)).inc()

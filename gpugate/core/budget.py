@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from gpugate.core.observation import UNATTRIBUTED, GpuObservation
+from gpugate.core.observation import OTHER, UNATTRIBUTED, GpuObservation
 from gpugate.core.residents import Resident, ResidentState
 from gpugate.core.tickets import Lease
 
@@ -56,7 +56,8 @@ class GpuBudget:
     reserve: int
     sampled_at: float
     reclaiming: int = 0
-    """Unattributed bytes taken to be unloading runners' memory on its way back."""
+    """Unattributed (or unclaimed) bytes taken to be unloading runners' memory on its way
+    back."""
 
     @property
     def gpu(self) -> int:
@@ -218,18 +219,22 @@ def budget_of(
     )
     # A runner being unloaded can drop out of NVML's process list before the driver has
     # its memory back: for a moment its bytes are unattributed while its resident still
-    # counts them. Unattributed bytes up to what unloading residents no longer show are
-    # those bytes on their way back, already counted once.
+    # counts them (or, exited before its /proc entry was read, a process nobody claims).
+    # Unattributed, then unclaimed, bytes up to what unloading residents no longer show
+    # are those bytes on their way back, already counted once.
     vanished = sum(
         min(nbytes, max(0, resident.get(name, 0) - observed.get(name, 0)))
         for name, nbytes in unloading.items()
     )
     outside = dict(observation.external)
-    reclaiming = min(outside.get(UNATTRIBUTED, 0), vanished)
-    if reclaiming:
-        outside[UNATTRIBUTED] -= reclaiming
-        if not outside[UNATTRIBUTED]:
-            del outside[UNATTRIBUTED]
+    reclaiming = 0
+    for row in (UNATTRIBUTED, OTHER):
+        taken = min(outside.get(row, 0), vanished - reclaiming)
+        if taken:
+            reclaiming += taken
+            outside[row] -= taken
+            if not outside[row]:
+                del outside[row]
     external = tuple(
         ExternalUsage(name, nbytes)
         for name, nbytes in sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -97,6 +97,22 @@ class Preempt:
     for_ticket: int
 
 
+@attrs.frozen
+class Overrun:
+    """A consumer holds more on a GPU than the gate leased it (`gpugate.core.overrun`).
+    The gate keeps what the one resident it could be pinned on now holds as its measured
+    size; a runtime that can be asked to give memory back would be asked here."""
+
+    consumer: str
+    gpu: int
+    bytes: int
+    """What NVML shows beyond the books (and beyond what the consumer held before any lease)."""
+    key: ResidentKey | None = None
+    """The one resident or lease that can have grown (None: NVML cannot tell which)."""
+    measured: int | None = None
+    """What that one holds now, by NVML."""
+
+
 class EventKind(enum.Enum):
     LEASE_GRANTED = "lease_granted"
     LEASE_RELEASED = "lease_released"
@@ -125,6 +141,8 @@ class EventKind(enum.Enum):
     GPU_RESUMED = "gpu_resumed"
     LIFECYCLE = "lifecycle"
     """A runtime's lifecycle moved (stopped, starting, up, asleep, stopping): `detail`."""
+    OVERRUN = "overrun"
+    """A consumer holds more than the gate leased it (`gpugate.core.overrun`)."""
 
 
 @attrs.frozen
@@ -157,4 +175,4 @@ class Event:
     """LEASE_GRANTED and LEASE_RELEASED: the lease's id, as `X-GPUGate-Lease` names it."""
 
 
-Effect = Grant | Reject | Unload | Preempt | Start | Wake | Event
+Effect = Grant | Reject | Unload | Preempt | Start | Wake | Overrun | Event

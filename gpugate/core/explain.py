@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpugate.core.budget import GpuBudget
+from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.residents import Resident
+from gpugate.core.residents import Resident, ResidentState
 from gpugate.core.tickets import Demand
 from gpugate.core.units import GiB, format_gib
+from gpugate.core.views import class_allows
 
 
 def _gib1(nbytes: int) -> str:
@@ -43,6 +45,40 @@ def describe_pressure(budget: GpuBudget, residents: Sequence[Resident]) -> str:
     return "; ".join(parts) if parts else f"the reserve grew to {_gib1(budget.reserve)} GiB"
 
 
+def can_ever_have(resident: Resident, demand: Demand) -> bool:
+    """Whether the resident's memory can ever be the demand's: it is leaving, its class
+    and policy let the demand evict it once idle, or it goes at its idle ttl."""
+    return (
+        resident.state is ResidentState.UNLOADING
+        or class_allows(resident, demand)
+        or resident.idle_ttl is not None
+    )
+
+
+def why_kept(resident: Resident, demand: Demand) -> str:
+    """Why a resident's memory can never be the demand's."""
+    if resident.policy is ResidencyPolicy.ALWAYS_WARM:
+        return f"{resident.priority.label}, always_warm: yields only to production"
+    return f"{resident.priority.label}, above {demand.priority.label} and kept with no idle ttl"
+
+
+def _holder(resident: Resident, demand: Demand) -> str:
+    """One holder with what it is to the demand: idle and evictable, busy, or kept."""
+    if not can_ever_have(resident, demand):
+        state = why_kept(resident, demand)
+    elif resident.state is not ResidentState.RESIDENT:
+        state = f"{resident.priority.label}, {resident.state.value}"
+    elif not resident.idle:
+        state = f"{resident.priority.label}, busy"
+    elif class_allows(resident, demand):
+        state = f"{resident.priority.label}, idle"
+        if resident.priority == demand.priority:
+            state += ", same class: evictable once idle a while"
+    else:
+        state = f"{resident.priority.label}, idle, above {demand.priority.label}: goes at its ttl"
+    return f"{resident.key} {_gib1(resident.bytes)} GiB ({state})"
+
+
 def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
     """Who holds the memory the demand would need, and why it cannot have it now."""
     others = [r for r in residents if r.key != demand.key and r.bytes]
@@ -51,19 +87,60 @@ def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
         holders = "nothing evictable below class " + demand.priority.label
     else:
         busy = [r for r in lower if not r.idle]
-        holders = (
-            "lower-class holders busy: " + ", ".join(f"{r.key} {_gib1(r.bytes)} GiB" for r in busy)
-            if busy
-            else "lower-class holders pinned by policy"
-        )
+        pinned = [r for r in lower if r.idle and not class_allows(r, demand)]
+        if busy:
+            holders = "lower-class holders busy: " + ", ".join(
+                f"{r.key} {_gib1(r.bytes)} GiB" for r in busy
+            )
+        elif pinned:
+            holders = "lower-class holders pinned by policy: " + ", ".join(
+                f"{r.key} {_gib1(r.bytes)} GiB" for r in pinned
+            )
+        else:
+            idle = sum(r.bytes for r in lower)
+            holders = f"idle lower-class holders ({format_gib(idle)}) are not enough"
     top = sorted(others, key=lambda r: -r.bytes)[:3]
     if top:
-        holders += "; largest: " + ", ".join(
-            f"{r.key} {_gib1(r.bytes)} GiB ({r.priority.label}, "
-            f"{'idle' if r.idle else r.state.value if r.in_flight == 0 else 'busy'})"
-            for r in top
-        )
+        holders += "; largest: " + ", ".join(_holder(r, demand) for r in top)
     return holders
+
+
+def describe_reach(
+    demand: Demand, needed: int, budget: GpuBudget, residents: Sequence[Resident]
+) -> str:
+    """For a demand that can never fit: the bytes that could ever be freed for it, and
+    who holds the rest (the real reason, whatever it is: a resident kept by its policy or
+    class, leases with no known end, memory nothing explains, the reserve, external use,
+    or a card too small)."""
+    others = [r for r in residents if r.key != demand.key and r.bytes]
+    ever = sorted((r for r in others if can_ever_have(r, demand)), key=lambda r: -r.bytes)
+    kept = sorted((r for r in others if not can_ever_have(r, demand)), key=lambda r: -r.bytes)
+    schedulable = max(0, budget.schedulable)
+    evictable = sum(r.bytes for r in ever)
+    reach = schedulable + evictable
+    short = f", {format_gib(needed - reach)} short" if needed > reach else ""
+    head = f"at most {format_gib(reach)} could ever be freed for it{short}"
+    if ever:
+        names = ", ".join(f"{r.key} {_gib1(r.bytes)}" for r in ever[:3])
+        head += (
+            f" ({format_gib(evictable)} of it held by residents it may evict or outlast: {names})"
+        )
+    held = [_holder(r, demand) for r in kept[:3]]
+    loading = {}
+    for r in residents:
+        if r.state is ResidentState.LOADING:
+            loading[r.key.consumer] = loading.get(r.key.consumer, 0) + r.bytes
+    for row in budget.consumers:
+        leased = row.pending - loading.get(row.name, 0)
+        if leased > 0:
+            held.append(f"leases of {row.name} with no known end {_gib1(leased)} GiB")
+        if row.unexplained:
+            held.append(f"{row.name} beyond its leases {_gib1(row.unexplained)} GiB")
+    held.append(f"the reserve {_gib1(budget.reserve)} GiB")
+    held.append(describe_external(budget))
+    if budget.reserved:
+        held.append(f"the driver {_gib1(budget.reserved)} GiB")
+    return f"{head}; the rest is held by: {', '.join(held)}"
 
 
 RUNTIME_FAULTS = {
@@ -96,6 +173,9 @@ def explain(
     if budget is None:
         return f"{head} on GPU {demand.gpu}, which has no current sample{extra}"
     schedulable = max(0, budget.schedulable)
+    if failure is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM:
+        reach = describe_reach(demand, needed, budget, residents)
+        return f"{head}, {format_gib(schedulable)} schedulable on GPU {budget.gpu}; {reach}{extra}"
     return (
         f"{head}, {format_gib(schedulable)} schedulable on GPU {budget.gpu} "
         f"({describe_external(budget)}; {describe_holders(demand, residents)}){extra}"

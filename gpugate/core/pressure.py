@@ -24,6 +24,9 @@ class ReserveSettings:
     """How far back an external peak still counts."""
     clear_margin: int = 256 * MiB
     """Pressure ends only when this much is schedulable again (hysteresis)."""
+    settle: float = 5.0
+    """How long after an unload was confirmed what NVML shows outside the consumers may
+    still be its memory on the way back (the gate gives an unload `reclaim_timeout`)."""
 
 
 @attrs.define

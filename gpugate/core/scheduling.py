@@ -20,6 +20,7 @@ from gpugate.core.books import Books
 from gpugate.core.crowding import held_by
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.margins import after_evictions, record_evictions
 from gpugate.core.operator import OperatorBook
 from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
@@ -209,6 +210,11 @@ class Scheduler:
         if resident is not None:
             lease = self.books.open_lease(ticket_id, demand, now, now, 0, resident)
             return Admission(ticket_id, lease=lease, effects=(granted_event(lease),))
+        if self.telemetry.overruns.growing(gpu) and self._usable(gpu, now) is None:
+            # The memory an overrun takes may still be going: nothing new on old numbers.
+            if at_once:
+                return Admission(ticket_id, deferred=True)
+            return self._hold(demand, ticket_id, now, why=f"an overrun on GPU {gpu} is growing")
         unusable = self._usable(gpu, now)
         if unusable is not None:
             self.gave_up(demand)
@@ -303,8 +309,9 @@ class Scheduler:
         )
         return Admission(ticket_id, failure=failure, effects=(failure_event(failure, now),))
 
-    def _hold(self, demand: Demand, ticket_id: int, now: float) -> Admission:
-        """Queue a demand on a paused GPU without planning it: it waits for resume."""
+    def _hold(self, demand: Demand, ticket_id: int, now: float, *, why: str = "") -> Admission:
+        """Queue a demand without planning it: its GPU is paused (it waits for resume), or
+        `why` (it waits for the next sample)."""
         queue = self.queues.setdefault(demand.gpu, TicketQueue())
         if queue.waiting_for(demand.consumer) >= self._queue_limit(demand.consumer):
             self.gave_up(demand)
@@ -325,7 +332,7 @@ class Scheduler:
             key=demand.key,
             gpu=demand.gpu,
             bytes=demand.envelope,
-            detail=f"admission on GPU {demand.gpu} is paused",
+            detail=why or f"admission on GPU {demand.gpu} is paused",
         )
         return Admission(ticket_id, effects=(queued,))
 
@@ -374,7 +381,7 @@ class Scheduler:
                     ticket.demand.envelope,
                     now,
                     extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
-                    f"{ticket.demand.priority.label} may wait",
+                    f"{ticket.demand.priority.label} may wait{self.after_evictions(ticket)}",
                 )
                 effects.extend(self.reject(ticket, failure, now))
                 gpus.add(ticket.demand.gpu)
@@ -412,7 +419,8 @@ class Scheduler:
         pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
         tail = _Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
-        paused = gpu in self.operator.paused
+        # While an overrun grows, what the budget says now may be gone by the next sample.
+        paused = gpu in self.operator.paused or self.telemetry.overruns.growing(gpu)
         if queue and budget is not None and not paused and self._usable(gpu, now) is None:
             no_wait = set(no_wait)
             for ticket in queue:
@@ -512,7 +520,7 @@ class Scheduler:
                 decision.needed,
                 now,
                 retry_after=retry,
-                extra=f"; {decision.reason}",
+                extra=f"; {decision.reason}{self.after_evictions(ticket, tail)}",
             )
             if queued:
                 effects.extend(self.reject(ticket, failure, now))
@@ -530,6 +538,7 @@ class Scheduler:
         if decision.kind is PlanKind.EVICT:
             ticket.evicting = decision.victims
             before = self._schedulable(gpu)
+            record_evictions(self.telemetry, self.books, ticket, decision.victims, now)
             for key in decision.victims:
                 resident = self.books.residents[key]
                 reason = (
@@ -646,6 +655,9 @@ class Scheduler:
                     )
                 )
             if stopping:
+                keys = tuple(pool.lease.key for pool in stopping)
+                freed = sum(pool.bytes for pool in stopping)
+                record_evictions(self.telemetry, self.books, ticket, keys, now, freed=freed)
                 self.books.touch()
         if not stopping:
             return None
@@ -656,6 +668,12 @@ class Scheduler:
             earliest=now,
             reason="waiting for the jobs it preempted to end",
         )
+
+    def after_evictions(self, ticket: Ticket, tail: _Tail | None = None) -> str:
+        """For the failure of a ticket that had residents evicted for it: what changed
+        since its plan began ("" for one that evicted nothing)."""
+        ahead = 0 if tail is None else max(0, tail.schedulable - tail.pool)
+        return after_evictions(self.telemetry, self.books, ticket, ahead=ahead)
 
     def _schedulable(self, gpu: int) -> int:
         """The GPU's schedulable bytes now (for the record of an eviction)."""

@@ -289,6 +289,7 @@ class GateCore:
         effects: list[Effect] = []
         for gpu in self.telemetry.observe(sample, self.books):
             self.books.touch(residents=False, gpu=gpu)  # its budget moved; the residents did not
+            effects.extend(self._overruns(gpu, now))
             effects.extend(self._observed_scopes(gpu, now))
             settling = early.settling(
                 gpu,
@@ -350,6 +351,7 @@ class GateCore:
             detail = f"unload failed: {failure.failure_class.value}"
         elif reclaimed:
             detail = "reclaimed"
+            self.telemetry.unloaded(unload.gpu, unload.bytes, now)
         else:
             detail = "not reclaimed"
             if resident is not None:
@@ -439,6 +441,20 @@ class GateCore:
             lease = self.books.open_lease(job_id, queued, now, now, 0, None)
             return Admission(job_id, lease=lease, effects=(granted_event(lease),))
         return self.scheduler.submit(queued, now, ticket_id=job_id, at_once=at_once)
+
+    def _overruns(self, gpu: int, now: float) -> list[Effect]:
+        """Consumers the sample shows holding more than their leases (before the residents
+        that follow NVML take what it shows)."""
+        observation = self.observation(gpu)
+        if observation is None:
+            return []
+        waiting = self.scheduler.queues.get(gpu) or ()
+        early = {t.demand.consumer for t in waiting if t.demand.started is not None}
+        early |= {consumer for consumer, card in self.scheduler.withdrawing if card == gpu}
+        unexplained = self.telemetry.unexplained.get(gpu, {})
+        return self.telemetry.overruns.observe(
+            observation, self.books, unexplained, now, early=early
+        )
 
     def _observed_scopes(self, gpu: int, now: float) -> list[Effect]:
         obs = self.observation(gpu)

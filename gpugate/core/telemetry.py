@@ -6,7 +6,9 @@ from collections.abc import Mapping, Sequence
 
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget, budget_of, unexplained_of
+from gpugate.core.motion import external_for_reserve
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
+from gpugate.core.overrun import OverrunWatch
 from gpugate.core.pressure import ExternalHistory, PressureGauge, ReserveSettings
 
 
@@ -30,7 +32,12 @@ class Telemetry:
         self.fault: DriverFault | None = None
         self.unexplained: dict[int, dict[str, int]] = {}
         self._history: dict[int, ExternalHistory] = {}
+        self._settling: dict[int, list[tuple[float, int]]] = {}
+        """Per GPU, (until, bytes) of unloads confirmed a moment ago whose last bytes may
+        still be on their way back (`gpugate.core.motion`)."""
         self.pressure: dict[int, PressureGauge] = {}
+        self.overruns = OverrunWatch()
+        """Consumers holding more than their leases (`gpugate.core.overrun`)."""
 
     def reserve_settings(self, gpu: int) -> ReserveSettings:
         return self._reserve_by_gpu.get(gpu, self._reserve)
@@ -54,7 +61,10 @@ class Telemetry:
             self.observations[gpu] = device
             self.observed_at[gpu] = sample.taken_at
             history = self._history.setdefault(gpu, ExternalHistory(self.reserve_settings(gpu)))
-            history.observe(sample.taken_at, sum(device.external.values()))
+            settling = self.settling(gpu, sample.taken_at)
+            history.observe(
+                sample.taken_at, external_for_reserve(device, books.usage(gpu), settling)
+            )
             self.explain(gpu, books)
             updated.append(gpu)
         return updated
@@ -64,6 +74,21 @@ class Telemetry:
         observation = self.observations.get(gpu)
         if observation is not None:
             self.unexplained[gpu] = unexplained_of(observation, books.usage(gpu))
+
+    def unloaded(self, gpu: int, nbytes: int, now: float) -> None:
+        """An unload on `gpu` was confirmed at `now`: for the reserve's settle time, up to
+        `nbytes` NVML shows outside the consumers are still its memory on the way back."""
+        if nbytes > 0:
+            until = now + self.reserve_settings(gpu).settle
+            self._settling.setdefault(gpu, []).append((until, nbytes))
+
+    def settling(self, gpu: int, at: float) -> int:
+        """Bytes of unloads confirmed within the settle time before `at`."""
+        rows = self._settling.get(gpu)
+        if not rows:
+            return 0
+        rows[:] = [(until, nbytes) for until, nbytes in rows if until >= at]
+        return sum(nbytes for _, nbytes in rows)
 
     def absorb(self, gpu: int, consumer: str, nbytes: int) -> None:
         """A grant now explains `nbytes` of what the last sample showed of `consumer` beyond

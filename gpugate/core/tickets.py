@@ -112,6 +112,20 @@ class Demand:
         return not self.explicit and (self.scope is LeaseScope.REQUEST or self.switch)
 
 
+@attrs.frozen
+class Margin:
+    """What a ticket's first eviction plan was made against (`gpugate.core.margins`)."""
+
+    at: float
+    victims: tuple[ResidentKey, ...]
+    freed: int
+    """Bytes the victims held when they were chosen."""
+    reserve: int
+    external: int
+    committed: int
+    schedulable: int
+
+
 class TicketState(enum.Enum):
     WAITING = "waiting"
     GRANTED = "granted"
@@ -130,6 +144,8 @@ class Ticket:
     state: TicketState = TicketState.WAITING
     evicting: tuple[ResidentKey, ...] = ()
     """Residents being unloaded so that this ticket fits; their bytes are earmarked for it."""
+    margin: Margin | None = None
+    """What its first eviction plan was made against (`gpugate.core.margins`)."""
 
     def order(self) -> tuple[int, int, float, int]:
         """Queue order: a job its runtime already runs first (`gpugate.core.early`), then

@@ -2,9 +2,10 @@
 takes before it loads. It is the only owner of those figures:
 
 * **configured**: consumers.yaml's (the runtime's `ModelSettings`);
-* **measured**: what a runtime's listing said a loaded model takes, the peak NVML showed
-  of a process the gate started, or of a job that ran alone and well (with the scale it
-  ran at); kept in the store across restarts;
+* **measured**: what a runtime's listing said a loaded model takes, what NVML showed a
+  resident holding past its lease (an overrun, which a smaller listing does not undo), the
+  peak NVML showed of a process the gate started, or of a job that ran alone and well
+  (with the scale it ran at); kept in the store across restarts;
 * **estimated**: what the runtime's `Memory` part says a load of the model takes before
   it was ever measured, from the model itself (its file), kept for ESTIMATE_TTL.
 
@@ -51,6 +52,8 @@ class EnvelopeBook:
         self.store = store
         self.clock = clock
         self._measured: dict[ResidentKey, int] = {}
+        self._overran: dict[ResidentKey, int] = {}
+        """What NVML showed residents holding past their leases, by key."""
         self._scales: dict[ResidentKey, float] = {}
         """The scale each measured job kind ran at (ComfyUI: megapixels)."""
         self._estimates: dict[tuple[str, str, str], tuple[float, Footprint | None]] = {}
@@ -138,7 +141,11 @@ class EnvelopeBook:
     # -- what the gate measured ----------------------------------------------------------
 
     def learn_listed(self, key: ResidentKey, nbytes: int) -> None:
-        """What the runtime's listing says a loaded model holds (0 for one on the CPU)."""
+        """What the runtime's listing says a loaded model holds (0 for one on the CPU),
+        unless NVML showed it holding more (`learn_overrun`): NVML over a runtime's own
+        figure."""
+        if nbytes < self._overran.get(key, 0):
+            return
         if self._measured.get(key) != nbytes:
             self._measured[key] = nbytes
             self._record(MeasuredEnvelope(key.consumer, key.model, key.options, nbytes))
@@ -147,6 +154,13 @@ class EnvelopeBook:
         """What a running process held at most: its model's measured envelope."""
         if nbytes > 0 and self._measured.get(key) != nbytes:
             self._measured[key] = nbytes
+            self._record(MeasuredEnvelope(key.consumer, key.model, key.options, nbytes))
+
+    def learn_overrun(self, key: ResidentKey, nbytes: int) -> None:
+        """What NVML showed a resident holding past its lease (`gpugate.core.overrun`): its
+        measured size from now on, keyed by its consumer, model and runner options."""
+        if nbytes > self._measured.get(key, 0):
+            self._measured[key] = self._overran[key] = nbytes
             self._record(MeasuredEnvelope(key.consumer, key.model, key.options, nbytes))
 
     def learn_job(self, kind: ResidentKey, peak: int, scale: float) -> None:

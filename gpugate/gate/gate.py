@@ -20,6 +20,7 @@ from gpugate.core.effects import (
     Event,
     EventKind,
     Grant,
+    Overrun,
     Preempt,
     Reject,
     Start,
@@ -260,8 +261,17 @@ class Gate:
                 self._spawn(self._unloads.preempt(effect), f"preempt-{effect.consumer}")
             elif isinstance(effect, (Start, Wake)):
                 self.processes.carry_out(effect)
+            elif isinstance(effect, Overrun):
+                self._overran(effect)
         if timers:
             self._arm_timer()
+
+    def _overran(self, overrun: Overrun) -> None:
+        """A consumer holds more than its lease: what the one resident it is pinned on
+        holds is its measured size from now on. (A runtime that can be asked to give
+        memory back would be asked here.)"""
+        if overrun.key is not None and overrun.measured is not None:
+            self.envelopes.learn_overrun(overrun.key, overrun.measured)
 
     def deadline(self, at: float | None) -> None:
         """A deadline at `at` may be new: keep the timer at or before it, without asking the

@@ -13,9 +13,12 @@ def core_settings(config: Config, reconcilable: frozenset[str] = frozenset()) ->
     """Resolve the configuration into what the decision core needs (`reconcilable`: the
     consumers whose runtime lists what it holds)."""
     budget = config.budget
-    reserve = ReserveSettings(budget.reserve, max(budget.reserve, budget.reserve_max))
+    settle = budget.reclaim_timeout
+    reserve = ReserveSettings(
+        budget.reserve, max(budget.reserve, budget.reserve_max), settle=settle
+    )
     by_gpu = {
-        g.index: ReserveSettings(g.reserve, max(g.reserve, budget.reserve_max))
+        g.index: ReserveSettings(g.reserve, max(g.reserve, budget.reserve_max), settle=settle)
         for g in config.gpus
         if g.reserve is not None
     }

@@ -105,8 +105,16 @@ class Card:
     """A core on one 16 GiB card for consumers `ollama` and `comfy`: Ollama's models loaded
     and idle, then samples on request of what `loaded`, `comfy` and `external` hold."""
 
-    def __init__(self, *models: tuple[str, int, PriorityClass], external: int = 0) -> None:
-        self.core = make_core(consumers=("comfy", "ollama"))
+    def __init__(
+        self,
+        *models: tuple[str, int, PriorityClass],
+        external: int = 0,
+        reserve: int = RESERVE,
+        reserve_max: int | None = None,
+    ) -> None:
+        self.core = make_core(
+            reserve=reserve, reserve_max=reserve_max, consumers=("comfy", "ollama")
+        )
         self.now = 0.0
         self.external = external
         self.loaded: dict[str, int] = {}

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gpugate.core.budget import compute_budget
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
-from gpugate.core.observation import UNATTRIBUTED
+from gpugate.core.observation import OTHER, UNATTRIBUTED, Owner, OwnerKind, ProcessUsage
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.tickets import Lease
 from gpugate.core.units import GiB, MiB
@@ -145,3 +145,23 @@ def test_an_unloading_runner_that_left_the_process_list_is_not_counted_twice():
     budget = compute_budget(listed, sampled_at=0.0, reserve=RESERVE, residents=[going, staying])
     assert budget.reclaiming == 0
     assert budget.external_total == 100 * MiB
+
+
+def test_an_unloading_runner_read_as_a_process_nobody_claims_is_not_counted_twice():
+    # It exited between NVML's process list and the read of its /proc entry: `other`.
+    going = Resident(
+        ResidentKey("ollama", "bge-m3"),
+        0,
+        2 * GiB,
+        PriorityClass.BACKGROUND,
+        ResidencyPolicy.KEEP_WARM,
+        900.0,
+        state=ResidentState.UNLOADING,
+    )
+    gone = ProcessUsage(2, 2 * GiB, Owner(OwnerKind.EXTERNAL, OTHER))
+    stranger = proc(3, 300 * MiB, "plex", managed=False)
+    observation = gpu(gone, stranger)
+    budget = compute_budget(observation, sampled_at=0.0, reserve=RESERVE, residents=[going])
+    assert budget.reclaiming == 2 * GiB
+    assert [(row.name, row.bytes) for row in budget.external] == [("plex", 300 * MiB)]
+    assert budget.consumer("ollama").committed == 2 * GiB

@@ -285,8 +285,13 @@ def test_model_larger_than_the_card_is_refused_with_an_actionable_message(core):
     failure = admission.failure
     assert failure.failure_class is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
     assert failure.message.startswith("INSUFFICIENT_SCHEDULABLE_VRAM: gemma3:12b needs 14.0 GiB, ")
-    assert "schedulable on GPU 0 (external 3.0 GiB: plex 3.0;" in failure.message
-    assert "nothing evictable below class interactive" in failure.message
+    assert "schedulable on GPU 0; at most 11.4 GiB could ever be freed for it, 2.6 GiB short;" in (
+        failure.message
+    )
+    assert "the rest is held by: ollama beyond its leases 0.2 GiB, the reserve 1.0 GiB, " in (
+        failure.message
+    )
+    assert "external 3.0 GiB: plex 3.0, the driver 0.4 GiB" in failure.message
     assert failure.retry_after == 30.0
 
 

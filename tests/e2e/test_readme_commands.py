@@ -45,6 +45,8 @@ RUNS: list[tuple[str, list[str], int]] = [
     ("resume", ["resume", "--gpu", "0"], 0),
     ("lease", ["lease", "--consumer", "ollama", "--bytes", "256MiB", "--", "true"], 0),
     ("admit", ["admit", "whisper", "--wait", "30s"], 0),
+    ("share", ["share", "--list"], 0),
+    ("share", ["share", "systemd/gpugate.service"], 0),
 ]
 """(command, arguments, exit status) as the README prints them."""
 
@@ -71,9 +73,12 @@ def gpugate(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Compl
 
 
 def with_config(args: list[str], config: str) -> list[str]:
-    """`args` with `--config FILE` (before a `-- CMD`; `check` takes the file itself)."""
+    """`args` with `--config FILE` (before a `-- CMD`; `check` takes the file itself; `share`
+    reads no configuration, so it is run as printed)."""
     if args[0] == "check":
         return [*args, config]
+    if args[0] == "share":
+        return args
     at = args.index("--") if "--" in args else len(args)
     return [*args[:at], "--config", config, *args[at:]]
 
