@@ -230,9 +230,7 @@ async def test_sigkill_ends_the_command_too_and_the_lease_lapses_by_its_ttl(serv
     sleeper: int | None = None
     try:
         await until(served, lambda doc: len(doc["leases"]) == 1)
-        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        assert len(children) == 1
-        sleeper = int(children[0])
+        sleeper = await only_child(process.pid)
         assert Path(f"/proc/{sleeper}/comm").read_text().strip() == "sleep"
         ended = pid_ended(sleeper)
         async with (
@@ -256,6 +254,18 @@ async def test_sigkill_ends_the_command_too_and_the_lease_lapses_by_its_ttl(serv
         kill_quietly(process)
         if sleeper is not None and pid_exists(sleeper):
             os.kill(sleeper, signal.SIGKILL)
+
+
+async def only_child(pid: int, timeout: float = 60.0) -> int:
+    """The one child of `pid`, once it has one: the wrapper starts its command only after
+    the gate's grant has reached it, which on a busy machine comes after the lease shows."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + timeout
+    while not (found := children.read_text().split()):
+        assert time.monotonic() < deadline, f"no child of {pid} in {timeout:g} s"
+        await asyncio.sleep(0.05)
+    assert len(found) == 1, found
+    return int(found[0])
 
 
 def pid_ended(pid: int) -> asyncio.Future[None]:

@@ -39,7 +39,9 @@ T = TypeVar("T")
 def host_yaml(
     ollama_port: int | None, *, holders: str = "", preload: str = "", faults: str = ""
 ) -> str:
-    """A 16 GiB card, a Plex transcode (1.5 GiB) and, unless port is None, a simulated Ollama."""
+    """A 16 GiB card, a Plex transcode (1.5 GiB) and, unless port is None, a simulated Ollama
+    set as with OLLAMA_NUM_PARALLEL=4 (the faults run several streams on one model at once;
+    Ollama's own default is 1)."""
     text = (
         textwrap.dedent("""\
         gpus:
@@ -64,6 +66,7 @@ def host_yaml(
           listen: 127.0.0.1:{ollama_port}
           tokens_per_second: 200
           keep_alive: 5m
+          num_parallel: 4
           models:
         """)
         + models

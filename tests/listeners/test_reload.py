@@ -11,6 +11,7 @@ import signal
 import aiohttp
 import pytest
 
+from gpugate.commands.exits import Exit
 from gpugate.config.check import run_check
 from gpugate.core.units import GiB
 from gpugate.runtimes.sections import RUNTIME_TABLE
@@ -50,7 +51,7 @@ async def test_sighup_keeps_the_running_config_when_the_file_is_invalid_then_app
                     + "    residency: {policy: sometimes}\n"
                 )
                 err = io.StringIO()
-                assert run_check(config, io.StringIO(), err, runtimes=RUNTIME_TABLE) == 2
+                assert run_check(config, io.StringIO(), err, runtimes=RUNTIME_TABLE) == Exit.CONFIG
                 expected = err.getvalue().splitlines()
                 assert expected
                 served.process.send_signal(signal.SIGHUP)
