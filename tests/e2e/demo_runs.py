@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +66,8 @@ class DemoRun:
     overruns: int
     """`overrun` events: a consumer holding more than the gate leased it."""
     seconds: float
+    error: str = ""
+    """What went wrong for the client, if anything, with the end of the demo's log."""
 
     @property
     def ok(self) -> bool:
@@ -73,6 +77,7 @@ class DemoRun:
             and self.rendered == "success"
             and self.evicted_then_refused == 0
             and self.reserve_max == BASE_RESERVE
+            and not self.error
         )
 
     def line(self) -> str:
@@ -83,6 +88,7 @@ class DemoRun:
             f"{format_gib(self.reserve_after)}, external max {format_gib(self.external_max)}, "
             f"overruns {self.overruns}, {self.seconds:.0f}s"
             + "".join(f"\n    {failure}" for failure in self.failures)
+            + (f"\n    {self.error}" if self.error else "")
         )
 
 
@@ -108,68 +114,81 @@ async def demo_run(*, timeout: float = RENDER_TIMEOUT) -> DemoRun:
     started = time.monotonic()
     base = free_port_base()
     ports = demo_ports(base)
+    with tempfile.TemporaryFile("w+") as log:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,  # the gate's log and events: read back only when a run goes wrong
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            LineReader(demo.stdout).until("Events follow", timeout=120)
+            try:
+                return await _readme_order(ports, started, timeout)
+            except (aiohttp.ClientError, TimeoutError, KeyError) as exc:
+                log.seek(0)
+                tail = "\n    ".join(log.read().splitlines()[-20:])
+                alive = "running" if demo.poll() is None else f"exited {demo.returncode}"
+                return _broken(f"{exc!r}; the demo {alive}; its log ends:\n    {tail}", started)
+        finally:
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGTERM)
+                try:
+                    demo.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(demo.pid, signal.SIGKILL)
+            kill_quietly(demo)
+
+
+async def _readme_order(ports: dict[str, int], started: float, timeout: float) -> DemoRun:
+    """qwen2.5:7b through the gate, then the FLUX prompt, the gate's status read throughout."""
     control = f"http://127.0.0.1:{ports['control']}"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,  # its events, read from the control API instead
-        text=True,
-        start_new_session=True,
+    comfyui = f"http://127.0.0.1:{ports['comfyui']}"
+    async with aiohttp.ClientSession() as session:
+        watch = _Watch(session, control)
+        await watch.settled()
+        reserve_before = watch.reserve
+        polling = asyncio.create_task(watch.poll())
+        try:
+            qwen = await _post(
+                session,
+                f"http://127.0.0.1:{ports['ollama']}/api/generate",
+                json.dumps({"model": "qwen2.5:7b", "prompt": "hi"}).encode(),
+            )
+            queued, answer = await _post_json(
+                session, comfyui + "/prompt", FLUX_PROMPT.read_bytes()
+            )
+            rendered = None
+            if queued == 200:
+                rendered = await _rendered(session, comfyui, answer["prompt_id"], timeout)
+        finally:
+            polling.cancel()
+        await watch.read()
+        async with session.get(control + "/gate/v1/events") as resp:
+            events = [json.loads(line) for line in (await resp.text()).splitlines() if line]
+    failures = tuple(
+        e.get("message") or e.get("detail", "") for e in events if e.get("event") == "failure"
     )
-    try:
-        LineReader(demo.stdout).until("Events follow", timeout=120)
-        async with aiohttp.ClientSession() as session:
-            watch = _Watch(session, control)
-            await watch.settled()
-            reserve_before = watch.reserve
-            polling = asyncio.create_task(watch.poll())
-            try:
-                qwen = await _post(
-                    session,
-                    f"http://127.0.0.1:{ports['ollama']}/api/generate",
-                    json.dumps({"model": "qwen2.5:7b", "prompt": "hi"}).encode(),
-                )
-                queued, answer = await _post_json(
-                    session, f"http://127.0.0.1:{ports['comfyui']}/prompt", FLUX_PROMPT.read_bytes()
-                )
-                rendered = None
-                if queued == 200:
-                    rendered = await _rendered(
-                        session,
-                        f"http://127.0.0.1:{ports['comfyui']}",
-                        answer["prompt_id"],
-                        timeout,
-                    )
-            finally:
-                polling.cancel()
-            await watch.read()
-            async with session.get(control + "/gate/v1/events") as resp:
-                events = [json.loads(line) for line in (await resp.text()).splitlines() if line]
-        failures = tuple(
-            e.get("message") or e.get("detail", "") for e in events if e.get("event") == "failure"
-        )
-        return DemoRun(
-            qwen=qwen,
-            queued=queued,
-            rendered=rendered,
-            evicted_then_refused=evicted_then_refused(events),
-            reserve_before=reserve_before,
-            reserve_max=watch.reserve_max,
-            reserve_after=watch.reserve,
-            external_max=watch.external_max,
-            failures=failures,
-            overruns=sum(1 for e in events if e.get("event") == "overrun"),
-            seconds=time.monotonic() - started,
-        )
-    finally:
-        if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGTERM)
-            try:
-                demo.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(demo.pid, signal.SIGKILL)
-        kill_quietly(demo)
+    return DemoRun(
+        qwen=qwen,
+        queued=queued,
+        rendered=rendered,
+        evicted_then_refused=evicted_then_refused(events),
+        reserve_before=reserve_before,
+        reserve_max=watch.reserve_max,
+        reserve_after=watch.reserve,
+        external_max=watch.external_max,
+        failures=failures,
+        overruns=sum(1 for e in events if e.get("event") == "overrun"),
+        seconds=time.monotonic() - started,
+    )
+
+
+def _broken(error: str, started: float) -> DemoRun:
+    """A run the client could not finish."""
+    return DemoRun(0, 0, None, 0, 0, 0, 0, 0, (), 0, time.monotonic() - started, error)
 
 
 class _Watch:
@@ -206,7 +225,8 @@ class _Watch:
 
     async def poll(self) -> None:
         while True:
-            await self.read()
+            with contextlib.suppress(aiohttp.ClientError):
+                await self.read()  # a gate gone is the main path's to report
             await asyncio.sleep(0.25)
 
 
