@@ -70,6 +70,8 @@ def _paths(args: argparse.Namespace, gpus: list[int]) -> list[str]:
 def _line(args: argparse.Namespace, answer: dict[str, Any]) -> str:
     if args.command == "evict":
         key = answer["key"]
+        if answer.get("loaded") is False:
+            return f"{key['consumer']}/{key['model']} is not loaded: nothing to evict"
         return f"evicting {key['consumer']}/{key['model']} (eviction_done follows)"
     if args.command in ("drain", "undrain"):
         state = "admitting"

@@ -316,8 +316,13 @@ def _operator_paths(secured: list[dict[str, list[str]]]) -> dict[str, Any]:
             ],
             "responses": {
                 "202": _json("the unload started", {"type": "object"}),
+                "200": _json(
+                    "a model the consumer knows that is not loaded: nothing to unload "
+                    '(`"loaded": false`)',
+                    {"type": "object"},
+                ),
                 "401": UNAUTHORIZED,
-                "404": _json("no such resident", ERROR),
+                "404": _json("no such model of the consumer", ERROR),
                 "409": _json(
                     "EVICTION_NOT_ALLOWED (always_warm without force) or RESIDENCY_CONFLICT "
                     "(in flight, or not resident)",

@@ -1,6 +1,7 @@
 """Operator actions over the control API (control tokens only, like every write).
 
-    POST /gate/v1/residents/{consumer}/{model}/evict[?force=1]   202 {"key": ...}
+    POST /gate/v1/residents/{consumer}/{model}/evict[?force=1]   202 {"key": ...}; 200
+        {"key": ..., "loaded": false} for a model the consumer knows that is not loaded
     POST /gate/v1/consumers/{name}/drain | /undrain               200 consumer document
     GET  /gate/v1/consumers/{name}                                draining, drained, since, by
     POST /gate/v1/gpus/{index}/pause | /resume                    200 {"gpu", "paused", ...}
@@ -58,6 +59,15 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
             return found.pop()
         return ResidentKey(consumer, model) if not found else None
 
+    def known(key: ResidentKey) -> bool:
+        """A model the consumer's configuration names or the gate has measured loaded."""
+        link = gate.links.get(key.consumer)
+        consumer = next((c for c in gate.config.consumers if c.name == key.consumer), None)
+        if link is None or consumer is None:
+            return False
+        named = {link.runtime.settings.model_key(override.name) for override in consumer.models}
+        return key.model in named or gate.envelopes.seen(key.consumer, key.model)
+
     async def evict(request: web.Request) -> web.Response:
         key = resident_key(request)
         if key is None:
@@ -79,6 +89,11 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
                 key = resident_key(request) or key
                 gate.evict(key, force=force, who=who(request))
         except EvictionRefused as refused:
+            if refused.refusal is Refusal.UNKNOWN and known(key):
+                # Already not loaded is what was asked for (Ollama's own `stop` of a model
+                # it does not run answers so): done, nothing to unload.
+                document = {"consumer": key.consumer, "model": key.model, "options": key.options}
+                return web.json_response({"key": document, "force": force, "loaded": False})
             if refused.refusal is Refusal.UNKNOWN:
                 return error(404, "NOT_FOUND", str(refused))
             if refused.refusal is Refusal.ALWAYS_WARM:

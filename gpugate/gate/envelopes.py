@@ -73,6 +73,10 @@ class EnvelopeBook:
         """What the gate measured of a model (or a process's memory) once it was loaded."""
         return self._measured.get(key)
 
+    def seen(self, consumer: str, model: str) -> bool:
+        """Whether a load of this consumer's model was ever measured (any options)."""
+        return any(key[:2] == (consumer, model) for key in self._measured)
+
     def measured_job(self, kind: ResidentKey) -> Measured | None:
         """The peak measured for jobs of this kind, if any."""
         nbytes = self._measured.get(kind)

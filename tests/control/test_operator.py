@@ -63,11 +63,16 @@ async def test_an_evicted_resident_is_gone_after_eviction_done(stack):
     started = events_of(stack, EventKind.EVICTION_STARTED)[-1]
     assert started.reason == "operator" and "asked by token" in started.detail
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
+    status, _, body = await post(stack, "/gate/v1/residents/ollama/bge-m3:latest/evict")
+    assert status == 200 and body["loaded"] is False, body
+    assert body["key"]["model"] == "bge-m3:latest"
+    assert len(events_of(stack, EventKind.EVICTION_STARTED)) == 1
 
 
 async def test_eviction_refusals(stack):
-    status, headers, body = await post(stack, "/gate/v1/residents/ollama/bge-m3:latest/evict")
+    status, headers, body = await post(stack, "/gate/v1/residents/ollama/no-such-model/evict")
     assert status == 404 and body["error"]["class"] == "NOT_FOUND"
+    assert "no-such-model" in body["error"]["message"]
     await embed(stack)
     key = next(r.key for r in stack.gate.core.residents() if r.key.model.startswith("bge-m3"))
     resident = stack.gate.core.resident(key)
@@ -189,7 +194,7 @@ async def test_the_cli_pauses_resumes_drains_and_evicts(stack, tmp_path, monkeyp
     assert (code, out) == (0, "ollama: drained (0 lease(s) in flight)\n")
     code, out, _ = await gpugate(stack, tmp_path, "undrain", "ollama")
     assert (code, out) == (0, "ollama: admitting (0 lease(s) in flight)\n")
-    code, out, err = await gpugate(stack, tmp_path, "evict", "ollama", "bge-m3:latest")
+    code, out, err = await gpugate(stack, tmp_path, "evict", "ollama", "no-such-model")
     assert code == Exit.DATAERR and out == ""
     assert err.startswith("gpugate evict: NOT_FOUND: no resident") and err.count("\n") == 1
     await embed(stack)
@@ -198,6 +203,12 @@ async def test_the_cli_pauses_resumes_drains_and_evicts(stack, tmp_path, monkeyp
     assert (code, out) == (0, "evicting ollama/bge-m3:latest (eviction_done follows)\n")
     await asyncio.wait_for(done, 10)
     assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
+    # Evicting it again (the README's command after the demo evicted it) asks for what is
+    # already so: done, nothing unloaded.
+    evictions = len(events_of(stack, EventKind.EVICTION_STARTED))
+    code, out, err = await gpugate(stack, tmp_path, "evict", "ollama", "bge-m3:latest")
+    assert (code, out, err) == (0, "ollama/bge-m3:latest is not loaded: nothing to evict\n", "")
+    assert len(events_of(stack, EventKind.EVICTION_STARTED)) == evictions
 
 
 async def test_the_cli_without_a_token_is_one_line_and_a_failure(stack, tmp_path, monkeypatch):
