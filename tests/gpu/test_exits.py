@@ -10,6 +10,7 @@ import resource
 import select
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -54,9 +55,16 @@ def start(
     """Starts a sleeping process whose command line carries `marker`."""
 
     def start_one() -> subprocess.Popen[bytes]:
-        # Popen returns once exec has succeeded, so /proc already shows this argv.
         proc = subprocess.Popen([marker, "600"], executable="sleep", start_new_session=True)
         spawned.append(proc)
+        # Popen may return (vfork) once the child's execve has taken its new memory but
+        # before the kernel has written the new argv there: /proc/PID/cmdline is empty for
+        # that moment. A process NVML lists has long passed it; wait for it here.
+        cmdline = Path(f"/proc/{proc.pid}/cmdline")
+        deadline = time.monotonic() + 10.0
+        while not cmdline.read_bytes().startswith(marker.encode()):
+            assert time.monotonic() < deadline, f"{proc.pid} never showed its argv"
+            os.sched_yield()
         return proc
 
     return start_one
