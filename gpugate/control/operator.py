@@ -90,8 +90,8 @@ def add_operator_routes(app: web.Application, gate: Gate) -> None:
                 gate.evict(key, force=force, who=who(request))
         except EvictionRefused as refused:
             if refused.refusal is Refusal.UNKNOWN and known(key):
-                # Already not loaded is what was asked for (Ollama's own `stop` of a model
-                # it does not run answers so): done, nothing to unload.
+                # Already not loaded is what was asked for (a runtime's own unload of a
+                # model it does not hold answers success too): done, nothing to unload.
                 document = {"consumer": key.consumer, "model": key.model, "options": key.options}
                 return web.json_response({"key": document, "force": force, "loaded": False})
             if refused.refusal is Refusal.UNKNOWN:
