@@ -78,6 +78,11 @@ def test_a_llama_server_is_told_the_largest_context_its_lease_holds(tmp_path: Pa
     assert context_cap(str(path), entry.option, whole) == Cap(args=("-c", "32768"))
     assert context_cap(str(path), entry.option, MiB) == Cap(args=("-c", str(FIT_MIN_CTX)))
     assert context_cap(str(tmp_path / "missing.gguf"), entry.option, GiB) is None
+    # A model trained on fewer tokens than that least is told its own context, as an
+    # unset -c would give it, whatever the lease.
+    short_model = write_tiny_llama(tmp_path / "short.gguf", context_length=512)
+    for lease in (MiB, GiB):
+        assert context_cap(str(short_model), entry.option, lease) == Cap(args=("-c", "512"))
 
 
 def test_vllm_is_told_the_share_of_the_card_its_lease_is():

@@ -115,14 +115,17 @@ def _shape(path: str | None) -> ModelShape | None:
 
 
 def context_cap(path: str | None, option: Option, nbytes: int) -> Cap | None:
-    """`-c N`, the largest context whose load fits in `nbytes`; None when the file cannot
-    be read."""
+    """`-c N`, the largest context whose load fits in `nbytes`, no less than `--fit` would
+    cut to and no more than the model's trained context (what an unset `-c` gives); None
+    when the file cannot be read."""
     shape = _shape(path)
     if shape is None:
         return None
     launch = Launch.read(option)
-    context = fit_context(shape, launch.options, nbytes)
-    return Cap(args=("-c", str(max(context, FIT_MIN_CTX))), knob=CONTEXT_KNOB)
+    context = max(fit_context(shape, launch.options, nbytes), FIT_MIN_CTX)
+    if shape.n_ctx_train > 0:
+        context = min(context, shape.n_ctx_train)
+    return Cap(args=("-c", str(context)), knob=CONTEXT_KNOB)
 
 
 class SingleMemory(Memory):
