@@ -51,7 +51,7 @@ from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
 from gpugate.core.units import format_gib
 from gpugate.gate.admission import Leases
-from gpugate.gate.envelopes import EnvelopeBook
+from gpugate.gate.envelopes import EnvelopeBook, cards_of
 from gpugate.gate.failure import GateFailure
 from gpugate.gate.link import Link
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
@@ -62,6 +62,7 @@ from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
 from gpugate.gate.start_leases import StartLeases
 from gpugate.runtimes.base import ApiFamily, Lifecycle
+from gpugate.runtimes.footprint import Cap
 from gpugate.runtimes.process import (
     NotReady,
     ProcessExited,
@@ -315,10 +316,12 @@ class ProcessStarts:
         try:
             if waking:
                 await process.wake()
-            elif len(link.consumer.cards) > 1:
-                await process.start(devices=self._devices(effect.lease))
             else:
-                await process.start()
+                devices = self._devices(effect.lease) if len(link.consumer.cards) > 1 else None
+                cap = self._cap(link, lifecycle, effect.lease)
+                await process.start(devices=devices, cap=cap)
+                if cap is not None and isinstance(process, SupervisedCommand):
+                    _told(name, process, cap)
             await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
         except Exception as exc:
             if not waking:
@@ -358,6 +361,16 @@ class ProcessStarts:
         )  # fmt: skip
         if outcome is not None and not outcome.done():
             outcome.set_result(None)
+
+    def _cap(self, link: Link, lifecycle: Lifecycle, lease_id: int) -> Cap | None:
+        """What the runtime is told of the most its start lease lets it take (its memory
+        part's knob: a single-model llama-server's `-c`); None where it has none."""
+        lease = self.core.lease(lease_id)
+        if lease is None:
+            return None
+        model = lifecycle.process_model()
+        nbytes, cards = lease.demand.envelope, cards_of(self.core, link.consumer)
+        return link.runtime.memory.cap(model, nbytes, cards)
 
     def _devices(self, lease_id: int) -> str | None:
         """CUDA_VISIBLE_DEVICES for a start on the GPU its lease was placed on: the GPU's
@@ -474,3 +487,13 @@ class ProcessStarts:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _told(name: str, process: SupervisedCommand, cap: Cap) -> None:
+    """Log the cap a started command was told, or the operator's own setting it kept."""
+    if process.kept is not None:
+        log.info("%s: started with its own %s (the gate's cap, %s, not added)",
+                 name, process.kept, " ".join(cap.args))  # fmt: skip
+    elif cap.args:
+        log.info("%s: started with %s, the most its lease lets it take", name,
+                 " ".join(cap.args))  # fmt: skip

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.core.units import GiB, MiB
+from gpugate.core.units import GiB, MiB, parse_size
 from gpugate.init.handstart import HandStart, env_path
 from gpugate.init.recognise import (
     Address,
@@ -34,10 +34,13 @@ from gpugate.init.recognise import (
     program_of,
 )
 from gpugate.init.scan import HostScan, LoadedModel, UnitInfo, comfyui_model_files, redact
+from gpugate.runtimes.comfyui.adapter import reserve_vram
+from gpugate.runtimes.footprint import Cap
+from gpugate.runtimes.vllm.adapter import utilization_cap
 
 BUDGET_RESERVE = "1GiB"
 """The budget's reserve the configuration is written with."""
-COMFYUI_RESERVE_VRAM = "1"
+COMFYUI_RESERVE = reserve_vram(parse_size(BUDGET_RESERVE))
 """ComfyUI's `--reserve-vram`, in GB as it reads them (× 1024³, comfy/model_management.py
 `EXTRA_RESERVED_VRAM`): the budget's reserve, which ComfyUI's self-sized loads must leave
 free (its default is 0.4 GB on Linux)."""
@@ -323,6 +326,12 @@ def _vllm_envelope(found: Found, scan: HostScan, gpu: int) -> tuple[int | None, 
     return mib(int(device.total * fraction)) * MiB, (
         f"not on the card now: --gpu-memory-utilization {share} of GPU {gpu}"
     )
+
+
+def _vllm_share(envelope: int, scan: HostScan, gpu: int) -> Cap | None:
+    """`--gpu-memory-utilization`: the share of its card `envelope` is (None: no card)."""
+    device = next((d for d in scan.devices if d.index == gpu), None)
+    return utilization_cap(envelope, device.total) if device is not None else None
 
 
 def _command_match(found: Found) -> tuple[str, ...]:
@@ -639,10 +648,16 @@ def _front(
         notes.append(f"systemctl show {unit}: {why}; the drop-in uses the running command line")
     if kind != "ollama" and movable:
         values["new_argv"] = with_address(base_argv, found, upstream_port)
-        if kind == "comfyui" and not has_flag(base_argv, ["--reserve-vram"]):
+        if kind == "comfyui":
             # ComfyUI sizes its loads to the free memory less this (partial loads, Dynamic
             # VRAM): it must leave the gate's reserve free, as the gate does.
-            values["new_argv"] += ("--reserve-vram", COMFYUI_RESERVE_VRAM)
+            values["new_argv"] = COMFYUI_RESERVE.onto(values["new_argv"], {}).argv
+        elif kind == "vllm":
+            # vLLM takes this share of the card's total at start, whatever its version's
+            # default: the envelope the gate leases it, unless its command says its own.
+            share = _vllm_share(values["envelope"], scan, gpu)
+            if share is not None:
+                values["new_argv"] = share.onto(values["new_argv"], {}).argv
     envelope_known = values.get("envelope") is not None
     if process.user_unit and kind == "llama" and values["policy"] == "always_warm":
         return (

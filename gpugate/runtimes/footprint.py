@@ -12,6 +12,7 @@ partly on the CPU under the gate) the two are one.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -72,6 +73,33 @@ class Cards:
 
 
 @attrs.frozen
+class Knob:
+    """The setting a cap is, under every name the runtime reads it by: an operator who set
+    it on the command line or in the environment has the last word, and the gate writes it
+    only where neither does."""
+
+    names: tuple[str, ...]
+    """Its command-line names (`-c`, `--ctx-size`)."""
+    env: str = ""
+    """The environment variable that sets it too (llama.cpp's `LLAMA_ARG_CTX_SIZE`), if any."""
+
+    def set_in(self, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+        """How `argv` or `env` already sets it (`-c 8192`, `LLAMA_ARG_CTX_SIZE=8192`), or
+        None. A long name counts with `=VALUE` and with `_` for `-` (argparse, and
+        llama.cpp's common/arg.cpp `common_params_parse_ex`, which reads `--ctx_size`)."""
+        for i, word in enumerate(argv):
+            name = word
+            if word.startswith("--"):
+                name = word.split("=", 1)[0].replace("_", "-")
+            if name in self.names:
+                value = argv[i + 1] if "=" not in word and i + 1 < len(argv) else None
+                return word if value is None else f"{word} {value}"
+        if self.env and env.get(self.env, "") != "":
+            return f"{self.env}={env[self.env]}"
+        return None
+
+
+@attrs.frozen
 class Cap:
     """How a runtime is told the most it may hold: what goes on the command line of the
     process the gate starts (or a drop-in writes), into its environment, or into a
@@ -81,7 +109,31 @@ class Cap:
     env: tuple[tuple[str, str], ...] = ()
     options: tuple[tuple[str, int], ...] = ()
     """Options of a request (Ollama's `num_ctx`)."""
+    knob: Knob | None = attrs.field(default=None, eq=False)
+    """The setting `args` and `env` are, by all its names: what says an operator set it."""
 
     @property
     def empty(self) -> bool:
         return not (self.args or self.env or self.options)
+
+    def onto(self, argv: Sequence[str], env: Mapping[str, str]) -> Capped:
+        """`argv` and `env` with this cap added, unless they set its knob already: then as
+        they are, and `kept` says how they set it (the operator's own value wins)."""
+        knob = self.knob or Knob(self.args[:1])
+        kept = knob.set_in(argv, env) or next(
+            (f"{name}={env[name]}" for name, _ in self.env if env.get(name, "") != ""), None
+        )
+        if kept is not None or self.empty:
+            return Capped(tuple(argv), {}, kept)
+        return Capped((*argv, *self.args), dict(self.env), None)
+
+
+@attrs.frozen
+class Capped:
+    """A command line and the environment it runs with, told its cap (`Cap.onto`)."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    """Variables to add to the environment it runs with."""
+    kept: str | None = None
+    """How the command or its environment already set the knob, kept as it is."""

@@ -31,6 +31,7 @@ from typing import ClassVar
 import attrs
 
 from gpugate.core.lifecycle import LifeReport
+from gpugate.runtimes.footprint import Cap
 from gpugate.runtimes.process_find import alive, command_pids, stop_pid, watch_exit
 
 STDERR_LINES = 20
@@ -135,11 +136,13 @@ class ProcessControl(abc.ABC):
     keeps its port while its memory is given back."""
 
     @abc.abstractmethod
-    async def start(self, devices: str | None = None) -> None:
+    async def start(self, devices: str | None = None, cap: Cap | None = None) -> None:
         """Start it; returns once it was started (not once it is ready: see `wait_ready`).
 
         `devices`: the GPU the gate chose for it among its consumer's GPUs, as
-        CUDA_VISIBLE_DEVICES writes it (None: as its command says)."""
+        CUDA_VISIBLE_DEVICES writes it (None: as its command says). `cap`: the most its
+        lease lets it take, as its runtime is told (`Memory.cap`), for a command the gate
+        runs; a unit's command is its own (the drop-in carries its cap)."""
 
     @abc.abstractmethod
     async def stop(self) -> Exit | None:
@@ -202,9 +205,10 @@ class SystemdUnit(ProcessControl):
         counted as running, and stopped by signal with the unit."""
         self._foreign = pid
 
-    async def start(self, devices: str | None = None) -> None:
+    async def start(self, devices: str | None = None, cap: Cap | None = None) -> None:
         """`systemctl start UNIT`: waits for the start job (ExecStartPre included). A
-        unit's GPU is its own Environment= (the configuration gives such a consumer one)."""
+        unit's GPU is its own Environment= (the configuration gives such a consumer one),
+        and its cap is its own command's (`gpugate init` writes it into the drop-in)."""
         if devices is not None:
             raise ProcessControlError(
                 f"{self.unit}: a unit's GPU is its own Environment=CUDA_VISIBLE_DEVICES"
@@ -331,6 +335,10 @@ class SupervisedCommand(ProcessControl):
         self._waiter: asyncio.Task[None] | None = None
         self._stopping = False
         self._adopted: int | None = None
+        self.started: tuple[str, ...] = tuple(self.argv)
+        """The command line of the last start: `argv` and the cap it was told."""
+        self.kept: str | None = None
+        """How `argv` or `env` set the knob of the last start's cap themselves (kept)."""
 
     @property
     def pid(self) -> int | None:
@@ -348,7 +356,7 @@ class SupervisedCommand(ProcessControl):
         """A process running this very command that is not the gate's child (left by an
         earlier gate, or started by hand), if there is one."""
         mine = self._process.pid if self._process is not None and self.running else None
-        found = [pid for pid in command_pids(self.argv) if pid != mine]
+        found = [pid for pid in command_pids(self.argv, told=True) if pid != mine]
         return found[0] if found else None
 
     def adopt(self, pid: int) -> None:
@@ -372,19 +380,28 @@ class SupervisedCommand(ProcessControl):
     def running(self) -> bool:
         return self._ended is not None and not self._ended.done()
 
-    async def start(self, devices: str | None = None) -> None:
-        """Run the command (on `devices`: CUDA_VISIBLE_DEVICES); ProcessControlError when
-        it cannot be run or already runs."""
+    async def start(self, devices: str | None = None, cap: Cap | None = None) -> None:
+        """Run the command (on `devices`: CUDA_VISIBLE_DEVICES), told `cap` unless the
+        command or its environment sets that knob (`Cap.onto`: the operator's value is
+        kept); ProcessControlError when it cannot be run or already runs."""
         if self.running:
             raise ProcessControlError(f"{self.argv[0]} is already running (pid {self.pid})")
         env = None if self.env is None else {**os.environ, **self.env}
         if devices is not None:
             env = {**(os.environ if env is None else env), **visible_devices(devices)}
+        argv = tuple(self.argv)
+        self.kept = None
+        if cap is not None:
+            capped = cap.onto(argv, os.environ if env is None else env)
+            argv, self.kept = capped.argv, capped.kept
+            if capped.env:
+                env = {**(os.environ if env is None else env), **capped.env}
+        self.started = argv
         self._stderr.clear()
         self._stopping = False
         try:
             self._process = await asyncio.create_subprocess_exec(
-                *self.argv,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,

@@ -80,17 +80,31 @@ def listening_pids(port: int, proc: Path = PROC) -> list[int]:
     return found
 
 
-def command_pids(argv: Sequence[str], proc: Path = PROC) -> list[int]:
-    """The processes whose command line is exactly `argv`, lowest PID first."""
+def command_pids(argv: Sequence[str], proc: Path = PROC, *, told: bool = False) -> list[int]:
+    """The processes whose command line is exactly `argv`, lowest PID first; `told`: or
+    `argv` and one numeric option after it, the cap a start added (`-c 4096`)."""
     wanted = b"\0".join(a.encode() for a in argv) + b"\0"
     found = []
     for pid in _pids(proc):
         try:
-            if (proc / str(pid) / "cmdline").read_bytes() == wanted:
-                found.append(pid)
+            line = (proc / str(pid) / "cmdline").read_bytes()
         except OSError:
             continue
+        if line == wanted or (told and line.startswith(wanted) and _a_cap(line[len(wanted) :])):
+            found.append(pid)
     return found
+
+
+def _a_cap(rest: bytes) -> bool:
+    """Whether `rest` (NUL-ended words) is one option and a number: `-c\04096\0`."""
+    words = rest.split(b"\0")
+    if len(words) != 3 or words[2] != b"" or not words[0].startswith(b"-"):
+        return False
+    try:
+        float(words[1])
+    except ValueError:
+        return False
+    return True
 
 
 def alive(pid: int) -> bool:

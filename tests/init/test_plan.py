@@ -218,6 +218,13 @@ def test_vllm_is_sized_from_what_it_holds_or_its_share_of_the_card(tmp_path: Pat
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--port") + 1] == "8011"
     assert sleepy in plan_pids(host)
+    # Its share is its own command's; the other is told the share its envelope is of the
+    # card (20 of 24 GiB, rounded down), whatever its version's default.
+    assert argv.count("--gpu-memory-utilization") == 1
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.25"
+    chat_argv = exec_start(files["vllm.service.d/gpugate.conf"])
+    assert chat_argv[-2:] == ["--gpu-memory-utilization", "0.833"]
+    assert 0.833 * 24 * GiB <= chat.envelope
 
 
 def plan_pids(host: Host) -> set[int]:

@@ -90,8 +90,8 @@ def test_a_prompt_runs_in_its_largest_stage_and_takes_all_its_files_with_room(ru
     assert capped == Footprint(13 * GiB, 11350 * MiB + GiB)
     tight = comfy.memory.size(classified, key, PriorityClass.INTERACTIVE, Bounds(GiB))
     assert tight == Footprint.fixed(11350 * MiB + GiB)
-    # Its knob: what it leaves of the card to others, in GiB.
-    assert comfy.memory.cap("", 12 * GiB, CARD) == Cap(args=("--reserve-vram", "4.00"))
+    # No knob caps one load: --reserve-vram is kept free of the free memory, read at start.
+    assert comfy.memory.cap("", 12 * GiB, CARD) is None
 
 
 def test_vllm_takes_its_share_of_the_card_and_is_told_its_share(runtimes):

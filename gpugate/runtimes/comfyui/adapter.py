@@ -51,7 +51,7 @@ from gpugate.runtimes.comfyui.origin import (
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
 from gpugate.runtimes.comfyui.vetting import PromptVetting
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint, Knob
 from gpugate.runtimes.health import RouteHealth
 from gpugate.runtimes.parts import Bounds, Memory, Reading, Residents
 from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
@@ -171,7 +171,7 @@ class PromptMemory(Memory):
     node needs (`free_memory`), so a prompt runs, slower, in as little as its largest stage
     and the working set (the floor) and takes its files and working set whole with room
     (the ceiling). Its knob is `--reserve-vram GB` (cli_args.py; `EXTRA_RESERVED_VRAM`):
-    what it leaves of the card for others, so the most it takes is the card less that."""
+    what it keeps free of the memory it sees free, read once at start (`reserve_vram`)."""
 
     elasticity = Elasticity.FITTED
     knob = "--reserve-vram"
@@ -203,12 +203,25 @@ class PromptMemory(Memory):
         return Footprint(envelope.bytes, min(envelope.floor, envelope.bytes))
 
     def cap(self, model: str, nbytes: int, cards: Cards) -> Cap | None:
-        """`--reserve-vram`: the card's total less `nbytes`, in GiB (ComfyUI multiplies by
-        1024³), rounded up to a hundredth."""
-        if not cards.totals:
-            return None
-        reserve = max(0, cards.totals[0] - nbytes) / GiB
-        return Cap(args=("--reserve-vram", f"{math.ceil(reserve * 100) / 100:.2f}"))
+        """None: ComfyUI has no knob for the most one load may take. `--reserve-vram` is
+        read once, at start, and is kept free of the memory the card has free at each load
+        (comfy/model_management.py `load_models_gpu`: `lowvram_model_memory` is the free
+        memory less `minimum_memory_required`, which adds `extra_reserved_memory()`), not
+        of its total: "the card less a lease" would cut every load by what the other
+        holders on the card hold. Its process is told the gate's reserve instead
+        (`reserve_vram`, in the drop-in `gpugate init` writes)."""
+        return None
+
+
+RESERVE_KNOB = Knob(("--reserve-vram",))
+
+
+def reserve_vram(reserve: int) -> Cap:
+    """`--reserve-vram GB` for a reserve of `reserve` bytes: ComfyUI multiplies the value
+    by 1024³ (model_management.py `EXTRA_RESERVED_VRAM = args.reserve_vram * 1024 * 1024 *
+    1024`; a float, cli_args.py), rounded up to a hundredth so it keeps at least that."""
+    value = math.ceil(reserve * 100 / GiB) / 100
+    return Cap(args=("--reserve-vram", f"{value:g}"), knob=RESERVE_KNOB)
 
 
 def comfyui_runtime(consumer: Consumer) -> Runtime:

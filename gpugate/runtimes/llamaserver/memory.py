@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import attrs
 
-from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint, Knob
 from gpugate.runtimes.gguf import cached_header
 from gpugate.runtimes.llamacpp import (
     FIT_MIN_CTX,
@@ -46,6 +46,10 @@ is set to auto, using n_parallel = 4 and kv_unified = true")."""
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_0": 22 / 32,
                  "q5_1": 24 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "iq4_nl": 18 / 32}  # fmt: skip
 """Bytes per K/V value of `--cache-type-k/-v` (ggml's block sizes)."""
+CONTEXT_KNOB = Knob(("-c", "--ctx-size"), env="LLAMA_ARG_CTX_SIZE")
+"""`-c`: a context set here is never cut by `--fit` (common/arg.cpp, `-c`'s handler and
+`common_params_fit`); the command line wins over the variable, with a warning
+(`common_params_parse_ex`: "environment variable is set, but will be overwritten")."""
 
 
 def _int(text: str | None) -> int | None:
@@ -111,14 +115,17 @@ def _shape(path: str | None) -> ModelShape | None:
 
 
 def context_cap(path: str | None, option: Option, nbytes: int) -> Cap | None:
-    """`-c N`, the largest context whose load fits in `nbytes`; None when the file cannot
-    be read."""
+    """`-c N`, the largest context whose load fits in `nbytes`, no less than `--fit` would
+    cut to and no more than the model's trained context (what an unset `-c` gives); None
+    when the file cannot be read."""
     shape = _shape(path)
     if shape is None:
         return None
     launch = Launch.read(option)
-    context = fit_context(shape, launch.options, nbytes)
-    return Cap(args=("-c", str(max(context, FIT_MIN_CTX))))
+    context = max(fit_context(shape, launch.options, nbytes), FIT_MIN_CTX)
+    if shape.n_ctx_train > 0:
+        context = min(context, shape.n_ctx_train)
+    return Cap(args=("-c", str(context)), knob=CONTEXT_KNOB)
 
 
 class SingleMemory(Memory):

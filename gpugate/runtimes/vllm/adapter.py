@@ -18,7 +18,7 @@ from gpugate.config.model import Consumer
 from gpugate.runtimes.answers import ApiFamily, Classified, ReclaimRule, RouteKind
 from gpugate.runtimes.controlled import ProcessModel, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
+from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint, Knob
 from gpugate.runtimes.parts import Memory, Reading
 from gpugate.runtimes.runtime import ModelSettings, Runtime
 from gpugate.runtimes.vllm.settings import VllmSettings
@@ -67,6 +67,19 @@ def needs_process(method: str, path: str) -> bool:
 
 DEFAULT_UTILIZATION = 0.9
 """`--gpu-memory-utilization`'s default (vllm/config/cache.py `gpu_memory_utilization`)."""
+UTILIZATION_KNOB = Knob(("--gpu-memory-utilization",))
+"""vLLM's argument parser reads `--gpu_memory_utilization` and `=VALUE` too
+(vllm/utils FlexibleArgumentParser): `Knob.set_in` counts both."""
+
+
+def utilization_cap(nbytes: int, total: int) -> Cap | None:
+    """`--gpu-memory-utilization`: the fraction of a card of `total` bytes that `nbytes`
+    is, rounded down to a thousandth (so vLLM's share stays within it); None for a card
+    of no size."""
+    if total <= 0:
+        return None
+    share = math.floor(1000 * min(1.0, nbytes / total)) / 1000
+    return Cap(args=("--gpu-memory-utilization", f"{share:.3f}"), knob=UTILIZATION_KNOB)
 
 
 class VllmMemory(Memory):
@@ -99,11 +112,9 @@ class VllmMemory(Memory):
         return Footprint.fixed(int(cards.totals[0] * self.utilization()))
 
     def cap(self, model: str, nbytes: int, cards: Cards) -> Cap | None:
-        """The fraction of the card `nbytes` is, rounded down to a thousandth."""
-        if not cards.totals or cards.totals[0] <= 0:
-            return None
-        share = math.floor(1000 * min(1.0, nbytes / cards.totals[0])) / 1000
-        return Cap(args=("--gpu-memory-utilization", f"{share:.3f}"))
+        """The fraction of the card `nbytes` is (`utilization_cap`). The gate does not
+        start vLLM: this is what `gpugate init` writes into its drop-in."""
+        return utilization_cap(nbytes, cards.totals[0]) if cards.totals else None
 
 
 def vllm_runtime(consumer: Consumer) -> Runtime:

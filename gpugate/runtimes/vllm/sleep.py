@@ -24,6 +24,7 @@ from typing import ClassVar
 import aiohttp
 
 from gpugate.core.lifecycle import LifeReport
+from gpugate.runtimes.footprint import Cap
 from gpugate.runtimes.process import Exit, ProcessControl, ProcessControlError
 
 NOT_OURS = "vLLM's server is not the gate's to start or stop: it is put to sleep and woken"
@@ -63,7 +64,7 @@ class SleepMode(ProcessControl):
 
     sleeps: ClassVar[bool] = True
 
-    async def start(self, devices: str | None = None) -> None:
+    async def start(self, devices: str | None = None, cap: Cap | None = None) -> None:
         raise ProcessControlError(NOT_OURS)
 
     async def stop(self) -> Exit | None:
