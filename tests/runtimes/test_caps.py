@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import attrs
@@ -118,7 +119,13 @@ async def _started(process: SupervisedCommand, cap: Cap) -> tuple[str, ...]:
     await process.start(cap=cap)
     pid = process.pid
     assert pid is not None
-    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    # The spawn may return (vfork) before the kernel has written the new argv: /proc shows
+    # an empty cmdline for that moment.
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    deadline = time.monotonic() + 10.0
+    while not (raw := cmdline.read_bytes()):
+        assert time.monotonic() < deadline, f"{pid} never showed its argv"
+        await asyncio.sleep(0)
     return tuple(word.decode() for word in raw.split(b"\0")[:-1])
 
 
