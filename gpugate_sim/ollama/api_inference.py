@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from aiohttp import web
 
 from gpugate_sim.ollama.afterload import format_refusal, generate_refusal
 from gpugate_sim.ollama.binding import BindError, bind, text_field
 from gpugate_sim.ollama.catalog import Capability, CatalogModel
-from gpugate_sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate_sim.ollama.engine import DoneReason, Finished
 from gpugate_sim.ollama.gofold import go_quote
 from gpugate_sim.ollama.names import go_trim_space
 from gpugate_sim.ollama.options import OptionError, RequestOptions, parse_options
 from gpugate_sim.ollama.record import reading
+from gpugate_sim.ollama.relay import relay
 from gpugate_sim.ollama.requests import CHAT, EMBED, EMBEDDINGS, GENERATE
 from gpugate_sim.ollama.runnerref import Lease, ScheduleError
 from gpugate_sim.ollama.services import Services, bind_message, keep_alive_of, services
@@ -48,12 +47,16 @@ def metrics(finished: Finished, started_ns: int, load_ns: int) -> dict[str, obje
 class Completion:
     """One /api/generate or /api/chat answer, streamed as NDJSON or collected."""
 
+    content_type = NDJSON
+
     def __init__(self, svc: Services, name: str, chat: bool, stream: bool) -> None:
         self.svc = svc
         self.name = name
         self.chat = chat
         self.stream = stream
         self.started_ns = now_ns()
+        self.load_ns = 0
+        """The lease's load time, once `run` has it."""
 
     def chunk(self, text: str) -> dict[str, object]:
         head: dict[str, object] = {"model": self.name, "created_at": rfc3339(now_ns())}
@@ -68,43 +71,35 @@ class Completion:
             return {**head, "message": message, "done_reason": reason.value, "done": True, **extra}
         return {**head, "response": text, "done": True, "done_reason": reason.value, **extra}
 
+    def _extra(self, done: Finished) -> dict[str, object]:
+        extra = metrics(done, self.started_ns, self.load_ns)
+        return extra if self.chat else {"context": list(done.context), **extra}
+
+    # -- as relay.Answer --------------------------------------------------------------
+
+    def token(self, text: str) -> bytes:
+        return ndjson_line(self.chunk(text))
+
+    def whole(self, text: str, done: Finished) -> web.Response:
+        return json_response(self.final(text, done.done_reason, self._extra(done)))
+
+    async def end(
+        self, request: web.Request, response: web.StreamResponse | None, done: Finished
+    ) -> web.StreamResponse:
+        last = ndjson_line(self.final("", done.done_reason, self._extra(done)))
+        return await stream_write(request, response, NDJSON, last)
+
+    def refused(self, message: str) -> web.Response:
+        return api_error(500, message)
+
+    def broken(self, message: str) -> bytes:
+        return ndjson_line({"error": message})
+
     async def run(
         self, request: web.Request, lease: Lease, prompt: str, options: RequestOptions
     ) -> web.StreamResponse:
-        events = self.svc.engine.complete(lease, prompt, options)
-        response: web.StreamResponse | None = None
-        collected: list[str] = []
-        async with contextlib.aclosing(events):
-            try:
-                async for event in events:
-                    if isinstance(event, Token):
-                        collected.append(event.text)
-                        if self.stream:
-                            response = await stream_write(
-                                request, response, NDJSON, ndjson_line(self.chunk(event.text))
-                            )
-                        continue
-                    extra = metrics(event, self.started_ns, lease.load_ns)
-                    if not self.chat:
-                        extra = {"context": list(event.context), **extra}
-                    text = "" if self.stream else "".join(collected)
-                    body = self.final(text, event.done_reason, extra)
-                    if not self.stream:
-                        return json_response(body)
-                    response = await stream_write(request, response, NDJSON, ndjson_line(body))
-            except GenerationFailed as failure:
-                if response is None:
-                    # Nothing sent yet: Ollama can still answer with a real status.
-                    return api_error(500, failure.message)
-                with contextlib.suppress(ConnectionResetError):
-                    await response.write(ndjson_line({"error": failure.message}))
-            except ConnectionResetError:
-                # The client went away between two writes; its answer ends here.
-                return response if response is not None else web.Response(status=499)
-        assert response is not None
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
-        return response
+        self.load_ns = lease.load_ns
+        return await relay(request, self.svc.engine.complete(lease, prompt, options), self)
 
 
 async def _schedule(

@@ -9,7 +9,6 @@ is for tests: a top-level `options` object may carry the simulation's `sim_*` ke
 from __future__ import annotations
 
 import base64
-import contextlib
 import random
 import struct
 import time
@@ -18,12 +17,13 @@ from aiohttp import web
 
 from gpugate_sim.ollama.binding import BindError, bind, exact_member, text_field
 from gpugate_sim.ollama.catalog import Capability, CatalogModel
-from gpugate_sim.ollama.engine import DoneReason, Finished, GenerationFailed, Token
+from gpugate_sim.ollama.engine import DoneReason, Finished
 from gpugate_sim.ollama.gofold import go_quote
 from gpugate_sim.ollama.names import ModelRef, go_trim_space
 from gpugate_sim.ollama.openai_convert import asks_to_think, chat_prompt, completion_stop
 from gpugate_sim.ollama.options import OptionError, RequestOptions, parse_options
 from gpugate_sim.ollama.record import reading
+from gpugate_sim.ollama.relay import relay
 from gpugate_sim.ollama.requests import CHAT_COMPLETION, COMPLETION, EMBEDDING
 from gpugate_sim.ollama.runnerref import Lease, ScheduleError
 from gpugate_sim.ollama.services import Services, services
@@ -70,6 +70,8 @@ def _usage(finished: Finished) -> dict[str, int]:
 class OpenAICompletion:
     """One /v1/chat/completions or /v1/completions answer, as SSE or one JSON object."""
 
+    content_type = EVENT_STREAM
+
     def __init__(self, name: str, chat: bool, stream: bool, include_usage: bool) -> None:
         self.name = name
         self.chat = chat
@@ -114,7 +116,8 @@ class OpenAICompletion:
             "choices": choices,
         }
 
-    def whole(self, text: str, reason: str, usage: dict[str, int]) -> dict[str, object]:
+    def body(self, text: str, reason: str, usage: dict[str, int]) -> dict[str, object]:
+        """The whole answer, not streamed."""
         if self.chat:
             choice: dict[str, object] = {
                 "index": 0,
@@ -127,43 +130,31 @@ class OpenAICompletion:
             body = self._envelope("text_completion", [choice])
         return {**body, "usage": usage}
 
+    # -- as relay.Answer --------------------------------------------------------------
+
+    def token(self, text: str) -> bytes:
+        return sse_event(self.chunk(text, None))
+
+    def whole(self, text: str, done: Finished) -> web.Response:
+        return encoder_response(self.body(text, done.done_reason.value, _usage(done)))
+
+    async def end(
+        self, request: web.Request, response: web.StreamResponse | None, done: Finished
+    ) -> web.StreamResponse:
+        return await self.finish(request, response, done.done_reason.value, _usage(done))
+
+    def refused(self, message: str) -> web.Response:
+        return openai_error(500, message)
+
+    def broken(self, message: str) -> bytes:
+        # Ollama's SSE writer decodes the error line as an empty response: one chunk with
+        # an empty delta, and the stream ends without [DONE].
+        return sse_event(self.chunk("", None))
+
     async def run(
         self, svc: Services, request: web.Request, lease: Lease, prompt: str, opts: RequestOptions
     ) -> web.StreamResponse:
-        events = svc.engine.complete(lease, prompt, opts)
-        response: web.StreamResponse | None = None
-        collected: list[str] = []
-        async with contextlib.aclosing(events):
-            try:
-                async for event in events:
-                    if isinstance(event, Token):
-                        collected.append(event.text)
-                        if self.stream:
-                            response = await stream_write(
-                                request,
-                                response,
-                                EVENT_STREAM,
-                                sse_event(self.chunk(event.text, None)),
-                            )
-                        continue
-                    reason, usage = event.done_reason.value, _usage(event)
-                    if not self.stream:
-                        return encoder_response(self.whole("".join(collected), reason, usage))
-                    response = await self.finish(request, response, reason, usage)
-            except GenerationFailed as failure:
-                if response is None:
-                    return openai_error(500, failure.message)
-                # Ollama's SSE writer decodes the error line as an empty response: one
-                # chunk with an empty delta, and the stream ends without [DONE].
-                with contextlib.suppress(ConnectionResetError):
-                    await response.write(sse_event(self.chunk("", None)))
-            except ConnectionResetError:
-                # The client went away between two writes; its answer ends here.
-                return response if response is not None else web.Response(status=499)
-        assert response is not None
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
-        return response
+        return await relay(request, svc.engine.complete(lease, prompt, opts), self)
 
     async def finish(
         self,
@@ -289,7 +280,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         load = DoneReason.LOAD.value
         empty = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         if not stream:
-            return encoder_response(answer.whole("", load, empty))
+            return encoder_response(answer.body("", load, empty))
         response = await answer.finish(request, None, load, empty)
         await response.write_eof()
         return response

@@ -151,3 +151,35 @@ class Card:
 
 def unloads(effects) -> list[Unload]:
     return [e for e in effects if isinstance(e, Unload)]
+
+
+# -- the state machines' card (test_core_properties, test_capacity, test_margin_properties)
+
+WORLD_MODELS = (
+    ("a", 1 * GiB, PriorityClass.BACKGROUND),
+    ("b", 3 * GiB, PriorityClass.INTERACTIVE),
+    ("c", 6 * GiB, PriorityClass.PRODUCTION),
+    ("d", 8 * GiB, PriorityClass.BENCHMARK),
+    ("e", 2 * GiB, PriorityClass.INTERACTIVE),
+)
+"""Five models a state machine asks for on one 16 GiB card: name, envelope, the class
+its resident keeps."""
+
+
+def world_sample(
+    core: GateCore,
+    runners: list[ProcessUsage],
+    external: int,
+    now: float,
+    *,
+    unattributed: int = 0,
+) -> HostObservation:
+    """A state machine's sample of its card: its runners' processes, one holding half of
+    what the loading leases will hold (loads under way), and `external` bytes of Plex."""
+    loading = sum(lease.pending // 2 for lease in core.leases() if lease.pending)
+    processes = list(runners)
+    if loading:
+        processes.append(proc(99, loading, "ollama"))
+    if external:
+        processes.append(proc(500, external, "plex", managed=False))
+    return host(gpu(*processes, unattributed=unattributed), at=now)

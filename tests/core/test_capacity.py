@@ -18,7 +18,7 @@ from gpugate.core.planner import PlanKind
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
 from gpugate.core.units import GiB
-from tests.core.builders import demand, gpu, host, make_core, proc
+from tests.core.builders import WORLD_MODELS, demand, gpu, host, make_core, proc, world_sample
 
 P = PriorityClass
 
@@ -199,14 +199,6 @@ def test_asking_changes_nothing():
 
 # -- the property: a verdict is what submitting would do ------------------------------------
 
-MODELS = (
-    ("a", 1 * GiB, P.BACKGROUND),
-    ("b", 3 * GiB, P.INTERACTIVE),
-    ("c", 6 * GiB, P.PRODUCTION),
-    ("d", 8 * GiB, P.BENCHMARK),
-    ("e", 2 * GiB, P.INTERACTIVE),
-)
-
 
 def check(core: GateCore, model: tuple, klass: PriorityClass, now: float) -> Verdict:
     """Assess, then submit the same demand to a copy of the core at the same moment."""
@@ -254,13 +246,9 @@ class CapacityWorld(RuleBasedStateMachine):
         self._sample()
 
     def _sample(self) -> None:
-        loading = sum(lease.pending // 2 for lease in self.core.leases() if lease.pending)
-        processes = [proc(10 + i, b, "ollama") for i, b in enumerate(self.materialised.values())]
-        if loading:
-            processes.append(proc(99, loading, "ollama"))
-        if self.external:
-            processes.append(proc(500, self.external, "plex", managed=False))
-        self._apply(self.core.observe(host(gpu(*processes), at=self.now), self.now))
+        runners = [proc(10 + i, b, "ollama") for i, b in enumerate(self.materialised.values())]
+        observation = world_sample(self.core, runners, self.external, self.now)
+        self._apply(self.core.observe(observation, self.now))
 
     def _apply(self, effects) -> None:
         for effect in effects:
@@ -272,7 +260,7 @@ class CapacityWorld(RuleBasedStateMachine):
             elif isinstance(effect, Unload):
                 self.unloads[effect.key] = effect
 
-    @rule(model=st.sampled_from(MODELS), klass=st.sampled_from(list(P)))
+    @rule(model=st.sampled_from(WORLD_MODELS), klass=st.sampled_from(list(P)))
     def request(self, model, klass):
         name, envelope, resident_class = model
         admission = self.core.submit(
@@ -285,7 +273,7 @@ class CapacityWorld(RuleBasedStateMachine):
         if admission.lease is not None:
             self.in_flight.add(admission.lease.id)
 
-    @rule(model=st.sampled_from(MODELS), klass=st.sampled_from(list(P)))
+    @rule(model=st.sampled_from(WORLD_MODELS), klass=st.sampled_from(list(P)))
     def check(self, model, klass):
         self.seen.add(check(self.core, model, klass, self.now))
 
@@ -372,7 +360,7 @@ def test_every_verdict_is_reached_by_random_worlds(seed):
         for _ in range(40):
             step = rng.randrange(6)
             if step == 0:
-                world.request(rng.choice(MODELS), rng.choice(list(P)))
+                world.request(rng.choice(WORLD_MODELS), rng.choice(list(P)))
             elif step == 1 and any(x.pending for x in world.core.leases()):
                 lease = rng.choice([x for x in world.core.leases() if x.pending])
                 world.materialised[lease.key] = lease.pending
@@ -392,5 +380,7 @@ def test_every_verdict_is_reached_by_random_worlds(seed):
                 world._sample()
                 world._apply(world.core.unloaded(key, world.now, reclaimed=True))
             else:
-                seen.add(check(world.core, rng.choice(MODELS), rng.choice(list(P)), world.now))
+                seen.add(
+                    check(world.core, rng.choice(WORLD_MODELS), rng.choice(list(P)), world.now)
+                )
     assert {Verdict.RESIDENT, Verdict.FITS, Verdict.AFTER_EVICTION, Verdict.NO_ROOM} <= seen

@@ -21,16 +21,17 @@ from gpugate.core.effects import Grant, Reject, Unload
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import ListedModel
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
+from tests.core.builders import (
+    RESERVED,
+    TOTAL,
+    WORLD_MODELS,
+    demand,
+    make_core,
+    proc,
+    world_sample,
+)
 
 P = PriorityClass
-MODELS = (
-    ("a", 1 * GiB, P.BACKGROUND),
-    ("b", 3 * GiB, P.INTERACTIVE),
-    ("c", 6 * GiB, P.PRODUCTION),
-    ("d", 8 * GiB, P.BENCHMARK),
-    ("e", 2 * GiB, P.INTERACTIVE),
-)
 
 
 class CoreWorld(RuleBasedStateMachine):
@@ -48,13 +49,9 @@ class CoreWorld(RuleBasedStateMachine):
     # -- the world -------------------------------------------------------------------
 
     def _sample(self) -> None:
-        loading = sum(lease.pending // 2 for lease in self.core.leases() if lease.pending)
-        processes = [proc(10 + i, b, "ollama") for i, b in enumerate(self.materialised.values())]
-        if loading:
-            processes.append(proc(99, loading, "ollama"))
-        if self.external:
-            processes.append(proc(500, self.external, "plex", managed=False))
-        self._apply(self.core.observe(host(gpu(*processes), at=self.now), self.now))
+        runners = [proc(10 + i, b, "ollama") for i, b in enumerate(self.materialised.values())]
+        observation = world_sample(self.core, runners, self.external, self.now)
+        self._apply(self.core.observe(observation, self.now))
 
     def _apply(self, effects) -> None:
         granted = []
@@ -99,7 +96,7 @@ class CoreWorld(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------
 
-    @rule(model=st.sampled_from(MODELS), klass=st.sampled_from(list(P)))
+    @rule(model=st.sampled_from(WORLD_MODELS), klass=st.sampled_from(list(P)))
     def request(self, model, klass):
         name, envelope, resident_class = model
         admission = self.core.submit(

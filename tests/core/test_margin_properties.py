@@ -27,7 +27,7 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.observation import OTHER, Owner, OwnerKind, ProcessUsage
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
+from tests.core.builders import RESERVED, TOTAL, demand, make_core, proc, world_sample
 
 P = PriorityClass
 BASE = 1 * GiB
@@ -73,7 +73,6 @@ class MarginWorld(RuleBasedStateMachine):
     # -- the world -------------------------------------------------------------------
 
     def _sample(self) -> None:
-        loading = sum(lease.pending // 2 for lease in self.core.leases() if lease.pending)
         processes = [
             proc(10 + i, nbytes, "ollama")
             for i, (key, nbytes) in enumerate(sorted(self.materialised.items()))
@@ -88,12 +87,10 @@ class MarginWorld(RuleBasedStateMachine):
                 )
             else:
                 unattributed += nbytes
-        if loading:
-            processes.append(proc(99, loading, "ollama"))
-        if self.external:
-            processes.append(proc(500, self.external, "plex", managed=False))
-        observation = gpu(*processes, unattributed=unattributed)
-        self._apply(self.core.observe(host(observation, at=self.now), self.now))
+        observation = world_sample(
+            self.core, processes, self.external, self.now, unattributed=unattributed
+        )
+        self._apply(self.core.observe(observation, self.now))
 
     def _apply(self, effects) -> None:
         granted = []

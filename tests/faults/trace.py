@@ -18,6 +18,9 @@ Gated, ComfyUI's prompts go through the gate too (job leases sized from their fi
 Counted: out-of-memory events on the simulated cards (whisper aborts included) by who hit
 them and on which card; at the end of the gated run nothing may be left leased. Exits 1
 when the gated run has an OOM of an admitted runtime or a lease left over.
+
+Gated, also the gate's `overrun` events per card, and how many of them the books' correction
+followed (tests/faults/trace_overruns.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from gpugate_sim.hostprocess import SimulatedHostProcess
 from gpugate_sim.serverprocess import child_env
 from tests.e2e.test_incident_whisper import TOKEN, UNIT, wav
 from tests.faults.trace_hosts import CLASSES, HOSTS, INCIDENT, HostName, TraceHost, setup
+from tests.faults.trace_overruns import logged_events, overrun_rows, overruns, overruns_counted
 from tests.sim.comfyui_helpers import txt2img
 from tests.sim.processes import LineReader
 
@@ -197,7 +201,8 @@ async def replay(
                 "control": f"{local}{ports['control']}",
                 "comfyui": f"{local}{ports['comfyui']}",
             }
-            gate = None
+            gate = log = None
+            metrics: Counter[int] = Counter()
             if gated:
                 urls |= {"ollama": f"{local}{ports['listen']}",
                          "whisper": f"{local}{ports['whisper_listen']}",
@@ -206,7 +211,7 @@ async def replay(
                     [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 )  # fmt: skip
-                LineReader(gate.stderr)
+                log = LineReader(gate.stderr)
                 LineReader(gate.stdout).until("gpugate: ready", timeout=30)
             else:
                 urls |= {"ollama": f"{local}{ports['ollama']}",
@@ -225,6 +230,8 @@ async def replay(
 
                     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
                     left = await leases_left(urls["control"]) if gated else []
+                    if gated:
+                        metrics = await overruns_counted(session, urls["control"])
                 elapsed = time.monotonic() - started
                 events = gpu.ooms()
                 ooms = Counter(o.name for o in events)
@@ -240,6 +247,7 @@ async def replay(
         "outcomes": run.outcomes,
         "left": left,
         "seconds": elapsed,
+        "overruns": overruns(metrics, [] if log is None else logged_events(log)),
     }
 
 
@@ -281,6 +289,7 @@ def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost =
         f"{'  of which whisper aborts':28} {direct['ooms'].get('whisper-server', 0):>10} "
         f"{gated['ooms'].get('whisper-server', 0):>10}",
         f"{'  of which ComfyUI prompts':28} {comfy[0]:>10} {comfy[1]:>10}",
+        *overrun_rows(gated["overruns"], host),
         f"{'leases left at the end':28} {'-':>10} {len(gated['left']):>10}",
         f"{'seconds':28} {direct['seconds']:>10.1f} {gated['seconds']:>10.1f}",
     ]  # fmt: skip

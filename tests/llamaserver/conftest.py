@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import attrs
 import httpx
 import pytest
 
+from tests import buildcache
+from tests.buildcache import tail
 from tests.gate.harness import free_port
 from tests.llamaserver.gguf_models import write_models_dir, write_tiny_llama
 
@@ -35,23 +36,9 @@ SIM_MODULE = "gpugate_sim.llamaserver"
 ROUTER_MODELS = ("alpha", "beta", "gamma")
 READY_SECONDS = 60.0
 STOP_SECONDS = 10.0
+VERSION = "0.3.36"
 # One thread, a small context, one slot: the build machine has two cores.
 COMMON_ARGS = ("--host", "127.0.0.1", "-t", "1", "-tb", "1", "-c", "512", "-np", "1")
-
-
-def build_log() -> Path:
-    cache = os.environ.get("GPUGATE_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpugate"
-    )
-    return Path(cache) / "llama-server" / "0.3.36" / "build.log"
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"({path}: {exc.strerror})"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 @pytest.fixture(scope="session")
@@ -61,16 +48,7 @@ def llama_server_binary() -> Path:
 
 
 def locate_binary(binary: Path) -> Path:
-    if binary.is_file() and os.access(binary, os.X_OK):
-        return binary
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if shutil.which("cmake") is None or compiler is None:
-        pytest.skip("build/llama-server is missing and there is no cmake or C++ compiler")
-    pytest.fail(
-        f"{binary} is missing although cmake and {compiler} are here: "
-        f"run `make build/llama-server`. Tail of {build_log()}:\n{tail(build_log())}",
-        pytrace=False,
-    )
+    return buildcache.locate_binary(binary, "llama-server", VERSION)
 
 
 @pytest.fixture(scope="module", params=["real", "sim"])

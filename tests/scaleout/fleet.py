@@ -50,29 +50,29 @@ from tests.scaleout import netns
 from tests.scaleout.fleet_parts import (
     CLASSES,
     CONCURRENCY,
-    CONTROL,
     HOSTS,
-    MODELS,
-    OLLAMA,
     OPS,
     POPULARITY,
-    SIM,
     TOKEN,
     Answer,
     Figures,
     ask,
     direct_config,
-    gate_yaml,
-    host_yaml,
     table,
 )
 from tests.scaleout.haproxy import Host, haproxy_config, model_map
 from tests.scaleout.hosts import (
+    CONTROL,
+    MODELS,
+    OLLAMA,
+    SIM,
     NamespacedHost,
     NamespacedProcess,
     call,
+    gate_yaml,
     haproxy_binary,
     haproxy_stat,
+    host_yaml,
     until,
 )
 
@@ -122,7 +122,7 @@ class Fleet:
             home.mkdir()
             listen = f"127.0.0.1:{SIM}" if self.gated else f"{self.address(i)}:{OLLAMA}"
             (home / "host.yaml").write_text(host_yaml(listen))
-            (home / "consumers.yaml").write_text(gate_yaml(self.address(i)))
+            (home / "consumers.yaml").write_text(gate_yaml(self.address(i), TOKEN, CLASSES))
             self.hosts.append(NamespacedHost(namespace, home / "host.yaml", home / "state"))
         await asyncio.gather(*(asyncio.to_thread(h.start) for h in self.hosts))
         self.gates = [None] * len(self.hosts)

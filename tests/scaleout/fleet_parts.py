@@ -15,80 +15,17 @@ from pathlib import Path
 import attrs
 
 from tests.scaleout.haproxy import Host
+from tests.scaleout.hosts import OLLAMA
 
 TOKEN = "fleet-control-token"
 HOSTS = "abc"
-MODELS = {"llama3.2:3b": 3200, "qwen2.5:7b": 5700, "bge-m3:latest": 2012, "gemma3:12b": 7796}
-"""The gate's name of each model → MiB (the runtime's size and the configured envelope):
-18.3 GiB together, more than one 16 GiB card holds beside its reserve."""
 POPULARITY = {"llama3.2:3b": 35, "bge-m3:latest": 25, "qwen2.5:7b": 25, "gemma3:12b": 15}
 OPS = (("ollama", 80), ("batch", 20))
 CONCURRENCY = 8
-OLLAMA = 11434
-CONTROL = 9411
-AGENT = 9412
-SIM = 11435
 RESIDENT_NS = 1_000_000
 """A runner that was ready when the request came reports a load_duration of microseconds;
 a load takes the simulated model's 50 ms at least."""
 CLASSES = ("production", "interactive", "background")
-
-
-# -- the hosts -----------------------------------------------------------------------------
-
-
-def host_yaml(listen: str) -> str:
-    models = "".join(
-        f"    - {{name: '{name}', size: {mib}MiB, load_seconds: 0.05, "
-        f"embedding: {str(name.startswith('bge')).lower()}}}\n"
-        for name, mib in MODELS.items()
-    )
-    return (
-        textwrap.dedent(f"""\
-        gpus:
-          - {{name: NVIDIA GeForce RTX 4080, total: 16GiB, reserved: 434MiB}}
-        ollama:
-          listen: {listen}
-          tokens_per_second: 2000
-          keep_alive: 5m
-          models:
-        """)
-        + models
-    )
-
-
-def gate_yaml(address: str) -> str:
-    models = "".join(f"      {name}: {{envelope: {mib}MiB}}\n" for name, mib in MODELS.items())
-    return (
-        textwrap.dedent(f"""\
-        gate:
-          control: {address}:{CONTROL}
-          control_public: true
-          control_tokens: ["{TOKEN}"]
-          agent_check: {address}:{AGENT}
-          shutdown_grace: 5s
-        budget:
-          reserve: 1GiB
-          reserve_max: 1GiB
-          sample_interval: 100ms
-          stale_after: 5s
-          reclaim_timeout: 3s
-        classes:
-          production: {{max_wait: 20s}}
-          interactive: {{max_wait: 20s}}
-          background: {{max_wait: 20s}}
-        consumers:
-          ollama:
-            runtime: ollama
-            listen: {address}:{OLLAMA}
-            upstream: http://127.0.0.1:{SIM}
-            class: interactive
-            residency: {{policy: keep_warm, ttl: 15m}}
-            processes: {{commands: ["ollama serve"]}}
-            models:
-        """)
-        + models
-    )
 
 
 def direct_config(hosts: Sequence[Host], *, bind: str, stats_socket: Path) -> str:

@@ -1,6 +1,6 @@
-"""What the scale-out tests run inside network namespaces: a simulated host, a command
-with its log, HAProxy as `make test` unpacks it, and the client calls made from threads
-inside a namespace (tests/scaleout/netns.py)."""
+"""What the scale-out tests run inside network namespaces: a simulated host and its gate's
+files, a command with its log, HAProxy as `make test` unpacks it, and the client calls made
+from threads inside a namespace (tests/scaleout/netns.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import json
 import signal
 import socket
 import subprocess
+import textwrap
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +28,73 @@ from tests.sim.processes import LineReader
 ROOT = Path(__file__).resolve().parents[2]
 UNPACKED = ROOT / "build" / "haproxy"
 T = TypeVar("T")
+MODELS = {"llama3.2:3b": 3200, "qwen2.5:7b": 5700, "bge-m3:latest": 2012, "gemma3:12b": 7796}
+"""The gate's name of each model → MiB (the runtime's size and the configured envelope):
+18.3 GiB together, more than one 16 GiB card holds beside its reserve."""
+OLLAMA = 11434
+CONTROL = 9411
+AGENT = 9412
+SIM = 11435
+
+
+# -- a host's files ------------------------------------------------------------------------
+
+
+def host_yaml(listen: str = f"127.0.0.1:{SIM}") -> str:
+    """The simulated host: one 16 GiB card and an Ollama on `listen` that has `MODELS`."""
+    models = "".join(
+        f"    - {{name: '{name}', size: {mib}MiB, load_seconds: 0.05, "
+        f"embedding: {str(name.startswith('bge')).lower()}}}\n"
+        for name, mib in MODELS.items()
+    )
+    return (
+        textwrap.dedent(f"""\
+        gpus:
+          - {{name: NVIDIA GeForce RTX 4080, total: 16GiB, reserved: 434MiB}}
+        ollama:
+          listen: {listen}
+          tokens_per_second: 2000
+          keep_alive: 5m
+          models:
+        """)
+        + models
+    )
+
+
+def gate_yaml(address: str, token: str, classes: Sequence[str] = ()) -> str:
+    """The gate on `address` in front of the host's Ollama, its control API open to
+    `token`; each of `classes`, if given, waits up to 20 s for room."""
+    waits = "".join(f"  {name}: {{max_wait: 20s}}\n" for name in classes)
+    models = "".join(f"      {name}: {{envelope: {mib}MiB}}\n" for name, mib in MODELS.items())
+    return (
+        textwrap.dedent(f"""\
+        gate:
+          control: {address}:{CONTROL}
+          control_public: true
+          control_tokens: ["{token}"]
+          agent_check: {address}:{AGENT}
+          shutdown_grace: 5s
+        budget:
+          reserve: 1GiB
+          reserve_max: 1GiB
+          sample_interval: 100ms
+          stale_after: 5s
+          reclaim_timeout: 3s
+        """)
+        + ("classes:\n" + waits if classes else "")
+        + textwrap.dedent(f"""\
+        consumers:
+          ollama:
+            runtime: ollama
+            listen: {address}:{OLLAMA}
+            upstream: http://127.0.0.1:{SIM}
+            class: interactive
+            residency: {{policy: keep_warm, ttl: 15m}}
+            processes: {{commands: ["ollama serve"]}}
+            models:
+        """)
+        + models
+    )
 
 
 def haproxy_binary() -> tuple[Path, dict[str, str]]:

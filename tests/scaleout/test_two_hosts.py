@@ -19,7 +19,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -30,24 +29,24 @@ import pytest
 from tests.scaleout import netns
 from tests.scaleout.haproxy import ROOM, Host, backend, haproxy_config, model_map
 from tests.scaleout.hosts import (
+    CONTROL,
+    MODELS,
+    OLLAMA,
+    SIM,
     NamespacedHost,
     NamespacedProcess,
     Reply,
     call,
+    gate_yaml,
     generate,
     haproxy_binary,
     haproxy_stat,
+    host_yaml,
     until,
 )
 
 TOKEN = "scale-out-control-token"
-MODELS = {"llama3.2:3b": 3200, "qwen2.5:7b": 5700, "bge-m3:latest": 2012, "gemma3:12b": 7796}
-"""The gate's name of each model → MiB (the runtime's size and the configured envelope)."""
 SPELLINGS = {"bge-m3:latest": ["bge-m3"]}
-OLLAMA = 11434
-CONTROL = 9411
-AGENT = 9412
-SIM = 11435
 
 
 @pytest.fixture
@@ -56,59 +55,6 @@ def namespaces_allowed() -> None:
     reason = netns.unavailable()
     if reason is not None:
         pytest.skip(reason)
-
-
-# -- the hosts -----------------------------------------------------------------------------
-
-
-def host_yaml() -> str:
-    models = "".join(
-        f"    - {{name: '{name}', size: {mib}MiB, load_seconds: 0.05, "
-        f"embedding: {str(name.startswith('bge')).lower()}}}\n"
-        for name, mib in MODELS.items()
-    )
-    return (
-        textwrap.dedent(f"""\
-        gpus:
-          - {{name: NVIDIA GeForce RTX 4080, total: 16GiB, reserved: 434MiB}}
-        ollama:
-          listen: 127.0.0.1:{SIM}
-          tokens_per_second: 2000
-          keep_alive: 5m
-          models:
-        """)
-        + models
-    )
-
-
-def gate_yaml(address: str) -> str:
-    models = "".join(f"      {name}: {{envelope: {mib}MiB}}\n" for name, mib in MODELS.items())
-    return (
-        textwrap.dedent(f"""\
-        gate:
-          control: {address}:{CONTROL}
-          control_public: true
-          control_tokens: ["{TOKEN}"]
-          agent_check: {address}:{AGENT}
-          shutdown_grace: 5s
-        budget:
-          reserve: 1GiB
-          reserve_max: 1GiB
-          sample_interval: 100ms
-          stale_after: 5s
-          reclaim_timeout: 3s
-        consumers:
-          ollama:
-            runtime: ollama
-            listen: {address}:{OLLAMA}
-            upstream: http://127.0.0.1:{SIM}
-            class: interactive
-            residency: {{policy: keep_warm, ttl: 15m}}
-            processes: {{commands: ["ollama serve"]}}
-            models:
-        """)
-        + models
-    )
 
 
 # -- the example ---------------------------------------------------------------------------
@@ -178,7 +124,7 @@ async def start_example(network: netns.Network, directory: Path) -> Example:
         home = directory / f"host{i}"
         home.mkdir()
         (home / "host.yaml").write_text(host_yaml())
-        (home / "consumers.yaml").write_text(gate_yaml(example.address(i)))
+        (home / "consumers.yaml").write_text(gate_yaml(example.address(i), TOKEN))
         host = NamespacedHost(namespace, home / "host.yaml", home / "state")
         example.hosts.append(host)
         await asyncio.to_thread(host.start)

@@ -11,8 +11,6 @@ Its stdout and stderr go to files the tests read.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +25,8 @@ import pytest
 import gpugate_sim.whisper
 from gpugate.core.units import GiB
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
+from tests import buildcache
+from tests.buildcache import tail
 from tests.gate.harness import free_port
 from tests.whisper.ggml_models import write_english, write_multilingual
 
@@ -43,33 +43,9 @@ LOADING = "whisper_init_from_file_with_params_no_state: loading model from '"
 every /load past its checks: the old model is freed by then)."""
 
 
-def build_log() -> Path:
-    cache = os.environ.get("GPUGATE_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpugate"
-    )
-    return Path(cache) / "whisper-server" / VERSION / "build.log"
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"({path}: {exc.strerror})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def locate_binary(binary: Path = BINARY) -> Path:
     """build/whisper-server; a failure, not a skip, when this machine could have built it."""
-    if binary.is_file() and os.access(binary, os.X_OK):
-        return binary
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if shutil.which("cmake") is None or compiler is None:
-        pytest.skip("build/whisper-server is missing and there is no cmake or C++ compiler")
-    pytest.fail(
-        f"{binary} is missing although cmake and {compiler} are here: "
-        f"run `make build/whisper-server`. Tail of {build_log()}:\n{tail(build_log())}",
-        pytrace=False,
-    )
+    return buildcache.locate_binary(binary, "whisper-server", VERSION)
 
 
 @pytest.fixture(scope="session")
