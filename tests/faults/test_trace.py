@@ -21,6 +21,7 @@ async def test_the_trace_hits_ooms_direct_and_none_through_the_gate():
     assert admitted_ooms(direct["ooms"]) > 0
     assert admitted_ooms(gated["ooms"]) == 0, gated["ooms"]
     assert gated["left"] == [], "nothing left leased at the end"
+    assert gated["tracebacks"] == [], gated["tracebacks"][0]
     counted = gated["overruns"]
     assert counted.scraped <= counted.seen, "/metrics counted an overrun the log lacks"
 
@@ -35,5 +36,6 @@ async def test_on_two_cards_the_trace_hits_ooms_direct_and_none_through_the_gate
     assert admitted_ooms(gated["ooms"]) == 0, gated["ooms"]
     assert sum(gated["by_card"].values()) == 0
     assert gated["left"] == [], "nothing left leased at the end"
+    assert gated["tracebacks"] == [], gated["tracebacks"][0]
     counted = gated["overruns"]
     assert counted.scraped <= counted.seen, "/metrics counted an overrun the log lacks"

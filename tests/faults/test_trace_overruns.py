@@ -60,3 +60,18 @@ def test_metrics_count_per_card_over_consumers():
     counter.labels("ollama", "1").inc()
     assert overruns_in(generate_latest(registry).decode()) == Counter({0: 3, 1: 1})
     assert overruns_in("") == Counter()
+
+
+def test_a_traceback_on_the_gates_stderr_is_counted_whole():
+    from tests.faults.trace import tracebacks
+
+    lines = [
+        "Error handling request",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in f',
+        "    g()",
+        "KeyError: 'lease'",
+        "gpugate: draining",
+    ]
+    assert tracebacks(lines) == ["\n".join(lines[1:5])]
+    assert tracebacks(["gpugate: ready"]) == []

@@ -202,6 +202,7 @@ async def replay(
                 "comfyui": f"{local}{ports['comfyui']}",
             }
             gate = log = None
+            others: list[str] = []
             metrics: Counter[int] = Counter()
             if gated:
                 urls |= {"ollama": f"{local}{ports['listen']}",
@@ -247,8 +248,24 @@ async def replay(
         "outcomes": run.outcomes,
         "left": left,
         "seconds": elapsed,
-        "overruns": overruns(metrics, [] if log is None else logged_events(log)),
+        "overruns": overruns(metrics, [] if log is None else logged_events(log, others)),
+        "tracebacks": tracebacks(others),
     }
+
+
+def tracebacks(lines: list[str]) -> list[str]:
+    """The tracebacks among the gate's stderr lines that are no event, each as one text:
+    from `Traceback` to the exception's own line (the first one not indented)."""
+    found: list[list[str]] = []
+    open_ = False
+    for line in lines:
+        if line.startswith("Traceback"):
+            found.append([line])
+            open_ = True
+        elif open_:
+            found[-1].append(line)
+            open_ = line.startswith((" ", "\t")) or not line.strip()
+    return ["\n".join(text) for text in found]
 
 
 async def leases_left(control: str, settle: float = 15.0) -> list[dict]:
@@ -291,6 +308,7 @@ def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost =
         f"{'  of which ComfyUI prompts':28} {comfy[0]:>10} {comfy[1]:>10}",
         *overrun_rows(gated["overruns"], host),
         f"{'leases left at the end':28} {'-':>10} {len(gated['left']):>10}",
+        f"{'gate tracebacks':28} {'-':>10} {len(gated['tracebacks']):>10}",
         f"{'seconds':28} {direct['seconds']:>10.1f} {gated['seconds']:>10.1f}",
     ]  # fmt: skip
     for label, run in (("direct", direct), ("gated", gated)):
@@ -299,6 +317,7 @@ def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost =
             + ", ".join(f"{k} {v}" for k, v in sorted(run["outcomes"].items()))
         )
         rows.append(f"{label} OOMs by process: {dict(run['ooms'])}")
+    rows.extend(f"gate traceback:\n{text}" for text in gated["tracebacks"][:1])
     return "\n".join(rows)
 
 
@@ -307,7 +326,7 @@ async def main_async(requests: int, seed: int, host: TraceHost = INCIDENT) -> in
     direct = await replay(ops, gated=False, seed=seed, host=host)
     gated = await replay(ops, gated=True, seed=seed, host=host)
     print(table(requests, seed, direct, gated, host), flush=True)
-    ok = admitted_ooms(gated["ooms"]) == 0 and not gated["left"]
+    ok = admitted_ooms(gated["ooms"]) == 0 and not gated["left"] and not gated["tracebacks"]
     return 0 if ok else 1
 
 

@@ -54,13 +54,17 @@ def overruns_in(text: str) -> Counter[int]:
     return counted
 
 
-def logged_events(log: LineReader) -> list[dict]:
-    """The events the gate logged, in order, once it has exited (its stderr at EOF)."""
+def logged_events(log: LineReader, others: list[str] | None = None) -> list[dict]:
+    """The events the gate logged, in order, once it has exited (its stderr at EOF);
+    the lines that are no event go to `others` (a traceback is one)."""
     events = []
     while (line := log.next(timeout=30)) is not None:
         if line.startswith("{"):
             with contextlib.suppress(ValueError):
                 events.append(json.loads(line))
+                continue
+        if others is not None:
+            others.append(line)
     return events
 
 
