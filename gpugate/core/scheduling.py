@@ -9,11 +9,8 @@ model another ticket is already waiting for ride on that one.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Iterable
-
-import attrs
 
 from gpugate.core import early
 from gpugate.core.books import Books
@@ -22,122 +19,31 @@ from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Rejec
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.margins import after_evictions, record_evictions
 from gpugate.core.operator import OperatorBook
+from gpugate.core.passes import (
+    UNEXPLAINED,
+    Admission,
+    FailureFactory,
+    GpuResidents,
+    Outcome,
+    Tail,
+    failure_event,
+    granted_event,
+)
 from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
-from gpugate.core.residents import Resident, ResidentKey, ResidentState
-from gpugate.core.scopes import JobBook, job_bytes
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.scopes import JobBook
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
 from gpugate.core.units import format_gib
-from gpugate.core.views import ResidentSource, ResidentView
+from gpugate.core.views import ResidentView
 
-UNEXPLAINED = ResidentKey("", "<unexplained>")
-"""Claim marker for memory a runtime will name at its next listing."""
+__all__ = ["UNEXPLAINED", "Admission", "Scheduler", "failure_event", "granted_event"]
 
-FailureFactory = Callable[..., Failure]
 
 DRAINING_RETRY_AFTER = 30.0
 """Retry-After for a draining consumer's demand: a drain is maintenance, not a blip."""
-
-
-@attrs.frozen
-class Admission:
-    """The answer to a demand: a lease now, a ticket to wait on, or a failure."""
-
-    ticket_id: int
-    lease: Lease | None = None
-    failure: Failure | None = None
-    effects: tuple[Effect, ...] = ()
-    deferred: bool = False
-    """Asked for at once only (`Scheduler.submit`'s `at_once`) and not grantable now:
-    nothing was queued, evicted or recorded for it."""
-
-    @property
-    def waiting(self) -> bool:
-        return self.lease is None and self.failure is None and not self.deferred
-
-
-class Outcome(enum.Enum):
-    GRANTED = "granted"
-    FAILED = "failed"
-    WAITING = "waiting"
-    FULL = "full"
-    """It would have to wait, but its consumer's queue is full."""
-
-
-@attrs.define
-class _Tail:
-    """What a queue pass left: a ticket that sorts last can be planned from it alone."""
-
-    version: tuple[int, int]
-    """The books' stamp of its GPU when it was right (Books.stamp)."""
-    schedulable: int
-    pool: int
-    claimed: set[ResidentKey]
-    riding: set[ResidentKey]
-    view: ResidentView
-    credited: dict[str, int] = attrs.field(factory=dict)
-    """Per consumer, its early bytes already credited to a job of the pass (`early`)."""
-
-
-class _GpuResidents(ResidentSource):
-    """One GPU's residents read from the books' indexes; what is derived from them is kept
-    until the books' residents change."""
-
-    def __init__(self, books: Books, gpu: int) -> None:
-        self.books = books
-        self.gpu = gpu
-        self.version = -1
-        super().__init__()
-
-    def reset(self) -> None:
-        super().reset()
-        self._all: list[Resident] | None = None
-
-    def current(self) -> _GpuResidents:
-        if self.version != self.books.residents_version:
-            self.reset()
-            self.version = self.books.residents_version
-        return self
-
-    def all(self) -> list[Resident]:
-        if self._all is None:
-            self._all = self.books.on_gpu(self.gpu)
-        return self._all
-
-    def same_model(self, key: ResidentKey) -> list[Resident]:
-        return self.books.residents.same_model(self.gpu, key.consumer, key.model)
-
-    def unloading(self) -> list[Resident]:
-        # Only `start_unload` makes a resident UNLOADING, and it records the unload.
-        return super().unloading() if self.books.unloads else []
-
-
-def granted_event(lease: Lease) -> Event:
-    return Event(
-        EventKind.LEASE_GRANTED,
-        lease.granted,
-        key=lease.key,
-        gpu=lease.gpu,
-        bytes=lease.pending if lease.job_of is None else job_bytes(lease),
-        wait=lease.waited,
-        priority=lease.demand.priority.label,
-        lease=lease.id,
-    )
-
-
-def failure_event(failure: Failure, now: float) -> Event:
-    return Event(
-        EventKind.FAILURE,
-        now,
-        consumer=failure.consumer,
-        model=failure.model,
-        gpu=failure.gpu,
-        bytes=failure.bytes_needed,
-        failure=failure,
-        detail=failure.message,
-    )
 
 
 class Scheduler:
@@ -167,9 +73,9 @@ class Scheduler:
         self.tickets: dict[int, Ticket] = {}
         self.queues: dict[int, TicketQueue] = {}
         self.wake: dict[int, float] = {}
-        self._tails: dict[int, _Tail] = {}
+        self._tails: dict[int, Tail] = {}
         self._full: set[int] = set()
-        self._residents: dict[int, _GpuResidents] = {}
+        self._residents: dict[int, GpuResidents] = {}
         self.preempt: PreemptClasses | None = None
         self.jobs: JobBook | None = None
         """The consumers' job leases (set by the core that owns the scheduler)."""
@@ -417,7 +323,7 @@ class Scheduler:
         # Jobs being withdrawn may still be running: what they may take is nobody's.
         unexplained = self.telemetry.unexplained.get(gpu, {})
         pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
-        tail = _Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
+        tail = Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
         # While an overrun grows, what the budget says now may be gone by the next sample.
         paused = gpu in self.operator.paused or self.telemetry.overruns.growing(gpu)
@@ -435,7 +341,7 @@ class Scheduler:
         self._tails[gpu] = tail
         return effects
 
-    def _decide(self, ticket: Ticket, tail: _Tail, now: float) -> Plan:
+    def _decide(self, ticket: Ticket, tail: Tail, now: float) -> Plan:
         """The planner's decision for one ticket against what earlier tickets left."""
         demand = ticket.demand
         gpu = demand.gpu
@@ -460,7 +366,7 @@ class Scheduler:
             held=held_by(self.books.residents.values(), demand),
         )
 
-    def _credited(self, ticket: Ticket, tail: _Tail) -> int:
+    def _credited(self, ticket: Ticket, tail: Tail) -> int:
         """Count the ticket's early bytes as credited in this pass; returns them."""
         demand = ticket.demand
         own = early.credit(demand, self.telemetry.unexplained.get(demand.gpu, {}), tail.credited)
@@ -469,7 +375,7 @@ class Scheduler:
         return own
 
     def _grant(
-        self, ticket: Ticket, tail: _Tail, decision: Plan, now: float, effects: list[Effect]
+        self, ticket: Ticket, tail: Tail, decision: Plan, now: float, effects: list[Effect]
     ) -> Lease:
         """Grant a ticket as planned."""
         demand = ticket.demand
@@ -492,7 +398,7 @@ class Scheduler:
         return lease
 
     def _plan_one(
-        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
+        self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect], *, may_wait: bool
     ) -> Outcome:
         """Plan one ticket against what earlier tickets left, and apply the plan."""
         demand = ticket.demand
@@ -593,23 +499,23 @@ class Scheduler:
             )
         return None
 
-    def _view(self, tail: _Tail, gpu: int, now: float) -> ResidentView:
+    def _view(self, tail: Tail, gpu: int, now: float) -> ResidentView:
         """The pass's resident view, rebuilt when a grant or an eviction changed the books."""
         version = self.books.residents_version
         if tail.view.now != now or tail.view.version != version:
             tail.view = ResidentView(self._source(gpu), now, self.planner, version=version)
         return tail.view
 
-    def _source(self, gpu: int) -> _GpuResidents:
+    def _source(self, gpu: int) -> GpuResidents:
         source = self._residents.get(gpu)
         if source is None:
-            source = self._residents[gpu] = _GpuResidents(self.books, gpu)
+            source = self._residents[gpu] = GpuResidents(self.books, gpu)
         return source.current()
 
     def _preempting(
         self,
         ticket: Ticket,
-        tail: _Tail,
+        tail: Tail,
         decision: Plan,
         now: float,
         effects: list[Effect],
@@ -669,7 +575,7 @@ class Scheduler:
             reason="waiting for the jobs it preempted to end",
         )
 
-    def after_evictions(self, ticket: Ticket, tail: _Tail | None = None) -> str:
+    def after_evictions(self, ticket: Ticket, tail: Tail | None = None) -> str:
         """For the failure of a ticket that had residents evicted for it: what changed
         since its plan began ("" for one that evicted nothing)."""
         ahead = 0 if tail is None else max(0, tail.schedulable - tail.pool)
