@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-from gpugate.core import early
+import attrs
+
+from gpugate.core import early, floors
 from gpugate.core.books import Books
 from gpugate.core.crowding import held_by
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
@@ -35,12 +37,11 @@ from gpugate.core.queue import TicketQueue
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.scopes import JobBook
 from gpugate.core.telemetry import Telemetry
-from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+from gpugate.core.tickets import Demand, Lease, Sizing, Ticket, TicketState
 from gpugate.core.units import format_gib
 from gpugate.core.views import ResidentView
 
 __all__ = ["UNEXPLAINED", "Admission", "Scheduler", "failure_event", "granted_event"]
-
 
 DRAINING_RETRY_AFTER = 30.0
 """Retry-After for a draining consumer's demand: a drain is maintenance, not a blip."""
@@ -82,6 +83,11 @@ class Scheduler:
         self.operator = OperatorBook()
         """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
+        self.after_loads = floors.AfterLoads()
+        """Self-sizing loads at their floor that completed, until a sample shows them."""
+        self.last_call: set[int] = set()
+        """Tickets with a floor past their deadline: their next pass grants their ceiling or
+        their floor from what is free, or fails them (`gpugate.core.floors`)."""
         self.withdrawing: dict[tuple[str, int], list[Demand]] = {}
         """(consumer, GPU) → demands of started jobs that ended without a grant, until the
         gate says their runtime dropped them (`GateCore.withdrawn`)."""
@@ -172,7 +178,7 @@ class Scheduler:
                     now,
                     key=demand.key,
                     gpu=gpu,
-                    bytes=demand.envelope,
+                    bytes=ticket.demand.envelope,
                 )
             )
             return Admission(ticket_id, effects=tuple(effects))
@@ -192,6 +198,9 @@ class Scheduler:
             effects.extend(self.schedule(gpu, now))
             tail = self._tails[gpu]
         decision = self._decide(ticket, tail, now)
+        if floors.may_degrade(ticket.demand, decision):
+            assert decision.failure is not None
+            decision = self._floor(ticket, tail, decision, now, decision.failure)
         if decision.kind is not PlanKind.GRANT:
             return Admission(ticket.id, effects=tuple(effects), deferred=True)
         lease = self._grant(ticket, tail, decision, now, effects)
@@ -281,21 +290,34 @@ class Scheduler:
         gpus: set[int] = set()
         for ticket in list(self.tickets.values()):
             if ticket.deadline <= now:
-                failure = self._fail(
-                    FailureClass.LEASE_TIMEOUT,
-                    ticket.demand,
-                    ticket.demand.envelope,
-                    now,
-                    extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
-                    f"{ticket.demand.priority.label} may wait{self.after_evictions(ticket)}",
-                )
-                effects.extend(self.reject(ticket, failure, now))
                 gpus.add(ticket.demand.gpu)
+                if ticket.demand.floor is not None and ticket.id not in self.last_call:
+                    # Its floor may be free: the pass that follows grants it or fails it.
+                    self.last_call.add(ticket.id)
+                    continue
+                effects.extend(self.reject(ticket, self._timed_out(ticket, now), now))
         for ticket_id, at in self.wake.items():
             ticket = self.tickets.get(ticket_id)
             if ticket is not None and at <= now:
                 gpus.add(ticket.demand.gpu)
         return effects, gpus
+
+    def _timed_out(self, ticket: Ticket, now: float, extra: str = "") -> Failure:
+        """LEASE_TIMEOUT for a ticket still waiting at its deadline."""
+        return self._fail(
+            FailureClass.LEASE_TIMEOUT,
+            ticket.demand,
+            ticket.demand.envelope,
+            now,
+            extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
+            f"{ticket.demand.priority.label} may wait{extra}{self.after_evictions(ticket)}",
+        )
+
+    def headroom(self, gpu: int) -> int:
+        """What self-sizing loads granted below their ceiling may take on the GPU beyond the
+        books: loads under way, and loads completed that no sample has shown yet."""
+        sampled_at = self.telemetry.observed_at.get(gpu)
+        return floors.headroom(self.books, gpu) + self.after_loads.on(gpu, sampled_at)
 
     def next_wakeup(self) -> float | None:
         times = [t.deadline for t in self.tickets.values()] + list(self.wake.values())
@@ -323,6 +345,8 @@ class Scheduler:
         # Jobs being withdrawn may still be running: what they may take is nobody's.
         unexplained = self.telemetry.unexplained.get(gpu, {})
         pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
+        # What loads that size themselves, granted below their ceiling, may still take.
+        pool -= self.headroom(gpu)
         tail = Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
         # While an overrun grows, what the budget says now may be gone by the next sample.
@@ -341,9 +365,10 @@ class Scheduler:
         self._tails[gpu] = tail
         return effects
 
-    def _decide(self, ticket: Ticket, tail: Tail, now: float) -> Plan:
-        """The planner's decision for one ticket against what earlier tickets left."""
-        demand = ticket.demand
+    def _decide(self, ticket: Ticket, tail: Tail, now: float, demand: Demand | None = None) -> Plan:
+        """The planner's decision for one ticket (or for `demand` in its place: its floor)
+        against what earlier tickets left."""
+        demand = ticket.demand if demand is None else demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
         # What the runtime frees itself for this load is this demand's, and no one else's.
@@ -352,7 +377,7 @@ class Scheduler:
         if elsewhere is not None:
             return elsewhere
         own = early.credit(demand, self.telemetry.unexplained.get(gpu, {}), tail.credited)
-        return plan(
+        decision = plan(
             early.planned(demand, own),
             pool=tail.pool + replaced,
             schedulable=tail.schedulable + replaced,
@@ -365,6 +390,28 @@ class Scheduler:
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
             held=held_by(self.books.residents.values(), demand),
         )
+        if decision.kind is not PlanKind.GRANT or demand.sizing is not Sizing.FITS_FREE:
+            return decision
+        return floors.await_allocations(demand, decision, self.telemetry.budget(gpu, self.books))
+
+    def _floor(
+        self, ticket: Ticket, tail: Tail, decision: Plan, now: float, reason: FailureClass
+    ) -> Plan:
+        """The ticket's ceiling met `decision` (`reason`): plan its floor. A floor that can
+        be had becomes the ticket's demand; else the ceiling's decision stands, saying so."""
+        demand = ticket.demand
+        why = self._fail(reason, demand, decision.needed, now, extra=f"; {decision.reason}")
+        floored = floors.at_floor(demand, reason, why.message)
+        chance = self._decide(ticket, tail, now, floored)
+        if chance.kind is PlanKind.FAIL or (
+            reason is FailureClass.LEASE_TIMEOUT and chance.kind is not PlanKind.GRANT
+        ):
+            floor = format_gib(floored.degraded.floor if floored.degraded else 0)
+            return attrs.evolve(
+                decision, reason=f"{decision.reason}; nor its floor of {floor}: {chance.reason}"
+            )
+        ticket.demand = floored
+        return chance
 
     def _credited(self, ticket: Ticket, tail: Tail) -> int:
         """Count the ticket's early bytes as credited in this pass; returns them."""
@@ -385,15 +432,22 @@ class Scheduler:
         ticket.state = TicketState.GRANTED
         own = self._credited(ticket, tail)
         resident = self.books.reusable(demand.key)
+        grows = demand.degraded is not None and demand.sizing is Sizing.FITS_FREE
+        headroom = floors.headroom(self.books, gpu) if grows else 0
         lease = self.books.open_lease(
             ticket.id, demand, now, ticket.arrived, decision.needed, resident
         )
+        if grows:
+            # What it may still take is no later ticket's in this pass either.
+            tail.pool -= floors.headroom(self.books, gpu) - headroom
         if own:
             # Its lease now explains what the samples showed of it.
             self.telemetry.absorb(gpu, demand.consumer, own)
         tail.pool -= decision.needed
         effects.append(Grant(ticket.id, lease))
         effects.append(granted_event(lease))
+        if demand.degraded is not None:
+            effects.append(floors.degraded_event(lease))
         tail.version = self.books.stamp(gpu)
         return lease
 
@@ -401,6 +455,8 @@ class Scheduler:
         self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect], *, may_wait: bool
     ) -> Outcome:
         """Plan one ticket against what earlier tickets left, and apply the plan."""
+        if ticket.id in self.last_call:
+            return self._last_call(ticket, tail, now, effects)
         demand = ticket.demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
@@ -411,6 +467,10 @@ class Scheduler:
             and self.preempt is not None
         ):
             decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
+        if floors.may_degrade(demand, decision):
+            assert decision.failure is not None
+            decision = self._floor(ticket, tail, decision, now, decision.failure)
+            demand = ticket.demand
         queued = ticket.id in self.tickets
         if decision.kind is PlanKind.GRANT:
             self._grant(ticket, tail, decision, now, effects)
@@ -477,6 +537,21 @@ class Scheduler:
         tail.pool -= early.kept_back(demand, decision)
         tail.version = self.books.stamp(gpu)
         return Outcome.WAITING
+
+    def _last_call(self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect]) -> Outcome:
+        """A ticket with a floor at its deadline: its ceiling if that is free now, else its
+        floor if that is, evicting nobody (an eviction would end past the deadline); else
+        LEASE_TIMEOUT."""
+        self.last_call.discard(ticket.id)
+        decision = self._decide(ticket, tail, now)
+        if decision.kind is not PlanKind.GRANT and ticket.demand.degraded is None:
+            decision = self._floor(ticket, tail, decision, now, FailureClass.LEASE_TIMEOUT)
+        if decision.kind is PlanKind.GRANT:
+            self._grant(ticket, tail, decision, now, effects)
+            return Outcome.GRANTED
+        failure = self._timed_out(ticket, now, f"; {decision.reason}")
+        effects.extend(self.reject(ticket, failure, now))
+        return Outcome.FAILED
 
     def _elsewhere(self, demand: Demand, now: float) -> Plan | None:
         """The model is resident, or loading, on another of its consumer's GPUs (placed
@@ -599,4 +674,5 @@ class Scheduler:
         if self.tickets.pop(ticket.id, None) is not None:
             self.queues[ticket.demand.gpu].remove(ticket)
         self.wake.pop(ticket.id, None)
+        self.last_call.discard(ticket.id)
         self.books.touch(residents=False, gpu=ticket.demand.gpu)

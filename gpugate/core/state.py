@@ -184,6 +184,7 @@ class GateCore:
         lease = self.books.leases.get(lease_id)
         if lease is None or not lease.pending or not lease.demand.loads_model:
             return []
+        self.scheduler.after_loads.completed(lease, now)
         self.books.materialise(lease, now)
         effects: list[Effect] = []
         if lease.demand.switch:
