@@ -145,10 +145,16 @@ def await_allocations(demand: Demand, decision: Plan, budget: GpuBudget | None) 
 
 
 def headroom(books: Books, gpu: int) -> int:
-    """What self-sizing loads granted below their ceiling may still take on the GPU: a
-    request's until its load completes, a job's while its job lives (per job lease, the
-    most any of its jobs may grow to beyond what it holds)."""
-    total = 0
+    """What self-sizing loads granted below their ceiling may still take on the GPU."""
+    return sum(headroom_by_consumer(books, gpu).values())
+
+
+def headroom_by_consumer(books: Books, gpu: int) -> dict[str, int]:
+    """Per consumer, what its self-sizing loads granted below their ceiling may still take
+    on the GPU: a request's until its load completes, a job's while its job lives (per job
+    lease, the most any of its jobs may grow to beyond what it holds). Growth within it is
+    what the gate granted for, not an overrun."""
+    total: dict[str, int] = {}
     by_carrier: dict[int, int] = {}
     for lease in books.leases_on(gpu):
         demand = lease.demand
@@ -161,8 +167,14 @@ def headroom(books: Books, gpu: int) -> int:
             grow = max(0, degraded.ceiling - held)
             by_carrier[lease.job_of] = max(by_carrier.get(lease.job_of, 0), grow)
         elif lease.scope is not LeaseScope.JOB and lease.pending > 0:
-            total += max(0, degraded.ceiling - lease.pending)
-    return total + sum(by_carrier.values())
+            consumer = lease.key.consumer
+            total[consumer] = total.get(consumer, 0) + max(0, degraded.ceiling - lease.pending)
+    for carrier_id, grow in by_carrier.items():
+        carrier = books.leases.get(carrier_id)
+        if carrier is not None:
+            consumer = carrier.key.consumer
+            total[consumer] = total.get(consumer, 0) + grow
+    return total
 
 
 @attrs.define

@@ -192,3 +192,18 @@ def test_while_a_degraded_self_sizing_load_runs_its_growth_is_nobody_elses():
     effects = core.release(lease.id, 62.0)
     (grant,) = [e for e in effects if isinstance(e, Grant)]
     assert grant.ticket_id == small.ticket_id
+
+
+def test_a_degraded_load_growing_up_to_its_ceiling_is_no_overrun_beyond_it_is():
+    core, processes = whisper_warm_card()
+    admission = core.submit(flux(floor=4 * GiB), 60.0)
+    assert admission.lease is not None
+    others = [p for p in processes if p.owner.name != "comfyui"]
+    # ComfyUI loads partially into what it sees free: 8 GiB beside its 210 MiB context.
+    grown = core.observe(host(gpu(*others, proc(14, 8402 * MiB, "comfyui")), at=61.0), 61.0)
+    assert not events(grown, EventKind.OVERRUN)
+    assert not core.telemetry.overruns.growing(0)
+    # Past its 12.5 GiB ceiling (the sample says so; the card would be full): an overrun.
+    past = core.observe(host(gpu(*others, proc(14, 13_210 * MiB, "comfyui")), at=62.0), 62.0)
+    (overrun,) = events(past, EventKind.OVERRUN)
+    assert overrun.consumer == "comfyui" and overrun.bytes == 200 * MiB
