@@ -117,6 +117,14 @@ def unallocated(budget: GpuBudget, but: str | None = None) -> list[tuple[str, in
     return rows
 
 
+ALLOCATING = "it sizes itself to the memory it sees free: waiting for leases not yet allocated"
+
+
+def allocating(decision: Plan) -> bool:
+    """Whether a wait is `await_allocations`'s."""
+    return decision.kind is PlanKind.WAIT and decision.reason.startswith(ALLOCATING)
+
+
 def await_allocations(demand: Demand, decision: Plan, budget: GpuBudget | None) -> Plan:
     """A grant to a load that sizes itself waits while another lease on its card is not
     allocated yet; any other decision stands. A job its runtime already runs
@@ -139,8 +147,7 @@ def await_allocations(demand: Demand, decision: Plan, budget: GpuBudget | None) 
         PlanKind.WAIT,
         decision.needed,
         earliest=None,
-        reason=f"it sizes itself to the memory it sees free: waiting for leases not yet "
-        f"allocated ({names})",
+        reason=f"{ALLOCATING} ({names})",
     )
 
 

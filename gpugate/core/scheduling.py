@@ -295,7 +295,8 @@ class Scheduler:
                     # Its floor may be free: the pass that follows grants it or fails it.
                     self.last_call.add(ticket.id)
                     continue
-                effects.extend(self.reject(ticket, self._timed_out(ticket, now), now))
+                extra = f"; {ticket.allocating}" if ticket.allocating else ""
+                effects.extend(self.reject(ticket, self._timed_out(ticket, now, extra), now))
         for ticket_id, at in self.wake.items():
             ticket = self.tickets.get(ticket_id)
             if ticket is not None and at <= now:
@@ -501,6 +502,7 @@ class Scheduler:
             return Outcome.FAILED
         if not may_wait:
             return Outcome.FULL
+        ticket.allocating = decision.reason if floors.allocating(decision) else ""
         if decision.kind is PlanKind.EVICT:
             ticket.evicting = decision.victims
             before = self._schedulable(gpu)

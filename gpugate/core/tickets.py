@@ -179,6 +179,9 @@ class Ticket:
     """Residents being unloaded so that this ticket fits; their bytes are earmarked for it."""
     margin: Margin | None = None
     """What its first eviction plan was made against (`gpugate.core.margins`)."""
+    allocating: str = ""
+    """Why it last waited, when it waited for other leases to allocate (a load that sizes
+    itself, `gpugate.core.floors`): said again if it times out."""
 
     def order(self) -> tuple[int, int, float, int]:
         """Queue order: a job its runtime already runs first (`gpugate.core.early`), then

@@ -207,3 +207,20 @@ def test_a_degraded_load_growing_up_to_its_ceiling_is_no_overrun_beyond_it_is():
     past = core.observe(host(gpu(*others, proc(14, 13_210 * MiB, "comfyui")), at=62.0), 62.0)
     (overrun,) = events(past, EventKind.OVERRUN)
     assert overrun.consumer == "comfyui" and overrun.bytes == 200 * MiB
+
+
+def test_a_self_sizing_load_still_waiting_for_allocations_at_its_deadline_says_so():
+    core = make_core(consumers=("ollama", "comfyui"), max_wait=30.0)
+    core.observe(host(gpu(), at=0.0), 0.0)
+    other = core.submit(demand("qwen", 5 * GiB), 0.0)
+    assert other.lease is not None
+    fitted = attrs.evolve(demand("job-1", 4 * GiB, consumer="comfyui"), sizing=Sizing.FITS_FREE)
+    admission = core.submit(fitted, 0.5)
+    assert admission.waiting
+    # Ollama's load never shows (its runner is slow to start): nothing is granted on it.
+    core.observe(host(gpu(), at=30.5), 30.5)
+    (reject,) = [e for e in core.tick(30.5) if isinstance(e, Reject)]
+    failure = reject.failure
+    assert failure.failure_class is FailureClass.LEASE_TIMEOUT
+    assert "waiting for leases not yet allocated (ollama 5.0 GiB)" in failure.message
+    assert [lease.id for lease in core.leases()] == [other.lease.id] and core.waiting() == []
