@@ -1,9 +1,10 @@
 """Floor and ceiling leases, and loads that size themselves to the memory they see free.
 
-A runtime whose load degrades (ComfyUI loading a model partially) runs it in less than its
-envelope, down to its floor (`Demand.floor`). The core plans every demand for its ceiling
-(its envelope) first, with evictions, waits and preemption as for any demand. It grants the
-floor instead only where the ceiling cannot be had by the demand's deadline:
+A runtime whose load degrades (loading a model partially, or with a shorter context) runs
+it in less than its envelope, down to its floor (`Demand.floor`). The core plans every
+demand for its ceiling (its envelope) first, with evictions, waits and preemption as for
+any demand. It grants the floor instead only where the ceiling cannot be had by the
+demand's deadline:
 
 * **at once**, when the planner finds the ceiling can never be had
   (INSUFFICIENT_SCHEDULABLE_VRAM: more than could ever be freed for it) or not before its
@@ -16,8 +17,8 @@ floor instead only where the ceiling cannot be had by the demand's deadline:
 
 The floor is planned as a demand of its own (evicting for it as usual, the margin held), so
 nothing is evicted for a demand that is then refused. A ticket planned at its floor stays
-there. A demand with no floor (Ollama: its partial CPU offload is a failure the gate
-prevents, not a mode it grants) is never degraded.
+there. A demand with no floor (a runtime that, short of memory, would offload to the CPU:
+a failure the gate prevents, not a mode it grants) is never degraded.
 
 A load that sizes itself (`Sizing.FITS_FREE`) takes what it sees free when it loads, up to
 its ceiling; NVML shows it as free whatever the gate leased. Two rules keep another lease's

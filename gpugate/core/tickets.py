@@ -116,8 +116,8 @@ class Demand:
     """JOB scope: the runtime runs the job already (accepted before its lease); None: it
     runs only once leased. See `gpugate.core.early`."""
     floor: int | None = None
-    """The least the runtime runs the load in, degraded (ComfyUI's partial load, a context
-    llama-server's `--fit` cut); None: the envelope, a runtime that cannot degrade. The core
+    """The least the runtime runs the load in, degraded (a partial load, a context cut to
+    fit); None: the envelope, a runtime that cannot degrade. The core
     grants the envelope, and the floor only when the envelope cannot be had by the demand's
     deadline (`gpugate.core.floors`)."""
     sizing: Sizing = Sizing.FIXED

@@ -36,9 +36,8 @@ ESTIMATE_TTL = 60.0
 
 
 def sizing_of(memory: Memory) -> Sizing:
-    """How the core is to take a runtime's loads: fitted to the memory it sees free (ComfyUI's
-    partial load, llama-server's `--fit`), or fixed (a share of the card is fixed too: vLLM
-    takes it whatever is free)."""
+    """How the core is to take a runtime's loads: fitted to the memory it sees free, or fixed
+    (a share of the card is fixed too: it is taken whatever is free)."""
     return Sizing.FITS_FREE if memory.elasticity is Elasticity.FITTED else Sizing.FIXED
 
 
