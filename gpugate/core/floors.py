@@ -83,6 +83,18 @@ def at_floor(demand: Demand, reason: FailureClass, why: str) -> Demand:
     return attrs.evolve(demand, envelope=floor, floor=None, degraded=degraded)
 
 
+def at_floor_note(demand: Demand) -> str:
+    """For the failure of a demand planned at its floor: that it was, and why ("" for any
+    other)."""
+    degraded = demand.degraded
+    if degraded is None:
+        return ""
+    return (
+        f"; that is its floor: its ceiling of {format_gib(degraded.ceiling)} "
+        f"met {degraded.reason.value}"
+    )
+
+
 def degraded_event(lease: Lease) -> Event:
     """`degraded`: a lease granted at its floor (`bytes`) for its ceiling (`ceiling`);
     `reason` is what the ceiling met."""

@@ -311,7 +311,8 @@ class Scheduler:
             ticket.demand.envelope,
             now,
             extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
-            f"{ticket.demand.priority.label} may wait{extra}{self.after_evictions(ticket)}",
+            f"{ticket.demand.priority.label} may wait{floors.at_floor_note(ticket.demand)}"
+            f"{extra}{self.after_evictions(ticket)}",
         )
 
     def headroom(self, gpu: int) -> int:
@@ -487,7 +488,8 @@ class Scheduler:
                 decision.needed,
                 now,
                 retry_after=retry,
-                extra=f"; {decision.reason}{self.after_evictions(ticket, tail)}",
+                extra=f"; {decision.reason}{floors.at_floor_note(demand)}"
+                f"{self.after_evictions(ticket, tail)}",
             )
             if queued:
                 effects.extend(self.reject(ticket, failure, now))

@@ -12,6 +12,7 @@ import attrs
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind, Grant, Reject, Unload
 from gpugate.core.failures import FailureClass
+from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import LeaseScope, Sizing
 from gpugate.core.units import GiB, MiB
 from tests.core.builders import demand, gpu, host, make_core, proc
@@ -224,3 +225,21 @@ def test_a_self_sizing_load_still_waiting_for_allocations_at_its_deadline_says_s
     assert failure.failure_class is FailureClass.LEASE_TIMEOUT
     assert "waiting for leases not yet allocated (ollama 5.0 GiB)" in failure.message
     assert [lease.id for lease in core.leases()] == [other.lease.id] and core.waiting() == []
+
+
+def test_a_floor_that_external_growth_takes_away_is_refused_saying_it_was_the_floor():
+    core, processes = whisper_warm_card()
+    admission = core.submit(flux(), 60.0)
+    assert admission.waiting  # evicting bge-m3 for its 6 GiB floor
+    # Plex takes 8 GiB while the unload runs: not even the floor can be had now.
+    plex = proc(500, 8 * GiB, "plex", managed=False)
+    kept = [p for p in processes if p.used != 2012 * MiB]
+    effects = core.observe(host(gpu(*kept, plex), at=61.0), 61.0)
+    effects += core.unloaded(ResidentKey("ollama", "bge-m3"), 61.0, reclaimed=True)
+    (reject,) = [e for e in effects if isinstance(e, Reject)]
+    message = reject.failure.message
+    assert reject.failure.failure_class is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
+    assert message.startswith("INSUFFICIENT_SCHEDULABLE_VRAM: job-3 needs 6.0 GiB"), message
+    assert "that is its floor: its ceiling of 12.5 GiB met INSUFFICIENT_SCHEDULABLE_VRAM" in message
+    assert "after evicting ollama/bge-m3 (2.0 GiB) for it: external use grew by 8.0 GiB" in message
+    assert core.leases() == [] and core.waiting() == []
