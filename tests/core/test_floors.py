@@ -243,3 +243,21 @@ def test_a_floor_that_external_growth_takes_away_is_refused_saying_it_was_the_fl
     assert "that is its floor: its ceiling of 12.5 GiB met INSUFFICIENT_SCHEDULABLE_VRAM" in message
     assert "after evicting ollama/bge-m3 (2.0 GiB) for it: external use grew by 8.0 GiB" in message
     assert core.leases() == [] and core.waiting() == []
+
+
+def test_a_ceiling_not_to_be_had_before_the_deadline_is_degraded_without_waiting_for_it():
+    core = make_core(consumers=("ollama", "comfyui"), max_wait=30.0)
+    core.observe(host(gpu(), at=0.0), 0.0)
+    # An interactive model, busy: an interactive demand may have it only 30 s after it is
+    # idle, which is past its maximum wait.
+    busy = core.submit(demand("big", 8 * GiB), 0.0)
+    assert busy.lease is not None
+    core.loaded(busy.lease.id, 0.0)
+    wanted = attrs.evolve(demand("job-1", 8 * GiB, consumer="comfyui"), floor=5 * GiB)
+    core.submit(wanted, 1.0)
+    effects = core.observe(host(gpu(proc(10, 8 * GiB, "ollama")), at=1.5), 1.5)
+    (grant,) = [e for e in effects if isinstance(e, Grant)]
+    assert grant.lease.pending == 5 * GiB
+    (event,) = events(effects, EventKind.DEGRADED)
+    assert event.reason == FailureClass.DEADLINE_CANNOT_BE_MET.value
+    assert "the memory it needs frees up only after its maximum wait" in event.detail
