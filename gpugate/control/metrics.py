@@ -366,6 +366,12 @@ class GateMetrics:
             ["consumer", "gpu"],
             registry=r,
         )
+        self.degraded = Counter(
+            "gpugate_degraded_grants",
+            "Leases granted at their floor, their ceiling not to be had in time, by GPU.",
+            ["consumer", "gpu"],
+            registry=r,
+        )
         # Not the routine lease events: those are counted in the gate's tally.
         gate.events.subscribe(self.on_event)
 
@@ -383,3 +389,5 @@ class GateMetrics:
             self.out_of_band.labels(consumer).inc()
         elif event.kind is EventKind.OVERRUN:
             self.overruns.labels(consumer, str(event.gpu)).inc()
+        elif event.kind is EventKind.DEGRADED:
+            self.degraded.labels(consumer, str(event.gpu)).inc()

@@ -260,6 +260,7 @@ def _left_for(core: GateCore, demand: Demand, now: float, schedulable: int) -> _
             return _Left(last[0], last[1], last[2], view)
     unexplained = core.telemetry.unexplained.get(gpu, {})
     pool = schedulable - early.withheld(gpu, unexplained, scheduler.withdrawing)
+    pool -= scheduler.headroom(gpu)
     claimed: set[ResidentKey] = set()
     riding: set[ResidentKey] = set()
     credited: dict[str, int] = {}

@@ -143,6 +143,9 @@ class EventKind(enum.Enum):
     """A runtime's lifecycle moved (stopped, starting, up, asleep, stopping): `detail`."""
     OVERRUN = "overrun"
     """A consumer holds more than the gate leased it (`gpugate.core.overrun`)."""
+    DEGRADED = "degraded"
+    """A lease granted at its floor, its ceiling not to be had in time (`gpugate.core.floors`):
+    `bytes` granted, `ceiling` asked for, `reason` what the ceiling met."""
 
 
 @attrs.frozen
@@ -173,6 +176,8 @@ class Event:
     """EVICTION_DONE: the GPU's schedulable bytes once the unload finished."""
     lease: int | None = None
     """LEASE_GRANTED and LEASE_RELEASED: the lease's id, as `X-GPUGate-Lease` names it."""
+    ceiling: int | None = None
+    """DEGRADED: the bytes the demand asked for (`bytes` is the floor it was granted)."""
 
 
 Effect = Grant | Reject | Unload | Preempt | Start | Wake | Overrun | Event

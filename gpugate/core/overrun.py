@@ -30,7 +30,7 @@ is its process's, and what it grows to is its measured size).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import attrs
 
@@ -75,9 +75,13 @@ class OverrunWatch:
         now: float,
         *,
         early: Collection[str] = (),
+        may_grow: Mapping[str, int] | None = None,
     ) -> list[Effect]:
         """Judge one GPU's sample: `unexplained` is what it shows of each consumer beyond
-        the books; `early`, the consumers with a job running before its lease."""
+        the books; `early`, the consumers with a job running before its lease; `may_grow`,
+        what each consumer's loads granted at their floor may take up to their ceiling
+        (`gpugate.core.floors`): growth within it is no overrun."""
+        may_grow = may_grow or {}
         gpu = observation.index
         usage = books.usage(gpu)
         self._growing.discard(gpu)
@@ -95,7 +99,7 @@ class OverrunWatch:
                 # excess is clamped at 0 while NVML shows less than the books): the
                 # floor moves only while nothing of the consumer's is loading.
                 watch.floor = min(watch.floor, excess)
-            over = excess - watch.floor
+            over = excess - watch.floor - may_grow.get(consumer, 0)
             if over <= self.tolerance:
                 watch.reported = 0
                 continue

@@ -9,135 +9,42 @@ model another ticket is already waiting for ride on that one.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Iterable
 
 import attrs
 
-from gpugate.core import early
+from gpugate.core import early, floors
 from gpugate.core.books import Books
 from gpugate.core.crowding import held_by
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.margins import after_evictions, record_evictions
 from gpugate.core.operator import OperatorBook
+from gpugate.core.passes import (
+    UNEXPLAINED,
+    Admission,
+    FailureFactory,
+    GpuResidents,
+    Outcome,
+    Tail,
+    failure_event,
+    granted_event,
+)
 from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
 from gpugate.core.preemption import PreemptClasses, choose_preemption
 from gpugate.core.queue import TicketQueue
-from gpugate.core.residents import Resident, ResidentKey, ResidentState
-from gpugate.core.scopes import JobBook, job_bytes
+from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.scopes import JobBook
 from gpugate.core.telemetry import Telemetry
-from gpugate.core.tickets import Demand, Lease, Ticket, TicketState
+from gpugate.core.tickets import Demand, Lease, Sizing, Ticket, TicketState
 from gpugate.core.units import format_gib
-from gpugate.core.views import ResidentSource, ResidentView
+from gpugate.core.views import ResidentView
 
-UNEXPLAINED = ResidentKey("", "<unexplained>")
-"""Claim marker for memory a runtime will name at its next listing."""
-
-FailureFactory = Callable[..., Failure]
+__all__ = ["UNEXPLAINED", "Admission", "Scheduler", "failure_event", "granted_event"]
 
 DRAINING_RETRY_AFTER = 30.0
 """Retry-After for a draining consumer's demand: a drain is maintenance, not a blip."""
-
-
-@attrs.frozen
-class Admission:
-    """The answer to a demand: a lease now, a ticket to wait on, or a failure."""
-
-    ticket_id: int
-    lease: Lease | None = None
-    failure: Failure | None = None
-    effects: tuple[Effect, ...] = ()
-    deferred: bool = False
-    """Asked for at once only (`Scheduler.submit`'s `at_once`) and not grantable now:
-    nothing was queued, evicted or recorded for it."""
-
-    @property
-    def waiting(self) -> bool:
-        return self.lease is None and self.failure is None and not self.deferred
-
-
-class Outcome(enum.Enum):
-    GRANTED = "granted"
-    FAILED = "failed"
-    WAITING = "waiting"
-    FULL = "full"
-    """It would have to wait, but its consumer's queue is full."""
-
-
-@attrs.define
-class _Tail:
-    """What a queue pass left: a ticket that sorts last can be planned from it alone."""
-
-    version: tuple[int, int]
-    """The books' stamp of its GPU when it was right (Books.stamp)."""
-    schedulable: int
-    pool: int
-    claimed: set[ResidentKey]
-    riding: set[ResidentKey]
-    view: ResidentView
-    credited: dict[str, int] = attrs.field(factory=dict)
-    """Per consumer, its early bytes already credited to a job of the pass (`early`)."""
-
-
-class _GpuResidents(ResidentSource):
-    """One GPU's residents read from the books' indexes; what is derived from them is kept
-    until the books' residents change."""
-
-    def __init__(self, books: Books, gpu: int) -> None:
-        self.books = books
-        self.gpu = gpu
-        self.version = -1
-        super().__init__()
-
-    def reset(self) -> None:
-        super().reset()
-        self._all: list[Resident] | None = None
-
-    def current(self) -> _GpuResidents:
-        if self.version != self.books.residents_version:
-            self.reset()
-            self.version = self.books.residents_version
-        return self
-
-    def all(self) -> list[Resident]:
-        if self._all is None:
-            self._all = self.books.on_gpu(self.gpu)
-        return self._all
-
-    def same_model(self, key: ResidentKey) -> list[Resident]:
-        return self.books.residents.same_model(self.gpu, key.consumer, key.model)
-
-    def unloading(self) -> list[Resident]:
-        # Only `start_unload` makes a resident UNLOADING, and it records the unload.
-        return super().unloading() if self.books.unloads else []
-
-
-def granted_event(lease: Lease) -> Event:
-    return Event(
-        EventKind.LEASE_GRANTED,
-        lease.granted,
-        key=lease.key,
-        gpu=lease.gpu,
-        bytes=lease.pending if lease.job_of is None else job_bytes(lease),
-        wait=lease.waited,
-        priority=lease.demand.priority.label,
-        lease=lease.id,
-    )
-
-
-def failure_event(failure: Failure, now: float) -> Event:
-    return Event(
-        EventKind.FAILURE,
-        now,
-        consumer=failure.consumer,
-        model=failure.model,
-        gpu=failure.gpu,
-        bytes=failure.bytes_needed,
-        failure=failure,
-        detail=failure.message,
-    )
 
 
 class Scheduler:
@@ -167,15 +74,20 @@ class Scheduler:
         self.tickets: dict[int, Ticket] = {}
         self.queues: dict[int, TicketQueue] = {}
         self.wake: dict[int, float] = {}
-        self._tails: dict[int, _Tail] = {}
+        self._tails: dict[int, Tail] = {}
         self._full: set[int] = set()
-        self._residents: dict[int, _GpuResidents] = {}
+        self._residents: dict[int, GpuResidents] = {}
         self.preempt: PreemptClasses | None = None
         self.jobs: JobBook | None = None
         """The consumers' job leases (set by the core that owns the scheduler)."""
         self.operator = OperatorBook()
         """Draining consumers and paused GPUs (gpugate.core.operator)."""
         """Which classes may stop which consumer's jobs (None: no job is ever stopped)."""
+        self.after_loads = floors.AfterLoads()
+        """Self-sizing loads at their floor that completed, until a sample shows them."""
+        self.last_call: set[int] = set()
+        """Tickets with a floor past their deadline: their next pass grants their ceiling or
+        their floor from what is free, or fails them (`gpugate.core.floors`)."""
         self.withdrawing: dict[tuple[str, int], list[Demand]] = {}
         """(consumer, GPU) → demands of started jobs that ended without a grant, until the
         gate says their runtime dropped them (`GateCore.withdrawn`)."""
@@ -266,7 +178,7 @@ class Scheduler:
                     now,
                     key=demand.key,
                     gpu=gpu,
-                    bytes=demand.envelope,
+                    bytes=ticket.demand.envelope,
                 )
             )
             return Admission(ticket_id, effects=tuple(effects))
@@ -286,6 +198,9 @@ class Scheduler:
             effects.extend(self.schedule(gpu, now))
             tail = self._tails[gpu]
         decision = self._decide(ticket, tail, now)
+        if floors.may_degrade(ticket.demand, decision):
+            assert decision.failure is not None
+            decision = self._floor(ticket, tail, decision, now, decision.failure)
         if decision.kind is not PlanKind.GRANT:
             return Admission(ticket.id, effects=tuple(effects), deferred=True)
         lease = self._grant(ticket, tail, decision, now, effects)
@@ -375,21 +290,36 @@ class Scheduler:
         gpus: set[int] = set()
         for ticket in list(self.tickets.values()):
             if ticket.deadline <= now:
-                failure = self._fail(
-                    FailureClass.LEASE_TIMEOUT,
-                    ticket.demand,
-                    ticket.demand.envelope,
-                    now,
-                    extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
-                    f"{ticket.demand.priority.label} may wait{self.after_evictions(ticket)}",
-                )
-                effects.extend(self.reject(ticket, failure, now))
                 gpus.add(ticket.demand.gpu)
+                if ticket.demand.floor is not None and ticket.id not in self.last_call:
+                    # Its floor may be free: the pass that follows grants it or fails it.
+                    self.last_call.add(ticket.id)
+                    continue
+                extra = f"; {ticket.allocating}" if ticket.allocating else ""
+                effects.extend(self.reject(ticket, self._timed_out(ticket, now, extra), now))
         for ticket_id, at in self.wake.items():
             ticket = self.tickets.get(ticket_id)
             if ticket is not None and at <= now:
                 gpus.add(ticket.demand.gpu)
         return effects, gpus
+
+    def _timed_out(self, ticket: Ticket, now: float, extra: str = "") -> Failure:
+        """LEASE_TIMEOUT for a ticket still waiting at its deadline."""
+        return self._fail(
+            FailureClass.LEASE_TIMEOUT,
+            ticket.demand,
+            ticket.demand.envelope,
+            now,
+            extra=f"; waited {now - ticket.arrived:.1f}s, the most class "
+            f"{ticket.demand.priority.label} may wait{floors.at_floor_note(ticket.demand)}"
+            f"{extra}{self.after_evictions(ticket)}",
+        )
+
+    def headroom(self, gpu: int) -> int:
+        """What self-sizing loads granted below their ceiling may take on the GPU beyond the
+        books: loads under way, and loads completed that no sample has shown yet."""
+        sampled_at = self.telemetry.observed_at.get(gpu)
+        return floors.headroom(self.books, gpu) + self.after_loads.on(gpu, sampled_at)
 
     def next_wakeup(self) -> float | None:
         times = [t.deadline for t in self.tickets.values()] + list(self.wake.values())
@@ -417,7 +347,9 @@ class Scheduler:
         # Jobs being withdrawn may still be running: what they may take is nobody's.
         unexplained = self.telemetry.unexplained.get(gpu, {})
         pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
-        tail = _Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
+        # What loads that size themselves, granted below their ceiling, may still take.
+        pool -= self.headroom(gpu)
+        tail = Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
         queue = self.queues.get(gpu)
         # While an overrun grows, what the budget says now may be gone by the next sample.
         paused = gpu in self.operator.paused or self.telemetry.overruns.growing(gpu)
@@ -435,9 +367,10 @@ class Scheduler:
         self._tails[gpu] = tail
         return effects
 
-    def _decide(self, ticket: Ticket, tail: _Tail, now: float) -> Plan:
-        """The planner's decision for one ticket against what earlier tickets left."""
-        demand = ticket.demand
+    def _decide(self, ticket: Ticket, tail: Tail, now: float, demand: Demand | None = None) -> Plan:
+        """The planner's decision for one ticket (or for `demand` in its place: its floor)
+        against what earlier tickets left."""
+        demand = ticket.demand if demand is None else demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
         # What the runtime frees itself for this load is this demand's, and no one else's.
@@ -446,7 +379,7 @@ class Scheduler:
         if elsewhere is not None:
             return elsewhere
         own = early.credit(demand, self.telemetry.unexplained.get(gpu, {}), tail.credited)
-        return plan(
+        decision = plan(
             early.planned(demand, own),
             pool=tail.pool + replaced,
             schedulable=tail.schedulable + replaced,
@@ -459,8 +392,30 @@ class Scheduler:
             may_evict=not any(key in self.books.unloads for key in ticket.evicting),
             held=held_by(self.books.residents.values(), demand),
         )
+        if decision.kind is not PlanKind.GRANT or demand.sizing is not Sizing.FITS_FREE:
+            return decision
+        return floors.await_allocations(demand, decision, self.telemetry.budget(gpu, self.books))
 
-    def _credited(self, ticket: Ticket, tail: _Tail) -> int:
+    def _floor(
+        self, ticket: Ticket, tail: Tail, decision: Plan, now: float, reason: FailureClass
+    ) -> Plan:
+        """The ticket's ceiling met `decision` (`reason`): plan its floor. A floor that can
+        be had becomes the ticket's demand; else the ceiling's decision stands, saying so."""
+        demand = ticket.demand
+        why = self._fail(reason, demand, decision.needed, now, extra=f"; {decision.reason}")
+        floored = floors.at_floor(demand, reason, why.message)
+        chance = self._decide(ticket, tail, now, floored)
+        if chance.kind is PlanKind.FAIL or (
+            reason is FailureClass.LEASE_TIMEOUT and chance.kind is not PlanKind.GRANT
+        ):
+            floor = format_gib(floored.degraded.floor if floored.degraded else 0)
+            return attrs.evolve(
+                decision, reason=f"{decision.reason}; nor its floor of {floor}: {chance.reason}"
+            )
+        ticket.demand = floored
+        return chance
+
+    def _credited(self, ticket: Ticket, tail: Tail) -> int:
         """Count the ticket's early bytes as credited in this pass; returns them."""
         demand = ticket.demand
         own = early.credit(demand, self.telemetry.unexplained.get(demand.gpu, {}), tail.credited)
@@ -469,7 +424,7 @@ class Scheduler:
         return own
 
     def _grant(
-        self, ticket: Ticket, tail: _Tail, decision: Plan, now: float, effects: list[Effect]
+        self, ticket: Ticket, tail: Tail, decision: Plan, now: float, effects: list[Effect]
     ) -> Lease:
         """Grant a ticket as planned."""
         demand = ticket.demand
@@ -479,22 +434,31 @@ class Scheduler:
         ticket.state = TicketState.GRANTED
         own = self._credited(ticket, tail)
         resident = self.books.reusable(demand.key)
+        grows = demand.degraded is not None and demand.sizing is Sizing.FITS_FREE
+        headroom = floors.headroom(self.books, gpu) if grows else 0
         lease = self.books.open_lease(
             ticket.id, demand, now, ticket.arrived, decision.needed, resident
         )
+        if grows:
+            # What it may still take is no later ticket's in this pass either.
+            tail.pool -= floors.headroom(self.books, gpu) - headroom
         if own:
             # Its lease now explains what the samples showed of it.
             self.telemetry.absorb(gpu, demand.consumer, own)
         tail.pool -= decision.needed
         effects.append(Grant(ticket.id, lease))
         effects.append(granted_event(lease))
+        if demand.degraded is not None:
+            effects.append(floors.degraded_event(lease))
         tail.version = self.books.stamp(gpu)
         return lease
 
     def _plan_one(
-        self, ticket: Ticket, tail: _Tail, now: float, effects: list[Effect], *, may_wait: bool
+        self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect], *, may_wait: bool
     ) -> Outcome:
         """Plan one ticket against what earlier tickets left, and apply the plan."""
+        if ticket.id in self.last_call:
+            return self._last_call(ticket, tail, now, effects)
         demand = ticket.demand
         gpu = demand.gpu
         releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
@@ -505,6 +469,10 @@ class Scheduler:
             and self.preempt is not None
         ):
             decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
+        if floors.may_degrade(demand, decision):
+            assert decision.failure is not None
+            decision = self._floor(ticket, tail, decision, now, decision.failure)
+            demand = ticket.demand
         queued = ticket.id in self.tickets
         if decision.kind is PlanKind.GRANT:
             self._grant(ticket, tail, decision, now, effects)
@@ -520,7 +488,8 @@ class Scheduler:
                 decision.needed,
                 now,
                 retry_after=retry,
-                extra=f"; {decision.reason}{self.after_evictions(ticket, tail)}",
+                extra=f"; {decision.reason}{floors.at_floor_note(demand)}"
+                f"{self.after_evictions(ticket, tail)}",
             )
             if queued:
                 effects.extend(self.reject(ticket, failure, now))
@@ -535,6 +504,7 @@ class Scheduler:
             return Outcome.FAILED
         if not may_wait:
             return Outcome.FULL
+        ticket.allocating = decision.reason if floors.allocating(decision) else ""
         if decision.kind is PlanKind.EVICT:
             ticket.evicting = decision.victims
             before = self._schedulable(gpu)
@@ -572,6 +542,21 @@ class Scheduler:
         tail.version = self.books.stamp(gpu)
         return Outcome.WAITING
 
+    def _last_call(self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect]) -> Outcome:
+        """A ticket with a floor at its deadline: its ceiling if that is free now, else its
+        floor if that is, evicting nobody (an eviction would end past the deadline); else
+        LEASE_TIMEOUT."""
+        self.last_call.discard(ticket.id)
+        decision = self._decide(ticket, tail, now)
+        if decision.kind is not PlanKind.GRANT and ticket.demand.degraded is None:
+            decision = self._floor(ticket, tail, decision, now, FailureClass.LEASE_TIMEOUT)
+        if decision.kind is PlanKind.GRANT:
+            self._grant(ticket, tail, decision, now, effects)
+            return Outcome.GRANTED
+        failure = self._timed_out(ticket, now, f"; {decision.reason}")
+        effects.extend(self.reject(ticket, failure, now))
+        return Outcome.FAILED
+
     def _elsewhere(self, demand: Demand, now: float) -> Plan | None:
         """The model is resident, or loading, on another of its consumer's GPUs (placed
         there after this ticket queued here): the runtime holds one copy of it, so that copy
@@ -593,23 +578,23 @@ class Scheduler:
             )
         return None
 
-    def _view(self, tail: _Tail, gpu: int, now: float) -> ResidentView:
+    def _view(self, tail: Tail, gpu: int, now: float) -> ResidentView:
         """The pass's resident view, rebuilt when a grant or an eviction changed the books."""
         version = self.books.residents_version
         if tail.view.now != now or tail.view.version != version:
             tail.view = ResidentView(self._source(gpu), now, self.planner, version=version)
         return tail.view
 
-    def _source(self, gpu: int) -> _GpuResidents:
+    def _source(self, gpu: int) -> GpuResidents:
         source = self._residents.get(gpu)
         if source is None:
-            source = self._residents[gpu] = _GpuResidents(self.books, gpu)
+            source = self._residents[gpu] = GpuResidents(self.books, gpu)
         return source.current()
 
     def _preempting(
         self,
         ticket: Ticket,
-        tail: _Tail,
+        tail: Tail,
         decision: Plan,
         now: float,
         effects: list[Effect],
@@ -669,7 +654,7 @@ class Scheduler:
             reason="waiting for the jobs it preempted to end",
         )
 
-    def after_evictions(self, ticket: Ticket, tail: _Tail | None = None) -> str:
+    def after_evictions(self, ticket: Ticket, tail: Tail | None = None) -> str:
         """For the failure of a ticket that had residents evicted for it: what changed
         since its plan began ("" for one that evicted nothing)."""
         ahead = 0 if tail is None else max(0, tail.schedulable - tail.pool)
@@ -693,4 +678,5 @@ class Scheduler:
         if self.tickets.pop(ticket.id, None) is not None:
             self.queues[ticket.demand.gpu].remove(ticket)
         self.wake.pop(ticket.id, None)
+        self.last_call.discard(ticket.id)
         self.books.touch(residents=False, gpu=ticket.demand.gpu)

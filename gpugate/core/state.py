@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from gpugate.core import early
+from gpugate.core import early, floors
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
@@ -184,6 +184,7 @@ class GateCore:
         lease = self.books.leases.get(lease_id)
         if lease is None or not lease.pending or not lease.demand.loads_model:
             return []
+        self.scheduler.after_loads.completed(lease, now)
         self.books.materialise(lease, now)
         effects: list[Effect] = []
         if lease.demand.switch:
@@ -452,8 +453,9 @@ class GateCore:
         early = {t.demand.consumer for t in waiting if t.demand.started is not None}
         early |= {consumer for consumer, card in self.scheduler.withdrawing if card == gpu}
         unexplained = self.telemetry.unexplained.get(gpu, {})
+        may_grow = floors.headroom_by_consumer(self.books, gpu)
         return self.telemetry.overruns.observe(
-            observation, self.books, unexplained, now, early=early
+            observation, self.books, unexplained, now, early=early, may_grow=may_grow
         )
 
     def _observed_scopes(self, gpu: int, now: float) -> list[Effect]:

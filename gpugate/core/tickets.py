@@ -7,6 +7,7 @@ import enum
 import attrs
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.failures import FailureClass
 from gpugate.core.residents import ResidentKey
 
 
@@ -22,6 +23,33 @@ class LeaseScope(enum.Enum):
     """A process that allocates at start: the lease becomes a resident once NVML shows the
     consumer holding its bytes, and fails if that does not happen within `appear_within`.
     A `switch` of a running process's model ends with the runtime's answer instead."""
+
+
+class Sizing(enum.Enum):
+    """How a load takes its memory, as far as the free memory it sees goes
+    (`gpugate.core.floors`)."""
+
+    FIXED = "fixed"
+    """What its model and options say, whatever the card has free."""
+    FITS_FREE = "fits_free"
+    """Fitted by its runtime to the memory it sees free when it loads, up to its ceiling:
+    bytes leased to another load and not yet allocated look free to it."""
+
+
+@attrs.frozen
+class Degraded:
+    """A demand granted its floor because its ceiling could not be had in time
+    (`gpugate.core.floors`). Sizes in the request's own terms (a job's own size)."""
+
+    floor: int
+    """What it is granted: the least its runtime runs it in."""
+    ceiling: int
+    """What it asked for: its envelope."""
+    reason: FailureClass
+    """What the ceiling met: INSUFFICIENT_SCHEDULABLE_VRAM (more than could ever be freed),
+    DEADLINE_CANNOT_BE_MET (not before its maximum wait), LEASE_TIMEOUT (still not at it)."""
+    why: str
+    """The ceiling's refusal, as it would have been worded."""
 
 
 @attrs.frozen
@@ -88,9 +116,14 @@ class Demand:
     """JOB scope: the runtime runs the job already (accepted before its lease); None: it
     runs only once leased. See `gpugate.core.early`."""
     floor: int | None = None
-    """The least the runtime runs the load in, degraded (ComfyUI's partial load, a context
-    llama-server's `--fit` cut); None: the envelope, a runtime that cannot degrade. Carried
-    with the demand and its lease: the core grants the envelope."""
+    """The least the runtime runs the load in, degraded (a partial load, a context cut to
+    fit); None: the envelope, a runtime that cannot degrade. The core
+    grants the envelope, and the floor only when the envelope cannot be had by the demand's
+    deadline (`gpugate.core.floors`)."""
+    sizing: Sizing = Sizing.FIXED
+    """Whether its runtime sizes the load to the memory it sees free."""
+    degraded: Degraded | None = None
+    """Set by the core on a demand planned at its floor: what it asked for, and why not."""
 
     @property
     def consumer(self) -> str:
@@ -146,6 +179,9 @@ class Ticket:
     """Residents being unloaded so that this ticket fits; their bytes are earmarked for it."""
     margin: Margin | None = None
     """What its first eviction plan was made against (`gpugate.core.margins`)."""
+    allocating: str = ""
+    """Why it last waited, when it waited for other leases to allocate (a load that sizes
+    itself, `gpugate.core.floors`): said again if it times out."""
 
     def order(self) -> tuple[int, int, float, int]:
         """Queue order: a job its runtime already runs first (`gpugate.core.early`), then

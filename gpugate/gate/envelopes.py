@@ -24,14 +24,21 @@ import attrs
 from gpugate.config.model import Consumer
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
+from gpugate.core.tickets import Sizing
 from gpugate.gate.failure import GateFailure
 from gpugate.gate.upstream import upstream_failure
 from gpugate.runtimes.base import Measured, Memory
-from gpugate.runtimes.footprint import Cards, Footprint
+from gpugate.runtimes.footprint import Cards, Elasticity, Footprint
 from gpugate.store.db import MeasuredEnvelope, Store
 
 ESTIMATE_TTL = 60.0
 """Seconds a runtime's estimate of a model stands before it is asked again."""
+
+
+def sizing_of(memory: Memory) -> Sizing:
+    """How the core is to take a runtime's loads: fitted to the memory it sees free, or fixed
+    (a share of the card is fixed too: it is taken whatever is free)."""
+    return Sizing.FITS_FREE if memory.elasticity is Elasticity.FITTED else Sizing.FIXED
 
 
 def cards_of(core: GateCore, consumer: Consumer) -> Cards:

@@ -58,6 +58,7 @@ def event_json(event: Event) -> str:
         "schedulable_before",
         "schedulable_after",
         "lease",
+        "ceiling",
     ):
         value = getattr(event, name)
         if value is not None and name not in record:

@@ -30,6 +30,9 @@ from gpugate.runtimes.replies import ErrorReply
 LEASE_HEADER = "X-GPUGate-Lease"
 WAIT_HEADER = "X-GPUGate-Wait"
 FAILURE_HEADER = "X-GPUGate-Failure"
+DEGRADED_HEADER = "X-GPUGate-Degraded"
+"""On an answer whose lease is its floor (`gpugate.core.floors`):
+`floor=<bytes>; ceiling=<bytes>; reason=<what the ceiling met>`."""
 ERROR_BODY_LIMIT = 1024 * 1024
 """The most of a runtime's answer read before it goes down (a job's name, a load's error)."""
 OOM_MARKERS = ("out of memory", "cudamalloc failed", "cuda_error_out_of_memory", "oom")
@@ -133,9 +136,16 @@ class Exchange:
 
     def headers(self) -> list[tuple[str, str]]:
         """The headers the gate adds to the runtime's answer."""
-        if self.lease is None:
+        lease = self.lease
+        if lease is None:
             return []
-        return [(LEASE_HEADER, str(self.lease.id)), (WAIT_HEADER, f"{self.lease.waited:.3f}")]
+        headers = [(LEASE_HEADER, str(lease.id)), (WAIT_HEADER, f"{lease.waited:.3f}")]
+        degraded = lease.demand.degraded
+        if degraded is not None:
+            reason = degraded.reason.value
+            value = f"floor={degraded.floor}; ceiling={degraded.ceiling}; reason={reason}"
+            headers.append((DEGRADED_HEADER, value))
+        return headers
 
     def wants_prefix(self, status: int) -> bool:
         """Whether the answer's first bytes must be read before it goes down: a job's

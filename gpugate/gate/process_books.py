@@ -16,7 +16,7 @@ from gpugate.core.lifecycle import LifeReport
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
-from gpugate.gate.envelopes import EnvelopeBook, cards_of
+from gpugate.gate.envelopes import EnvelopeBook, cards_of, sizing_of
 from gpugate.gate.link import Link
 from gpugate.gate.start_leases import StartLeases
 from gpugate.runtimes.base import Lifecycle
@@ -164,6 +164,7 @@ class ProcessBooks:
                 else None
             ),
             floor=None if measured else floor,
+            sizing=sizing_of(link.runtime.memory),
         )
 
     def admission_timeout(self, link: Link) -> float:

@@ -20,7 +20,7 @@ from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
 from gpugate.core.views import class_allows
-from gpugate.gate.envelopes import EnvelopeBook, cards_of
+from gpugate.gate.envelopes import EnvelopeBook, cards_of, sizing_of
 from gpugate.gate.exchange import Caller, Exchange, ExchangeOwner, Trial
 from gpugate.gate.failure import GateFailure
 from gpugate.gate.link import Link
@@ -209,6 +209,7 @@ class Requests:
             switch=classified.scope is LeaseScope.PROCESS and link.runtime.lifecycle is not None,
             most_models=link.runtime.residents.most_models,
             floor=footprint.floor if footprint.degrades else None,
+            sizing=sizing_of(memory),
         )
 
     # -- what bounds a demand a runtime sizes from its request (`Bounds`) ----------------
