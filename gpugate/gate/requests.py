@@ -15,11 +15,9 @@ from collections.abc import Callable
 import aiohttp
 import attrs
 
-from gpugate.core.classes import PriorityClass, ResidencyPolicy
-from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.residents import ResidentKey
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Lease, LeaseScope
-from gpugate.core.views import class_allows
 from gpugate.gate.envelopes import EnvelopeBook, cards_of, sizing_of
 from gpugate.gate.exchange import Caller, Exchange, ExchangeOwner, Trial
 from gpugate.gate.failure import GateFailure
@@ -217,23 +215,3 @@ class Requests:
     def measured_job(self, kind: ResidentKey) -> Measured | None:
         """The peak measured for jobs of this kind, if any."""
         return self.envelopes.measured_job(kind)
-
-    def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None:
-        """The most the card could ever give one consumer's demand of class `priority`:
-        total − reserved − reserve − external − memory held that no resident or lease
-        explains (others' and its own) − residents it may never evict (an `always_warm`
-        process, a higher class)."""
-        budget = self.core.budget(gpu)
-        if budget is None:
-            return None
-        held = sum(max(0, u.committed - u.resident - u.pending) for u in budget.consumers)
-        probe = Demand(
-            ResidentKey(consumer, ""), gpu, 0, priority, priority, ResidencyPolicy.KEEP_WARM, None
-        )
-        kept = sum(
-            r.bytes
-            for r in self.core.residents(gpu)
-            if r.state is not ResidentState.UNLOADING and not class_allows(r, probe)
-        )
-        room = budget.total - budget.reserved - budget.reserve - budget.external_total
-        return max(0, room - held - kept)

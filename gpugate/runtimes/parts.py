@@ -165,10 +165,6 @@ class Bounds(Protocol):
         """The peak measured for earlier jobs of this kind, if any."""
         ...
 
-    def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None:
-        """The most the card could ever give the consumer's demand of class `priority`."""
-        ...
-
 
 class Configured(Protocol):
     """The consumer's configuration of a model's bytes (`ModelSettings`)."""

@@ -58,12 +58,6 @@ def test_the_flux_workflow_asks_for_all_its_files_and_runs_in_its_largest_stage(
         11350 * MiB + working,  # the diffusion model's stage; the text encoders are 4902 MiB
         working,
     )
-    # On a card that cannot hold every file at once, ComfyUI moves the text encoders off
-    # before it loads the diffusion model: the lease is what the card can give, never less
-    # than the largest stage.
-    assert prompt_envelope(read, SEED, ceiling=14 * GiB).bytes == 14 * GiB
-    assert prompt_envelope(read, SEED, ceiling=10 * GiB).bytes == whole.floor
-    assert prompt_envelope(read, SEED, ceiling=40 * GiB).bytes == whole.bytes
 
 
 def test_a_model_free_graph_takes_the_working_set_only() -> None:

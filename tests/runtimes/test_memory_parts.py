@@ -53,14 +53,8 @@ def runtimes():
 
 
 class Bounds:
-    def __init__(self, ceiling: int | None) -> None:
-        self.most = ceiling
-
     def measured_job(self, kind: ResidentKey) -> Measured | None:
         return None
-
-    def ceiling(self, consumer: str, gpu: int, priority: PriorityClass) -> int | None:
-        return self.most
 
 
 def test_every_runtime_says_how_its_loads_take_memory(runtimes):
@@ -80,16 +74,11 @@ def test_a_prompt_runs_in_its_largest_stage_and_takes_all_its_files_with_room(ru
     body = json.dumps({"prompt": flux()}).encode()
     classified = comfy.reading.classify("POST", "/prompt", body, "application/json")
     key = ResidentKey("comfyui", classified.model or "")
-    found = comfy.memory.size(classified, key, PriorityClass.INTERACTIVE, Bounds(None))
+    found = comfy.memory.size(classified, key, PriorityClass.INTERACTIVE, Bounds())
     files = (11350 + 4667 + 235 + 320) * MiB
     # 1024x1024: one megapixel of working set.
     assert found == Footprint(files + GiB, 11350 * MiB + GiB)
     assert found.degrades
-    # What the card could ever give it caps the ceiling, never below the floor.
-    capped = comfy.memory.size(classified, key, PriorityClass.INTERACTIVE, Bounds(13 * GiB))
-    assert capped == Footprint(13 * GiB, 11350 * MiB + GiB)
-    tight = comfy.memory.size(classified, key, PriorityClass.INTERACTIVE, Bounds(GiB))
-    assert tight == Footprint.fixed(11350 * MiB + GiB)
     # No knob caps one load: --reserve-vram is kept free of the free memory, read at start.
     assert comfy.memory.cap("", 12 * GiB, CARD) is None
 

@@ -184,21 +184,18 @@ class PromptMemory(Memory):
     def size(
         self, classified: Classified, kind: ResidentKey, priority: PriorityClass, bounds: Bounds
     ) -> Footprint | None:
-        """The prompt's files and working set, or a measured peak of the same files, within
-        the most the consumer's cards could ever give it; its floor the largest stage."""
+        """The prompt's files and working set, or a measured peak of the same files (the
+        ceiling); its floor the largest stage. What the card can give it is the core's to
+        weigh: short of the ceiling it grants the floor, and says so (`degraded`)."""
         demand = classified.reading
         if not isinstance(demand, PromptDemand):
             return None
         measured = bounds.measured_job(kind)
-        name = self.consumer.name
-        ceilings = [bounds.ceiling(name, gpu, priority) for gpu in self.consumer.cards]
-        known = [c for c in ceilings if c is not None]
         envelope = prompt_envelope(
             demand,
             self.sizing,
             None if measured is None else measured.bytes,
             measured_megapixels=None if measured is None else measured.scale,
-            ceiling=max(known, default=None),
         )
         return Footprint(envelope.bytes, min(envelope.floor, envelope.bytes))
 

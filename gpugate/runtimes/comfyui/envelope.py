@@ -13,8 +13,8 @@ In order (docs/configuration.md, "ComfyUI prompts"):
 ComfyUI moves its own models off the card when a later node needs the room (`free_memory`
 before `load_models_gpu`), so a prompt also runs in less than the sum of its files: in the
 largest of its stages (text encoders; diffusion model with LoRAs and ControlNets; VAE;
-upscaler), each with the working set. That is the `floor`: given a `ceiling` (what the card
-can give at most), the lease is the sum capped at the ceiling but never below the floor.
+upscaler), each with the working set. That is the `floor`; the sum is the ceiling. Short
+of the ceiling the core grants the floor (`gpugate.core.floors`).
 """
 
 from __future__ import annotations
@@ -134,13 +134,12 @@ def prompt_envelope(
     measured: int | None = None,
     *,
     measured_megapixels: float | None = None,
-    ceiling: int | None = None,
 ) -> PromptEnvelope:
     """The VRAM to lease for `demand`.
 
     `measured`: the NVML peak of an earlier run of the same file set (`demand.key`), which
-    wins; `measured_megapixels`: the largest latent among those runs, when known. `ceiling`:
-    the most the card can give this prompt; the lease is capped there, never below the floor.
+    wins; `measured_megapixels`: the largest latent among those runs, when known. The lease is
+    the whole sum (the ceiling), its floor the largest stage.
     """
     working = sizing.working_set_for(demand.megapixels)
     sized: list[tuple[ModelFile, int]] = []
@@ -166,5 +165,4 @@ def prompt_envelope(
             want += round(sizing.working_set_per_megapixel * extra)
         floor = min(floor, want)
         source = EnvelopeSource.MEASURED
-    lease = want if ceiling is None else max(floor, min(want, ceiling))
-    return PromptEnvelope(lease, floor, source, working, tuple(unsized))
+    return PromptEnvelope(want, floor, source, working, tuple(unsized))
