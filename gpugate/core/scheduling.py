@@ -409,6 +409,17 @@ class Scheduler:
             reason is FailureClass.LEASE_TIMEOUT and chance.kind is not PlanKind.GRANT
         ):
             floor = format_gib(floored.degraded.floor if floored.degraded else 0)
+            if (
+                chance.kind is PlanKind.FAIL
+                and chance.failure is FailureClass.DEADLINE_CANNOT_BE_MET
+                and decision.failure is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
+            ):
+                # Its floor fits later: the client is told to come back (the floor's
+                # answer), not that it can never run.
+                ceiling = decision.reason
+                return attrs.evolve(
+                    chance, reason=f"its floor of {floor}: {chance.reason}; its ceiling: {ceiling}"
+                )
             return attrs.evolve(
                 decision, reason=f"{decision.reason}; nor its floor of {floor}: {chance.reason}"
             )

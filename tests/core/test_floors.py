@@ -261,3 +261,27 @@ def test_a_ceiling_not_to_be_had_before_the_deadline_is_degraded_without_waiting
     (event,) = events(effects, EventKind.DEGRADED)
     assert event.reason == FailureClass.DEADLINE_CANNOT_BE_MET.value
     assert "the memory it needs frees up only after its maximum wait" in event.detail
+
+
+def test_a_ceiling_never_to_be_had_and_a_floor_only_later_is_told_to_come_back():
+    core = make_core(consumers=("ollama", "comfyui"), max_wait=30.0)
+    core.observe(host(gpu(), at=0.0), 0.0)
+    busy = core.submit(demand("big", 8 * GiB), 0.0)
+    assert busy.lease is not None
+    core.loaded(busy.lease.id, 0.0)
+    # 20 GiB can never be had on a 16 GiB card; its 8 GiB floor only once the busy model
+    # is idle and then past its class's 30 s, after the demand's maximum wait.
+    wanted = attrs.evolve(demand("job-1", 20 * GiB, consumer="comfyui"), floor=8 * GiB)
+    core.submit(wanted, 1.0)
+    effects = core.observe(host(gpu(proc(10, 8 * GiB, "ollama")), at=1.5), 1.5)
+    (reject,) = [e for e in effects if isinstance(e, Reject)]
+    failure = reject.failure
+    assert failure.failure_class is FailureClass.DEADLINE_CANNOT_BE_MET, failure.message
+    assert failure.bytes_needed == 8 * GiB
+    # The ceiling's reason is said beside the floor's.
+    assert "floor" in failure.message and "20.0 GiB" in failure.message
+    assert "INSUFFICIENT_SCHEDULABLE_VRAM" in failure.message, failure.message
+    assert not events(effects, EventKind.DEGRADED)
+    assert not [e for e in effects if isinstance(e, Unload)]
+    core.release(busy.lease.id, 2.0)
+    assert core.leases() == [] and core.waiting() == []

@@ -327,8 +327,11 @@ async def test_a_pending_prompt_whose_lease_cannot_be_had_is_deleted_and_never_r
     status, headers, answer = await post(session, stack.gate_comfy, checked_flux())
     assert status == 503, answer
     # gemma3:12b is production (never the prompt's to evict) and kept for 15 minutes.
-    assert headers[FAILURE_HEADER] == "DEADLINE_CANNOT_BE_MET"
+    assert headers[FAILURE_HEADER] == "DEADLINE_CANNOT_BE_MET", answer
     assert answer["error"]["type"] == "deadline_cannot_be_met"
+    # The whole graph can never be had beside it; its floor (the UNet's stage) only later.
+    details = answer["error"]["details"]
+    assert "its floor of" in details and "its ceiling: " in details, details
     await withdrawals_done(gate)
     # Deleted from ComfyUI's queue: only the first prompt is there.
     assert await queue_ids(session, stack) == [running["prompt_id"]]
