@@ -62,6 +62,9 @@ class RequestOptions:
     """sim_load_fail: the runner fails to load the model."""
     tokens: int | None = None
     """sim_tokens: the answer is this many tokens long (before num_predict cuts it)."""
+    num_ctx_auto: bool = False
+    """The context is Ollama's automatic one: the request sets none and the model's is
+    (server/routes.go `usesAutomaticNumCtx`)."""
 
 
 def _integer(options: dict[str, object], key: str) -> int | None:
@@ -153,6 +156,7 @@ def parse_options(
         fail_after_tokens=None if fail_after is None else max(0, fail_after),
         load_fail=bool(_boolean(options, "sim_load_fail")),
         tokens=None if tokens is None else max(1, tokens),
+        num_ctx_auto=num_ctx is None and model.auto_num_ctx,
     )
 
 
@@ -197,3 +201,27 @@ def requested_gpu_share(model: CatalogModel, runner: RunnerOptions, size: int) -
         return None
     layers = min(runner.num_gpu, model.spec.block_count)
     return size * layers // model.spec.block_count
+
+
+def next_lower_auto_num_ctx(num_ctx: int) -> int | None:
+    """server/sched.go `nextLowerAutoNumCtx`: the automatic context a load OOM retries with
+    (32768 above it, 4096 above that), None at 4096 or below."""
+    if num_ctx > 32768:
+        return 32768
+    if num_ctx > 4096:
+        return 4096
+    return None
+
+
+def reduced_for_load_oom(model: CatalogModel, options: RequestOptions) -> RequestOptions | None:
+    """server/sched.go `reduceAutoNumCtxForLoadOOM`: the options with the next lower
+    automatic context (after capping at the training context), or None when the context was
+    not automatic or is already the least. The batch follows the context (sizing.batch_for),
+    as `applyAutomaticGenerationBatch` makes it."""
+    if not options.num_ctx_auto:
+        return None
+    old = options.runner.num_ctx
+    lower = next_lower_auto_num_ctx(min(old, model.spec.context_length))
+    if lower is None or lower >= old:
+        return None
+    return attrs.evolve(options, runner=attrs.evolve(options.runner, num_ctx=lower))
