@@ -221,12 +221,16 @@ class Vram:
         if room < 0:
             self._relieve(-room, keep)
             return
-        for part in self.loaded:
-            if part in keep and room > 0:
-                grow = min(part.size - self.loaded[part], room)
-                self._allocate(grow, part.name)
-                self.loaded[part] += grow
-                room -= grow
+        # Resident ones first, then any a deficit had evicted whole.
+        order = [p for p in self.loaded if p in keep]
+        order += sorted((p for p in keep if p not in self.loaded), key=attrs.astuple)
+        for part in order:
+            grow = min(part.size - self.loaded.get(part, 0), room)
+            if grow <= 0:
+                continue
+            self._allocate(grow, part.name)
+            self.loaded[part] = self.loaded.get(part, 0) + grow
+            room -= grow
 
     def _dynamic_room(self) -> int:
         """What comfy-aimdo's `budget_deficit` lets it take now (negative: its deficit)."""

@@ -199,6 +199,27 @@ async def test_dynamic_vram_grows_into_free_memory_and_backs_off_under_pressure(
     memory.release_all()
 
 
+async def test_dynamic_vram_faults_back_a_model_pressure_had_evicted_whole(
+    sim_host: SimulatedGpuHost, other: int
+):
+    fill_to(sim_host, other, 4 * GiB)
+    headroom = 2 * GiB
+    memory = vram(sim_host, dynamic=True, headroom=headroom)
+    await memory.load([CLIP])
+    resident = 4 * GiB - DYNAMIC_HEADROOM - headroom
+    assert memory.loaded[CLIP] == resident
+    # Another program takes more than the headroom it was left: every byte of the text
+    # encoders goes, and the card is back at the headroom.
+    sim_host.allocate(other, headroom, name="other")
+    memory.pressure({CLIP})
+    assert CLIP not in memory.loaded
+    assert sim_host.free(0) == DYNAMIC_HEADROOM + resident
+    sim_host.release(other, headroom)
+    memory.pressure({CLIP})
+    assert memory.loaded[CLIP] == resident
+    memory.release_all()
+
+
 async def test_dynamic_vram_evicts_weights_for_the_working_set_instead_of_failing(
     sim_host: SimulatedGpuHost, other: int
 ):
