@@ -248,15 +248,26 @@ async def test_dynamic_vram_keeps_its_own_use_below_the_total_less_the_reserve(
 # -- through the server ----------------------------------------------------------------------
 
 
+def clip_l_only() -> dict[str, object]:
+    """The demo's FLUX graph with one text encoder: UNet, clip_l and ae."""
+    prompt = json.loads(FLUX_PROMPT.read_text())["prompt"]
+    prompt["2"] = {
+        "class_type": "CLIPLoader",
+        "inputs": {"clip_name": "clip_l.safetensors", "type": "stable_diffusion"},
+    }
+    return prompt
+
+
+@pytest.mark.parametrize("graph", ["demo", "clip_l"])
 async def test_the_demos_flux_graph_renders_partly_loaded_beside_whisper_and_an_ollama_model(
-    make_comfy, session: aiohttp.ClientSession, sim_host: SimulatedGpuHost, other: int
+    make_comfy, session: aiohttp.ClientSession, sim_host: SimulatedGpuHost, other: int, graph: str
 ):
     # The demo's card: whisper-server warm (2,050 MiB), mVoice (292 MiB) and qwen2.5:7b's
     # runner (5,047 MiB), ComfyUI started as `gpugate init` writes it, --reserve-vram 1.
     sim_host.allocate(other, (2050 + 292 + 5047) * MiB, name="other")
     comfy = await make_comfy(reserve_vram=1.0, offload_gib_per_second=1e6)
     free = sim_host.free(0)
-    prompt = json.loads(FLUX_PROMPT.read_text())["prompt"]
+    prompt = json.loads(FLUX_PROMPT.read_text())["prompt"] if graph == "demo" else clip_l_only()
     socket = await connect(session, comfy.url, "me")
     prompt_id = await queue(session, comfy.url, prompt, client_id="me")
     await socket.until("progress")
