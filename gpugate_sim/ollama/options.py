@@ -201,27 +201,3 @@ def requested_gpu_share(model: CatalogModel, runner: RunnerOptions, size: int) -
         return None
     layers = min(runner.num_gpu, model.spec.block_count)
     return size * layers // model.spec.block_count
-
-
-def next_lower_auto_num_ctx(num_ctx: int) -> int | None:
-    """server/sched.go `nextLowerAutoNumCtx`: the automatic context a load OOM retries with
-    (32768 above it, 4096 above that), None at 4096 or below."""
-    if num_ctx > 32768:
-        return 32768
-    if num_ctx > 4096:
-        return 4096
-    return None
-
-
-def reduced_for_load_oom(model: CatalogModel, options: RequestOptions) -> RequestOptions | None:
-    """server/sched.go `reduceAutoNumCtxForLoadOOM`: the options with the next lower
-    automatic context (after capping at the training context), or None when the context was
-    not automatic or is already the least. The batch follows the context (sizing.batch_for),
-    as `applyAutomaticGenerationBatch` makes it."""
-    if not options.num_ctx_auto:
-        return None
-    old = options.runner.num_ctx
-    lower = next_lower_auto_num_ctx(min(old, model.spec.context_length))
-    if lower is None or lower >= old:
-        return None
-    return attrs.evolve(options, runner=attrs.evolve(options.runner, num_ctx=lower))

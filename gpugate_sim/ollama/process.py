@@ -16,20 +16,6 @@ from gpugate_sim.serverprocess import child_env, free_port
 RUNNER_NAME = "llama-server"
 
 
-OUT_OF_MEMORY = (
-    "out of memory", "out of device memory", "cudamalloc failed", "hipmalloc failed",
-    "failed to allocate", "allocation failed", "not enough memory", "insufficient memory",
-    "vk_error_out_of_device_memory", "erroroutofmemory",
-)  # fmt: skip
-"""llm/status.go `outOfMemorySubstrings`, lower-cased."""
-
-
-def is_out_of_memory(message: str) -> bool:
-    """llm/status.go `IsOutOfMemoryMessage`: the error names an out-of-memory condition."""
-    lowered = message.lower()
-    return any(needle in lowered for needle in OUT_OF_MEMORY)
-
-
 class LoadOutcome(enum.Enum):
     READY = "ready"
     EXITED = "exited"

@@ -11,12 +11,8 @@ The rules follow Ollama's server/sched.go:
   load; the runner lays the model over its GPUs (gpugate_sim.ollama.layout). With nothing
   else loaded a model that does not fit loads anyway with part of it in system memory
   (`size_vram < size`).
-* A load whose runner runs out of memory (an error llm/status.go `IsOutOfMemory` names)
-  is tried once more for the request (`oomRetryAttempted`): with the next lower automatic
-  context (262144 → 32768 → 4096; only a context the request and the model left to Ollama,
-  `reduceAutoNumCtxForLoadOOM`), and with every other model evicted first
-  (`evictAllAndWait`) when any is loaded; with neither a lower context nor another model
-  it fails at once, and a second OOM fails the request.
+* A load whose runner runs out of memory is tried once more, with a lower automatic
+  context and every other model evicted first (gpugate_sim.ollama.oomretry).
 * A runner's keep_alive counts down from the moment its last request ends; it is only
   replaced by a request that carries one. Duration 0 unloads right after that request.
 
@@ -41,14 +37,14 @@ from gpugate_sim.ollama.catalog import CatalogModel
 from gpugate_sim.ollama.duration import FOREVER, parse_keep_alive_setting, seconds
 from gpugate_sim.ollama.faults import SimFaults
 from gpugate_sim.ollama.loading import prepare
+from gpugate_sim.ollama.oomretry import retry_options
 from gpugate_sim.ollama.options import (
     RequestOptions,
-    reduced_for_load_oom,
     requested_gpu_share,
     runner_size,
 )
 from gpugate_sim.ollama.placement import LoadPlan, plan_load
-from gpugate_sim.ollama.process import LoadOutcome, RunnerProcess, is_out_of_memory
+from gpugate_sim.ollama.process import LoadOutcome, RunnerProcess
 from gpugate_sim.ollama.runnerref import (
     Lease,
     LoadFailed,
@@ -357,19 +353,16 @@ class Scheduler:
         return False
 
     def _retry_after_oom(self, pending: Pending, reason: str) -> bool:
-        """sched.go `load` on a failed load, once a request: an out-of-memory error
-        (llm/status.go `IsOutOfMemory`) retries with the next lower automatic context
-        (`reduceAutoNumCtxForLoadOOM`), or, when the context cannot be lowered and other
-        models are loaded, as it was; the caller evicts every other model first."""
-        if pending.oom_retry_attempted or not is_out_of_memory(reason):
+        """Whether the failed load of `pending` is tried once more (oomretry.py), with the
+        options it is tried with; the caller evicts every other model first."""
+        if pending.oom_retry_attempted:
             return False
-        reduced = reduced_for_load_oom(pending.model, pending.options)
         others = any(r.key != pending.model.name.key for r in self._runners.values())
-        if reduced is None and not others:
+        options = retry_options(pending.model, pending.options, reason, others)
+        if options is None:
             return False
         pending.oom_retry_attempted = True
-        if reduced is not None:
-            pending.options = reduced
+        pending.options = options
         return True
 
     # -- runner bookkeeping --------------------------------------------------------------

@@ -12,15 +12,13 @@ import pytest
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
 from gpugate_sim.ollama import SimOllama
-from gpugate_sim.ollama.options import (
-    RequestOptions,
-    RunnerOptions,
+from gpugate_sim.ollama.oomretry import (
+    is_out_of_memory,
     next_lower_auto_num_ctx,
-    parse_options,
     reduced_for_load_oom,
-    runner_size,
+    retry_options,
 )
-from gpugate_sim.ollama.process import is_out_of_memory
+from gpugate_sim.ollama.options import RequestOptions, RunnerOptions, parse_options, runner_size
 from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec
 from gpugate_sim.shim import STATE_ENV
 from tests.sim.test_sim_ollama_scheduler import external, make_sim, model
@@ -171,6 +169,19 @@ async def test_alone_with_nothing_to_lower_a_load_oom_fails_at_once(
         with pytest.raises(ollama.ResponseError):
             await client.generate(model="huge", prompt="x", options={"num_gpu": 99})
     assert (sim.state().counters.oom_retries, len(sim_host.ooms())) == (0, 1)
+
+
+async def test_what_a_load_oom_is_retried_with(qwen: SimOllama):
+    catalog = qwen.catalog.find("qwen2.5:7b")
+    assert catalog is not None
+    oom = "llama runner process has terminated: CUDA error: out of memory"
+    auto = parse_options(catalog, None)
+    lowered = retry_options(catalog, auto, oom, others_loaded=False)
+    assert lowered is not None and lowered.runner.num_ctx == 4096
+    pinned = parse_options(catalog, {"num_ctx": 32768})
+    assert retry_options(catalog, pinned, oom, others_loaded=False) is None
+    assert retry_options(catalog, pinned, oom, others_loaded=True) == pinned
+    assert retry_options(catalog, auto, "error loading model: bad file", True) is None
 
 
 async def test_request_options_record_whether_the_context_is_automatic(qwen: SimOllama):
