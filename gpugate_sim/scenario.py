@@ -36,6 +36,8 @@ llamaserver:                  # a simulated llama.cpp llama-server (gpugate_sim.
 comfyui:                      # a simulated ComfyUI (see gpugate_sim.comfyui)
   listen: 127.0.0.1:8188
   record: prompts.jsonl       # optional: a JSON line per POST /prompt answered
+  reserve_vram: 1             # optional: --reserve-vram GB (400 MiB without it)
+  dynamic_vram: false         # optional: --enable-dynamic-vram
   models:                     # model files by folder, with the VRAM their weights take
     checkpoints: {v1-5-pruned-emaonly-fp16.safetensors: 2034MiB}
   ...
@@ -137,6 +139,18 @@ class ComfyUISpec:
     """--preview-method: `none` sends no previews during sampling."""
     disable_smart_memory: bool = False
     """--disable-smart-memory: weights leave the GPU after every prompt."""
+    reserve_vram: float | None = None
+    """--reserve-vram GB: what ComfyUI leaves free for others in every load (× 1024³);
+    None: 400 MiB, as on Linux (gpugate_sim.comfyui.memory)."""
+    dynamic_vram: bool = False
+    """--enable-dynamic-vram: weights fault into free VRAM as they are used and leave it
+    under pressure (comfy-aimdo). Off: the 0.3.64 this simulates has no Dynamic VRAM (later
+    ComfyUI turns it on by default on NVIDIA)."""
+    vram_headroom: float = 0.0
+    """--vram-headroom GB: free memory Dynamic VRAM keeps beyond its own 256 MiB."""
+    offload_gib_per_second: float = 16.0
+    """How fast weights a partial load left in CPU RAM are copied to the GPU, which every
+    sampler step does (about a PCIe 4.0 x16 link)."""
     version: str = "0.3.64"
     record: Path | None = None
     """A file to which every `POST /prompt` answer is appended as a JSON line (a fuzzer's
@@ -295,7 +309,8 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
     simple = {"listen", "gpu", "context", "steps_per_second", "node_seconds", "version"}
     knobs = {"load_seconds_per_gib", "sampler_bytes_per_megapixel", "enable_cors_header"}
     knobs |= {"max_upload_size", "preview_method", "disable_smart_memory", "record"}
-    knobs |= {"custom_nodes"}
+    knobs |= {"custom_nodes", "reserve_vram", "dynamic_vram", "vram_headroom"}
+    knobs |= {"offload_gib_per_second"}
     _only(data, "comfyui", simple | knobs | {"models"})
     files = []
     models = data.get("models") or {}
@@ -315,6 +330,10 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
     smart = data.get("disable_smart_memory", False)
     if not isinstance(smart, bool):
         raise ValueError(f"comfyui.disable_smart_memory: expected true or false, got {smart!r}")
+    dynamic = data.get("dynamic_vram", False)
+    if not isinstance(dynamic, bool):
+        raise ValueError(f"comfyui.dynamic_vram: expected true or false, got {dynamic!r}")
+    reserve = data.get("reserve_vram")
     spec = ComfyUISpec(
         listen=str(data.get("listen", default["listen"])),
         gpu=None if data.get("gpu") is None else _number(data, "gpu", "comfyui", int, 0, minimum=0),
@@ -334,6 +353,19 @@ def _comfyui(data: Any, gpus: int, base: Path) -> ComfyUISpec:
         ),
         preview_method=str(data.get("preview_method", default["preview_method"])),
         disable_smart_memory=smart,
+        reserve_vram=None
+        if reserve is None
+        else _number(data, "reserve_vram", "comfyui", float, 0.0, minimum=0),
+        dynamic_vram=dynamic,
+        vram_headroom=_number(data, "vram_headroom", "comfyui", float, 0.0, minimum=0),
+        offload_gib_per_second=_number(
+            data,
+            "offload_gib_per_second",
+            "comfyui",
+            float,
+            default["offload_gib_per_second"],
+            positive=True,
+        ),
         version=str(data.get("version", default["version"])),
         record=record_path(data, "comfyui", base),
         custom_nodes=tuple(packs),

@@ -12,9 +12,10 @@ from typing import Any
 from aiohttp import web
 
 import gpugate_sim.comfyui.origin as origin
+from gpugate.core.units import GiB
 from gpugate_sim.comfyui.executor import Executor
 from gpugate_sim.comfyui.hub import Hub
-from gpugate_sim.comfyui.memory import Vram
+from gpugate_sim.comfyui.memory import MemoryOptions, Vram, reserve_bytes
 from gpugate_sim.comfyui.nodes import node_table
 from gpugate_sim.comfyui.nodetypes import input_listing
 from gpugate_sim.comfyui.promptqueue import PromptQueue
@@ -40,12 +41,40 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def comfyui_argv(host: str, port: int, cuda_device: int | None = None) -> list[str]:
+def comfyui_argv(
+    host: str, port: int, cuda_device: int | None = None, memory: tuple[str, ...] = ()
+) -> list[str]:
     """The command line the process shows, as a ComfyUI started from its checkout."""
     argv = [PROCESS_NAME, "ComfyUI/main.py", "--listen", host, "--port", str(port)]
     if cuda_device is not None:
         argv += ["--cuda-device", str(cuda_device)]
-    return argv
+    return argv + list(memory)
+
+
+def memory_flags(spec: ComfyUISpec) -> tuple[str, ...]:
+    """The memory options of `spec` as ComfyUI's command line gives them."""
+    flags: list[str] = []
+    if spec.reserve_vram is not None:
+        flags += ["--reserve-vram", f"{spec.reserve_vram:g}"]
+    if spec.dynamic_vram:
+        flags.append("--enable-dynamic-vram")
+    if spec.vram_headroom:
+        flags += ["--vram-headroom", f"{spec.vram_headroom:g}"]
+    if spec.disable_smart_memory:
+        flags.append("--disable-smart-memory")
+    return tuple(flags)
+
+
+def memory_options(spec: ComfyUISpec) -> MemoryOptions:
+    """How the process uses the card, from its options (comfy/model_management.py
+    `EXTRA_RESERVED_VRAM`, `DISABLE_SMART_MEMORY`; main.py's comfy-aimdo start)."""
+    return MemoryOptions(
+        reserve=reserve_bytes(spec.reserve_vram),
+        reserve_given=spec.reserve_vram is not None,
+        dynamic=spec.dynamic_vram,
+        headroom=int(spec.vram_headroom * GiB),
+        smart_memory=not spec.disable_smart_memory,
+    )
 
 
 class NoCudaDevice(RuntimeError):
@@ -107,7 +136,10 @@ class SimComfyUI:
         self._holder: asyncio.subprocess.Process | None = None
         self.hub = Hub(self.server_features)
         self.queue = PromptQueue(self._queue_updated)
-        self.vram = Vram(gpu, 0, pid or 0, load_seconds_per_gib=spec.load_seconds_per_gib)
+        self.vram = Vram(
+            gpu, 0, pid or 0,
+            load_seconds_per_gib=spec.load_seconds_per_gib, options=memory_options(spec),
+        )  # fmt: skip
         self.nodes = node_table(spec.custom_nodes)
         """The classes it knows: ComfyUI's own, then its custom node packs'."""
         self.executor = Executor(
@@ -180,7 +212,7 @@ class SimComfyUI:
             bound = self._runner.addresses[0]
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             self.url = f"http://{shown}:{bound[1]}"
-            self.argv = comfyui_argv(host, int(bound[1]), self.spec.gpu)
+            self.argv = comfyui_argv(host, int(bound[1]), self.spec.gpu, memory_flags(self.spec))
             await self._take_context()
             self._worker = asyncio.ensure_future(self.executor.worker())
         except BaseException:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from gpugate.core.units import GiB
 from gpugate_sim.comfyui.images import solid_png
 from gpugate_sim.comfyui.memory import Part, Vram
 from gpugate_sim.comfyui.nodes import PIXEL_SPACE, TAESD, NodeDef, Work
@@ -174,15 +175,25 @@ async def _empty_latent(n: NodeRun) -> tuple[tuple[Any, ...], None]:
 async def _sample(n: NodeRun) -> tuple[tuple[Any, ...], None]:
     latent: Latent = n.inputs["latent_image"]
     parts = (*n.inputs["model"].parts, *n.inputs["positive"].parts, *n.inputs["negative"].parts)
-    await n.vram.load(parts)
     pixels = latent.width * latent.height * latent.batch
     working = int(n.spec.sampler_bytes_per_megapixel * pixels / (1 << 20))
+    # sampler_helpers.prepare_sampling: the model's estimate of its working set is both
+    # what load_models_gpu keeps free and its minimum.
+    await n.vram.load(parts, memory_required=working, minimum_memory_required=working)
     steps = n.inputs["steps"]
     async with n.vram.working_set(working, keep=set(parts)):
         for step in range(1, steps + 1):
-            await asyncio.sleep(1.0 / n.spec.steps_per_second)
+            await asyncio.sleep(step_seconds(n.spec, n.vram.offloaded(parts)))
             await n.step(step, steps)
+            n.vram.pressure(set(parts))
     return (attrs.evolve(latent, seed=n.inputs["seed"]),), None
+
+
+def step_seconds(spec: ComfyUISpec, offloaded: int) -> float:
+    """One sampler step: `1/steps_per_second`, plus, for a model partly in CPU RAM, the
+    copy of its offloaded weights to the GPU that every step makes (comfy/ops.py
+    `cast_bias_weight` on each lowvram module's forward) at `offload_gib_per_second`."""
+    return 1.0 / spec.steps_per_second + offloaded / GiB / spec.offload_gib_per_second
 
 
 async def _decode(n: NodeRun) -> tuple[tuple[Any, ...], None]:

@@ -26,9 +26,11 @@ as llama-server (llama.cpp in llama-cpp-python 0.3.36) allocates them:
   floats) beside 6 × n_embd. These are the figures the real server logged for it
   (`CPU compute buffer size`) across the tiny models' widths, contexts and micro-batches.
 
-`fit` follows common/fit.cpp's order: when the full plan does not leave `fit_target` free,
-a context the user did not set is first cut (linearly, down to `fit_min_ctx`, rounded down
-to 256), then, if `-ngl` was left on auto, layers are moved off the GPU.
+`fit` follows common/fit.cpp's order: a context the user did not set is first the training
+context for each KV stream (one per slot with `-np N`, one when the server chose its
+slots); when the full plan does not leave `fit_target` free, that context is cut (linearly,
+down to `fit_min_ctx` a stream, rounded down to 256 a stream), then, if `-ngl` was left on
+auto, layers are moved off the GPU.
 """
 
 from __future__ import annotations
@@ -66,6 +68,14 @@ class MemoryPlan:
     weights: int
     kv: int
     compute: int
+    streams: int = 1
+    """KV streams: one per slot the user set (`-np N`), one shared when the server chose."""
+
+    @property
+    def slot_ctx(self) -> int:
+        """A slot's context: the context shared by the streams (what /props and /v1/models
+        report, and what a prompt must fit in)."""
+        return self.n_ctx // self.streams
 
     @property
     def total(self) -> int:
@@ -90,9 +100,9 @@ def plan(
     """The bytes `model` takes on the GPU with this context and these layers offloaded;
     `streams` KV streams (1 unified, else one per slot) for `slots` slots."""
     gpu_layers = max(0, min(gpu_layers, model.n_layer + 1))
-    if gpu_layers == 0:
-        return MemoryPlan(n_ctx, 0, 0, 0, 0)
     streams = max(1, streams)
+    if gpu_layers == 0:
+        return MemoryPlan(n_ctx, 0, 0, 0, 0, streams)
     first = model.n_layer + 1 - gpu_layers
     weights = layer_sum(model.layer_bytes, model.n_layer - first) + model.output_bytes
     cells = _pad(max(1, n_ctx // streams))
@@ -114,7 +124,7 @@ def plan(
     else:
         scores = 4 * cells * n_ubatch * model.n_head + 4 * n_ubatch * 6 * e
         compute = 4 * masked + max(phase, scores)
-    return MemoryPlan(n_ctx, gpu_layers, weights, kv, compute)
+    return MemoryPlan(n_ctx, gpu_layers, weights, kv, compute, streams)
 
 
 @attrs.frozen
@@ -138,7 +148,12 @@ class PlacementOptions:
 def place(model: ModelInfo, options: PlacementOptions, free: int | None) -> MemoryPlan:
     """The plan llama-server starts `model` with, given the GPU's `free` bytes."""
     ctx_auto = not options.ctx_size
+    streams = max(1, options.streams)
     n_ctx = options.ctx_size or model.n_ctx_train
+    if ctx_auto and options.fit:
+        # fit.cpp `common_params_fit_impl`: an unset context becomes the training context
+        # for every KV stream (`n_ctx_max = hp_nct × n_streams`) before anything is measured.
+        n_ctx = model.n_ctx_train * streams
 
     def sized(n_ctx: int, layers: int) -> MemoryPlan:
         return plan(
@@ -154,15 +169,16 @@ def place(model: ModelInfo, options: PlacementOptions, free: int | None) -> Memo
     if not options.fit or free is None or full.total <= free - options.fit_target:
         return full
     target = free - options.fit_target
-    # -c 0 asks for the full context: fit.cpp's minimum becomes UINT32_MAX, no cut.
-    min_ctx = options.fit_min_ctx if options.ctx_size is None else n_ctx
+    # -c 0 asks for the full context: fit.cpp's minimum becomes UINT32_MAX, no cut. The
+    # minimum and the rounding are per KV stream (`n_ctx_min_total`, `256 * n_streams`).
+    min_ctx = options.fit_min_ctx * streams if options.ctx_size is None else n_ctx
     if ctx_auto and n_ctx > min_ctx:
         smallest = sized(min_ctx, layers)
         if target > smallest.total:
             grown = min_ctx + (n_ctx - min_ctx) * (target - smallest.total) // (
                 full.total - smallest.total
             )
-            cut = max(grown - grown % CTX_ALIGN, min_ctx)
+            cut = max(grown - grown % (CTX_ALIGN * streams), min_ctx)
             return sized(cut, layers)
         n_ctx = min_ctx
     if ngl != NGL_AUTO:

@@ -101,7 +101,7 @@ class ModelServer:
             "meta": {
                 "vocab_type": self.info.vocab_type,
                 "n_vocab": self.info.n_vocab,
-                "n_ctx": self.plan.n_ctx,
+                "n_ctx": self.plan.slot_ctx,
                 "n_ctx_train": self.info.n_ctx_train,
                 "n_embd": self.info.n_embd,
                 "n_params": self.info.n_params,
@@ -125,7 +125,7 @@ class ModelServer:
 
     async def props(self, request: web.Request) -> web.StreamResponse:
         params = self._settings(self.options.n_predict, False)
-        settings = {"params": params, "n_ctx": self.plan.n_ctx}
+        settings = {"params": params, "n_ctx": self.plan.slot_ctx}
         return json_response({
             "default_generation_settings": settings,
             "total_slots": self.options.n_parallel,
@@ -251,7 +251,7 @@ class ModelServer:
         if refused is not None:
             return error_response(*refused)
         tokens = infill_tokens(
-            self.vocab, self.info.fim, body, self.plan.n_ctx, self.options.n_predict
+            self.vocab, self.info.fim, body, self.plan.slot_ctx, self.options.n_predict
         )
         return await self._complete(request, {**body, "prompt": tokens}, "native")
 
@@ -277,7 +277,7 @@ class ModelServer:
                                   INVALID_REQUEST)  # fmt: skip
         prompt = body["prompt"]
         n_prompt = len(self._prompt_tokens(prompt))
-        n_ctx_slot = self.plan.n_ctx
+        n_ctx_slot = self.plan.slot_ctx
         if n_prompt >= n_ctx_slot:
             error = framing.error_body(
                 f"request ({n_prompt} tokens) exceeds the available context size "

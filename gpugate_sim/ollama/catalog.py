@@ -42,6 +42,10 @@ class CatalogModel:
     default_num_ctx: int = 4096
     """The context of a request that sets none: Ollama's by the VRAM it sees for a model
     with a shape (sizing.vram_context), else the spec's."""
+    auto_num_ctx: bool = False
+    """Whether that default is Ollama's automatic one (server/routes.go
+    `usesAutomaticNumCtx`: a model with a shape, and no OLLAMA_CONTEXT_LENGTH); a spec's
+    `default_num_ctx` plays a Modelfile's num_ctx."""
 
     @property
     def display(self) -> str:
@@ -89,8 +93,10 @@ class Catalog:
         now: float,
         *,
         default_ctx: int = 4096,
+        auto_ctx: bool = True,
     ) -> None:
-        """`default_ctx`: the context Ollama gives a request that sets none (by its VRAM)."""
+        """`default_ctx`: the context Ollama gives a request that sets none (by its VRAM);
+        `auto_ctx`: it is automatic (no OLLAMA_CONTEXT_LENGTH)."""
         self._models: dict[str, CatalogModel] = {}
         for index, spec in enumerate(specs):
             name = ModelName.parse(spec.name)
@@ -118,6 +124,7 @@ class Catalog:
                 default_num_ctx=(
                     min(default_ctx, spec.context_length) if size else spec.default_num_ctx
                 ),
+                auto_num_ctx=bool(size) and auto_ctx,
             )
 
     def find(self, text: str) -> CatalogModel | None:

@@ -51,6 +51,7 @@ def prepare(
         context_length=effective_num_ctx(model, runner_options),
         slots=asyncio.Semaphore(parallel),
         keep_alive=keep_alive,
+        num_ctx_auto=options.num_ctx_auto,
     )
     command = RunnerCommand(
         state_dir=state_dir,

@@ -62,6 +62,9 @@ class RequestOptions:
     """sim_load_fail: the runner fails to load the model."""
     tokens: int | None = None
     """sim_tokens: the answer is this many tokens long (before num_predict cuts it)."""
+    num_ctx_auto: bool = False
+    """The context is Ollama's automatic one: the request sets none and the model's is
+    (server/routes.go `usesAutomaticNumCtx`)."""
 
 
 def _integer(options: dict[str, object], key: str) -> int | None:
@@ -153,6 +156,7 @@ def parse_options(
         fail_after_tokens=None if fail_after is None else max(0, fail_after),
         load_fail=bool(_boolean(options, "sim_load_fail")),
         tokens=None if tokens is None else max(1, tokens),
+        num_ctx_auto=num_ctx is None and model.auto_num_ctx,
     )
 
 

@@ -59,6 +59,9 @@ class Runner:
     draining: bool = False
     """Chosen for eviction or reload: takes no new requests, unloads once idle."""
     timer: asyncio.TimerHandle | None = None
+    num_ctx_auto: bool = False
+    """Started with Ollama's automatic context: a request with the automatic one is served
+    whatever context that was (sched.go `needsReload`)."""
     idle: asyncio.Event = attrs.field(factory=asyncio.Event)
     gone: asyncio.Event = attrs.field(factory=asyncio.Event)
 
@@ -66,7 +69,10 @@ class Runner:
     def key(self) -> str:
         return self.model.name.key
 
-    def serves(self, options: RunnerOptions) -> bool:
+    def serves(self, options: RunnerOptions, num_ctx_auto: bool = False) -> bool:
+        """Whether a request with `options` can use this runner as it is."""
+        if self.num_ctx_auto and num_ctx_auto:
+            options = attrs.evolve(options, num_ctx=self.options.num_ctx)
         return (
             self.phase is RunnerPhase.READY
             and not self.draining

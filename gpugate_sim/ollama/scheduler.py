@@ -11,6 +11,8 @@ The rules follow Ollama's server/sched.go:
   load; the runner lays the model over its GPUs (gpugate_sim.ollama.layout). With nothing
   else loaded a model that does not fit loads anyway with part of it in system memory
   (`size_vram < size`).
+* A load whose runner runs out of memory is tried once more, with a lower automatic
+  context and every other model evicted first (gpugate_sim.ollama.oomretry).
 * A runner's keep_alive counts down from the moment its last request ends; it is only
   replaced by a request that carries one. Duration 0 unloads right after that request.
 
@@ -35,6 +37,7 @@ from gpugate_sim.ollama.catalog import CatalogModel
 from gpugate_sim.ollama.duration import FOREVER, parse_keep_alive_setting, seconds
 from gpugate_sim.ollama.faults import SimFaults
 from gpugate_sim.ollama.loading import prepare
+from gpugate_sim.ollama.oomretry import retry_options
 from gpugate_sim.ollama.options import (
     RequestOptions,
     requested_gpu_share,
@@ -61,6 +64,8 @@ class Pending:
     keep_alive: int | None
     future: asyncio.Future[Runner]
     abandoned: asyncio.Event = attrs.field(factory=asyncio.Event)
+    oom_retry_attempted: bool = False
+    """sched.go `LlmRequest.oomRetryAttempted`: its one retry after a load OOM is spent."""
 
 
 class Scheduler:
@@ -112,7 +117,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         started = loop.time()
         runner = self._runners.get(model.name.key)
-        if runner is not None and runner.serves(options.runner):
+        if runner is not None and runner.serves(options.runner, options.num_ctx_auto):
             self._use(runner, keep_alive)
             return Lease(runner, int((loop.time() - started) * 1e9))
         if len(self._queue) >= self._spec.max_queue:
@@ -258,7 +263,7 @@ class Scheduler:
         while not pending.abandoned.is_set():
             current = self._runners.get(key)
             if current is not None:
-                if current.serves(pending.options.runner):
+                if current.serves(pending.options.runner, pending.options.num_ctx_auto):
                     self._grant(pending, current)
                     return
                 await self._evict(current)
@@ -281,7 +286,13 @@ class Scheduler:
             if explicit is None and size > plan.available and others and plan.placement.gpus:
                 await self._evict(find_runner_to_unload(others))
                 continue
-            await self._load(pending, size, explicit, plan)
+            if await self._load(pending, size, explicit, plan):
+                # sched.go `processPending`: the one retry after a load OOM, with every other
+                # model evicted first (`evictAllAndWait`) when there are any.
+                await asyncio.gather(
+                    *(self._evict(r) for r in list(self._runners.values()) if r.key != key)
+                )
+                continue
             return
 
     async def _evict(self, runner: Runner) -> None:
@@ -298,7 +309,9 @@ class Scheduler:
 
     async def _load(
         self, pending: Pending, size: int, explicit: int | None, plan: LoadPlan
-    ) -> None:
+    ) -> bool:
+        """Start a runner for `pending` and wait for it; True when its load ran out of
+        memory and sched.go `load` would try once more (`retry_after_oom`)."""
         keep_alive = self.default_keep_alive if pending.keep_alive is None else pending.keep_alive
         runner, command = prepare(
             self._spec, self._gpu.directory, pending.model, pending.options, keep_alive,
@@ -313,7 +326,7 @@ class Scheduler:
             self._loading = None
             self.counters.load_failures += 1
             self._fail(pending, f"llama runner process has terminated: {exc}")
-            return
+            return False
         self._loading = None
         if outcome is LoadOutcome.READY:
             runner.phase = RunnerPhase.READY
@@ -331,8 +344,26 @@ class Scheduler:
             reason = await runner.process.failure()
             self._forget(runner)
             self.counters.load_failures += 1
+            if self._retry_after_oom(pending, reason):
+                self.counters.oom_retries += 1
+                self.changed()
+                return True
             self._fail(pending, f"llama runner process has terminated: {reason}")
         self.changed()
+        return False
+
+    def _retry_after_oom(self, pending: Pending, reason: str) -> bool:
+        """Whether the failed load of `pending` is tried once more (oomretry.py), with the
+        options it is tried with; the caller evicts every other model first."""
+        if pending.oom_retry_attempted:
+            return False
+        others = any(r.key != pending.model.name.key for r in self._runners.values())
+        options = retry_options(pending.model, pending.options, reason, others)
+        if options is None:
+            return False
+        pending.oom_retry_attempted = True
+        pending.options = options
+        return True
 
     # -- runner bookkeeping --------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class SimOllama:
         self.catalog = Catalog(
             spec.models, gpu.directory / "ollama" / "blobs", clock(),
             default_ctx=vram_context(vram, spec.context_length),
+            auto_ctx=spec.context_length == 0,
         )  # fmt: skip
         self.scheduler = Scheduler(spec, gpu, clock)
         self.engine = Engine(spec, self.scheduler)

@@ -33,6 +33,8 @@ class Counters:
     loads_aborted: int = 0
     """Loads whose request went away before the runner was ready (runner killed)."""
     unloads: int = 0
+    oom_retries: int = 0
+    """Loads tried again after a load ran out of memory (sched.go `load`)."""
     generations_started: int = 0
     generations_completed: int = 0
     generations_cancelled: int = 0

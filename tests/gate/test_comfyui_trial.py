@@ -236,7 +236,9 @@ async def test_a_demand_meanwhile_is_not_granted_the_memory_the_prompt_is_taking
     await ws.until("progress")  # its weights and working set are on the card
     await sample(stack)
     early = gate.core.budget(0).consumer("comfyui")
-    assert early.unexplained >= 2034 * MiB and early.pending == 0
+    # As much of the checkpoint as the full card holds beside the working set and the
+    # reserve: ComfyUI loads the rest of it partly (lowvram), where it used to load all.
+    assert early.unexplained >= 1 * GiB and early.pending == 0
     probe = Demand(
         ResidentKey("ollama", "probe"),
         0,

@@ -11,7 +11,7 @@ from gpugate.core.units import MiB
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.faults.records import read_prompt_records
-from tests.sim.comfyui_helpers import connect, flux, queue
+from tests.sim.comfyui_helpers import connect, flux, kinds, queue
 
 INCIDENT = Path(__file__).resolve().parents[2] / "gpugate_sim/data/incident-2026-07-10.yaml"
 
@@ -41,15 +41,18 @@ async def test_sim_run_incident_serves_comfyui_as_one_process(tmp_path: Path):
             assert Path(f"/proc/{row.pid}/comm").read_text().strip() == "python3"
             # 3,451 MiB (the two runners hold what their llama-servers hold for them).
             assert 3450 * MiB < gpu.free(0) <= 3451 * MiB
-            # FLUX does not fit next to the Ollama runners: a CUDA OOM, recorded on the host.
+            # FLUX does not fit next to the Ollama runners: ComfyUI loads what fits beside
+            # its working set and reserve, keeps the rest in CPU RAM, and renders.
             socket = await connect(session, url, "me")
             prompt_id = await queue(session, url + "/api", flux(), client_id="me")
             [record] = read_prompt_records(tmp_path / "prompts.jsonl")
             assert (record.status, record.queued, record.prompt_id) == (200, True, prompt_id)
             events = await socket.until_done(prompt_id)
-            error = next(e["data"] for e in events if e["type"] == "execution_error")
-            assert error["exception_type"] == "torch.OutOfMemoryError"
-            assert [oom.pid for oom in gpu.ooms()] == [row.pid]
+            assert "execution_error" not in kinds(events)
+            assert "execution_success" in kinds(events)
+            assert gpu.ooms() == []
+            # Less than the 11,350 MiB UNet alone: only part of the model is on the card.
+            assert 210 * MiB < gpu.read().held_by(row.pid, 0) < 3451 * MiB
             async with session.get(f"{url}/system_stats") as resp:
                 stats = json.loads(await resp.text())
             assert stats["devices"][0]["vram_free"] == gpu.free(0)

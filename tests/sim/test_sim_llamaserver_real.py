@@ -86,3 +86,39 @@ def test_same_stream_framing(both: tuple[str, str]) -> None:
     assert len(sim_events) == len(real_events) and sim_events[-2:] == real_events[-2:]
     for a, b in zip(real_events[:-2], sim_events[:-2], strict=True):
         assert list(json.loads(a[6:])) == list(json.loads(b[6:]))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-np", "2"], ["-np", "2", "-c", "1024"], ["-np", "2", "-fit", "off"], ["-np", "3"]],
+)
+def test_same_slot_context(tmp_path: Path, args: list[str]) -> None:
+    """A context left unset is the training context for each slot's KV stream under --fit
+    (common/fit.cpp `n_ctx_max = hp_nct * n_streams`), the training context in all without
+    it; a slot gets its share of the context either way."""
+    model = gguf_models.write_tiny_llama(tmp_path / "tiny.gguf")
+    real_port, sim_port = free_ports(2)
+    real = subprocess.Popen([str(REAL), "-m", str(model), "--port", str(real_port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sim = start(["-m", str(model), *args], card(tmp_path).directory, sim_port)
+    urls = [f"http://127.0.0.1:{port}" for port in (real_port, sim_port)]
+
+    def up(url: str) -> bool:
+        try:
+            return request(url + "/health")[0] == 200
+        except OSError:
+            return False
+
+    try:
+        seen = []
+        for url in urls:
+            wait_for(lambda url=url: up(url), url)
+            props = json.loads(request(url + "/props")[1])
+            models = json.loads(request(url + "/v1/models")[1])
+            seen.append((props["default_generation_settings"]["n_ctx"],
+                         models["data"][0]["meta"]["n_ctx"]))  # fmt: skip
+        assert seen[0] == seen[1]
+    finally:
+        for proc in (real, sim):
+            proc.kill()
+            proc.wait(10)
