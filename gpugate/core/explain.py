@@ -105,6 +105,13 @@ def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
     return holders
 
 
+def reach_of(demand: Demand, budget: GpuBudget, residents: Sequence[Resident]) -> int:
+    """The bytes that could ever be freed for the demand: what is schedulable and what
+    the residents it may evict or outlast hold."""
+    others = (r for r in residents if r.key != demand.key and r.bytes)
+    return max(0, budget.schedulable) + sum(r.bytes for r in others if can_ever_have(r, demand))
+
+
 def describe_reach(
     demand: Demand, needed: int, budget: GpuBudget, residents: Sequence[Resident]
 ) -> str:
@@ -115,9 +122,8 @@ def describe_reach(
     others = [r for r in residents if r.key != demand.key and r.bytes]
     ever = sorted((r for r in others if can_ever_have(r, demand)), key=lambda r: -r.bytes)
     kept = sorted((r for r in others if not can_ever_have(r, demand)), key=lambda r: -r.bytes)
-    schedulable = max(0, budget.schedulable)
     evictable = sum(r.bytes for r in ever)
-    reach = schedulable + evictable
+    reach = reach_of(demand, budget, residents)
     short = f", {format_gib(needed - reach)} short" if needed > reach else ""
     head = f"at most {format_gib(reach)} could ever be freed for it{short}"
     if ever:

@@ -15,10 +15,14 @@ demand's deadline:
   is free for it then, with no evictions (they would end after the deadline), else
   LEASE_TIMEOUT as before.
 
-The floor is planned as a demand of its own (evicting for it as usual, the margin held), so
-nothing is evicted for a demand that is then refused. A ticket planned at its floor stays
-there. A demand with no floor (a runtime that, short of memory, would offload to the CPU:
-a failure the gate prevents, not a mode it grants) is never degraded.
+Where the ceiling can never be had, the most the demand could ever have (above its floor,
+`explain.reach_of`) is planned first, and taken when it is to be had now (at once or by
+evicting): the runtime takes what it finds free, so its lease had better say what it will
+hold. Else the floor. Either is planned as a demand of its own (evicting for it as usual,
+the margin held), so nothing is evicted for a demand that is then refused. A ticket
+planned degraded stays there. A demand with no floor (a runtime that, short of memory,
+would offload to the CPU: a failure the gate prevents, not a mode it grants) is never
+degraded.
 
 A load that sizes itself (`Sizing.FITS_FREE`) takes what it sees free when it loads, up to
 its ceiling; NVML shows it as free whatever the gate leased. Two rules keep another lease's
@@ -68,11 +72,14 @@ def may_degrade(demand: Demand, decision: Plan) -> bool:
     )
 
 
-def at_floor(demand: Demand, reason: FailureClass, why: str) -> Demand:
-    """The demand at its floor, with what it asked for and why it did not get it. A job's
-    demand asks for what its consumer's job lease lacks: its floor likewise."""
+def at_floor(demand: Demand, reason: FailureClass, why: str, nbytes: int | None = None) -> Demand:
+    """The demand at its floor (or at `nbytes`, between its floor and its ceiling), with
+    what it asked for and why it did not get it. A job's demand asks for what its
+    consumer's job lease lacks: its floor likewise."""
     floor = demand.floor
     assert floor is not None
+    if nbytes is not None:
+        floor = max(floor, min(nbytes, demand.job_bytes or demand.envelope))
     if demand.job_bytes is not None:
         held = demand.job_bytes - demand.envelope
         degraded = Degraded(floor, demand.job_bytes, reason, why)
@@ -90,7 +97,7 @@ def at_floor_note(demand: Demand) -> str:
     if degraded is None:
         return ""
     return (
-        f"; that is its floor: its ceiling of {format_gib(degraded.ceiling)} "
+        f"; that is what it was degraded to: its ceiling of {format_gib(degraded.ceiling)} "
         f"met {degraded.reason.value}"
     )
 
@@ -111,8 +118,8 @@ def degraded_event(lease: Lease) -> Event:
         priority=lease.demand.priority.label,
         lease=lease.id,
         detail=(
-            f"granted its floor {format_gib(degraded.floor)} of its "
-            f"{format_gib(degraded.ceiling)} ceiling; the ceiling: {degraded.why}"
+            f"granted {format_gib(degraded.floor)} of its {format_gib(degraded.ceiling)} "
+            f"ceiling; the ceiling: {degraded.why}"
         ),
     )
 

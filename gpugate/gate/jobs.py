@@ -48,6 +48,9 @@ class JobPeak:
     scale: float
     peak: int = 0
     alone: bool = True
+    degraded: bool = False
+    """Granted its floor: it ran in what it was given, and its peak says nothing of what
+    it takes with room."""
 
 
 class JobOwner(Protocol):
@@ -157,7 +160,8 @@ class JobWatch:
     def _watch(self, lease: Lease, kind: ResidentKey, scale: float) -> None:
         """Measure a job of `kind` from now to its end."""
         others = [x for x in self.live(kind.consumer) if x.id != lease.id]
-        self._watches[lease.id] = JobPeak(kind, scale, alone=not others)
+        degraded = lease.demand.degraded is not None
+        self._watches[lease.id] = JobPeak(kind, scale, alone=not others, degraded=degraded)
         for other in others:
             watch = self._watches.get(other.id)
             if watch is not None:
@@ -167,9 +171,10 @@ class JobWatch:
             link.jobs_live.set()
 
     def _ended(self, lease_id: int, *, failed: bool) -> None:
-        """Keep the peak of a job that ran alone and well as its kind's measured envelope."""
+        """Keep the peak of a job that ran alone and well, with its whole envelope, as its
+        kind's measured envelope."""
         watch = self._watches.pop(lease_id, None)
-        if watch is None or failed or not watch.alone or watch.peak <= 0:
+        if watch is None or failed or not watch.alone or watch.degraded or watch.peak <= 0:
             return
         self.envelopes.learn_job(watch.kind, watch.peak, watch.scale)
 

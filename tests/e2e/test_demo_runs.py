@@ -26,6 +26,15 @@ async def test_the_demo_in_the_readmes_order_renders_flux_and_keeps_its_reserve(
         assert run.reserve_max == BASE_RESERVE, run.line()
         assert run.failures == (), run.line()
         assert run.overruns == 0, "the demo's envelopes are its loads' sizes: " + run.line()
+        # FLUX's whole graph can never be had beside whisper: granted degraded, and said so
+        # in the answer and one event, which agree.
+        assert run.degraded is not None, run.line()
+        (event,) = run.degraded_events
+        assert run.degraded == (
+            f"floor={event['bytes']}; ceiling={event['ceiling']}; reason={event['reason']}"
+        )
+        assert event["reason"] == "INSUFFICIENT_SCHEDULABLE_VRAM", event
+        assert event["bytes"] < event["ceiling"]
 
 
 def test_an_eviction_for_a_demand_then_refused_is_counted_once():

@@ -37,10 +37,11 @@ def checked(seed: int = 1, steps: int = 3, text: str = "a cat") -> dict:
     return graph
 
 
-def checked_flux() -> dict:
+def checked_flux(size: int = 1024) -> dict:
     """FLUX.1-dev (about 17 GiB: more than the 16 GiB card) through CheckedTextEncode."""
     graph = flux()
     graph["4"] = {"class_type": "CheckedTextEncode", "inputs": {"text": "a fox", "clip": ["2", 0]}}
+    graph["6"]["inputs"] |= {"width": size, "height": size}
     return graph
 
 
@@ -280,9 +281,11 @@ async def test_a_running_prompt_whose_lease_cannot_be_had_is_interrupted_and_giv
 ):
     gate = stack.gate
     # gemma3:12b (production: an interactive prompt may not evict it) and a transcoder:
-    # 1.5 GiB schedulable, 2.5 GiB free. ComfyUI starts the prompt as it accepts it.
+    # 0.75 GiB schedulable, 1.75 GiB free: not even the prompt's 0.9 GiB floor (its
+    # checkpoint partly loaded, 128 MiB, and ComfyUI's least working memory). ComfyUI starts
+    # the prompt as it accepts it.
     await load(stack, session, "gemma3:12b")
-    sim_host.allocate(transcoder.pid, 5384 * MiB, name="Plex Transcoder")
+    sim_host.allocate(transcoder.pid, 6144 * MiB, name="Plex Transcoder")
     await sample(stack)
     seen = record(gate)
     ws = await connect(session, stack.gate_comfy, "t2")
@@ -314,7 +317,7 @@ async def test_a_running_prompt_whose_lease_cannot_be_had_is_interrupted_and_giv
 
 
 async def test_a_pending_prompt_whose_lease_cannot_be_had_is_deleted_and_never_runs(
-    stack, sim_host, session
+    stack, sim_host, session, transcoder
 ):
     gate = stack.gate
     await load(stack, session, "gemma3:12b")
@@ -325,8 +328,12 @@ async def test_a_pending_prompt_whose_lease_cannot_be_had_is_deleted_and_never_r
     )
     assert status == 200, running
     await ws.until("progress")
+    # A transcoder takes 3 GiB: not even the 2048x2048 FLUX's floor (128 MiB of each text
+    # encoder and its 4 GiB working set) fits in the running job's lease and what is left.
+    sim_host.allocate(transcoder.pid, 3 * GiB, name="Plex Transcoder")
+    await sample(stack)
     seen = record(gate)
-    status, headers, answer = await post(session, stack.gate_comfy, checked_flux())
+    status, headers, answer = await post(session, stack.gate_comfy, checked_flux(2048))
     assert status == 503, answer
     # gemma3:12b is production (never the prompt's to evict) and kept for 15 minutes.
     assert headers[FAILURE_HEADER] == "DEADLINE_CANNOT_BE_MET", answer

@@ -36,10 +36,10 @@ async def test_a_prompt_whose_ceiling_can_never_be_had_renders_at_its_floor(
         gate = stack.gate
         metrics = GateMetrics(gate)
         # A script of the ComfyUI host's own holds 1.5 GiB under the consumer's explicit
-        # lease, with no known end: the FLUX graph's 14 GiB can never be had beside it, its
-        # largest stage (the UNET and its working set) can. (Another consumer's lease not
-        # yet allocated would make the prompt, which ComfyUI sizes to what it sees free,
-        # wait for it instead: `gpugate.core.floors`.)
+        # lease, with no known end: the FLUX graph's 17 GiB can never be had beside it, the
+        # most it could ever have (12.9 GiB) can. (Another consumer's lease not yet
+        # allocated would make the prompt, which ComfyUI sizes to what it sees free, wait
+        # for it instead: `gpugate.core.floors`.)
         held = await gate.leases.hold(
             LeaseTerms("comfyui", 0, 1536 * MiB, PriorityClass.PRODUCTION, ttl=600.0)
         )
@@ -58,6 +58,8 @@ async def test_a_prompt_whose_ceiling_can_never_be_had_renders_at_its_floor(
             )
             assert event.reason == reason
             assert event.bytes is not None and event.ceiling is not None
+            # The most it could ever have beside the held lease, above its floor: ComfyUI
+            # loads the text encoders, then the UNet, and what does not fit stays in CPU RAM.
             assert 11350 * MiB < event.bytes < event.ceiling
             assert "could ever be freed for it" in event.detail
             assert "leases of comfyui with no known end 1.5 GiB" in event.detail

@@ -11,10 +11,12 @@ In order (docs/configuration.md, "ComfyUI prompts"):
    sized files' own stage); without one, each such file counts as DEFAULT_FILE_BYTES.
 
 ComfyUI moves its own models off the card when a later node needs the room (`free_memory`
-before `load_models_gpu`), so a prompt also runs in less than the sum of its files: in the
-largest of its stages (text encoders; diffusion model with LoRAs and ControlNets; VAE;
-upscaler), each with the working set. That is the `floor`; the sum is the ceiling. Short
-of the ceiling the core grants the floor (`gpugate.core.floors`).
+before `load_models_gpu`), and loads a model partly when the card is short (the rest is
+copied from CPU RAM for each use, slower), so a prompt also runs in far less than the sum
+of its files: 128 MiB of each model of its largest stage (text encoders; diffusion model
+with LoRAs and ControlNets; VAE; upscaler) beside the working set. That is the `floor`;
+the sum is the ceiling. Short of the ceiling the core grants the floor, and the runtime
+takes what it finds free up to the ceiling (`gpugate.core.floors`).
 """
 
 from __future__ import annotations
@@ -108,17 +110,31 @@ class PromptEnvelope:
     bytes: int
     """What to lease."""
     floor: int
-    """The least the prompt can run in (its largest stage and the working set)."""
+    """The least the prompt can run in: its largest stage partly loaded (128 MiB of each of
+    its models) and the working set."""
     source: EnvelopeSource
     working_set: int
     unsized: tuple[ModelFile, ...] = ()
     """Files nothing in `files` sized."""
 
 
-def _stages(sizes: Iterable[tuple[ModelFile, int]]) -> int:
+LOWVRAM_WEIGHTS = 128 * 1024 * 1024
+"""The least of a model ComfyUI puts on the card when it is short: in NORMAL_VRAM it loads
+a model partially (lowvram), `lowvram_model_memory = max(128 MiB, free − minimum memory
+required)` (comfy/model_management.py `load_models_gpu`), and copies the rest from CPU RAM
+for each use (comfy/ops.py `cast_bias_weight`): slower, not a failure."""
+MINIMUM_INFERENCE = 819 * 1024 * 1024
+"""`minimum_inference_memory()` less the reserve (0.8 GiB): the least working memory
+ComfyUI loads a model beside."""
+
+
+def _stages(sizes: Iterable[tuple[ModelFile, int]], each: int | None = None) -> int:
+    """The largest stage (the models a node needs together): whole, or with `each`, the
+    least of each model on the card (the model where it is smaller)."""
     by_stage: dict[Stage, int] = defaultdict(int)
     for file, size in sizes:
-        by_stage[STAGE_OF_FOLDER.get(file.folder, Stage.DIFFUSE)] += size
+        stage = STAGE_OF_FOLDER.get(file.folder, Stage.DIFFUSE)
+        by_stage[stage] += size if each is None else min(size, each)
     return max(by_stage.values(), default=0)
 
 
@@ -139,7 +155,7 @@ def prompt_envelope(
 
     `measured`: the NVML peak of an earlier run of the same file set (`demand.key`), which
     wins; `measured_megapixels`: the largest latent among those runs, when known. The lease is
-    the whole sum (the ceiling), its floor the largest stage.
+    the whole sum (the ceiling), its floor its largest stage partly loaded.
     """
     working = sizing.working_set_for(demand.megapixels)
     sized: list[tuple[ModelFile, int]] = []
@@ -152,11 +168,11 @@ def prompt_envelope(
             sized.append((file, size))
     if unsized and sizing.envelope is None:
         sized += [(file, DEFAULT_FILE_BYTES) for file in unsized]
-    floor = _stages(sized) + working
     want = sum(size for _, size in sized) + working
+    floor = min(want, _stages(sized, LOWVRAM_WEIGHTS) + max(working, MINIMUM_INFERENCE))
     source = EnvelopeSource.DEFAULT if unsized else EnvelopeSource.FILES
     if unsized and sizing.envelope is not None:
-        want = floor = max(sizing.envelope, floor)
+        want = floor = max(sizing.envelope, _stages(sized) + working)
         source = EnvelopeSource.ENVELOPE
     if measured is not None:
         want = measured
