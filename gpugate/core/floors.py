@@ -15,14 +15,14 @@ demand's deadline:
   is free for it then, with no evictions (they would end after the deadline), else
   LEASE_TIMEOUT as before.
 
-Where the ceiling can never be had, the most the demand could ever have (above its floor,
-`explain.reach_of`) is planned first, and taken when it is to be had now (at once or by
-evicting): the runtime takes what it finds free, so its lease had better say what it will
-hold. Else the floor. Either is planned as a demand of its own (evicting for it as usual,
-the margin held), so nothing is evicted for a demand that is then refused. A ticket
-planned degraded stays there. A demand with no floor (a runtime that, short of memory,
-would offload to the CPU: a failure the gate prevents, not a mode it grants) is never
-degraded.
+Where the ceiling can never be had, the most the demand can have now (what is free and
+what the residents it may evict now hold, above its floor) is planned first, and taken
+when that plan grants or evicts: the runtime takes what it finds free, so its lease had
+better say what it will hold. Else the floor. Either is planned as a demand of its own
+(evicting for it as usual, the margin held), so nothing is evicted for a demand that is
+then refused. A ticket planned degraded stays there. A demand with no floor (a runtime
+that, short of memory, would offload to the CPU: a failure the gate prevents, not a mode
+it grants) is never degraded.
 
 A load that sizes itself (`Sizing.FITS_FREE`) takes what it sees free when it loads, up to
 its ceiling; NVML shows it as free whatever the gate leased. Two rules keep another lease's

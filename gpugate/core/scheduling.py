@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from gpugate.core import early, explain, floors
+from gpugate.core import early, floors
 from gpugate.core.books import Books
 from gpugate.core.crowding import held_by
 from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
@@ -406,11 +406,11 @@ class Scheduler:
         floored = floors.at_floor(demand, reason, why.message)
         budget = self.telemetry.budget(demand.gpu, self.books)
         if reason is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM and budget is not None:
-            # The most it could ever have, where that is above its floor and to be had now
-            # (at once or by evicting): the runtime takes what it finds free, so the lease
-            # had better say so (and its preemption frees it). Short of that, its floor.
-            residents = [r for r in self.books.residents.values() if r.gpu == demand.gpu]
-            most = explain.reach_of(demand, budget, residents)
+            # The most it can have now (what is free, and the residents it may evict now),
+            # where that is above its floor: the runtime takes what it finds free, so the
+            # lease had better say so (and its preemption frees it). Short of that, its floor.
+            idle = self._view(tail, demand.gpu, now).evictable(demand)
+            most = max(0, budget.schedulable) + sum(r.bytes for r in idle)
             if most > (demand.floor or 0):
                 reaching = floors.at_floor(demand, reason, why.message, most)
                 chance = self._decide(ticket, tail, now, reaching)
