@@ -108,9 +108,11 @@ Ask for a model that does not fit and watch the gate evict the idle one:
 {ollama_client}\
   curl -s http://127.0.0.1:{ollama}/api/ps
 
-Or render FLUX in ComfyUI (open http://127.0.0.1:{comfyui}, or queue it from a script): it
-fails with CUDA out of memory at :{comfyui_upstream} and renders through the gate, which evicts
-the idle Ollama models for it first:
+Or render FLUX in ComfyUI (open http://127.0.0.1:{comfyui}, or queue it from a script).
+Its 17.2 GiB never fit the card: straight at :{comfyui_upstream} ComfyUI loads what fits
+beside the pinned models and streams the rest of its UNet from CPU RAM; through the gate the
+idle Ollama models it may evict go first, and the answer's X-GPUGate-Degraded says what it
+was granted of what it asked:
 
   curl -s http://127.0.0.1:{comfyui}/prompt -d @{prompt}
   curl -s http://127.0.0.1:{comfyui}/history   # once it is done: status_str "success"
