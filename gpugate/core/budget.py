@@ -222,15 +222,16 @@ def budget_of(
     # counts them (or, exited before its /proc entry was read, a process nobody claims).
     # Unattributed, then unclaimed, bytes up to what unloading residents no longer show
     # are those bytes on their way back, already counted once.
+    # A sum below 0 is a drift in the books' carried sums, never bytes on their way back.
     vanished = sum(
-        min(nbytes, max(0, resident.get(name, 0) - observed.get(name, 0)))
+        max(0, min(nbytes, resident.get(name, 0) - observed.get(name, 0)))
         for name, nbytes in unloading.items()
     )
     outside = dict(observation.external)
     reclaiming = 0
     for row in (UNATTRIBUTED, OTHER):
         taken = min(outside.get(row, 0), vanished - reclaiming)
-        if taken:
+        if taken > 0:
             reclaiming += taken
             outside[row] -= taken
             if not outside[row]:

@@ -165,3 +165,15 @@ def test_an_unloading_runner_read_as_a_process_nobody_claims_is_not_counted_twic
     assert budget.reclaiming == 2 * GiB
     assert [(row.name, row.bytes) for row in budget.external] == [("plex", 300 * MiB)]
     assert budget.consumer("ollama").committed == 2 * GiB
+
+
+def test_an_unloading_sum_below_zero_is_no_memory_coming_back_and_no_crash():
+    from gpugate.core.budget import GpuUsage, budget_of
+
+    # A card with nothing external, and sums the books carried into a negative unloading
+    # figure: the budget is still one, with nothing reclaimed (this raised KeyError).
+    usage = GpuUsage(resident={"ollama": 6 * GiB}, residents={"ollama": 1},
+                     unloading={"ollama": -512 * MiB})  # fmt: skip
+    budget = budget_of(gpu(proc(1, 6 * GiB, "ollama")), usage, sampled_at=0.0, reserve=RESERVE)
+    assert budget.reclaiming == 0 and budget.external == ()
+    assert budget.consumer("ollama").committed == 6 * GiB
