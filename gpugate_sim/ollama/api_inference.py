@@ -11,7 +11,7 @@ from gpugate_sim.ollama.engine import DoneReason, Finished
 from gpugate_sim.ollama.gofold import go_quote
 from gpugate_sim.ollama.names import go_trim_space
 from gpugate_sim.ollama.options import OptionError, RequestOptions, parse_options
-from gpugate_sim.ollama.record import reading
+from gpugate_sim.ollama.record import Reading, reading
 from gpugate_sim.ollama.relay import relay
 from gpugate_sim.ollama.requests import CHAT, EMBED, EMBEDDINGS, GENERATE
 from gpugate_sim.ollama.runnerref import Lease, ScheduleError
@@ -103,10 +103,21 @@ class Completion:
 
 
 async def _schedule(
-    svc: Services, model: CatalogModel, options: RequestOptions, keep_alive: int | None
-) -> Lease | web.Response:
+    svc: Services,
+    read: Reading,
+    model: CatalogModel,
+    body: dict[str, object],
+    keep_alive: int | None,
+) -> tuple[Lease, RequestOptions] | web.Response:
+    """The request's options and its runner, or Ollama's answer when it has neither: its
+    options parsed (an invalid one is GenerateHandler's 500), then scheduled."""
     try:
-        return await svc.scheduler.acquire(model, options, keep_alive)
+        options = parse_options(model, options_of(body))
+    except OptionError as exc:
+        return api_error(500, str(exc))
+    loading = read.loading(model, keep_alive, options_of(body))
+    try:
+        return await svc.scheduler.acquire(loading, options, keep_alive), options
     except ScheduleError as exc:
         return api_error(exc.status, exc.message)
 
@@ -141,16 +152,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if text_field(body, "suffix"):
         # scheduleRunner's CheckCapabilities: no simulated model can insert
         return api_error(400, f"{model.name.full} does not support insert")
-    try:
-        options = parse_options(model, options_of(body))
-    except OptionError as exc:
-        return api_error(500, str(exc))
     completion = Completion(svc, name, chat=False, stream=body.get("stream") is not False)
-    lease = await _schedule(
-        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
-    )
-    if isinstance(lease, web.Response):
-        return lease
+    scheduled = await _schedule(svc, read, model, body, keep_alive)
+    if isinstance(scheduled, web.Response):
+        return scheduled
+    lease, options = scheduled
     try:
         if prompt == "":
             head = {"model": name, "created_at": rfc3339(now_ns()), "response": ""}
@@ -220,16 +226,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if body.get("tools"):
         # scheduleRunner's CheckCapabilities: no simulated model calls tools
         return api_error(400, f"{model.name.full} does not support tools")
-    try:
-        options = parse_options(model, options_of(body))
-    except OptionError as exc:
-        return api_error(500, str(exc))
     completion = Completion(svc, name, chat=True, stream=body.get("stream") is not False)
-    lease = await _schedule(
-        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
-    )
-    if isinstance(lease, web.Response):
-        return lease
+    scheduled = await _schedule(svc, read, model, body, keep_alive)
+    if isinstance(scheduled, web.Response):
+        return scheduled
+    lease, options = scheduled
     try:
         if not messages:
             head = {"model": name, "created_at": rfc3339(now_ns())}
@@ -274,15 +275,10 @@ async def embed(request: web.Request) -> web.StreamResponse:
     model = svc.catalog.lookup(name)
     if model is None:
         return api_error(404, f"model {go_quote(name)} not found, try pulling it first")
-    try:
-        options = parse_options(model, options_of(body))
-    except OptionError as exc:
-        return api_error(500, str(exc))
-    lease = await _schedule(
-        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
-    )
-    if isinstance(lease, web.Response):
-        return lease
+    scheduled = await _schedule(svc, read, model, body, keep_alive)
+    if isinstance(scheduled, web.Response):
+        return scheduled
+    lease, _ = scheduled
     try:
         if not inputs:
             return json_response({"model": name, "embeddings": []})
@@ -323,15 +319,10 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     model = svc.catalog.lookup(name, fold=False)
     if model is None:
         return api_error(404, f"model {go_quote(name)} not found, try pulling it first")
-    try:
-        options = parse_options(model, options_of(body))
-    except OptionError as exc:
-        return api_error(500, str(exc))
-    lease = await _schedule(
-        svc, read.loading(model, keep_alive, options_of(body)), options, keep_alive
-    )
-    if isinstance(lease, web.Response):
-        return lease
+    scheduled = await _schedule(svc, read, model, body, keep_alive)
+    if isinstance(scheduled, web.Response):
+        return scheduled
+    lease, _ = scheduled
     try:
         prompt = text_field(body, "prompt")
         if not prompt:
