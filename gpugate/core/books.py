@@ -14,7 +14,7 @@ from gpugate.core.tickets import Demand, Lease, LeaseScope
 
 
 class JobOpener(Protocol):
-    """Opens a job-scope lease within its consumer's job lease (gpugate.core.scopes)."""
+    """Opens a job-scope lease within its consumer's job lease (gpugate.core.job_leases)."""
 
     def open(self, job_id: int, demand: Demand, now: float, arrived: float) -> Lease: ...
 

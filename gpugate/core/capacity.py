@@ -127,6 +127,10 @@ class Assessment:
     reason: str = ""
 
 
+LAST = 2**62
+"""A ticket id after every real one: an ask sorts after every ticket that arrived with it."""
+
+
 def assess(core: GateCore, ask: Ask, now: float) -> Assessment:
     """The verdict for `ask` if it were submitted at `now`. Changes nothing."""
     scheduler = core.scheduler
@@ -145,16 +149,35 @@ def assess(core: GateCore, ask: Ask, now: float) -> Assessment:
         return refused(Blocked.DRAINING, f"consumer {ask.key.consumer} is draining")
     if gpu in operator.paused:
         return refused(Blocked.PAUSED, f"admission on GPU {gpu} is paused")
-    if core.books.reusable(ask.key) is not None:
-        return Assessment(
-            Verdict.RESIDENT, 0, schedulable, schedulable, PlanKind.GRANT, reason="resident"
-        )
+    resident = core.books.reusable(ask.key)
+    behind = None
+    if resident is not None:
+        asked = attrs.evolve(ask, envelope=ask.envelope or 0).demand()
+        behind = scheduler.held_behind(asked, now, LAST, resident.key, now)
+        if behind is None:
+            return Assessment(
+                Verdict.RESIDENT, 0, schedulable, schedulable, PlanKind.GRANT, reason="resident"
+            )
     if core.fault is not None:
         return refused(Blocked.DRIVER_ERROR, f"NVML fails: {core.fault.name}")
     age = core.sample_age(gpu, now)
     if age is None or age > core.settings.stale_after:
         seen = "no NVML sample yet" if age is None else f"last NVML sample is {age:.1f}s old"
         return refused(Blocked.STALE, seen)
+    if behind is not None:
+        # Loaded, but the queue keeps it for an earlier request that waits to evict it; a
+        # wait needs a fresh sample as any other.
+        full = _queue_full(core, ask.key.consumer, gpu)
+        if full is not None:
+            return refused(Blocked.QUEUE_FULL, full)
+        return Assessment(
+            Verdict.RESIDENT,
+            0,
+            schedulable,
+            schedulable,
+            PlanKind.WAIT,
+            reason=f"resident, behind {behind.demand.key} past the swap bound",
+        )
     loading = [
         r
         for r in core.books.residents.same_model(gpu, ask.key.consumer, ask.key.model)

@@ -143,9 +143,18 @@ class EventKind(enum.Enum):
     """A runtime's lifecycle moved (stopped, starting, up, asleep, stopping): `detail`."""
     OVERRUN = "overrun"
     """A consumer holds more than the gate leased it (`gpugate.core.overrun`)."""
+    REWARM_STARTED = "rewarm_started"
+    """A kept-warm model evicted for a higher class is loaded again (`gpugate.core.rewarm`)."""
+    REWARM_DONE = "rewarm_done"
+    REWARM_CANCELLED = "rewarm_cancelled"
+    """A rewarm gave way to a real demand before it was granted."""
+    REWARM_FAILED = "rewarm_failed"
     DEGRADED = "degraded"
     """A lease granted at its floor, its ceiling not to be had in time (`gpugate.core.floors`):
     `bytes` granted, `ceiling` asked for, `reason` what the ceiling met."""
+    SWAP = "swap"
+    """A model evicted for a demand is loaded again on its GPU within `swap_window`
+    (`gpugate.core.swaps`): `wait` is the seconds between."""
 
 
 @attrs.frozen

@@ -62,7 +62,7 @@ def why_kept(resident: Resident, demand: Demand) -> str:
     return f"{resident.priority.label}, above {demand.priority.label} and kept with no idle ttl"
 
 
-def _holder(resident: Resident, demand: Demand) -> str:
+def describe_holder(resident: Resident, demand: Demand) -> str:
     """One holder with what it is to the demand: idle and evictable, busy, or kept."""
     if not can_ever_have(resident, demand):
         state = why_kept(resident, demand)
@@ -101,7 +101,7 @@ def describe_holders(demand: Demand, residents: Sequence[Resident]) -> str:
             holders = f"idle lower-class holders ({format_gib(idle)}) are not enough"
     top = sorted(others, key=lambda r: -r.bytes)[:3]
     if top:
-        holders += "; largest: " + ", ".join(_holder(r, demand) for r in top)
+        holders += "; largest: " + ", ".join(describe_holder(r, demand) for r in top)
     return holders
 
 
@@ -131,7 +131,7 @@ def describe_reach(
         head += (
             f" ({format_gib(evictable)} of it held by residents it may evict or outlast: {names})"
         )
-    held = [_holder(r, demand) for r in kept[:3]]
+    held = [describe_holder(r, demand) for r in kept[:3]]
     loading = {}
     for r in residents:
         if r.state is ResidentState.LOADING:
@@ -221,3 +221,41 @@ def make_failure(
         bytes_schedulable=max(0, budget.schedulable) if budget else None,
         retry_after=retry_after,
     )
+
+
+REFUSALS = {
+    FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM: "more than could ever be freed for it",
+    FailureClass.DEADLINE_CANNOT_BE_MET: "the memory it needs frees up only after its maximum wait",
+    FailureClass.LEASE_TIMEOUT: "it waited the most its class may",
+    FailureClass.EVICTION_NOT_ALLOWED: "what holds the memory may not be evicted for it",
+    FailureClass.EXTERNAL_GPU_PRESSURE: "external use took the memory",
+    FailureClass.UNLEASED_GPU_USE: "the consumers hold more than their leases",
+    FailureClass.GPU_MEMORY_NOT_RECLAIMED: "an unload did not give its memory back in time",
+    FailureClass.SCHEDULER_STATE_STALE: "the GPU has no fresh NVML sample",
+    FailureClass.DRIVER_ERROR: "NVML fails",
+    FailureClass.START_BACKOFF: "its runtime's last starts failed: not started again yet",
+    FailureClass.GPU_OOM: "the runtime ran out of GPU memory",
+    FailureClass.QUEUE_FULL: "its consumer has as many requests waiting as its queue_limit",
+}
+"""Why a demand was refused, in a few words, by failure class (the message says the rest)."""
+
+
+def refusal_line(failure: Failure) -> str:
+    """A refusal in one line: its class, the model and what it needed, and why in a few
+    words (the failure's message, which says who holds what, stays the long form)."""
+    klass = failure.failure_class
+    fault = RUNTIME_FAULTS.get(klass)
+    what = failure.model or failure.consumer or "the request"
+    if failure.bytes_needed:
+        what += f" needs {format_gib(failure.bytes_needed)}"
+        if failure.bytes_schedulable is not None:
+            gpu = "" if failure.gpu is None else f" on GPU {failure.gpu}"
+            what += f", {format_gib(failure.bytes_schedulable)} schedulable{gpu}"
+    if fault is not None:
+        return f"{klass.value}: {failure.consumer or what} {fault}"
+    why = REFUSALS.get(klass)
+    if why is None:
+        # Its message is short and says it (a drain, a full queue, a lease conflict).
+        first = failure.message.split("; ")[0]
+        return first if first.startswith(klass.value) else f"{klass.value}: {first}"
+    return f"{klass.value}: {what}: {why}"

@@ -10,11 +10,12 @@ from typing import Protocol
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.job_leases import JobBook
 from gpugate.core.listing import resident_event
 from gpugate.core.observation import GpuObservation
 from gpugate.core.operator_actions import OperatorActions
 from gpugate.core.scheduling import Scheduler
-from gpugate.core.scopes import JobBook, accounted, keep_held, left_behind, released_event
+from gpugate.core.scopes import accounted, keep_held, left_behind, released_event
 from gpugate.core.settings import CoreSettings
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Ticket

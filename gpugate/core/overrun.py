@@ -36,9 +36,10 @@ import attrs
 
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind, Overrun
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.observation import GpuObservation
 from gpugate.core.residents import ResidentKey, ResidentState
-from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
+from gpugate.core.scopes import HELD_MODEL
 from gpugate.core.units import MiB, format_gib
 
 TOLERANCE = 64 * MiB

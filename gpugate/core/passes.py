@@ -12,8 +12,8 @@ import attrs
 from gpugate.core.books import Books
 from gpugate.core.effects import Effect, Event, EventKind
 from gpugate.core.failures import Failure
+from gpugate.core.job_leases import job_bytes
 from gpugate.core.residents import Resident, ResidentKey
-from gpugate.core.scopes import job_bytes
 from gpugate.core.tickets import Lease
 from gpugate.core.views import ResidentSource, ResidentView
 

@@ -271,3 +271,24 @@ def _busy_word(resident: Resident) -> str:
     if resident.state is ResidentState.RESIDENT:
         return f"serving {resident.in_flight} request(s)"
     return resident.state.value
+
+
+def elsewhere(demand: Demand, copy: Resident | None, now: float) -> Plan | None:
+    """The model is resident, or loading, on another of its consumer's GPUs (`copy`, placed
+    there after this ticket queued here): the runtime holds one copy of it, so that copy
+    serves this request too — at once, or once it has loaded."""
+    if not demand.loads_model:
+        return None
+    if copy is None or copy.gpu == demand.gpu:
+        return None
+    if copy.state is ResidentState.RESIDENT:
+        return Plan(PlanKind.GRANT, 0, reason=f"{copy.key} is resident on GPU {copy.gpu}")
+    if copy.state is ResidentState.LOADING:
+        return Plan(
+            PlanKind.WAIT,
+            0,
+            counting_on=(copy.key,),
+            earliest=now,
+            reason=f"{copy.key} is loading on GPU {copy.gpu}",
+        )
+    return None

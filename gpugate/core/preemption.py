@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Iterable
 
 from gpugate.core.books import Books
 from gpugate.core.classes import PriorityClass
+from gpugate.core.job_leases import JobLease
 from gpugate.core.planner import PlannerSettings
 from gpugate.core.residents import ResidentKey
-from gpugate.core.scopes import JobLease
 from gpugate.core.tickets import Demand
 from gpugate.core.views import ResidentView
 

@@ -11,7 +11,7 @@ from collections import deque
 
 import attrs
 
-from gpugate.core.units import MiB
+from gpugate.core.units import MiB, format_duration, format_gib
 
 
 @attrs.frozen
@@ -44,11 +44,55 @@ class ExternalHistory:
 
     def reserve(self) -> int:
         """Base reserve plus how far external use may rebound to its recent peak."""
+        return self.why().reserve
+
+    def why(self) -> ReserveWhy:
+        """The reserve with what it is made of: its base, the rebound, the ceiling."""
         if not self._samples:
-            return self.settings.base
+            return ReserveWhy(self.settings, 0, 0)
         current = self._samples[-1][1]
         peak = max(external for _, external in self._samples)
-        return min(self.settings.ceiling, self.settings.base + max(0, peak - current))
+        return ReserveWhy(self.settings, peak, current)
+
+
+@attrs.frozen
+class ReserveWhy:
+    """Why a GPU's reserve is what it is: the base, plus how far external use may rebound
+    to its peak within the window (as the memory it used then may come back), up to the
+    ceiling. The peak sees no memory of the consumers in motion (`gpugate.core.motion`)."""
+
+    settings: ReserveSettings
+    peak: int
+    """The most external use of the window."""
+    current: int
+    """External use in the last sample."""
+
+    @property
+    def rebound(self) -> int:
+        return max(0, self.peak - self.current)
+
+    @property
+    def reserve(self) -> int:
+        return min(self.settings.ceiling, self.settings.base + self.rebound)
+
+    @property
+    def capped(self) -> bool:
+        return self.settings.base + self.rebound > self.settings.ceiling
+
+    def line(self) -> str:
+        """One line: 'base 1.0 GiB + 2.0 GiB external use may rebound ...'."""
+        base = f"base {format_gib(self.settings.base)}"
+        window = format_duration(self.settings.window)
+        if not self.rebound:
+            return f"{base}: external use is at its peak of the last {window}"
+        rebound = (
+            f"{base} + {format_gib(self.rebound)} external use may rebound (from "
+            f"{format_gib(self.current)} to its peak of {format_gib(self.peak)} in the last "
+            f"{window})"
+        )
+        if self.capped:
+            return f"{rebound}, capped at reserve_max {format_gib(self.settings.ceiling)}"
+        return rebound
 
 
 @attrs.define

@@ -30,14 +30,16 @@ class ResidentReuse:
 
     def grant(self, demand: Demand, now: float) -> Lease | None:
         """The lease `GateCore.submit` would grant at once on a resident that serves the
-        demand as it is; None: submit it (not such a demand, or its consumer is draining
-        or its GPU paused)."""
+        demand as it is; None: submit it (not such a demand, a queue on its GPU, its
+        consumer draining or its GPU paused)."""
         if demand.scope is not LeaseScope.REQUEST or demand.lease_ttl is not None:
             return None
         books = self.books
         resident = books.reusable(demand.key)
         if resident is None:
             return None
+        if self.queues.get(demand.gpu):
+            return None  # an earlier ticket may wait to evict it: the swap bound decides
         operator = self.operator
         if operator.draining and demand.key.consumer in operator.draining:
             return None

@@ -1,45 +1,35 @@
-"""Queueing: admit a demand, walk each GPU's queue in order, grant, evict for, or fail.
-
-A pass over a GPU's queue hands each ticket, in class-then-arrival order, the bytes the
-earlier tickets left (the pool). A ticket that must wait keeps back the part of its need
-that what it waits for will not cover, and the residents it counts on; a later ticket
-may only use what is left (backfill that never delays an earlier ticket). Tickets for a
-model another ticket is already waiting for ride on that one.
+"""Queueing: admit a demand to its GPU's queue (grant, queue, hold or fail it), a ticket
+that leaves (cancelled, failed, timed out), and the timers; each pass over a queue is
+`gpugate.core.queue_pass`'s.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
-import attrs
-
-from gpugate.core import early, floors
+from gpugate.core import floors, swaps
 from gpugate.core.books import Books
-from gpugate.core.crowding import held_by
-from gpugate.core.effects import Effect, Event, EventKind, Grant, Preempt, Reject, UnloadReason
+from gpugate.core.effects import Effect, Event, EventKind, Grant, Reject
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.margins import after_evictions, record_evictions
+from gpugate.core.job_leases import JobBook
+from gpugate.core.margins import after_evictions
 from gpugate.core.operator import OperatorBook
 from gpugate.core.passes import (
     UNEXPLAINED,
     Admission,
     FailureFactory,
-    GpuResidents,
     Outcome,
     Tail,
     failure_event,
     granted_event,
 )
-from gpugate.core.planner import Plan, PlanKind, PlannerSettings, plan
-from gpugate.core.preemption import PreemptClasses, choose_preemption
+from gpugate.core.planner import Plan, PlanKind, PlannerSettings
+from gpugate.core.preemption import PreemptClasses
 from gpugate.core.queue import TicketQueue
-from gpugate.core.residents import ResidentKey, ResidentState
-from gpugate.core.scopes import JobBook
+from gpugate.core.queue_pass import QueuePass
+from gpugate.core.residents import ResidentKey
 from gpugate.core.telemetry import Telemetry
-from gpugate.core.tickets import Demand, Lease, Sizing, Ticket, TicketState
-from gpugate.core.units import format_gib
-from gpugate.core.views import ResidentView
+from gpugate.core.tickets import Demand, Ticket, TicketState
 
 __all__ = ["UNEXPLAINED", "Admission", "Scheduler", "failure_event", "granted_event"]
 
@@ -68,15 +58,11 @@ class Scheduler:
         self.planner = planner
         self._max_wait = max_wait
         self._queue_limit = queue_limit
-        self._reconcilable = reconcilable
         self._usable = usable
         self._fail = fail
         self.tickets: dict[int, Ticket] = {}
         self.queues: dict[int, TicketQueue] = {}
         self.wake: dict[int, float] = {}
-        self._tails: dict[int, Tail] = {}
-        self._full: set[int] = set()
-        self._residents: dict[int, GpuResidents] = {}
         self.preempt: PreemptClasses | None = None
         self.jobs: JobBook | None = None
         """The consumers' job leases (set by the core that owns the scheduler)."""
@@ -91,6 +77,13 @@ class Scheduler:
         self.withdrawing: dict[tuple[str, int], list[Demand]] = {}
         """(consumer, GPU) → demands of started jobs that ended without a grant, until the
         gate says their runtime dropped them (`GateCore.withdrawn`)."""
+        self.plans: dict[int, Plan] = {}
+        """Each waiting ticket's decision in the last pass that planned it: what it waits
+        for, as the queue view tells it (`gpugate.core.waits`)."""
+        self.swaps = swaps.SwapBook()
+        """Recent evictions for demands, to tell a reload that is a swap."""
+        self.passes = QueuePass(self, usable=usable, fail=fail, reconcilable=reconcilable)
+        """The passes over the queues, and what each GPU's last one left."""
 
     # -- demands -------------------------------------------------------------------------
 
@@ -119,7 +112,9 @@ class Scheduler:
                 return Admission(ticket_id, deferred=True)
             return self._hold(demand, ticket_id, now)
         resident = self.books.reusable(demand.key)
-        if resident is not None:
+        if resident is not None and swaps.may_reuse(
+            self.queues.get(gpu), demand, now, ticket_id, resident.key, now, self.planner
+        ):
             lease = self.books.open_lease(ticket_id, demand, now, now, 0, resident)
             return Admission(ticket_id, lease=lease, effects=(granted_event(lease),))
         if self.telemetry.overruns.growing(gpu) and self._usable(gpu, now) is None:
@@ -141,11 +136,11 @@ class Scheduler:
         effects: list[Effect] = []
         if queue.would_be_last(ticket):
             # Earlier tickets' plans do not depend on a later one: plan it from the tail.
-            tail = self._tails.get(gpu)
+            tail = self.passes.tails.get(gpu)
             if tail is None or tail.version != self.books.stamp(gpu):
                 effects.extend(self.schedule(gpu, now))
-                tail = self._tails[gpu]
-            outcome = self._plan_one(ticket, tail, now, effects, may_wait=may_wait)
+                tail = self.passes.tails[gpu]
+            outcome = self.passes.plan_one(ticket, tail, now, effects, may_wait=may_wait)
             if outcome is Outcome.WAITING:
                 self._enqueue(ticket)
                 tail.version = self.books.stamp(gpu)
@@ -153,9 +148,9 @@ class Scheduler:
             self._enqueue(ticket)
             effects.extend(self.schedule(gpu, now, no_wait=() if may_wait else (ticket_id,)))
             outcome = Outcome.WAITING if ticket.state is TicketState.WAITING else Outcome.GRANTED
-            if ticket_id in self._full:
-                self._full.discard(ticket_id)
-                self._dequeue(ticket)
+            if ticket_id in self.passes.full:
+                self.passes.full.discard(ticket_id)
+                self.dequeue(ticket)
                 effects.extend(self.schedule(gpu, now))
                 outcome = Outcome.FULL
         if outcome is Outcome.FULL:
@@ -193,17 +188,17 @@ class Scheduler:
         ahead of a waiting ticket, and nothing is queued or evicted for it."""
         gpu = ticket.demand.gpu
         effects: list[Effect] = []
-        tail = self._tails.get(gpu)
+        tail = self.passes.tails.get(gpu)
         if tail is None or tail.version != self.books.stamp(gpu):
             effects.extend(self.schedule(gpu, now))
-            tail = self._tails[gpu]
-        decision = self._decide(ticket, tail, now)
+            tail = self.passes.tails[gpu]
+        decision = self.passes.decide(ticket, tail, now)
         if floors.may_degrade(ticket.demand, decision):
             assert decision.failure is not None
-            decision = self._floor(ticket, tail, decision, now, decision.failure)
-        if decision.kind is not PlanKind.GRANT:
+            decision = self.passes.floor(ticket, tail, decision, now, decision.failure)
+        if decision.kind is not PlanKind.GRANT or self.passes.barred(ticket, decision, now):
             return Admission(ticket.id, effects=tuple(effects), deferred=True)
-        lease = self._grant(ticket, tail, decision, now, effects)
+        lease = self.passes.grant(ticket, tail, decision, now, effects)
         # Its own grant is the answer, not an effect for a waiter.
         rest = tuple(e for e in effects if not (isinstance(e, Grant) and e.ticket_id == ticket.id))
         return Admission(ticket.id, lease=lease, effects=rest)
@@ -256,7 +251,7 @@ class Scheduler:
         ticket = self.tickets.get(ticket_id)
         if ticket is None:
             return []
-        self._dequeue(ticket)
+        self.dequeue(ticket)
         ticket.state = TicketState.CANCELLED
         self.gave_up(ticket.demand)
         demand = ticket.demand
@@ -272,7 +267,7 @@ class Scheduler:
 
     def reject(self, ticket: Ticket, failure: Failure, now: float) -> list[Effect]:
         """Fail a waiting ticket."""
-        self._dequeue(ticket)
+        self.dequeue(ticket)
         ticket.state = TicketState.FAILED
         self.gave_up(ticket.demand)
         return [Reject(ticket.id, failure), failure_event(failure, now)]
@@ -296,14 +291,14 @@ class Scheduler:
                     self.last_call.add(ticket.id)
                     continue
                 extra = f"; {ticket.allocating}" if ticket.allocating else ""
-                effects.extend(self.reject(ticket, self._timed_out(ticket, now, extra), now))
+                effects.extend(self.reject(ticket, self.timed_out(ticket, now, extra), now))
         for ticket_id, at in self.wake.items():
             ticket = self.tickets.get(ticket_id)
             if ticket is not None and at <= now:
                 gpus.add(ticket.demand.gpu)
         return effects, gpus
 
-    def _timed_out(self, ticket: Ticket, now: float, extra: str = "") -> Failure:
+    def timed_out(self, ticket: Ticket, now: float, extra: str = "") -> Failure:
         """LEASE_TIMEOUT for a ticket still waiting at its deadline."""
         return self._fail(
             FailureClass.LEASE_TIMEOUT,
@@ -329,7 +324,7 @@ class Scheduler:
         """What the last pass over the GPU's queue left for a ticket that sorts last:
         (schedulable, pool, claimed). None when the books changed since that pass (the
         next submit plans the queue again first). Read-only."""
-        tail = self._tails.get(gpu)
+        tail = self.passes.tails.get(gpu)
         if tail is None or tail.version != self.books.stamp(gpu):
             return None
         return tail.schedulable, tail.pool, frozenset(tail.claimed)
@@ -337,346 +332,17 @@ class Scheduler:
     # -- the pass ------------------------------------------------------------------------
 
     def schedule(self, gpu: int, now: float, no_wait: Iterable[int] = ()) -> list[Effect]:
-        """Walk the GPU's queue in order; grant, evict for, or fail each ticket."""
-        effects: list[Effect] = []
-        budget = self.telemetry.budget(gpu, self.books)
-        schedulable = budget.schedulable if budget else 0
-        view = ResidentView(
-            self._source(gpu), now, self.planner, version=self.books.residents_version
-        )
-        # Jobs being withdrawn may still be running: what they may take is nobody's.
-        unexplained = self.telemetry.unexplained.get(gpu, {})
-        pool = schedulable - early.withheld(gpu, unexplained, self.withdrawing)
-        # What loads that size themselves, granted below their ceiling, may still take.
-        pool -= self.headroom(gpu)
-        tail = Tail(self.books.stamp(gpu), schedulable, pool, set(), set(), view)
-        queue = self.queues.get(gpu)
-        # While an overrun grows, what the budget says now may be gone by the next sample.
-        paused = gpu in self.operator.paused or self.telemetry.overruns.growing(gpu)
-        if queue and budget is not None and not paused and self._usable(gpu, now) is None:
-            no_wait = set(no_wait)
-            for ticket in queue:
-                if ticket.demand.key in tail.riding:
-                    continue
-                outcome = self._plan_one(
-                    ticket, tail, now, effects, may_wait=ticket.id not in no_wait
-                )
-                if outcome is Outcome.FULL:
-                    self._full.add(ticket.id)
-        tail.version = self.books.stamp(gpu)
-        self._tails[gpu] = tail
-        return effects
+        """Walk the GPU's queue in order; grant, evict for, or fail each ticket
+        (`gpugate.core.queue_pass`)."""
+        return self.passes.schedule(gpu, now, no_wait)
 
-    def _decide(self, ticket: Ticket, tail: Tail, now: float, demand: Demand | None = None) -> Plan:
-        """The planner's decision for one ticket (or for `demand` in its place: its floor)
-        against what earlier tickets left."""
-        demand = ticket.demand if demand is None else demand
-        gpu = demand.gpu
-        releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
-        # What the runtime frees itself for this load is this demand's, and no one else's.
-        replaced = self.books.replaced_bytes(demand)
-        elsewhere = self._elsewhere(demand, now)
-        if elsewhere is not None:
-            return elsewhere
-        own = early.credit(demand, self.telemetry.unexplained.get(gpu, {}), tail.credited)
-        decision = plan(
-            early.planned(demand, own),
-            pool=tail.pool + replaced,
-            schedulable=tail.schedulable + replaced,
-            residents=self._view(tail, gpu, now),
-            now=now,
-            deadline=ticket.deadline,
-            settings=self.planner,
-            claimed=tail.claimed,
-            releasable_unexplained=releasable,
-            may_evict=not any(key in self.books.unloads for key in ticket.evicting),
-            held=held_by(self.books.residents.values(), demand),
-        )
-        if decision.kind is not PlanKind.GRANT or demand.sizing is not Sizing.FITS_FREE:
-            return decision
-        return floors.await_allocations(demand, decision, self.telemetry.budget(gpu, self.books))
-
-    def _floor(
-        self, ticket: Ticket, tail: Tail, decision: Plan, now: float, reason: FailureClass
-    ) -> Plan:
-        """The ticket's ceiling met `decision` (`reason`): plan its floor. A floor that can
-        be had becomes the ticket's demand; else the ceiling's decision stands, saying so."""
-        demand = ticket.demand
-        why = self._fail(reason, demand, decision.needed, now, extra=f"; {decision.reason}")
-        floored = floors.at_floor(demand, reason, why.message)
-        budget = self.telemetry.budget(demand.gpu, self.books)
-        if reason is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM and budget is not None:
-            # The most it can have now (what is free, and the residents it may evict now),
-            # where that is above its floor: the runtime takes what it finds free, so the
-            # lease had better say so (and its preemption frees it). Short of that, its floor.
-            idle = self._view(tail, demand.gpu, now).evictable(demand)
-            most = max(0, budget.schedulable) + sum(r.bytes for r in idle)
-            if most > (demand.floor or 0):
-                reaching = floors.at_floor(demand, reason, why.message, most)
-                chance = self._decide(ticket, tail, now, reaching)
-                if chance.kind in (PlanKind.GRANT, PlanKind.EVICT):
-                    ticket.demand = reaching
-                    return chance
-        chance = self._decide(ticket, tail, now, floored)
-        if chance.kind is PlanKind.FAIL or (
-            reason is FailureClass.LEASE_TIMEOUT and chance.kind is not PlanKind.GRANT
-        ):
-            floor = format_gib(floored.degraded.floor if floored.degraded else 0)
-            if (
-                chance.kind is PlanKind.FAIL
-                and chance.failure is FailureClass.DEADLINE_CANNOT_BE_MET
-                and decision.failure is FailureClass.INSUFFICIENT_SCHEDULABLE_VRAM
-            ):
-                # Its floor fits later: the client is told to come back (the floor's
-                # answer), not that it can never run.
-                ceiling = decision.reason
-                return attrs.evolve(
-                    chance, reason=f"its floor of {floor}: {chance.reason}; its ceiling: {ceiling}"
-                )
-            return attrs.evolve(
-                decision, reason=f"{decision.reason}; nor its floor of {floor}: {chance.reason}"
-            )
-        ticket.demand = floored
-        return chance
-
-    def _credited(self, ticket: Ticket, tail: Tail) -> int:
-        """Count the ticket's early bytes as credited in this pass; returns them."""
-        demand = ticket.demand
-        own = early.credit(demand, self.telemetry.unexplained.get(demand.gpu, {}), tail.credited)
-        if own:
-            tail.credited[demand.consumer] = tail.credited.get(demand.consumer, 0) + own
-        return own
-
-    def _grant(
-        self, ticket: Ticket, tail: Tail, decision: Plan, now: float, effects: list[Effect]
-    ) -> Lease:
-        """Grant a ticket as planned."""
-        demand = ticket.demand
-        gpu = demand.gpu
-        if ticket.id in self.tickets:
-            self._dequeue(ticket)
-        ticket.state = TicketState.GRANTED
-        own = self._credited(ticket, tail)
-        resident = self.books.reusable(demand.key)
-        grows = demand.degraded is not None and demand.sizing is Sizing.FITS_FREE
-        headroom = floors.headroom(self.books, gpu) if grows else 0
-        lease = self.books.open_lease(
-            ticket.id, demand, now, ticket.arrived, decision.needed, resident
-        )
-        if grows:
-            # What it may still take is no later ticket's in this pass either.
-            tail.pool -= floors.headroom(self.books, gpu) - headroom
-        if own:
-            # Its lease now explains what the samples showed of it.
-            self.telemetry.absorb(gpu, demand.consumer, own)
-        tail.pool -= decision.needed
-        effects.append(Grant(ticket.id, lease))
-        effects.append(granted_event(lease))
-        if demand.degraded is not None:
-            effects.append(floors.degraded_event(lease))
-        tail.version = self.books.stamp(gpu)
-        return lease
-
-    def _plan_one(
-        self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect], *, may_wait: bool
-    ) -> Outcome:
-        """Plan one ticket against what earlier tickets left, and apply the plan."""
-        if ticket.id in self.last_call:
-            return self._last_call(ticket, tail, now, effects)
-        demand = ticket.demand
-        gpu = demand.gpu
-        releasable = 0 if UNEXPLAINED in tail.claimed else self._releasable_unexplained(gpu)
-        decision = self._decide(ticket, tail, now)
-        if (
-            self._elsewhere(demand, now) is None
-            and decision.kind in (PlanKind.WAIT, PlanKind.FAIL)
-            and self.preempt is not None
-        ):
-            decision = self._preempting(ticket, tail, decision, now, effects, may_wait) or decision
-        if floors.may_degrade(demand, decision):
-            assert decision.failure is not None
-            decision = self._floor(ticket, tail, decision, now, decision.failure)
-            demand = ticket.demand
-        queued = ticket.id in self.tickets
-        if decision.kind is PlanKind.GRANT:
-            self._grant(ticket, tail, decision, now, effects)
-            return Outcome.GRANTED
-        if decision.kind is PlanKind.FAIL:
-            assert decision.failure is not None
-            retry = None
-            if decision.earliest is not None:
-                retry = float(max(1, math.ceil(decision.earliest - now)))
-            failure = self._fail(
-                decision.failure,
-                demand,
-                decision.needed,
-                now,
-                retry_after=retry,
-                extra=f"; {decision.reason}{floors.at_floor_note(demand)}"
-                f"{self.after_evictions(ticket, tail)}",
-            )
-            if queued:
-                effects.extend(self.reject(ticket, failure, now))
-            else:
-                ticket.state = TicketState.FAILED
-                self.gave_up(demand)
-                effects.append(Reject(ticket.id, failure))
-                effects.append(failure_event(failure, now))
-            if demand.started is not None:
-                # Still running until its runtime drops it: the rest of the pass keeps off.
-                tail.pool -= max(0, decision.needed)
-            return Outcome.FAILED
-        if not may_wait:
-            return Outcome.FULL
-        ticket.allocating = decision.reason if floors.allocating(decision) else ""
-        if decision.kind is PlanKind.EVICT:
-            ticket.evicting = decision.victims
-            before = self._schedulable(gpu)
-            record_evictions(self.telemetry, self.books, ticket, decision.victims, now)
-            for key in decision.victims:
-                resident = self.books.residents[key]
-                reason = (
-                    UnloadReason.REPLACE if key.model == demand.model else UnloadReason.EVICTION
-                )
-                effects.append(self.books.start_unload(resident, reason, ticket.id, now))
-                effects.append(
-                    Event(
-                        EventKind.EVICTION_STARTED,
-                        now,
-                        key=key,
-                        gpu=gpu,
-                        bytes=resident.bytes,
-                        reason=reason.value,
-                        detail=f"for {demand.key} ({demand.priority.label}); "
-                        f"{format_gib(before)} schedulable before",
-                        schedulable_before=before,
-                    )
-                )
-                effects.extend(self.books.unload_parts(resident, reason, None, now))
-        if decision.earliest is not None and decision.earliest > now:
-            self.wake[ticket.id] = decision.earliest
-        else:
-            self.wake.pop(ticket.id, None)
-        tail.claimed.update(decision.counting_on)
-        if releasable and decision.kind is PlanKind.WAIT:
-            tail.claimed.add(UNEXPLAINED)
-        tail.riding.add(demand.key)
-        self._credited(ticket, tail)
-        tail.pool -= early.kept_back(demand, decision)
-        tail.version = self.books.stamp(gpu)
-        return Outcome.WAITING
-
-    def _last_call(self, ticket: Ticket, tail: Tail, now: float, effects: list[Effect]) -> Outcome:
-        """A ticket with a floor at its deadline: its ceiling if that is free now, else its
-        floor if that is, evicting nobody (an eviction would end past the deadline); else
-        LEASE_TIMEOUT."""
-        self.last_call.discard(ticket.id)
-        decision = self._decide(ticket, tail, now)
-        if decision.kind is not PlanKind.GRANT and ticket.demand.degraded is None:
-            decision = self._floor(ticket, tail, decision, now, FailureClass.LEASE_TIMEOUT)
-        if decision.kind is PlanKind.GRANT:
-            self._grant(ticket, tail, decision, now, effects)
-            return Outcome.GRANTED
-        failure = self._timed_out(ticket, now, f"; {decision.reason}")
-        effects.extend(self.reject(ticket, failure, now))
-        return Outcome.FAILED
-
-    def _elsewhere(self, demand: Demand, now: float) -> Plan | None:
-        """The model is resident, or loading, on another of its consumer's GPUs (placed
-        there after this ticket queued here): the runtime holds one copy of it, so that copy
-        serves this request too — at once, or once it has loaded."""
-        if not demand.loads_model:
-            return None
-        copy = self.books.residents.get(demand.key)
-        if copy is None or copy.gpu == demand.gpu:
-            return None
-        if copy.state is ResidentState.RESIDENT:
-            return Plan(PlanKind.GRANT, 0, reason=f"{copy.key} is resident on GPU {copy.gpu}")
-        if copy.state is ResidentState.LOADING:
-            return Plan(
-                PlanKind.WAIT,
-                0,
-                counting_on=(copy.key,),
-                earliest=now,
-                reason=f"{copy.key} is loading on GPU {copy.gpu}",
-            )
-        return None
-
-    def _view(self, tail: Tail, gpu: int, now: float) -> ResidentView:
-        """The pass's resident view, rebuilt when a grant or an eviction changed the books."""
-        version = self.books.residents_version
-        if tail.view.now != now or tail.view.version != version:
-            tail.view = ResidentView(self._source(gpu), now, self.planner, version=version)
-        return tail.view
-
-    def _source(self, gpu: int) -> GpuResidents:
-        source = self._residents.get(gpu)
-        if source is None:
-            source = self._residents[gpu] = GpuResidents(self.books, gpu)
-        return source.current()
-
-    def _preempting(
-        self,
-        ticket: Ticket,
-        tail: Tail,
-        decision: Plan,
-        now: float,
-        effects: list[Effect],
-        may_wait: bool,
-    ) -> Plan | None:
-        """A ticket that cannot have its bytes otherwise waits for jobs it may stop: those
-        already being stopped for it, or, now, the fewest that make it fit."""
-        jobs = self.jobs
-        if jobs is None or self.preempt is None:
-            return None
-        demand = ticket.demand
-        stopping = [p for p in jobs.by_consumer.values() if p.preempted_for == ticket.id]
-        if not stopping and may_wait:
-            stopping = choose_preemption(
-                demand,
-                pool=tail.pool,
-                view=self._view(tail, demand.gpu, now),
-                claimed=tail.claimed,
-                job_leases=list(jobs.by_consumer.values()),
-                books=self.books,
-                classes=self.preempt,
-                now=now,
-                settings=self.planner,
-            )
-            before = self._schedulable(demand.gpu) if stopping else 0
-            for pool in stopping:
-                pool.preempted_for = ticket.id
-                consumer = pool.lease.key.consumer
-                names = sorted(pool.names, key=lambda name: max(pool.names[name]), reverse=True)
-                effects.append(Preempt(consumer, demand.gpu, tuple(names), pool.bytes, ticket.id))
-                effects.append(
-                    Event(
-                        EventKind.PREEMPTION_STARTED,
-                        now,
-                        consumer=consumer,
-                        model=pool.lease.key.model,
-                        gpu=demand.gpu,
-                        bytes=pool.bytes,
-                        reason=demand.priority.label,
-                        detail=f"jobs {', '.join(names)} of {consumer} for {demand.key} "
-                        f"({demand.priority.label}); {format_gib(before)} schedulable before",
-                        schedulable_before=before,
-                    )
-                )
-            if stopping:
-                keys = tuple(pool.lease.key for pool in stopping)
-                freed = sum(pool.bytes for pool in stopping)
-                record_evictions(self.telemetry, self.books, ticket, keys, now, freed=freed)
-                self.books.touch()
-        if not stopping:
-            return None
-        return Plan(
-            PlanKind.WAIT,
-            decision.needed,
-            eventual=sum(p.bytes for p in stopping),
-            earliest=now,
-            reason="waiting for the jobs it preempted to end",
-        )
+    def held_behind(
+        self, demand: Demand, arrived: float, ticket_id: int, resident: ResidentKey, now: float
+    ) -> Ticket | None:
+        """The earlier ticket past the swap bound that keeps `demand` from being served from
+        the loaded `resident` now (None: it may be). Read-only."""
+        queue = self.queues.get(demand.gpu)
+        return swaps.held_behind(queue, demand, arrived, ticket_id, resident, now, self.planner)
 
     def after_evictions(self, ticket: Ticket, tail: Tail | None = None) -> str:
         """For the failure of a ticket that had residents evicted for it: what changed
@@ -684,23 +350,15 @@ class Scheduler:
         ahead = 0 if tail is None else max(0, tail.schedulable - tail.pool)
         return after_evictions(self.telemetry, self.books, ticket, ahead=ahead)
 
-    def _schedulable(self, gpu: int) -> int:
-        """The GPU's schedulable bytes now (for the record of an eviction)."""
-        budget = self.telemetry.budget(gpu, self.books)
-        return 0 if budget is None else budget.schedulable
-
-    def _releasable_unexplained(self, gpu: int) -> int:
-        rows = self.telemetry.unexplained.get(gpu, {})
-        return sum(b for c, b in rows.items() if c in self._reconcilable)
-
     def _enqueue(self, ticket: Ticket) -> None:
         self.tickets[ticket.id] = ticket
         self.queues.setdefault(ticket.demand.gpu, TicketQueue()).add(ticket)
         self.books.touch(residents=False, gpu=ticket.demand.gpu)
 
-    def _dequeue(self, ticket: Ticket) -> None:
+    def dequeue(self, ticket: Ticket) -> None:
         if self.tickets.pop(ticket.id, None) is not None:
             self.queues[ticket.demand.gpu].remove(ticket)
         self.wake.pop(ticket.id, None)
+        self.plans.pop(ticket.id, None)
         self.last_call.discard(ticket.id)
         self.books.touch(residents=False, gpu=ticket.demand.gpu)

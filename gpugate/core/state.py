@@ -13,38 +13,26 @@ from collections.abc import Sequence
 
 import attrs
 
-from gpugate.core import early, floors
 from gpugate.core.books import Books
 from gpugate.core.budget import GpuBudget
-from gpugate.core.effects import Effect, Event, EventKind, UnloadReason
+from gpugate.core.effects import Effect, EventKind, UnloadReason
 from gpugate.core.explain import make_failure
 from gpugate.core.explicit import LeaseTerms, due, explicit_demand, lapse_events, next_expiry
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.job_events import JobEvents
+from gpugate.core.job_leases import JobBook, job_demand
 from gpugate.core.lifecycle import Life
 from gpugate.core.lifecycle_events import LifecycleEvents
-from gpugate.core.listing import ListedModel, apply_listing, resident_event
+from gpugate.core.listing import ListedModel, resident_event
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
 from gpugate.core.operator_actions import OperatorActions
-from gpugate.core.relief import relieve_pressure
-from gpugate.core.residents import Resident, ResidentKey, ResidentState
+from gpugate.core.reports import Reports
+from gpugate.core.residents import Resident, ResidentKey
 from gpugate.core.reuse import ResidentReuse
+from gpugate.core.rewarm import RewarmBook
 from gpugate.core.scheduling import Admission, Scheduler, granted_event
-from gpugate.core.scopes import (
-    JobBook,
-    accounted,
-    job_demand,
-    listed_scopes,
-    never_appeared,
-    next_appearance,
-    observed_scopes,
-    process_ended,
-    process_overdue,
-    released_event,
-    switched,
-)
+from gpugate.core.scopes import never_appeared, next_appearance, process_overdue, released_event
 from gpugate.core.settings import CoreSettings
-from gpugate.core.suspects import clear_suspects
 from gpugate.core.telemetry import Telemetry
 from gpugate.core.tickets import Demand, Lease, LeaseScope, Ticket
 from gpugate.core.units import format_gib
@@ -54,7 +42,9 @@ __all__ = ["Admission", "CoreSettings", "GateCore", "ListedModel"]
 
 class GateCore:
     """The single owner of the gate's books. Every public method that takes `now` is one
-    event, its parts' too (`lifecycles`, `job_events`, `operator`); the rest are views."""
+    event, its parts' too (`lifecycles`, `job_events`, `operator`, `reports`: what the world
+    reports is answered there, and here through its method of the same name); the rest are
+    views."""
 
     def __init__(self, settings: CoreSettings) -> None:
         self.settings = settings
@@ -85,6 +75,12 @@ class GateCore:
         """Runtimes started, stopped, put to sleep and woken."""
         self.job_events = JobEvents(self)
         """Jobs' starts and ends, their preemption and withdrawal."""
+        self.reports = Reports(self.books, self.telemetry, self.scheduler, fail=self.failure)
+        """What the world reports: loads and processes up or ended, samples, listings and
+        finished unloads (`gpugate.core.reports`)."""
+        self.rewarms = RewarmBook()
+        """Kept-warm models evicted for a higher class, to be loaded again
+        (`gpugate.core.rewarm`)."""
 
     # -- views ---------------------------------------------------------------------------
 
@@ -139,6 +135,19 @@ class GateCore:
     def submit(self, demand: Demand, now: float, *, at_once: bool = False) -> Admission:
         """A request needs VRAM: a lease now, a ticket to wait on, or a failure. `at_once`:
         a lease only from memory nobody waits for, evicting nobody, else `deferred`."""
+        made_way = self._make_way(demand, now)
+        admission = self._submit(demand, now, at_once=at_once)
+        if made_way:
+            return attrs.evolve(admission, effects=(*made_way, *admission.effects))
+        return admission
+
+    def _make_way(self, demand: Demand, now: float) -> list[Effect]:
+        """A real demand that a resident does not serve: rewarms waiting on its GPU give way."""
+        if not self.rewarms.under_way or self.books.reusable(demand.key) is not None:
+            return []
+        return self.rewarms.make_way(self, demand.gpu, now)
+
+    def _submit(self, demand: Demand, now: float, *, at_once: bool) -> Admission:
         if demand.scope is LeaseScope.JOB:
             if demand.consumer in self.scheduler.operator.draining:
                 refused = self.scheduler.refuse_draining(demand, self.books.new_id(), now)
@@ -156,7 +165,12 @@ class GateCore:
     def ask(self, terms: LeaseTerms, now: float) -> Admission:
         """Work that is not a request asks for a lease: granted, a ticket, or a failure."""
         lease_id = self.scheduler.new_id()
-        return self.scheduler.submit(explicit_demand(terms, lease_id), now, ticket_id=lease_id)
+        demand = explicit_demand(terms, lease_id)
+        made_way = self._make_way(demand, now)
+        admission = self.scheduler.submit(demand, now, ticket_id=lease_id)
+        if made_way:
+            return attrs.evolve(admission, effects=(*made_way, *admission.effects))
+        return admission
 
     def renew(self, lease_id: int, now: float, longest: float | None = None) -> list[Effect]:
         """An explicit lease's holder is alive: its expiry moves to now + its ttl.
@@ -179,58 +193,16 @@ class GateCore:
         return []
 
     def loaded(self, lease_id: int, now: float) -> list[Effect]:
-        """The runtime answered the lease's request, so its model is in VRAM now (a
-        switch's: the process's only model, whatever NVML shows yet)."""
-        lease = self.books.leases.get(lease_id)
-        if lease is None or not lease.pending or not lease.demand.loads_model:
-            return []
-        self.scheduler.after_loads.completed(lease, now)
-        self.books.materialise(lease, now)
-        effects: list[Effect] = []
-        if lease.demand.switch:
-            effects.extend(switched(self.books, lease, now))
-        if not self.scheduler.queues.get(lease.gpu):
-            return effects
-        return effects + self.scheduler.schedule(lease.gpu, now)
+        """The runtime answered the lease's request: its model is in VRAM now."""
+        return self.reports.loaded(lease_id, now)
 
     def process_ready(self, lease_id: int, now: float) -> list[Effect]:
-        """A process started under a PROCESS lease answers on its port and health route: it
-        is resident now, whatever NVML shows yet; from here its bytes follow NVML."""
-        lease = self.books.leases.get(lease_id)
-        if lease is None or lease.scope is not LeaseScope.PROCESS:
-            return []
-        closed = self.books.close_lease(lease_id, now, failed=False)
-        if closed is None:
-            return []
-        lease, resident = closed
-        if resident is not None:
-            resident.tracks_observed = resident.process = True
-            # An adopted process may hold more than its lease asked: what NVML last showed.
-            observation = self.observation(lease.gpu)
-            if observation is not None:
-                consumer = lease.key.consumer
-                room = observation.managed.get(consumer, 0) - accounted(
-                    self.books, consumer, lease.gpu, but=resident.key
-                )
-                if room > 0:
-                    resident.shown = True
-                    resident.bytes = max(resident.bytes, room)
-                    self.books.touch()
-        effects: list[Effect] = [released_event(lease, now, "resident")]
-        self.telemetry.explain(lease.gpu, self.books)
-        if self.scheduler.queues.get(lease.gpu):
-            effects.extend(self.scheduler.schedule(lease.gpu, now))
-        return effects
+        """A process started under a PROCESS lease answers: it is resident now."""
+        return self.reports.process_ready(lease_id, now)
 
     def process_ended(self, consumer: str, now: float, detail: str) -> list[Effect]:
         """The consumer's process ended (a crash, an exit): its resident goes at once."""
-        effects: list[Effect] = list(process_ended(self.books, consumer, now, detail))
-        if effects:
-            for gpu in self.gpus():
-                self.telemetry.explain(gpu, self.books)
-                if self.scheduler.queues.get(gpu):
-                    effects.extend(self.scheduler.schedule(gpu, now))
-        return effects
+        return self.reports.process_ended(consumer, now, detail)
 
     # -- events: a request's leases end --------------------------------------------------
 
@@ -287,22 +259,7 @@ class GateCore:
 
     def observe(self, sample: HostObservation, now: float) -> list[Effect]:
         """A new NVML sample, or a driver fault."""
-        effects: list[Effect] = []
-        for gpu in self.telemetry.observe(sample, self.books):
-            self.books.touch(residents=False, gpu=gpu)  # its budget moved; the residents did not
-            effects.extend(self._overruns(gpu, now))
-            effects.extend(self._observed_scopes(gpu, now))
-            settling = early.settling(
-                gpu,
-                self.scheduler.queues.get(gpu) or (),
-                self.telemetry.unexplained.get(gpu, {}),
-                self.scheduler.withdrawing,
-            )
-            effects.extend(
-                relieve_pressure(self.books, self.telemetry, gpu, now, settling=settling)
-            )
-            effects.extend(self.scheduler.schedule(gpu, now))
-        return effects
+        return self.reports.observe(sample, now)
 
     def reconcile(
         self,
@@ -314,90 +271,15 @@ class GateCore:
         now: float,
     ) -> list[Effect]:
         """A runtime on `gpus` listed what it has loaded (asked at `asked_at`, answered by
-        `now`).
-
-        Residents it no longer lists are gone; models it lists that the books do not know
-        were loaded behind the gate's back and become residents like any other (on the GPU
-        where its memory is unexplained); measured sizes replace envelopes.
-        """
-        cards = (gpus,) if isinstance(gpus, int) else tuple(gpus)
-        names = {m.model for m in listed}
-        effects: list[Effect] = []
-        for gpu in cards:
-            effects += listed_scopes(self.books, consumer, gpu, names, asked_at=asked_at, now=now)
-        found_on = self.telemetry.unexplained_card(consumer, cards)
-        effects += apply_listing(
-            self.books, consumer, cards, listed, asked_at=asked_at, now=now, found_on=found_on
-        )
-        self.books.touch()
-        for gpu in cards:
-            self.telemetry.explain(gpu, self.books)
-            effects.extend(self.scheduler.schedule(gpu, now))
-        return effects
+        `now`)."""
+        return self.reports.reconcile(consumer, gpus, listed, asked_at=asked_at, now=now)
 
     def unloaded(
         self, key: ResidentKey, now: float, *, reclaimed: bool, failure: Failure | None = None
     ) -> list[Effect]:
-        """An unload finished: NVML showed the bytes back, or it did not in time.
-
-        `failure`: the runtime could not be asked (refused, timed out, answered nonsense);
-        the ticket the unload was for fails with that class, not GPU_MEMORY_NOT_RECLAIMED.
-        """
-        finished = self.books.finish_unload(key)
-        if finished is None:
-            return []
-        self.books.unloaded_at[(key.consumer, key.model)] = now
-        unload, resident = finished
-        if failure is not None:
-            detail = f"unload failed: {failure.failure_class.value}"
-        elif reclaimed:
-            detail = "reclaimed"
-            self.telemetry.unloaded(unload.gpu, unload.bytes, now)
-        else:
-            detail = "not reclaimed"
-            if resident is not None:
-                # The runtime said it unloaded, NVML says the bytes are still taken: keep
-                # counting them, and do not ask again in a loop.
-                resident.state = ResidentState.SUSPECT
-                resident.changed_at = now
-                self.books.residents[key] = resident
-                self.books.touch()
-        # What the card offers now that the unload is over, before anyone takes it.
-        self.telemetry.explain(unload.gpu, self.books)
-        budget = self.budget(unload.gpu)
-        after = None if budget is None else budget.schedulable
-        if after is not None:
-            detail = f"{detail}; {format_gib(after)} schedulable after"
-        effects: list[Effect] = [
-            Event(
-                EventKind.EVICTION_DONE,
-                now,
-                key=key,
-                gpu=unload.gpu,
-                bytes=unload.bytes,
-                reason=unload.reason.value,
-                detail=detail,
-                schedulable_after=after,
-            )
-        ]
-        if not reclaimed and unload.for_ticket is not None:
-            ticket = self.scheduler.tickets.get(unload.for_ticket)
-            if ticket is not None:
-                if failure is not None:
-                    failure_class = failure.failure_class
-                    extra = f"; {key} could not be unloaded: {failure.message}"
-                else:
-                    failure_class = FailureClass.GPU_MEMORY_NOT_RECLAIMED
-                    extra = (
-                        f"; {key} was unloaded but NVML did not show its "
-                        f"{unload.bytes / 2**30:.1f} GiB come back"
-                    )
-                rejection = self.failure(
-                    failure_class, ticket.demand, ticket.demand.envelope, now, extra=extra
-                )
-                effects.extend(self.scheduler.reject(ticket, rejection, now))
-        effects.extend(self.scheduler.schedule(unload.gpu, now))
-        return effects
+        """An unload finished: NVML showed the bytes back, or it did not in time (`failure`:
+        the runtime could not be asked)."""
+        return self.reports.unloaded(key, now, reclaimed=reclaimed, failure=failure)
 
     def tick(self, now: float) -> list[Effect]:
         """Time passed: expire tickets past their deadline, residents past their TTL and
@@ -442,31 +324,6 @@ class GateCore:
             lease = self.books.open_lease(job_id, queued, now, now, 0, None)
             return Admission(job_id, lease=lease, effects=(granted_event(lease),))
         return self.scheduler.submit(queued, now, ticket_id=job_id, at_once=at_once)
-
-    def _overruns(self, gpu: int, now: float) -> list[Effect]:
-        """Consumers the sample shows holding more than their leases (before the residents
-        that follow NVML take what it shows)."""
-        observation = self.observation(gpu)
-        if observation is None:
-            return []
-        waiting = self.scheduler.queues.get(gpu) or ()
-        early = {t.demand.consumer for t in waiting if t.demand.started is not None}
-        early |= {consumer for consumer, card in self.scheduler.withdrawing if card == gpu}
-        unexplained = self.telemetry.unexplained.get(gpu, {})
-        may_grow = floors.headroom_by_consumer(self.books, gpu)
-        return self.telemetry.overruns.observe(
-            observation, self.books, unexplained, now, early=early, may_grow=may_grow
-        )
-
-    def _observed_scopes(self, gpu: int, now: float) -> list[Effect]:
-        obs = self.observation(gpu)
-        effects: list[Effect] = []
-        if obs is not None:
-            effects.extend(clear_suspects(self.books, obs, now))
-            effects.extend(observed_scopes(self.books, obs, now))
-        if effects:
-            self.telemetry.explain(gpu, self.books)
-        return effects
 
     def _lapse(self, lease: Lease, now: float) -> list[Effect]:
         """An explicit lease was not renewed in time: it ends and its bytes return."""

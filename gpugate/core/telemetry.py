@@ -9,7 +9,7 @@ from gpugate.core.budget import GpuBudget, budget_of, unexplained_of
 from gpugate.core.motion import external_for_reserve
 from gpugate.core.observation import DriverFault, GpuObservation, HostObservation
 from gpugate.core.overrun import OverrunWatch
-from gpugate.core.pressure import ExternalHistory, PressureGauge, ReserveSettings
+from gpugate.core.pressure import ExternalHistory, PressureGauge, ReserveSettings, ReserveWhy
 
 
 class Telemetry:
@@ -105,6 +105,11 @@ class Telemetry:
     def reserve(self, gpu: int) -> int:
         history = self._history.get(gpu)
         return history.reserve() if history else self.reserve_settings(gpu).base
+
+    def reserve_why(self, gpu: int) -> ReserveWhy:
+        """Why the GPU's reserve is what it is (`gpugate.core.pressure.ReserveWhy`)."""
+        history = self._history.get(gpu)
+        return history.why() if history else ReserveWhy(self.reserve_settings(gpu), 0, 0)
 
     def sample_age(self, gpu: int, now: float) -> float | None:
         at = self.observed_at.get(gpu)

@@ -182,6 +182,12 @@ class Ticket:
     allocating: str = ""
     """Why it last waited, when it waited for other leases to allocate (a load that sizes
     itself, `gpugate.core.floors`): said again if it times out."""
+    counting_on: tuple[ResidentKey, ...] = ()
+    """The residents its last plan waits for (to evict them, or for them to go)."""
+    reason: str = ""
+    """Why its last plan waits, in words (a yield of a higher-class model included)."""
+    overtaken: int = 0
+    """How many later demands were served from a resident it counts on (`gpugate.core.swaps`)."""
 
     def order(self) -> tuple[int, int, float, int]:
         """Queue order: a job its runtime already runs first (`gpugate.core.early`), then

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -19,8 +19,23 @@ from gpugate.core.tickets import Demand
 
 @attrs.frozen
 class PlannerSettings:
+    """How the planner and the queue weigh residents against waiting demands (the
+    configuration's `queue` section)."""
+
     equal_class_grace: float = 30.0
     """An idle resident of the demand's own class may be evicted only after this long idle."""
+    yield_after: float | None = None
+    """An idle resident of a higher class (not `always_warm`, not production) may be evicted
+    for a lower-class demand once it has been idle this long, before its TTL ends; None:
+    only at its TTL."""
+    swap_hold: float = 20.0
+    """A demand for a loaded model goes ahead of an earlier one of its class that would evict
+    that model, only while the earlier one has waited less than this long."""
+    swap_overtakes: int = 8
+    """... and only while the earlier one has been overtaken fewer times than this (0: FIFO,
+    no demand goes ahead of one that would evict its model)."""
+    swap_window: float = 300.0
+    """A model evicted for a demand and loaded again within this many seconds is a swap."""
 
 
 def class_allows(resident: Resident, demand: Demand) -> bool:
@@ -33,15 +48,60 @@ def class_allows(resident: Resident, demand: Demand) -> bool:
     return resident.priority <= demand.priority
 
 
+def idle_wait(resident: Resident, demand: Demand, settings: PlannerSettings) -> float | None:
+    """How long the resident must have been idle before the demand may evict it (None:
+    never, while it holds its policy): 0 for a lower class, the equal-class grace for its
+    own, `yield_after` for a higher class whose policy lets it yield."""
+    if class_allows(resident, demand):
+        return settings.equal_class_grace if resident.priority == demand.priority else 0.0
+    return yields_after(resident, demand, settings)
+
+
+def yields_after(resident: Resident, demand: Demand, settings: PlannerSettings) -> float | None:
+    """`yield_after` for a higher-class resident the demand's class may not otherwise take
+    (an `always_warm` or production one never yields this way); None when it does not."""
+    if settings.yield_after is None or resident.policy is ResidencyPolicy.ALWAYS_WARM:
+        return None
+    if resident.priority is PriorityClass.PRODUCTION:
+        # What production keeps warm it keeps for its TTL.
+        return None
+    return settings.yield_after if resident.priority > demand.priority else None
+
+
+def yielding(
+    resident_of: Callable[[ResidentKey], Resident | None],
+    keys: tuple[ResidentKey, ...],
+    demand: Demand,
+    now: float,
+    settings: PlannerSettings,
+) -> str:
+    """For a wait's reason: the higher-class models it waits for (`keys`, looked up with
+    `resident_of`) that yield to it once idle `yield_after`, and when."""
+    notes = []
+    for key in keys:
+        resident = resident_of(key)
+        if resident is None or resident.gpu != demand.gpu:
+            continue
+        after = yields_after(resident, demand, settings)
+        if after is None:
+            continue
+        idle = resident.last_used if resident.idle else now
+        notes.append(
+            f"{key} ({resident.priority.label}) yields to it once idle {after:g}s "
+            f"(yield_after): in {max(0.0, idle + after - now):.0f}s if it stays idle"
+        )
+    return "".join(f"; {note}" for note in notes)
+
+
 def evictable_now(
     resident: Resident, demand: Demand, now: float, settings: PlannerSettings
 ) -> bool:
-    """Idle, its policy allows it, and of lower class (equal: only after the idle grace)."""
-    if not resident.idle or not class_allows(resident, demand):
+    """Idle, its policy allows it, and of lower class (equal: only after the idle grace;
+    higher: only after `yield_after`)."""
+    if not resident.idle:
         return False
-    if resident.priority == demand.priority:
-        return now - resident.last_used >= settings.equal_class_grace
-    return True
+    wait = idle_wait(resident, demand, settings)
+    return wait is not None and (wait == 0 or now - resident.last_used >= wait)
 
 
 def victim_order(resident: Resident) -> tuple[int, float, float]:
@@ -59,15 +119,18 @@ def release_time(
     """
     if resident.state is ResidentState.UNLOADING:
         return now
-    if class_allows(resident, demand):
-        if resident.priority == demand.priority:
-            idle_since = resident.last_used if resident.idle else now
-            return max(now, idle_since + settings.equal_class_grace)
+    wait = idle_wait(resident, demand, settings)
+    if wait is not None and class_allows(resident, demand) and wait == 0:
         return now
+    idle_since = resident.last_used if resident.idle else now
+    grace = None if wait is None else max(now, idle_since + wait)
+    if class_allows(resident, demand):
+        return grace
     if resident.idle_ttl is None:
-        return None
+        return grace
     expiry = resident.expires_at()
-    return expiry if expiry is not None else now + resident.idle_ttl
+    expiry = expiry if expiry is not None else now + resident.idle_ttl
+    return expiry if grace is None else min(expiry, grace)
 
 
 class ResidentSource:
@@ -85,8 +148,10 @@ class ResidentSource:
         """Forget everything derived (the residents changed)."""
         self._by_model: dict[tuple[str, str], list[Resident]] | None = None
         self._victims: list[Resident] | None = None
-        self._candidates: dict[PriorityClass, list[tuple[Resident, bool]]] = {}
-        self._relative: dict[PriorityClass, _Relative | None] = {}
+        self._candidates: dict[
+            tuple[PriorityClass, PlannerSettings], list[tuple[Resident, float]]
+        ] = {}
+        self._relative: dict[tuple[PriorityClass, PlannerSettings], _Relative | None] = {}
 
     def all(self) -> Sequence[Resident]:
         return self._residents
@@ -107,30 +172,30 @@ class ResidentSource:
             self._victims = sorted(self.all(), key=victim_order)
         return self._victims
 
-    def candidates(self, demand: Demand) -> list[tuple[Resident, bool]]:
-        """In victim order, the idle residents the demand's class may take, and whether
-        the equal-class grace applies to each (the only part that depends on the clock)."""
-        cached = self._candidates.get(demand.priority)
+    def candidates(self, demand: Demand, settings: PlannerSettings) -> list[tuple[Resident, float]]:
+        """In victim order, the idle residents the demand's class may take, and how long
+        each must have been idle first (the only part that depends on the clock)."""
+        cached = self._candidates.get((demand.priority, settings))
         if cached is None:
-            cached = [
-                (r, r.priority == demand.priority)
-                for r in self.victim_order()
-                if r.idle and class_allows(r, demand)
-            ]
-            self._candidates[demand.priority] = cached
+            cached = []
+            for resident in self.victim_order():
+                wait = idle_wait(resident, demand, settings) if resident.idle else None
+                if wait is not None:
+                    cached.append((resident, wait))
+            self._candidates[(demand.priority, settings)] = cached
         return cached
 
     def relative(self, demand: Demand, settings: PlannerSettings) -> _Relative | None:
         """The release schedule when every time in it is `now` plus a constant (None:
         some resident's time does not move with the clock)."""
-        if demand.priority in self._relative:
-            return self._relative[demand.priority]
+        if (demand.priority, settings) in self._relative:
+            return self._relative[(demand.priority, settings)]
         rows: list[tuple[float, int, int, ResidentKey]] = []
         for index, resident in enumerate(self.all()):
             offset = release_offset(resident, demand, settings)
             if offset is _ABSOLUTE:
                 rows = []
-                self._relative[demand.priority] = None
+                self._relative[(demand.priority, settings)] = None
                 return None
             if offset is not None:
                 rows.append((offset, index, resident.bytes, resident.key))  # type: ignore[arg-type]
@@ -142,7 +207,7 @@ class ResidentSource:
             min(gaps) if gaps else math.inf,
             max((abs(o) for o in offsets), default=0.0),
         )
-        self._relative[demand.priority] = relative
+        self._relative[(demand.priority, settings)] = relative
         return relative
 
 
@@ -171,18 +236,17 @@ def release_offset(
     """`release_time` minus now, when that does not depend on now; `_ABSOLUTE` otherwise."""
     if resident.state is ResidentState.UNLOADING:
         return 0
-    if class_allows(resident, demand):
-        if resident.priority == demand.priority:
-            if resident.idle:
-                return _ABSOLUTE
-            grace = settings.equal_class_grace
-            return grace if grace > 0 else 0
+    wait = idle_wait(resident, demand, settings)
+    if class_allows(resident, demand) and wait == 0:
         return 0
-    if resident.idle_ttl is None:
-        return None
+    if wait is not None and resident.idle:
+        return _ABSOLUTE
+    grace = None if wait is None else max(wait, 0.0)
+    if class_allows(resident, demand) or resident.idle_ttl is None:
+        return grace
     if resident.expires_at() is not None:
         return _ABSOLUTE
-    return resident.idle_ttl
+    return resident.idle_ttl if grace is None else min(resident.idle_ttl, grace)
 
 
 class ResidentView:
@@ -225,11 +289,10 @@ class ResidentView:
         """The residents the demand could evict now, in victim order."""
         cached = self._evictable.get(demand.priority)
         if cached is None:
-            grace = self.settings.equal_class_grace
             cached = [
                 r
-                for r, equal in self.source.candidates(demand)
-                if not equal or self.now - r.last_used >= grace
+                for r, wait in self.source.candidates(demand, self.settings)
+                if wait == 0 or self.now - r.last_used >= wait
             ]
             self._evictable[demand.priority] = cached
         return cached

@@ -87,6 +87,7 @@ def make_core(
     grace: float = 30.0,
     consumers: tuple[str, ...] = ("ollama",),
     reconcilable: tuple[str, ...] = ("ollama",),
+    planner: PlannerSettings | None = None,
 ) -> GateCore:
     return GateCore(
         CoreSettings(
@@ -95,7 +96,7 @@ def make_core(
             consumer_gpus={c: 0 for c in consumers},
             queue_limit={c: queue_limit for c in consumers},
             stale_after=stale_after,
-            planner=PlannerSettings(equal_class_grace=grace),
+            planner=PlannerSettings(equal_class_grace=grace) if planner is None else planner,
             reconcilable=frozenset(reconcilable),
         )
     )

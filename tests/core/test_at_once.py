@@ -8,7 +8,7 @@ import attrs
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Grant
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.tickets import Demand, LeaseScope
 from gpugate.core.units import GiB
 from tests.core.builders import Card, demand

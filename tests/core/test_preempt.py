@@ -8,8 +8,9 @@ import attrs
 from gpugate.core.classes import PriorityClass as P
 from gpugate.core.effects import Event, EventKind, Grant, Preempt, Reject, Unload
 from gpugate.core.failures import Failure, FailureClass
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.residents import ResidentKey
-from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
+from gpugate.core.scopes import HELD_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB, MiB
 from tests.core.builders import demand, gpu, host, make_core, proc

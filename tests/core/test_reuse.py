@@ -276,6 +276,20 @@ def test_what_is_not_a_plain_request_for_a_resident_model_takes_the_full_path():
     assert core.reuse.grant(demand("m", GiB), 1.0) is None
 
 
+def test_a_grant_with_a_ticket_waiting_on_its_gpu_takes_the_full_path():
+    # The waiting ticket may wait to evict `m`: each request served from `m` ahead of it is
+    # an overtake the swap bound counts, and past the bound `m` serves no one new.
+    core, _ = resident_core()
+    holder = core.reuse.grant(demand("m", GiB), 1.0)
+    assert holder is not None
+    waiting = core.submit(demand("big", 14 * GiB), 1.0)
+    assert waiting.waiting
+    assert core.reuse.grant(demand("m", GiB), 2.0) is None
+    (ticket,) = core.waiting()
+    admission = core.submit(demand("m", GiB), 2.0)
+    assert admission.lease is not None and ticket.overtaken == 1
+
+
 def test_an_end_that_leaves_something_to_do_takes_the_full_path():
     # A request that makes the model load-on-demand, the last one: its end unloads it.
     core, _ = resident_core()

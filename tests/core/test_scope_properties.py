@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Grant, Reject, Unload
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
 from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc

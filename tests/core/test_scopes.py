@@ -8,9 +8,10 @@ from gpugate.core.classes import PriorityClass as P
 from gpugate.core.classes import ResidencyPolicy
 from gpugate.core.effects import EventKind, Grant, Unload
 from gpugate.core.failures import FailureClass
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.listing import ListedModel
 from gpugate.core.residents import ResidentKey
-from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
+from gpugate.core.scopes import HELD_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
 from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
