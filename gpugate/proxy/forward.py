@@ -19,11 +19,11 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from gpugate.config.model import UpstreamTimeouts as Bounds
-from gpugate.proxy.http1 import (
+from gpugate.proxy.http1 import Unframed
+from gpugate.proxy.http1_response import (
     Response,
     Stall,
     UpstreamClosed,
@@ -31,6 +31,7 @@ from gpugate.proxy.http1 import (
     UpstreamTimeout,
 )
 from gpugate.proxy.pool import UpstreamPool
+from gpugate.proxy.request import BodyBroken, Request
 
 __all__ = [
     "HOP_BYTES",
@@ -73,21 +74,12 @@ _DROP_WS = HOP_BY_HOP | {"host"}
 
 
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
-    value = headers.get(hdrs.CONNECTION, "")
+    value = headers.get("Connection", "")
     return {token.strip().lower() for token in value.split(",") if token.strip()}
 
 
-def _named_hops(raw_headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
-    """The header names the client's `Connection` headers list, as bytes (any octets)."""
-    named: set[bytes] = set()
-    for name, value in raw_headers:
-        if name.lower() == b"connection":
-            named.update(t.strip().lower() for t in value.split(b",") if t.strip())
-    return named - _KEPT_FROM_CONNECTION
-
-
 def upstream_headers(
-    request: web.BaseRequest, upstream_host: str, *, drop: Iterable[str] = ()
+    request: Request, upstream_host: str, *, drop: Iterable[str] = ()
 ) -> CIMultiDict[str]:
     """The client's headers for an upgrade the websocket client sends upstream.
 
@@ -99,79 +91,178 @@ def upstream_headers(
     out: CIMultiDict[str] = CIMultiDict(
         (n, v) for n, v in incoming.items() if n.lower() not in dropped
     )
-    out[hdrs.HOST] = upstream_host
+    out["Host"] = upstream_host
     _forwarded_for(request, out)
     return out
 
 
-def _forwarded_for(request: web.BaseRequest, out: CIMultiDict[str]) -> None:
+def _forwarded_for(request: Request, out: CIMultiDict[str]) -> None:
     peer = request.remote
     if peer:
         prior = request.headers.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
 
 
+_DROP_UP_NAMES = frozenset(name.decode() for name in _DROP_UP)
+_KEPT_NAMES = frozenset(name.decode() for name in _KEPT_FROM_CONNECTION)
+
+
 @functools.cache
-def _dropped(drop: tuple[str, ...]) -> frozenset[bytes]:
+def _dropped(drop: tuple[str, ...]) -> frozenset[str]:
     """Request headers not copied upstream (a few combinations, each built once)."""
-    return _DROP_UP | {b"x-forwarded-for"} | {name.lower().encode() for name in drop}
+    return _DROP_UP_NAMES | {"x-forwarded-for"} | {name.lower() for name in drop}
+
+
+def _named_hop_names(headers: Iterable[tuple[str, str]]) -> set[str]:
+    """The header names the client's `Connection` headers list (in lower case)."""
+    named: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            named.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return named - _KEPT_NAMES
+
+
+ABSOLUTE_FORM = frozenset({"go", "aiohttp"})
+"""Dialects whose server takes an absolute-form request-target (`GET http://host/path`)
+as sent and routes on its path, so it goes up as the client sent it: Go's net/http keeps it
+as `Request.RequestURI` and routes on `URL.Path` (request.go `readRequest`,
+`url.ParseRequestURI`); aiohttp keeps it as `raw_path` and routes on its path
+(web_request.py `BaseRequest.__init__`: `url.relative()`). cpp-httplib's dialect is
+not among them: it is sent the origin form the gate routed on."""
+
+
+def upstream_target(request: Request, *, as_sent: bool = True) -> str:
+    """The request-target to send upstream: as the client sent it where its server takes
+    absolute form (`ABSOLUTE_FORM`) and `as_sent`, else in origin form."""
+    absolute = request.raw_path != request.target
+    if as_sent and absolute and request.dialect.name in ABSOLUTE_FORM:
+        return request.target
+    return request.raw_path
 
 
 def request_head(
-    request: web.BaseRequest,
+    request: Request,
     upstream_host: bytes,
     *,
     length: int | None,
     chunked: bool,
     close: bool,
     drop: Iterable[str] = (),
+    target_as_sent: bool = True,
 ) -> bytes:
     """The request line and headers to send upstream, as bytes.
 
     The client's header lines are copied byte for byte, less the hops (and what the
     `Connection` header names), Host (the upstream's own address instead), Expect, the
-    headers the runtime's reading already judged (`drop`) and the client's framing. The framing is
+    headers the runtime's reading already judged (`drop`) and the client's framing; the
+    target as `upstream_target` says (`target_as_sent`: the screening's). The framing is
     the gate's: `length` for a body of known length, `chunked` for a body relayed as it
     comes whose length is not known, neither for no body. A client's X-Forwarded-For is
     extended with its address.
     """
     dropped = _dropped(tuple(drop))
     incoming = request.headers
-    if hdrs.CONNECTION in incoming:
-        dropped = dropped | _named_hops(request.raw_headers)
-    target = request.raw_path
-    if not target.startswith("/"):
-        target = str(request.rel_url)
+    if "Connection" in incoming:
+        dropped = dropped | _named_hop_names(request.head.headers)
     # The client's X-Forwarded-For is dropped from the copy and sent extended, last.
     forwarded = incoming.get("X-Forwarded-For")
     peer = request.remote
     if peer:
         forwarded = f"{forwarded}, {peer}" if forwarded else peer
-    line = f"{request.method} {target} HTTP/1.1\r\nHost: ".encode("utf-8", "surrogateescape")
-    parts = [line, upstream_host, b"\r\n"]
-    for name, value in request.raw_headers:
-        if name.lower() not in dropped:
-            parts += (name, b": ", value, b"\r\n")
+    target = upstream_target(request, as_sent=target_as_sent)
+    host = upstream_host.decode("latin-1")
+    data = _compose(
+        request, target, dropped, host, forwarded, length=length, chunked=chunked, close=close
+    )
+    fits = getattr(request.dialect, "fits", None)
+    if fits is None or fits(data):
+        return data
+    # The upstream's server would refuse the head the gate made of one it took from the
+    # client, which the runtime at the gate's address would have served (Go: a head past
+    # its read limit, `GoDialect.fits`; aiohttp: at most 128 fields, each field's name
+    # measured with the name of the field before it, `AiohttpDialect.fits`): the
+    # X-Forwarded-For is left out, and the Host goes where the client's was rather than
+    # in front, so that every field of the client's keeps the neighbour it had; last, the
+    # fields go with no space after the colon, none longer than the client's line (the
+    # value as the server kept it, trimmed and unfolded).
+    tries = [(True, None, ": ")]
+    if "Host" in incoming:
+        tries += [(False, forwarded, ": "), (False, None, ": ")]
+    tries.append((True, None, ":"))
+    for host_first, extended, separator in tries:
+        refit = _compose(
+            request,
+            target,
+            dropped,
+            host,
+            extended,
+            length=length,
+            chunked=chunked,
+            close=close,
+            host_first=host_first,
+            separator=separator,
+        )
+        if fits(refit):
+            return refit
+    if "Host" not in incoming and not getattr(request.dialect, "needs_host", True):
+        # cpp-httplib: a server that reads no Host is sent none, as the client sent none
+        bare = _compose(
+            request, target, dropped, "", None, length=length, chunked=chunked, close=close
+        )
+        if fits(bare):
+            return bare
+    return data
+
+
+def _compose(
+    request: Request,
+    target: str,
+    dropped: frozenset[str] | set[str],
+    host: str,
+    forwarded: str | None,
+    *,
+    length: int | None,
+    chunked: bool,
+    close: bool,
+    host_first: bool = True,
+    separator: str = ": ",
+) -> bytes:
+    """The head `request_head` sends: the Host first (else in place of the client's,
+    which `host_first` False expects), the client's kept fields (`separator` between
+    name and value), the X-Forwarded-For, the framing and the close."""
+    # Header lines are latin-1 text here (each byte one character): one encoding at the end
+    # gives back the client's bytes.
+    parts = [request.method, " ", target, " HTTP/1.1\r\n"]
+    if host_first and host:
+        parts += ("Host: ", host, "\r\n")
+    for name, value in request.head.headers:
+        lowered = name.lower()
+        if lowered not in dropped:
+            parts += (name, separator, value, "\r\n")
+        elif not host_first and lowered == "host":
+            parts += (name, separator, host, "\r\n")
+            host_first = True  # placed: a second Host is dropped
     if forwarded is not None:
-        parts += (b"X-Forwarded-For: ", forwarded.encode("utf-8", "surrogateescape"), b"\r\n")
+        parts += ("X-Forwarded-For: ", forwarded, "\r\n")
     if length is not None:
-        parts.append(b"Content-Length: %d\r\n" % length)
+        parts += ("Content-Length: ", str(length), "\r\n")
     elif chunked:
-        parts.append(b"Transfer-Encoding: chunked\r\n")
+        parts.append("Transfer-Encoding: chunked\r\n")
     if close:
-        parts.append(b"Connection: close\r\n")
-    parts.append(b"\r\n")
-    return b"".join(parts)
+        parts.append("Connection: close\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("latin-1", "replace")
 
 
 async def open_upstream(
     pool: UpstreamPool,
-    request: web.BaseRequest,
+    request: Request,
     upstream_host: bytes,
     body: bytes | None,
     bounds: Bounds,
     *,
     drop: Iterable[str] = (),
+    target_as_sent: bool = True,
 ) -> Response:
     """Send the request upstream and return once response headers arrived.
 
@@ -184,11 +275,11 @@ async def open_upstream(
     upload: bytes | AsyncIterator[bytes] | None = body
     length = None if body is None else len(body)
     chunked = False
-    if body is None and request.body_exists:
-        # aiohttp's payload reader ends the body where the client's framing says; the
-        # upstream learns that end from the gate's own framing, never the client's.
-        length = request.content_length
-        upload = _relay_body(request, length)
+    if body is None and request.body.exists:
+        # The server ends the body where the client's framing says; the upstream learns
+        # that end from the gate's own framing, never the client's.
+        length = request.body.length
+        upload = RelayedBody(request, length)
         chunked = length is None
     head = request_head(
         request,
@@ -197,29 +288,69 @@ async def open_upstream(
         chunked=chunked,
         close=not pool.keep_alive,
         drop=drop,
+        target_as_sent=target_as_sent,
     )
     method = request.method
+    passes_end = request.dialect.answers_after_client_end
+    request.forwarded = passes_end
     return await pool.send(
         head,
         upload,
         bounds,
         chunked=chunked,
-        head_only=method == hdrs.METH_HEAD,
+        head_only=method == "HEAD",
         idempotent=method in IDEMPOTENT,
+        client=request if passes_end else None,
     )
 
+
+BROKEN_CHUNK = Unframed(b"x\r\n")
+"""A chunk-size line without a hex digit, which every chunked decoder refuses."""
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 """Methods a client may send twice (RFC 9110 9.2.2): only these are sent again on a new
 connection when a kept-alive one turns out closed."""
 
 
-async def _relay_body(request: web.BaseRequest, length: int | None) -> AsyncIterator[bytes]:
-    """The client's body as it arrives; one that ends short of `length` raises
-    IncompleteReadError (the upstream must not take a short body as whole)."""
-    sent = 0
-    async for chunk in request.content.iter_any():
-        sent += len(chunk)
-        yield chunk
-    if length is not None and sent != length:
-        raise asyncio.IncompleteReadError(b"", length - sent)
+class RelayedBody:
+    """The client's body as it arrives, for the upstream; one that ends short of its
+    `length` raises IncompleteReadError (the upstream must not take a short body as
+    whole). It ends early once the upstream answered (`stop_at`): a runtime that answers
+    a request before its body's end (ComfyUI answers a GET at once) is relayed at once."""
+
+    def __init__(self, request: Request, length: int | None) -> None:
+        self._body = request.body
+        self._length = length
+        self._sent = 0
+        self._answered: asyncio.Future[None] | None = None
+        self._relays_broken = getattr(request.dialect, "relays_broken_body", False)
+        self._broken = False
+
+    def stop_at(self, answered: asyncio.Future[None]) -> None:
+        """End the body when `answered` is done (the upstream's answer's head came)."""
+        self._answered = answered
+
+    def __aiter__(self) -> RelayedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._broken:
+            raise StopAsyncIteration
+        try:
+            part = await self._body.next_part(self._answered)
+        except BodyBroken:
+            if not self._relays_broken:
+                raise
+            # The runtime's server reads a body only for a route that takes it: the broken
+            # coding goes up broken, and the runtime answers as it would the client (a
+            # route miss, never read; a route, its server's refusal of the coding).
+            self._broken = True
+            return BROKEN_CHUNK
+        if part is None:
+            raise StopAsyncIteration
+        if not part:
+            if self._length is not None and self._sent != self._length:
+                raise asyncio.IncompleteReadError(b"", self._length - self._sent)
+            raise StopAsyncIteration
+        self._sent += len(part)
+        return part

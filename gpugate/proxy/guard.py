@@ -1,4 +1,6 @@
-"""Listener guards: no client connection can hold a listener for long or take all its slots.
+"""The control listener's guards: no client connection can hold it for long or take all its
+slots. (The consumer listeners run on the gate's own server, whose connections are guarded
+in connections.py.)
 
 aiohttp's RequestHandler bounds only the idle time between requests (`keepalive_timeout`).
 Each connection is wrapped here in a `GuardedConnection` protocol that also bounds the time
@@ -26,25 +28,9 @@ from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from gpugate.config.model import ListenerLimits
-from gpugate.logs import OncePerInterval
+from gpugate.proxy.connections import REFUSAL, REFUSAL_LINGER, REFUSAL_LINGER_SLOTS
+from gpugate.proxy.server_reading import limited
 
-log = logging.getLogger("gpugate.listener")
-limited = OncePerInterval(log, 30.0)
-
-REFUSAL_BODY = b"gpugate: too many connections to this listener; try again later\n"
-REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\n"
-    b"Content-Type: text/plain; charset=utf-8\r\n"
-    b"Content-Length: " + str(len(REFUSAL_BODY)).encode() + b"\r\n"
-    b"Retry-After: 1\r\n"
-    b"Connection: close\r\n"
-    b"\r\n" + REFUSAL_BODY
-)
-REFUSAL_LINGER = 1.0
-"""A refused connection reads (and drops) what the client sends for this long after the 503,
-so the client reads the answer instead of a reset caused by its own unread request."""
-REFUSAL_LINGER_SLOTS = 16
-"""Refused connections lingering at once; past this a refusal is closed right after the 503."""
 SHUTDOWN_MARGIN = 0.5
 """What aiohttp's own shutdown may take once the grace period is over and handlers are cancelled."""
 

@@ -5,7 +5,8 @@ proxy on loopback never needs: cookie jars, redirects, proxies, URL objects, per
 timer objects, a response object and a stream reader per exchange. Here a request is one
 `transport.write` of bytes the caller prepared, and the response is parsed by llhttp
 (httptools, the parser of Node.js) as its bytes arrive, into a small buffer the caller
-drains chunk by chunk. The connections are kept and handed out by pool.py.
+drains chunk by chunk (`Response`, and the errors an exchange ends with, in
+http1_response.py). The connections are kept and handed out by pool.py.
 
 Bounds: connecting is bounded on its own; after the request went up, one deadline per
 connection covers the wait for the response headers, then the silence while the caller
@@ -22,181 +23,45 @@ generation was abandoned.
 from __future__ import annotations
 
 import asyncio
-import collections
-import enum
-from collections.abc import AsyncIterable
+import contextlib
+import socket
+from collections.abc import AsyncIterable, Callable
 from typing import Protocol
 
 import httptools
-from multidict import CIMultiDict
 
 from gpugate.config.model import UpstreamTimeouts as Bounds
+from gpugate.proxy.http1_response import (
+    Keeper,
+    Response,
+    Stall,
+    UpstreamClosed,
+    UpstreamInvalid,
+    UpstreamTimeout,
+)
 
 HIGH_WATER = 1 << 20
 """Bytes buffered from the upstream before reading from it pauses (the caller is slow)."""
 
 
-class Stall(enum.Enum):
-    """Where an upstream exchange ran out of time."""
-
-    CONNECT = "connecting"
-    SLOT = "waiting for a free connection to the upstream"
-    FIRST_BYTE = "waiting for response headers"
-    IDLE = "waiting for the next chunk of the response"
+class Unframed(bytes):
+    """Bytes a chunked upload writes as they are, outside its framing (a chunked coding
+    that broke at the client is sent up broken: forward.py `RelayedBody`)."""
 
 
-class UpstreamTimeout(Exception):
-    """An upstream call passed one of its bounds."""
-
-    def __init__(self, stall: Stall, seconds: float) -> None:
-        super().__init__(f"no progress {stall.value} for {seconds:g}s")
-        self.stall = stall
-        self.seconds = seconds
-
-
-class UpstreamClosed(ConnectionError):
-    """The upstream closed the connection before its answer was complete."""
-
-
-class UpstreamInvalid(ConnectionError):
-    """The upstream's answer is not HTTP/1.1 the parser accepts."""
-
-
-class Owner(Protocol):
-    """What keeps a connection (pool.py): told when an exchange ends and when the
+class Owner(Keeper, Protocol):
+    """What keeps a connection (pool.py): told when an exchange ends (`Keeper`) and when the
     connection is gone."""
-
-    def give_back(self, connection: UpstreamConnection, reusable: bool) -> None:
-        """The exchange on `connection` is over; keep it if `reusable`, else close it."""
 
     def forget(self, connection: UpstreamConnection) -> None:
         """`connection` is closed: it is no longer kept."""
 
-    def slot_freed(self) -> None:
-        """An exchange ended: its slot is free."""
 
+class ClientEnd(Protocol):
+    """The client's side of an exchange, whose half-close is passed on (request.py)."""
 
-class Response:
-    """An upstream's answer: status and headers at once, the body as it arrives."""
-
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_connection",
-        "_ended",
-        "_error",
-        "_waiter",
-        "content_length",
-        "raw_headers",
-        "reason",
-        "status",
-    )
-
-    def __init__(self, connection: UpstreamConnection) -> None:
-        self._connection = connection
-        self.status = 0
-        self.reason = ""
-        self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.content_length: int | None = None
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._ended = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-
-    def headers(self) -> CIMultiDict[str]:
-        """The headers as a multidict (values decoded as aiohttp decodes them)."""
-        return CIMultiDict(
-            (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-            for name, value in self.raw_headers
-        )
-
-    def header(self, name: bytes) -> bytes | None:
-        """The last value of a header (`name` in lower case), or None."""
-        found = None
-        for key, value in self.raw_headers:
-            if key.lower() == name:
-                found = value
-        return found
-
-    @property
-    def buffered(self) -> int:
-        """Bytes of the body arrived and not yet taken."""
-        return self._buffered
-
-    @property
-    def complete(self) -> bool:
-        """The whole body arrived (it may still be buffered here)."""
-        return self._ended
-
-    async def chunk(self, idle: float) -> bytes:
-        """What arrived of the body since the last call (b"" at its end), waiting at most
-        `idle` seconds for something to arrive."""
-        if not self._chunks:
-            if self._ended:
-                return b""
-            if self._error is not None:
-                raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            self._connection.arm(idle, Stall.IDLE)
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-            if not self._chunks:
-                if self._error is not None:
-                    raise self._error
-                return b""
-        chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        self._connection.resume()
-        return data
-
-    async def read(self, limit: int, idle: float) -> bytes:
-        """Up to `limit` bytes of the body (all of it when shorter), each part within `idle`."""
-        parts: list[bytes] = []
-        size = 0
-        while size < limit:
-            part = await self.chunk(idle)
-            if not part:
-                break
-            parts.append(part)
-            size += len(part)
-        return b"".join(parts)
-
-    def release(self) -> None:
-        """The caller is done: the connection is kept when the whole answer was read."""
-        connection = self._connection
-        if connection.response is not self:
-            return
-        connection.response = None
-        whole = self._ended and not self._chunks
-        connection.pool.give_back(connection, whole and connection.reusable)
-        connection.pool.slot_freed()
-
-    def close(self) -> None:
-        """Abandon the exchange: the connection is closed, the upstream sees it go."""
-        connection = self._connection
-        if connection.response is not self:
-            return
-        connection.response = None
-        connection.close()
-        connection.pool.slot_freed()
-
-    # -- from the connection ---------------------------------------------------------------
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(error)
+    ended: bool
+    on_end: Callable[[], None] | None
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -226,13 +91,21 @@ class UpstreamConnection(asyncio.Protocol):
         """Requests sent on this connection."""
         self.idle_since = 0.0
         """When its last answer was complete (the loop's clock)."""
+        self.quick_ack = False
+        """ACK what the upstream sends at once, not on the delayed-ACK timer (pool.py)."""
+        self.ends_streams = False
+        """The upstream closes the connection after a chunked answer (pool.py)."""
+        self.eof_written = False
+        """The client's half-close was passed on (`write_eof`): never reused."""
 
     # -- one exchange ----------------------------------------------------------------------
 
     async def exchange(
         self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds,
-        chunked: bool, head_only: bool,
+        chunked: bool, head_only: bool, client: ClientEnd | None = None,
     ) -> Response:  # fmt: skip
+        """Send one request and return its answer's head; `client`, where the client's
+        half-close is passed on, is told how once the request is sent (`write_eof`)."""
         transport = self.transport
         assert transport is not None
         response = self.response = Response(self)
@@ -240,6 +113,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.answered = False
         self._head_only = head_only
         waiter = self._headers_waiter = self.loop.create_future()
+        if stop_at := getattr(body, "stop_at", None):  # a relayed body ends at the answer
+            stop_at(waiter)
         self.sent_whole = False
         self.served += 1
         if body is None or isinstance(body, bytes):
@@ -247,7 +122,21 @@ class UpstreamConnection(asyncio.Protocol):
             self.sent_whole = True
         else:
             transport.write(head)
-            await self._upload(body, bounds, chunked)
+            try:
+                await self._upload(body, bounds, chunked)
+            except BaseException:
+                # The body broke (its client went): nobody waits for the answer's head now,
+                # and an upstream closing after this must not leave an error unretrieved.
+                self._headers_waiter = None
+                if waiter.done() and not waiter.cancelled():
+                    waiter.exception()
+                else:
+                    waiter.cancel()
+                raise
+        if client is not None:
+            self._pass_on_end(client)
+        if self.quick_ack:
+            self._ack_at_once()
         self.arm(bounds.first_byte, Stall.FIRST_BYTE)
         try:
             await waiter
@@ -269,7 +158,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.arm(bounds.first_byte, Stall.FIRST_BYTE)
             if not part:
                 continue
-            if chunked:
+            if chunked and not isinstance(part, Unframed):
                 transport.write(b"%x\r\n%b\r\n" % (len(part), part))
             else:
                 transport.write(part)
@@ -281,6 +170,45 @@ class UpstreamConnection(asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(b"0\r\n\r\n")
         self.sent_whole = True
+
+    def _pass_on_end(self, client: ClientEnd) -> None:
+        """Half-close towards the upstream when the client has half-closed, now or while
+        this exchange lasts (never once the connection carries another)."""
+        if client.ended:
+            self.write_eof()
+            return
+        response = self.response
+
+        def ended() -> None:
+            if self.response is response:
+                self.write_eof()
+
+        client.on_end = ended
+
+    def write_eof(self) -> None:
+        """End the request's side of the connection, as the client ended its own: the
+        upstream's server reads that end as it would have read the client's."""
+        transport = self.transport
+        if transport is None or self.lost or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            return
+        self.eof_written = True
+        self.reusable = False
+        transport.write_eof()
+
+    def _ack_at_once(self) -> None:
+        """Leave Linux's interactive ("pingpong") ACK mode that sending a request enters:
+        the answer's head is then ACKed as it arrives, and a server with Nagle on sends
+        its body at once instead of after the 40 ms delayed-ACK timer (TCP_QUICKACK is
+        not sticky: the next request sent enters the mode again, so each is followed by
+        this)."""
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None and not self.lost:
+            # Closed under us: the exchange's own read says so.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
     def arm(self, seconds: float, stall: Stall) -> None:
         """The current wait may last `seconds` from now (one lazily moved timer)."""
@@ -430,7 +358,14 @@ class UpstreamConnection(asyncio.Protocol):
             response._ended = True
             # An answer that came before the whole request went up leaves the request's
             # end in doubt: that connection is never used again.
-            self.reusable = self.sent_whole and self.parser.should_keep_alive()
+            # A server that ends streams closes the connection after a chunked answer.
+            ended = self.ends_streams and self._chunked()
+            self.reusable = (
+                self.sent_whole
+                and self.parser.should_keep_alive()
+                and not ended
+                and not self.eof_written
+            )
         self._deadline = None
         response._wake()
 

@@ -16,11 +16,14 @@ import collections
 from collections.abc import AsyncIterable
 
 from gpugate.config.model import UpstreamTimeouts as Bounds
-from gpugate.proxy.http1 import Response, Stall, UpstreamClosed, UpstreamConnection, UpstreamTimeout
+from gpugate.proxy.http1 import ClientEnd, UpstreamConnection
+from gpugate.proxy.http1_response import Response, Stall, UpstreamClosed, UpstreamTimeout
 from gpugate.runtimes.keepalive import KEEP, NEVER, KeepAlivePolicy
 
 MAX_IDLE = 256
 """Keep-alive connections kept per upstream; one more is closed when it comes back."""
+SPARE_CONNECT = 5.0
+"""Seconds a spare connection may take to open before it is given up."""
 SWEEP_SLACK = 0.01
 """Seconds the idle sweep's timer may run late (a timer firing a hair early would
 otherwise be set again at once, and again)."""
@@ -43,6 +46,12 @@ class UpstreamPool:
         self._reuse_within = keep_alive.reuse_within
         self._max_requests = keep_alive.max_requests
         self._max_idle = MAX_IDLE if keep_alive.max_idle is None else keep_alive.max_idle
+        self.quick_ack = keep_alive.reuse and keep_alive.nagle
+        """ACK the server's answers at once (its head and body come apart, Nagle on): a
+        connection that carries a second request would wait for the delayed ACK."""
+        self.announcement = None if keep_alive.reuse else keep_alive.announcement
+        """The `Keep-Alive` value the server would send in place of the `Connection:
+        close` every request of a pool that never reuses asks it for (Response.announce)."""
         self.limit = limit
         """Exchanges at once; one more waits for a slot, within the connect bound."""
         self.in_flight = 0
@@ -54,10 +63,13 @@ class UpstreamPool:
         self._sweep: asyncio.TimerHandle | None = None
         self.opened = 0
         """Connections opened since start (reuse shows as requests per connection)."""
+        self._spare: asyncio.Future[None] | None = None
+        self._spares = keep_alive.spare
 
     async def send(
         self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds, *,
         chunked: bool = False, head_only: bool = False, idempotent: bool = False,
+        client: ClientEnd | None = None,
     ) -> Response:  # fmt: skip
         """Send one request (`head`: request line and headers, framing included) and
         return once the response headers arrived.
@@ -81,14 +93,14 @@ class UpstreamPool:
         else:
             await self._wait_for_slot(bounds.connect)
         try:
-            return await self._send(head, body, bounds, chunked, head_only, idempotent)
+            return await self._send(head, body, bounds, chunked, head_only, idempotent, client)
         except BaseException:
             self.slot_freed()
             raise
 
     async def _send(
         self, head: bytes, body: bytes | AsyncIterable[bytes] | None, bounds: Bounds,
-        chunked: bool, head_only: bool, idempotent: bool,
+        chunked: bool, head_only: bool, idempotent: bool, client: ClientEnd | None,
     ) -> Response:  # fmt: skip
         replayable = idempotent and not isinstance(body, AsyncIterable)
         while True:
@@ -98,7 +110,9 @@ class UpstreamPool:
                 connection = await self._connect(bounds.connect)
             self._busy.add(connection)
             try:
-                return await connection.exchange(head, body, bounds, chunked, head_only)
+                response = await connection.exchange(head, body, bounds, chunked, head_only, client)
+                response.announce = self.announcement
+                return response
             except UpstreamClosed:
                 connection.close()
                 if reused and replayable and not connection.answered:
@@ -136,6 +150,9 @@ class UpstreamPool:
 
     def close(self) -> None:
         """Close every connection, idle or busy."""
+        if self._spare is not None:
+            self._spare.cancel()
+            self._spare = None
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
@@ -198,6 +215,8 @@ class UpstreamPool:
         except TimeoutError:
             raise UpstreamTimeout(Stall.CONNECT, seconds) from None
         self.opened += 1
+        connection.quick_ack = self.quick_ack
+        connection.ends_streams = self.policy.ends_streams
         return connection
 
     def give_back(self, connection: UpstreamConnection, reusable: bool) -> None:
@@ -211,13 +230,32 @@ class UpstreamPool:
             and len(self._idle) < self._max_idle
             and (cap is None or connection.served < cap)
         ):
-            loop = connection.loop
-            connection.idle_since = loop.time()
-            self._idle.append(connection)
-            if self._reuse_within is not None and self._sweep is None:
-                # One timer per pool, set again only when it fires: no timer per request.
-                at = connection.idle_since + self._reuse_within
-                self._sweep = loop.call_at(at, self._sweep_idle)
+            self._keep_idle(connection)
+        else:
+            connection.close()
+            if self._spares and self._spare is None and not self._idle:
+                # The next request, likely soon, finds one the server accepted already.
+                self._spare = asyncio.ensure_future(self._open_spare())
+
+    def _keep_idle(self, connection: UpstreamConnection) -> None:
+        loop = connection.loop
+        connection.idle_since = loop.time()
+        self._idle.append(connection)
+        if self._reuse_within is not None and self._sweep is None:
+            # One timer per pool, set again only when it fires: no timer per request.
+            at = connection.idle_since + self._reuse_within
+            self._sweep = loop.call_at(at, self._sweep_idle)
+
+    async def _open_spare(self) -> None:
+        """A connection opened ahead of the request that will need it, kept idle."""
+        try:
+            connection = await self._connect(SPARE_CONNECT)
+        except (OSError, UpstreamTimeout):
+            return  # the next request connects itself, and says what failed
+        finally:
+            self._spare = None
+        if len(self._idle) < self._max_idle:
+            self._keep_idle(connection)
         else:
             connection.close()
 

@@ -1,14 +1,9 @@
-"""A request's framing, expectations and body, read as the runtime's HTTP server reads them.
+"""A request's body read as the runtime's HTTP server reads it, and the short answers that
+server writes by itself.
 
-Framing is the gate's: a request is forwarded only with a body whose end the gate found
-itself, framed by the gate (forward.py). What the gate will not frame it refuses here, in
-the shape the runtime's server answers such a request with (`ServerDialect`):
-
-* `Transfer-Encoding` other than exactly one `chunked` (Go's net/http answers 501; aiohttp
-  accepts `gzip, chunked` as chunked and ignores the gzip, a reading nobody should rely on);
-* a websocket handshake that carries a body (nothing can say whether those bytes are the
-  body or the first frames);
-* an `Expect` the server would not honour.
+Framing, `Expect` and what the server refuses before any handler runs are the dialect's
+(proxy/dialects) and the server's (server_reading.py): a request is forwarded only with a body
+whose end the gate found itself, framed by the gate (forward.py).
 
 A body the runtime's server decodes before its handler reads it (aiohttp inflates gzip,
 deflate, br and zstd) is decoded here with aiohttp's own decoder, bounded by the consumer's
@@ -23,10 +18,11 @@ import json
 import sys
 from typing import Any
 
-from aiohttp import HttpVersion11, hdrs, web
+import attrs
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.http_parser import DeflateBuffer
 
+from gpugate.proxy.request import BodyTooLarge, Request
 from gpugate.runtimes.dialect import BodyCoding, ServerDialect
 
 if sys.version_info >= (3, 14):
@@ -34,114 +30,56 @@ if sys.version_info >= (3, 14):
 else:
     from backports import zstd
 
+__all__ = [
+    "AIOHTTP_ENCODINGS",
+    "BodyTooLarge",
+    "Plain",
+    "Refused",
+    "decode_body",
+    "decoded_coding",
+    "go_error",
+    "inflate_zstd",
+    "plain",
+]
+
 AIOHTTP_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 """The Content-Encoding values aiohttp's request parser decodes (the whole value, in any
 case; `gzip, identity` is not one of them and reaches the handler as sent)."""
 
 
-class BodyTooLarge(Exception):
-    """The body, as sent or as decoded, is over the consumer's body limit."""
+@attrs.frozen
+class Plain:
+    """A short answer the runtime's server writes by itself (status, its own headers,
+    body), and whether the connection ends after it."""
 
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
-        """Bytes it had when it passed the limit (its Content-Length, when it says)."""
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...]
+    close: bool
 
 
 class Refused(Exception):
     """The runtime's server would refuse this request before its handler runs."""
 
-    def __init__(self, response: web.StreamResponse) -> None:
-        super().__init__(response.status)
-        self.response = response
+    def __init__(self, answer: Plain) -> None:
+        super().__init__(answer.status)
+        self.answer = answer
 
 
-def plain(
-    status: int, body: bytes, *, close: bool = True, reason: str | None = None
-) -> web.Response:
+TEXT = (("Content-Type", "text/plain; charset=utf-8"),)
+
+
+def plain(status: int, body: bytes, *, close: bool = True) -> Plain:
     """A short text answer that ends the connection (the request's end is in doubt)."""
-    response = web.Response(
-        status=status, reason=reason, body=body, content_type="text/plain", charset="utf-8"
-    )
-    if close:
-        response.force_close()
-    return response
+    return Plain(status, body, TEXT, close)
 
 
-def framing_refusal(dialect: ServerDialect, request: web.BaseRequest) -> web.StreamResponse | None:
-    """The answer to a request whose framing the gate does not forward (None: go on)."""
-    codings = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
-    if codings and (len(codings) != 1 or codings[0].strip().lower() != "chunked"):
-        if dialect is ServerDialect.GO:
-            # net/http: "HTTP/1.1 501 Not Implemented ... Unsupported transfer encoding"
-            return plain(501, b"Unsupported transfer encoding")
-        return plain(400, b"400 Bad Request")
-    if _upgrades(request) and request.body_exists:
-        return plain(400, b"400 Bad Request")
-    return None
-
-
-def _upgrades(request: web.BaseRequest) -> bool:
-    return bool(request.headers.get(hdrs.UPGRADE)) and any(
-        token.strip().lower() == "upgrade"
-        for token in request.headers.get(hdrs.CONNECTION, "").split(",")
-    )
-
-
-async def answer_expect(
-    dialect: ServerDialect, request: web.BaseRequest
-) -> web.StreamResponse | None:
-    """Answer an `Expect` header as the runtime's server would: `100 Continue` is sent
-    before the body is read; an expectation the server refuses is answered (None: go on)."""
-    if request.version != HttpVersion11:
-        return None
-    expect = request.headers.get(hdrs.EXPECT, "")
-    if dialect is ServerDialect.GO:
-        tokens = {t.strip().lower() for t in expect.split(",")}
-        if "100-continue" not in tokens:
-            return plain(417, b"", reason="Expectation Failed")
-    elif dialect is ServerDialect.HTTPLIB:
-        if expect != "100-continue":
-            return None  # cpp-httplib acts on this exact value only
-    elif expect.lower() != "100-continue":
-        text = f"Unknown Expect: {expect}".encode("utf-8", "surrogateescape")
-        return plain(417, text, close=False)
-    if request.content.is_eof():
-        return None  # the body came with the headers: nothing to invite
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0
-    await request.writer.drain()
-    return None
-
-
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The whole request body as sent, refusing more than `limit` bytes."""
-    if request.content_length == 0:
-        return b""
-    if request.content_length is not None:
-        if request.content_length > limit:
-            raise BodyTooLarge(request.content_length)
-        content = request.content
-        if content.is_eof():
-            # All of it came with the headers (a small request): no wait, no copy per part.
-            return content.read_nowait()
-        return await content.readexactly(request.content_length)
-    chunks = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(size)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def decoded_coding(dialect: ServerDialect, request: web.BaseRequest) -> BodyCoding | None:
+def decoded_coding(dialect: ServerDialect, request: Request) -> BodyCoding | None:
     """The content coding the runtime's HTTP server undoes before any handler reads the
     body (a route's own decoding is the runtime's: `Reading.decoded_coding`)."""
-    if dialect is not ServerDialect.AIOHTTP or not request.body_exists:
+    if dialect is not ServerDialect.AIOHTTP or not request.body.exists:
         return None
-    value = request.headers.get(hdrs.CONTENT_ENCODING, "")
+    value = request.headers.get("Content-Encoding", "")
     if not value.isascii():
         return None
     value = value.lower()
@@ -227,7 +165,7 @@ def inflate_zstd(raw: bytes, limit: int, coding: BodyCoding) -> bytes:
     return bytes(out)
 
 
-def go_error(status: int, message: str) -> web.Response:
+def go_error(status: int, message: str) -> Plain:
     """A Go runtime's JSON error, as gin writes it: `c.JSON(status, gin.H{"error": ...})`."""
     body = json.dumps({"error": message}, separators=(",", ":")).encode()
-    return web.Response(status=status, body=body, content_type="application/json", charset="utf-8")
+    return Plain(status, body, (("Content-Type", "application/json; charset=utf-8"),), False)

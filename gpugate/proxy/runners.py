@@ -1,9 +1,10 @@
-"""Running a listener behind its guard: the runners whose sites accept through a `Guard`,
-the open-files limit and the connection caps it can carry, and the loop's error handler.
+"""Running the listeners: the consumer listeners' runner (server.py, connections.py), the
+control API's runner whose aiohttp sites accept through a `Guard` (guard.py), the
+open-files limit and the connection caps it can carry, and the loop's error handler.
 
-A listener's connections are guarded one by one in guard.py; what is here runs them as a
-whole: starting and stopping sites, giving in-flight requests their grace at shutdown,
-fitting every listener's caps under the descriptors the process may open, and keeping a
+What is here runs each listener as a whole: starting and stopping sites, giving in-flight
+requests their grace at shutdown, fitting every listener's caps under the descriptors the
+process may open, making room when an accept still fails for want of one, and keeping a
 repeated loop error to a line per interval.
 """
 
@@ -20,7 +21,10 @@ from aiohttp import web
 
 from gpugate.config.model import ListenerLimits
 from gpugate.logs import OncePerInterval
+from gpugate.proxy.connections import OUT_OF_FILES, ListenerServer, out_of_files
+from gpugate.proxy.dialects.base import HttpDialect
 from gpugate.proxy.guard import SHUTDOWN_MARGIN, Guard
+from gpugate.proxy.server import Handler
 
 
 class _Guarded(web.BaseRunner):
@@ -68,6 +72,16 @@ def _server_settings(limits: ListenerLimits) -> dict[str, Any]:
 class GuardedRunner(_Guarded, web.AppRunner):
     """A guarded runner for an application (the control API)."""
 
+    async def start(self, host: str | None, port: int) -> None:
+        """Set up and listen on `host`:`port` (every address when None)."""
+        await self.setup()
+        site = web.TCPSite(self, host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError:
+            await self.cleanup()
+            raise
+
     def __init__(
         self, app: web.Application, limits: ListenerLimits, name: str, max_connections: int
     ) -> None:
@@ -81,30 +95,60 @@ class GuardedRunner(_Guarded, web.AppRunner):
         return self._guard(await super()._make_server())
 
 
-class GuardedServerRunner(_Guarded, web.ServerRunner):
-    """A guarded runner for one low-level handler (a consumer's listener); `on_cleanup`
-    runs once its sites and connections are closed."""
+class ListenerRunner:
+    """A consumer listener's socket and connections (server.py, connections.py), started,
+    drained and stopped as the control API's runner is; `on_cleanup` runs once its socket
+    and connections are closed."""
 
     def __init__(
         self,
-        make_server: Callable[..., web.Server],
+        handler: Handler,
+        dialect: HttpDialect,
         on_cleanup: Callable[[], Awaitable[None]],
         limits: ListenerLimits,
         name: str,
         max_connections: int,
     ) -> None:
-        super().__init__(make_server(**_server_settings(limits)), shutdown_timeout=SHUTDOWN_MARGIN)
-        self.limits = limits
-        self.name = name
-        self.max_connections = max_connections
-        self.guard = None
+        self.server = ListenerServer(handler, dialect, limits, name, max_connections)
         self._on_cleanup = on_cleanup
+        self._site: asyncio.Server | None = None
 
-    async def _make_server(self) -> web.Server:
-        return self._guard(await super()._make_server())
+    async def start(self, host: str | None, port: int) -> None:
+        """Listen on `host`:`port` (every address when None)."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._site = await loop.create_server(
+                self.server, host, port, reuse_address=True, backlog=BACKLOG
+            )
+        except OSError:
+            await self.cleanup()
+            raise
 
-    async def _cleanup_server(self) -> None:
+    @property
+    def addresses(self) -> list[Any]:
+        site = self._site
+        return [] if site is None else [s.getsockname() for s in site.sockets]
+
+    async def stop_accepting(self) -> None:
+        """Close the listening socket; open connections stay."""
+        if self._site is not None:
+            self._site.close()
+
+    async def drain(self, grace: float) -> int:
+        """Waiting connections close; requests in flight get `grace` seconds, then are
+        cancelled; returns how many were."""
+        return await self.server.drain(grace)
+
+    async def cleanup(self) -> None:
+        await self.stop_accepting()
+        self.server.close_all()
+        self._site = None
         await self._on_cleanup()
+
+
+BACKLOG = 1024
+"""Connections the kernel queues for the listener before it accepts them: a burst of new
+connections waits there while idle ones give way."""
 
 
 FD_RESERVE = 64
@@ -152,6 +196,10 @@ def quiet_loop_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) 
     """
     message = str(context.get("message") or "error in the event loop")
     exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno in OUT_OF_FILES:
+        # asyncio pauses the listener's accepts for a second and tries again: the
+        # connections waiting longest are closed so that the retry finds descriptors.
+        out_of_files()
     if isinstance(exc, OSError):
         key = f"{message}|{exc.errno}"
         loop_errors.error(key, "%s: %s", message, exc)

@@ -29,18 +29,23 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp
+import attrs
 from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+from aiohttp.http_websocket import WS_KEY, WebSocketReader, WebSocketWriter
+from aiohttp.web_ws import WebSocketDataQueue
 from multidict import CIMultiDict
 from yarl import URL
 
 from gpugate.config.model import UpstreamTimeouts
 from gpugate.gate.gate import UPSTREAM_SKIP_AUTO_HEADERS
 from gpugate.proxy.forward import HOP_BY_HOP, Stall, UpstreamTimeout, upstream_headers
-from gpugate.proxy.relay import UPSTREAM_SERVER, cut_off
+from gpugate.proxy.request import Request, http_date
+from gpugate.proxy.server import Connection
 
 HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Key",
@@ -57,12 +62,82 @@ CLOSE_TIMEOUT = 5.0
 SHUTDOWN_CLOSE = 1.0
 """How long a relay that is cancelled (shutdown, client gone) may spend closing both sides."""
 
-Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+QUEUE_LIMIT = 1 << 16
+"""Bytes of frames read from the client and not yet relayed before its socket's reading
+pauses (aiohttp's own queue limit)."""
 
 
-def is_upgrade(request: web.BaseRequest) -> bool:
+def cut_off(request: Request) -> None:
+    """End the client's connection now, without a close frame."""
+    request.cut()
+
+
+class ClientSocket(web.WebSocketResponse):
+    """The client's side of the relay: aiohttp's websocket, over the listener's own
+    connection (server.py) instead of aiohttp's server. Its reader and writer are
+    aiohttp's (`WebSocketReader`, `WebSocketWriter`); the connection feeds the reader
+    the bytes after the handshake and gives the writer its flow control."""
+
+    def start(
+        self, request: Request, protocol: str | None, extra_headers: Iterable[tuple[str, str]]
+    ) -> None:
+        """Write the 101 and switch the connection to frames."""
+        conn = request.conn
+        transport = conn.transport
+        if transport is None:
+            raise ConnectionResetError("the client's connection is closed")
+        key = request.headers[hdrs.SEC_WEBSOCKET_KEY]
+        accept = base64.b64encode(hashlib.sha1(key.encode() + WS_KEY).digest())
+        head = [
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+            b"Connection: upgrade\r\nSec-WebSocket-Accept: %b\r\n" % accept
+        ]
+        if protocol:
+            head.append(b"Sec-WebSocket-Protocol: %b\r\n" % protocol.encode("latin-1"))
+        for name, value in extra_headers:
+            head.append(b"%b: %b\r\n" % (name.encode(), value.encode("utf-8", "surrogateescape")))
+        head.append(b"Date: %b\r\n\r\n" % http_date())
+        request.close = True  # the connection is the websocket's from now on
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._req = request  # type: ignore[assignment]  # what aiohttp closes: .transport
+        self._payload_writer = _Drain(conn)  # type: ignore[assignment]
+        self._ws_protocol = protocol
+        self._writer = WebSocketWriter(conn, transport, limit=self._writer_limit)  # type: ignore[arg-type]
+        self._reader = WebSocketDataQueue(conn, QUEUE_LIMIT, loop=loop)  # type: ignore[arg-type]
+        self._parser = WebSocketReader(self._reader, 0, compress=False, decode_text=False)
+        parser = self._parser
+        conn.upgraded = lambda data: _feed(parser, conn, data)
+        conn.on_eof = parser.feed_eof
+        request.send(b"".join(head))
+
+
+def _feed(parser: WebSocketReader, conn: Connection, data: bytes) -> None:
+    eof, _ = parser.feed_data(data)
+    if eof:
+        conn.close()
+
+
+class _Drain:
+    """The one member of aiohttp's payload writer a websocket response uses."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    async def drain(self) -> None:
+        await self._conn.drain()
+
+
+Socket = ClientSocket | aiohttp.ClientWebSocketResponse
+
+
+def is_upgrade(request: Request) -> bool:
     """A websocket handshake aiohttp can accept: GET, Upgrade: websocket, a valid key."""
     headers = request.headers
+    if request.body.exists:
+        # A handshake with a body is an ordinary request to Go's net/http and cpp-httplib
+        # (their dialects serve it); aiohttp's parser refuses it before the gate sees it.
+        return False
     if headers.get(hdrs.UPGRADE, "").strip().lower() != "websocket":
         return False
     if request.method != hdrs.METH_GET:
@@ -76,12 +151,34 @@ def is_upgrade(request: web.BaseRequest) -> bool:
         return False
 
 
+@attrs.frozen
+class Refusal:
+    """The upstream's answer to a handshake it refused: its status line, headers (less the
+    hops and its Content-Length) and body."""
+
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def write(self, request: Request, extra_headers: Iterable[tuple[str, str]]) -> None:
+        """Write it to the client, framed by the gate."""
+        parts = [b"HTTP/1.1 %d %b\r\n" % (self.status, self.reason.encode("latin-1"))]
+        for name, value in (*self.headers, *extra_headers):
+            parts.append(b"%b: %b\r\n" % (name.encode(), value.encode("utf-8", "surrogateescape")))
+        if not request.keep_alive:
+            parts.append(b"Connection: close\r\n")
+            request.close = True
+        parts.append(b"Content-Length: %d\r\n\r\n" % len(self.body))
+        request.send(b"".join(parts) + self.body)
+
+
 class UpgradeRefused(Exception):
     """The upstream answered the handshake with something other than 101."""
 
-    def __init__(self, response: web.Response) -> None:
-        super().__init__(f"upgrade refused with {response.status}")
-        self.response = response
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"upgrade refused with {refusal.status}")
+        self.refusal = refusal
 
 
 async def read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float) -> bytes:
@@ -147,21 +244,18 @@ class WebSocketRelay:
         body = await read_bounded(upstream, REFUSAL_BODY_LIMIT, self._timeouts.idle)
         headers = downstream_headers(upstream)
         headers.popall(hdrs.CONTENT_LENGTH, None)
-        response = web.Response(
-            status=upstream.status, reason=upstream.reason, body=body, headers=headers
+        raise UpgradeRefused(
+            Refusal(upstream.status, upstream.reason or "", tuple(headers.items()), body)
         )
-        if hdrs.SERVER in upstream.headers:
-            response[UPSTREAM_SERVER] = True
-        raise UpgradeRefused(response)
 
     async def relay(
         self,
-        request: web.Request,
+        request: Request,
         *,
         drop: Iterable[str] = (),
         extra_headers: Iterable[tuple[str, str]] = (),
         on_drop: Callable[[BaseException], None] = lambda exc: None,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Relay one upgrade until either side closes.
 
         `drop`: request headers the runtime's reading already judged; `extra_headers`: added to the
@@ -178,11 +272,10 @@ class WebSocketRelay:
         try:
             upstream = await self._connect(request, headers, offered)
         except UpgradeRefused as exc:
-            exc.response.headers.extend(extra_headers)
-            return exc.response
+            exc.refusal.write(request, extra_headers)
+            return
         try:
-            client = web.WebSocketResponse(
-                protocols=(upstream.protocol,) if upstream.protocol else (),
+            client = ClientSocket(
                 timeout=CLOSE_TIMEOUT,
                 autoclose=False,
                 autoping=False,
@@ -190,10 +283,8 @@ class WebSocketRelay:
                 max_msg_size=0,
                 decode_text=False,
             )
-            client.headers.extend(extra_headers)
-            await client.prepare(request)
+            client.start(request, upstream.protocol, extra_headers)
             await self._pair(request, client, upstream, on_drop)
-            return client
         finally:
             if not upstream.closed:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -201,14 +292,14 @@ class WebSocketRelay:
                         await upstream.close(code=WSCloseCode.GOING_AWAY)
 
     async def _connect(
-        self, request: web.Request, headers: Any, offered: list[str]
+        self, request: Request, headers: Any, offered: list[str]
     ) -> aiohttp.ClientWebSocketResponse:
         timeouts = self._timeouts
         bound = asyncio.timeout(timeouts.connect + timeouts.first_byte)
         try:
             async with bound:
                 return await self._client().ws_connect(
-                    URL(self._base + str(request.rel_url), encoded=True),
+                    URL(self._base + request.raw_path, encoded=True),
                     headers=headers,
                     protocols=offered,
                     timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CLOSE_TIMEOUT),
@@ -227,8 +318,8 @@ class WebSocketRelay:
 
     async def _pair(
         self,
-        request: web.Request,
-        client: web.WebSocketResponse,
+        request: Request,
+        client: ClientSocket,
         upstream: aiohttp.ClientWebSocketResponse,
         on_drop: Callable[[BaseException], None],
     ) -> None:
@@ -255,8 +346,8 @@ class WebSocketRelay:
 
 
 async def _end(
-    request: web.Request,
-    client: web.WebSocketResponse,
+    request: Request,
+    client: ClientSocket,
     upstream: aiohttp.ClientWebSocketResponse,
     down: asyncio.Future[aiohttp.WSMessage],
     up: asyncio.Future[aiohttp.WSMessage],

@@ -12,9 +12,10 @@ import pytest
 
 from gpugate_sim.ollama.server import SimOllama
 from gpugate_sim.scenario import OllamaSpec
-from tests.gate.harness import MODELS, free_ports
+from tests.gate.harness import MODELS
 from tests.listeners.serving import consumers_yaml, serving
 from tests.listeners.wire import read_reply
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.e2e
 

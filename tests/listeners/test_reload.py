@@ -17,8 +17,9 @@ from gpugate.core.units import GiB
 from gpugate.runtimes.sections import RUNTIME_TABLE
 from gpugate_sim.ollama.server import SimOllama
 from gpugate_sim.scenario import OllamaSpec
-from tests.gate.harness import MODELS, free_ports
+from tests.gate.harness import MODELS
 from tests.listeners.serving import consumers_yaml, serving
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from gpugate.config.model import UpstreamTimeouts
-from gpugate.proxy.http1 import (
-    HIGH_WATER,
+from gpugate.proxy.http1 import HIGH_WATER
+from gpugate.proxy.http1_response import (
     Stall,
     UpstreamClosed,
     UpstreamInvalid,
@@ -376,3 +376,112 @@ async def test_a_request_that_finds_no_slot_in_time_times_out_and_takes_none():
         held.release()
         assert pool.in_flight == 0
         pool.close()
+
+
+async def test_a_body_that_breaks_after_the_upstream_closed_leaves_nothing_waiting():
+    """The exchange ends with the client's error, and no wait for the answer's head is left
+    behind holding the upstream's (an error nobody would retrieve)."""
+    closed = asyncio.Event()
+    exchanges = []
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()  # gone before the request's body is all sent
+        closed.set()
+
+    async def parts():
+        exchanges.extend(pool._busy)
+        yield b"one,"
+        await closed.wait()
+        # The gate's side sees the close (its connection lost) before the client's body breaks.
+        while not all(c.lost for c in exchanges):
+            await asyncio.sleep(0)
+        raise ConnectionResetError("the client went")
+
+    head = b"POST /x HTTP/1.1\r\nHost: up\r\nTransfer-Encoding: chunked\r\n\r\n"
+    async with Upstream(serve) as pool:
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(pool.send(head, parts(), BOUNDS, chunked=True), 5)
+        assert pool.idle == 0
+    (connection,) = exchanges
+    assert connection._headers_waiter is None
+
+
+class Client:
+    """The client's side of an exchange (`ClientEnd`), as request.py's `Request` is."""
+
+    def __init__(self, ended: bool = False) -> None:
+        self.ended = ended
+        self._on_end: Callable[[], None] | None = None
+        self.told = asyncio.Event()
+        """The exchange said how to pass the end on."""
+
+    @property
+    def on_end(self) -> Callable[[], None] | None:
+        return self._on_end
+
+    @on_end.setter
+    def on_end(self, callback: Callable[[], None] | None) -> None:
+        self._on_end = callback
+        self.told.set()
+
+    def end(self) -> None:
+        self.ended = True
+        if self.on_end is not None:
+            self.on_end()
+
+
+async def test_a_client_that_ended_before_the_answer_has_it_passed_on_and_the_answer_comes():
+    saw_end = asyncio.Event()
+
+    async def answer_after_the_end(reader, writer):
+        await read_request(reader)
+        assert await reader.read() == b""  # the gate's half-close, after the whole request
+        saw_end.set()
+        writer.write(OK)
+        await writer.drain()
+
+    upstream = Upstream(answer_after_the_end)
+    async with upstream as pool:
+        client = Client(ended=True)
+        response = await pool.send(GET, None, BOUNDS, client=client)
+        assert saw_end.is_set() and response.status == 200
+        assert await response.read(1 << 20, 1.0) == b"hello"
+        response.release()
+        assert pool.idle == 0, "a connection whose side was ended is never reused"
+
+
+async def test_a_client_that_ends_while_the_answer_is_awaited_has_it_passed_on_once():
+    async def answer_at_the_end(reader, writer):
+        await read_request(reader)
+        assert await reader.read() == b""
+        writer.write(OK)
+        await writer.drain()
+
+    upstream = Upstream(answer_at_the_end)
+    async with upstream as pool:
+        client = Client()
+        sending = asyncio.ensure_future(pool.send(GET, None, BOUNDS, client=client))
+        await client.told.wait()
+        client.end()
+        response = await sending
+        assert await response.read(1 << 20, 1.0) == b"hello"
+        response.release()
+        assert pool.idle == 0
+
+
+async def test_a_client_end_after_its_exchange_never_touches_the_next_one():
+    upstream = Upstream(answer_each)
+    async with upstream as pool:
+        first = Client()
+        response = await pool.send(GET, None, BOUNDS, client=first)
+        assert await response.read(1 << 20, 1.0) == b"hello"
+        response.release()
+        second = await pool.send(GET, None, BOUNDS)
+        first.end()  # late: the connection carries another exchange now
+        assert await second.read(1 << 20, 1.0) == b"hello"
+        second.release()
+        third = await pool.send(GET, None, BOUNDS)
+        assert third.status == 200 and await third.read(1 << 20, 1.0) == b"hello"
+        third.release()
+        assert (upstream.connections, pool.idle) == (1, 1)

@@ -7,11 +7,21 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import attrs
 import pytest
 
 from gpugate.config.model import UpstreamTimeouts
+from gpugate.proxy.http1_response import Response
 from gpugate.proxy.pool import UpstreamPool
-from gpugate.runtimes.keepalive import HTTPLIB, KEEP, NEVER, KeepAlivePolicy
+from gpugate.proxy.relay import runtime_head
+from gpugate.runtimes.keepalive import (
+    HTTPLIB,
+    HTTPLIB_NAGLE,
+    KEEP,
+    LLAMA_HTTPLIB,
+    NEVER,
+    KeepAlivePolicy,
+)
 from gpugate.runtimes.llamaserver.router import RouterReading
 from gpugate.runtimes.llamaserver.single import LlamaSingleReading
 from gpugate.runtimes.ollama.adapter import OllamaReading
@@ -207,11 +217,130 @@ async def test_connections_to_the_runtime_send_without_delay():
 def test_cpp_httplib_runtimes_are_reused_well_inside_their_servers_keep_alive():
     # whisper-server reads what it left of a refused body as the next request on a kept
     # connection: every request to it goes on a connection of its own.
-    assert WhisperReading.keep_alive is NEVER and not NEVER.pools_idle
+    whisper = WhisperReading.keep_alive
+    assert not whisper.reuse and not whisper.pools_idle
+    # Its server is cpp-httplib with Nagle on; llama.cpp builds its own without.
+    assert whisper == attrs.evolve(HTTPLIB_NAGLE, reuse=False) and whisper.nagle
     for reading in (RouterReading, LlamaSingleReading):
-        assert reading.keep_alive is HTTPLIB, reading
+        assert reading.keep_alive is LLAMA_HTTPLIB, reading
+    assert attrs.evolve(HTTPLIB, ends_streams=True, spare=True) == LLAMA_HTTPLIB
+    assert not HTTPLIB.nagle and not whisper.spare
     # The gate's own calls (aiohttp's client keeps a connection 15 s) open one each.
     assert not HTTPLIB.pools_idle
     assert (HTTPLIB.idle_timeout, HTTPLIB.max_requests) == (5.0, 100)
     assert HTTPLIB.reuse_within == pytest.approx(2.0)
     assert OllamaReading.keep_alive is KEEP and KEEP.pools_idle
+
+
+def quick_ack(pool: UpstreamPool) -> tuple[bool, int]:
+    """The idle connection's flag and what its socket says of TCP_QUICKACK (1: ACKs go out
+    as data arrives, 0: Linux's interactive mode, where they wait to ride on data)."""
+    (connection,) = pool._idle
+    assert connection.transport is not None
+    sock = connection.transport.get_extra_info("socket")
+    return connection.quick_ack, sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
+
+
+async def test_a_reused_connection_to_a_server_with_nagle_on_acks_each_answer_at_once():
+    # Sending a request enters the interactive mode that holds ACKs back; a server that
+    # writes its head and body apart with Nagle on would then wait for the delayed ACK.
+    server = Httplib(timeout=5.0, max_requests=100)
+    pool = await server.start(HTTPLIB_NAGLE)
+    for _ in range(3):
+        assert await exchange(pool) == b"ok"
+        assert quick_ack(pool) == (True, 1)
+    assert (server.connections, pool.opened) == (1, 1)
+    pool.close()
+    server.close()
+
+
+async def test_a_reused_connection_to_a_server_without_nagle_sets_nothing():
+    server = Httplib(timeout=5.0, max_requests=100)
+    pool = await server.start(HTTPLIB)
+    for _ in range(2):
+        assert await exchange(pool) == b"ok"
+    assert quick_ack(pool)[0] is False and pool.opened == 1
+    pool.close()
+    server.close()
+
+
+def answer(*headers: tuple[bytes, bytes], announce: bytes | None = None) -> Response:
+    response = Response(None)  # type: ignore[arg-type]
+    response.status, response.reason = 200, "OK"
+    response.raw_headers = list(headers)
+    response.announce = announce
+    return response
+
+
+def test_a_kept_client_sees_the_runtimes_keep_alive():
+    kept = answer((b"Keep-Alive", b"timeout=5, max=100"), (b"Content-Length", b"2"))
+    assert runtime_head(kept, ()) == (
+        b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nContent-Length: 2\r\n\r\n"
+    )
+
+
+def test_where_the_gate_asked_for_close_the_runtimes_keep_alive_is_put_back():
+    # whisper-server answers the gate's `Connection: close` in kind; a client the gate
+    # keeps is told what whisper-server would tell it, where it would.
+    closed = answer(
+        (b"Connection", b"close"), (b"Content-Length", b"2"),
+        announce=HTTPLIB.announcement,
+    )  # fmt: skip
+    assert runtime_head(closed, ()) == (
+        b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nContent-Length: 2\r\n\r\n"
+    )
+    # Without an announcement (a server that sends none) nothing is made up.
+    plain = answer((b"Connection", b"close"), (b"Content-Length", b"2"))
+    assert runtime_head(plain, ()) == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
+
+
+def test_only_a_pool_that_never_reuses_puts_the_announcement_back():
+    assert HTTPLIB.announcement == b"timeout=5, max=100"
+    assert KEEP.announcement is None and NEVER.announcement is None
+    assert UpstreamPool("127.0.0.1", 1, keep_alive=HTTPLIB).announcement is None
+    whisper = UpstreamPool("127.0.0.1", 1, keep_alive=WhisperReading.keep_alive)
+    assert whisper.announcement == b"timeout=5, max=100"
+    assert not whisper.quick_ack  # a new connection per request: nothing to hold back
+
+
+async def test_a_server_that_ends_streams_never_gets_a_request_on_a_streamed_connection():
+    # llama-server closes the connection after every chunked answer that said keep-alive;
+    # its answers of known length keep it open.
+    requests: list[list[bytes]] = []
+    """The methods each connection carried, in the order they were opened."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        carried: list[bytes] = []
+        requests.append(carried)
+        while True:
+            try:
+                head = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                writer.close()
+                return
+            carried.append(head.split(b" ", 1)[0])
+            if head.startswith(b"POST"):
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                )
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = UpstreamPool("127.0.0.1", port, keep_alive=LlamaSingleReading.keep_alive)
+    get = b"GET /health HTTP/1.1\r\nHost: up\r\n\r\n"
+    for _ in range(3):
+        assert await exchange(pool) == b"ok"  # streamed: that connection is closed
+        # ... and a spare is opened at once for the next request, likely soon.
+        spare = pool._spare
+        assert spare is not None
+        await spare
+        assert pool.idle == 1
+    for _ in range(3):
+        assert await exchange(pool, get, b"") == b"ok"  # of known length: kept
+    assert (pool.opened, pool.idle) == (4, 1)
+    assert requests == [[b"POST"], [b"POST"], [b"POST"], [b"GET"] * 3]
+    pool.close()
+    server.close()

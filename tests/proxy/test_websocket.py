@@ -17,8 +17,9 @@ from aiohttp import WSMsgType, web
 
 from gpugate.core.effects import EventKind
 from gpugate.core.failures import FailureClass
-from tests.gate.harness import free_ports, running_stack
+from tests.gate.harness import running_stack
 from tests.listeners.serving import consumers_yaml, serving
+from tests.ports import free_ports
 
 PROTOCOL = "v2.gpugate.test"
 CLOSE_REASON = "queue drained: réason"

@@ -1,0 +1,3 @@
+module gpugate/nethttp
+
+go 1.26
