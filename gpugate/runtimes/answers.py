@@ -117,6 +117,11 @@ class Screening:
     body, a capacity failure, a 502 or 504): the CORS headers the runtime would have put on
     its own answer, so a page on another origin can read the gate's message. `reply` is
     complete as it is and does not take them."""
+    target_as_sent: bool = True
+    """An absolute-form request-target goes upstream as the client sent it (where the
+    runtime's server takes that form, proxy/forward.py); False: in origin form, because the
+    runtime behind the gate would take the authority it names as the request's host and
+    refuse it, where the runtime at the gate's address serves it."""
 
 
 def go_json(value: object) -> bytes:

@@ -29,7 +29,9 @@ from gpugate.runtimes.answers import (
 )
 from gpugate.runtimes.health import RouteHealth
 from gpugate.runtimes.parts import Lifecycle, Memory, Reading, Residents
-from gpugate.runtimes.process import ProcessControl, SupervisedCommand, SystemdUnit
+from gpugate.runtimes.process import ProcessControl
+from gpugate.runtimes.process_supervised import SupervisedCommand
+from gpugate.runtimes.process_systemd import SystemdUnit
 from gpugate.runtimes.replies import ErrorReply
 from gpugate.runtimes.runtime import ModelSettings, Runtime
 

@@ -23,8 +23,14 @@ class ServerDialect(enum.Enum):
     """aiohttp's server (ComfyUI): gzip, deflate, br and zstd bodies are inflated before
     the handler reads them (br and zstd only where their libraries are installed)."""
     HTTPLIB = "httplib"
-    """cpp-httplib (whisper.cpp's server, llama-server): no decoding without zlib, an
-    encoded body is 415."""
+    """cpp-httplib 0.58 (llama-server): no decoding without zlib, an encoded body is 415."""
+    HTTPLIB_0_20 = "httplib-0.20"
+    """cpp-httplib 0.20 (whisper.cpp's whisper-server): as HTTPLIB for bodies, but its own
+    release's framing (a POST with no length is read to the close), its default headers
+    and its error handler's answers."""
+    UVICORN = "uvicorn"
+    """uvicorn's httptools protocol (vLLM's FastAPI server): llhttp's strict reading, one
+    400 for all it refuses, every answer in HTTP/1.1; bodies are never decoded."""
 
 
 @attrs.frozen

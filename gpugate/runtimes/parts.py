@@ -120,6 +120,19 @@ class Residents(abc.ABC):
     def evict_timeout(self) -> float:
         """How long an eviction may take (a process's stop takes its stop timeout)."""
 
+    warms: bool = False
+    """Whether the runtime loads a model when asked with nothing to run (`warm`): how the
+    gate loads again a model evicted for a higher class (`gpugate.core.rewarm`)."""
+
+    async def warm(self, session: aiohttp.ClientSession, model: str, ttl: float | None) -> None:
+        """Ask the runtime to load a model and keep it `ttl` seconds idle (None: until it is
+        unloaded); returns once the runtime answers that it is loaded. Only where `warms`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load a model when asked")
+
+    def warm_timeout(self) -> float:
+        """How long a load asked by `warm` may take."""
+        return self.evict_timeout()
+
     @property
     def most_models(self) -> int | None:
         """The most models the runtime holds at once, past which it unloads one of its own

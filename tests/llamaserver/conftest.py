@@ -27,8 +27,8 @@ import pytest
 
 from tests import buildcache
 from tests.buildcache import tail
-from tests.gate.harness import free_port
 from tests.llamaserver.gguf_models import write_models_dir, write_tiny_llama
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / "build" / "llama-server"
@@ -125,9 +125,11 @@ class LlamaServer:
     def client(self, timeout: float = 120.0) -> httpx.Client:
         """An HTTP client; for a router, one that opens a new connection per request.
 
-        The real router now and then closes a kept-alive connection after a proxied
-        response without saying `Connection: close`, so the next request on it fails with
-        "Server disconnected without sending a response" (about 1 in 100 proxied requests).
+        The real router ends the connection after every proxied response without saying
+        `Connection: close` (each is a stream, `server_http_proxy`'s `next`, and llama-server
+        closes after every stream: runtimes/keepalive.py `LLAMA_HTTPLIB`), so a next
+        request sent before the FIN arrives fails with "Server disconnected without
+        sending a response" (about 1 in 100 proxied requests here).
         """
         if self.is_router:
             limits = httpx.Limits(max_keepalive_connections=0)

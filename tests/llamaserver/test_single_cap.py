@@ -18,10 +18,10 @@ from gpugate.core.residents import ResidentKey
 from gpugate.runtimes.gguf import read_file
 from gpugate.runtimes.llamacpp import header_shape, load_size
 from gpugate.runtimes.llamaserver.memory import Launch
-from tests.gate.harness import free_ports
 from tests.llamaserver.gguf_models import write_tiny_llama
 from tests.llamaserver.test_single_through_gate import CONFIG_EXTRA, pids_running
 from tests.llamaserver.test_through_gate import gate_before
+from tests.ports import free_ports
 
 
 def cmdline(pid: int) -> list[str]:

@@ -16,9 +16,9 @@ import pytest
 
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
-from tests.gate.harness import free_ports
 from tests.llamaserver.gguf_models import write_tiny_llama
 from tests.llamaserver.test_through_gate import gate_before
+from tests.ports import free_ports
 
 CONFIG_EXTRA = """\
   single:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,29 +19,18 @@ import pytest
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.residents import ResidentKey
 from gpugate.gate.gate import Gate
-from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.llamaserver import router as llama_router
 from gpugate.runtimes.sections import load_config_text
-from gpugate.serve import serve
-from gpugate.store.db import Store
-from tests.gate.harness import free_ports
 from tests.llamaserver.conftest import LlamaServer, server_starter
 from tests.llamaserver.gguf_models import write_models_dir
+from tests.ports import free_ports
+from tests.serving import GATE_PREAMBLE, serving
 
 MODELS = ("alpha", "beta", "gamma")
 
-CONFIG = """\
-gate:
-  control: 127.0.0.1:{control}
-  shutdown_grace: 2s
-  nvml_library: {library}
-budget:
-  reserve: 1GiB
-  reserve_max: 1GiB
-  sample_interval: 200ms
-  stale_after: 5s
-  reclaim_timeout: 5s
-consumers:
+CONFIG = (
+    GATE_PREAMBLE
+    + """\
   llama:
     runtime: llama-server
     listen: 127.0.0.1:{listen}
@@ -49,6 +39,7 @@ consumers:
     residency: {{policy: keep_warm, ttl: 15m}}
     processes: {{commands: [llama-server]}}
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,26 +72,11 @@ async def gate_before(
     text = CONFIG.format(control=control, library=library, listen=listen, upstream=upstream)
     text += extra
     config = load_config_text(text, tmp_path / "consumers.yaml")
-    made: dict[str, Gate] = {}
-
-    def make_gate(cfg):  # type: ignore[no-untyped-def]
-        made["gate"] = Gate(cfg, Sampler.from_config(cfg), store=Store(cfg.gate.database))
-        return made["gate"]
-
-    ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(config, stop, on_ready=ready.set_result, gate_factory=make_gate)
-    )
-    try:
-        await asyncio.wait_for(asyncio.shield(ready), 20)
-        gate = made["gate"]
+    async with serving(config) as served:
+        gate = served.gate
         events: list[Event] = []
         gate.events.subscribe(events.append, routine=True)
         yield Gated(gate, f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{control}", events)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 async def unload_all(router: LlamaServer) -> None:
@@ -319,3 +295,46 @@ async def test_models_load_holds_a_lease_until_the_model_is_up(gated, router):
     status = await control_status(gated)
     assert [r["model"] for r in status["residents"]] == ["gamma"]
     assert status["leases"] == []
+
+
+async def streamed_raw(url: str, *, wait: float) -> tuple[bytes, bool]:
+    """A streamed `/completion` sent raw: every byte answered, and whether the server
+    closed the connection after it (`wait` seconds with nothing more: not closed)."""
+    body = json.dumps(
+        {"model": "alpha", "prompt": "ab", "n_predict": 3, "stream": True, "temperature": 0}
+    ).encode()
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /completion HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    data = b""
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), wait):
+            data += chunk
+        return data, True
+    except TimeoutError:
+        return data, False
+    finally:
+        writer.close()
+
+
+def head_fields(data: bytes) -> list[bytes]:
+    """The status line and header lines, less the gate's own."""
+    lines = data.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    return [line for line in lines if not line.lower().startswith(b"x-gpugate-")]
+
+
+async def test_a_stream_keeps_its_head_and_the_gate_keeps_the_connection(gated, router):
+    """A streamed answer has the head direct has, line for line (the router's copy of its
+    child's `Connection: close` before cpp-httplib's own line included). llama-server ends
+    the connection after it, though its head says Keep-Alive (runtimes/keepalive.py
+    `LLAMA_HTTPLIB`); the gate keeps it, as the head says: a client that takes the head at
+    its word and sends again on it is served (docs/reliability.md)."""
+    direct, direct_closed = await streamed_raw(router.url, wait=30)
+    through, through_closed = await streamed_raw(gated.url, wait=3)
+    assert direct_closed and not through_closed
+    assert head_fields(through) == head_fields(direct)
+    assert b"\r\nKeep-Alive: timeout=5, max=100\r\n" in direct
+    assert through.endswith(b"\r\n0\r\n\r\n") and direct.endswith(b"\r\n0\r\n\r\n")

@@ -18,8 +18,8 @@ from gpugate.runtimes.gguf import read_file
 from gpugate.runtimes.llamacpp import FIT_MIN_CTX, KV_PAD, header_shape, load_size
 from gpugate.runtimes.llamaserver.catalog import ModelEntry
 from gpugate.runtimes.llamaserver.memory import CONTEXT_KNOB, Launch, context_cap
-from gpugate.runtimes.process import SupervisedCommand
 from gpugate.runtimes.process_find import command_pids
+from gpugate.runtimes.process_supervised import SupervisedCommand
 from gpugate.runtimes.vllm.adapter import utilization_cap
 from tests.llamaserver.gguf_models import write_tiny_llama
 

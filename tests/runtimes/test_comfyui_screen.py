@@ -14,6 +14,7 @@ import pytest
 
 from gpugate.config.loader import ConfigError
 from gpugate.config.model import Address, Consumer, Upstream
+from gpugate.runtimes.answers import ApiFamily, RouteKind
 from gpugate.runtimes.comfyui.adapter import ComfyUIReading
 from gpugate.runtimes.comfyui.origin import Verdict, origin_verdict, request_path
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
@@ -234,3 +235,16 @@ def test_cors_header_on_another_runtime_is_a_warning():
         "c.yaml:8: consumers.comfyui.cors_header: warning: only a comfyui consumer reads "
         "cors_header; runtime ollama ignores it"
     ]
+
+
+@pytest.mark.parametrize("path", ["/free", "/api/free"])
+def test_post_free_is_an_unload_the_gate_watches_for_and_leases_nothing_for(path: str) -> None:
+    classified = CHECKING.classify("POST", path, None, "application/json")
+
+    assert classified.kind is RouteKind.UNLOAD
+    assert classified.model is None and classified.api is ApiFamily.PLAIN
+
+
+def test_get_free_is_not_an_unload() -> None:
+    # ComfyUI routes /free for POST only: a GET is aiohttp's 405, nothing moves.
+    assert CHECKING.classify("GET", "/free", None, "").kind is RouteKind.PASS

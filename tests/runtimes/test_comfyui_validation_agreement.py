@@ -73,6 +73,9 @@ def _failures(node_errors: dict[str, Any]) -> list[tuple[str, str, tuple[str, ..
 
 def check_agreement(prompt: Any, targets: Any = None) -> Verdict:
     verdict = validate(copy.deepcopy(prompt), CATALOG, targets)
+    # What the catalog keeps made once per class is only read: the same prompt again,
+    # after every earlier one, gets the same verdict.
+    assert validate(copy.deepcopy(prompt), CATALOG, targets) == verdict
     try:
         sim = validate_prompt(copy.deepcopy(prompt), FILES, targets)
     except Exception:
@@ -227,6 +230,17 @@ def test_agreement_on_each_error_kind() -> None:
         "return_type_mismatch", "value_smaller_than_min", "value_bigger_than_max",
         "invalid_input_type", "exception_during_validation", "exception_during_inner_validation",
     }  # fmt: skip
+
+
+def test_a_file_name_that_is_not_a_string_fails_inside_the_nodes_own_check() -> None:
+    # folder_paths.annotated_filepath calls `name.endswith`: an int raises there, so
+    # LoadImage's VALIDATE_INPUTS fails with the exception, not "Invalid image file: 0".
+    prompt = blank()
+    prompt["1"] = {"class_type": "LoadImage", "inputs": {"image": 0}}
+    verdict = check_agreement(prompt)
+    assert verdict.outcome is Outcome.REFUSE
+    (failure,) = verdict.failures
+    assert failure.errors == ("exception_during_inner_validation",)
 
 
 def test_agreement_on_a_partly_valid_prompt() -> None:

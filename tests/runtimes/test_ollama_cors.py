@@ -304,6 +304,8 @@ def test_same_origin_is_judged_against_the_absolute_forms_host():
         ("http:opaque", "", ""),
         ("*", "", "*"),
         ("http://%C3%A9.example/p", "\u00e9.example", "/p"),
+        # Go 1.26.0 drops what comes before the last "[" (1.26.6 and 1.27 refuse it)
+        ("http://evil.example[::1]:11434/p", "[::1]:11434", "/p"),
     ],
 )
 def test_parse_target_as_go_parses_a_request_uri(target, host, path):

@@ -20,16 +20,15 @@ from gpugate.runtimes.process import (
     NotReady,
     ProcessControlError,
     ProcessExited,
-    SupervisedCommand,
     SystemctlError,
-    SystemdUnit,
-    UnitState,
 )
 from gpugate.runtimes.process_ready import wait_ready
+from gpugate.runtimes.process_supervised import SupervisedCommand
+from gpugate.runtimes.process_systemd import SystemdUnit, UnitState
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 
 TURBO = "models/ggml-large-v3-turbo.bin"
 TURBO_BYTES = 2050 * MiB

@@ -9,7 +9,8 @@ from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import MiB
 from gpugate.runtimes.base import RouteKind
 from gpugate.runtimes.http import http_runtime
-from gpugate.runtimes.process import SupervisedCommand, SystemdUnit
+from gpugate.runtimes.process_supervised import SupervisedCommand
+from gpugate.runtimes.process_systemd import SystemdUnit
 from gpugate.runtimes.sections import load_config_text
 from gpugate.runtimes.whisper.adapter import whisper_runtime
 

@@ -11,6 +11,7 @@ Its stdout and stderr go to files the tests read.
 from __future__ import annotations
 
 import contextlib
+import platform
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from gpugate.core.units import GiB
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
 from tests import buildcache
 from tests.buildcache import tail
-from tests.gate.harness import free_port
+from tests.ports import free_port
 from tests.whisper.ggml_models import write_english, write_multilingual
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,8 @@ SIM_MODULE = gpugate_sim.whisper.__name__
 suite instead of skipping its half."""
 VERSION = "1.5.1"
 READY_SECONDS = 60.0
+FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
+"""The futex system call's number here, as /proc/PID/task/TID/syscall shows it."""
 STOP_SECONDS = 10.0
 LOADING = "whisper_init_from_file_with_params_no_state: loading model from '"
 """The line whisper.cpp logs on stderr as it starts to load a model (at start and for
@@ -126,6 +129,23 @@ class WhisperServer:
                     pytrace=False,
                 )
             time.sleep(0.02)
+
+    def wait_settled(self, seconds: float = READY_SECONDS) -> None:
+        """Until the real server's main thread waits in its join of the listener (a futex).
+
+        whisper-server's main thread polls cpp-httplib's `wait_until_ready` every 1 ms for
+        `is_running_`; a SIGTERM that ends the listener before the main thread has seen it
+        running leaves main polling forever (`stop()` also clears `is_decommissioned`), so a
+        test of the signal's effect sends it only once main has passed that poll. The
+        simulator has no such window."""
+        if self.kind != "real":
+            return
+        syscall = Path(f"/proc/{self.pid}/task/{self.pid}/syscall")
+        wait_for(
+            lambda: syscall.read_text().split(" ", 1)[0] == str(FUTEX),
+            seconds,
+            "whisper-server's main thread to join its listener",
+        )
 
     def wait_exit(self, seconds: float = STOP_SECONDS * 3) -> int:
         try:

@@ -23,31 +23,17 @@ import attrs
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.units import MiB
 from gpugate.gate.gate import Gate
-from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
-from gpugate.serve import serve
-from gpugate.store.db import Store
 from gpugate_sim.device import SimulatedGpuHost
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
+from tests.serving import GATE_PREAMBLE, serving
 from tests.whisper.conftest import LOADING, Models
 
 START = 60.0
 ENVELOPES = {"english": 100 * MiB, "english_other": 120 * MiB, "multilingual": 140 * MiB}
 """What each test model holds on the card (the shadow's numbers and the consumer's)."""
 
-CONFIG = """\
-gate:
-  control: 127.0.0.1:{control}
-  shutdown_grace: 2s
-  nvml_library: {library}
-budget:
-  reserve: 1GiB
-  reserve_max: 1GiB
-  sample_interval: 200ms
-  stale_after: 5s
-  reclaim_timeout: 5s
-consumers:
-"""
+CONFIG = GATE_PREAMBLE
 
 
 def whisper_yaml(listen: int, upstream: int, argv: list[str], log: Path, models: Models) -> str:
@@ -204,26 +190,13 @@ async def gate_before(
     setup = setup_for(binary, models, directory, library, extra=extra)
     listen, upstream, control, log = setup.listen, setup.upstream, setup.control, setup.log
     config = load_config_text(setup.text, directory / "consumers.yaml")
-    made: dict[str, Gate] = {}
-
-    def make_gate(cfg):  # type: ignore[no-untyped-def]
-        made["gate"] = Gate(cfg, Sampler.from_config(cfg), store=Store(cfg.gate.database))
-        return made["gate"]
-
     shadow = asyncio.create_task(GpuShadow(host, upstream, log, setup.sizes).run())
-    ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(config, stop, on_ready=ready.set_result, gate_factory=make_gate)
-    )
     try:
-        await asyncio.wait_for(asyncio.shield(ready), 30)
-        events: list[Event] = []
-        made["gate"].events.subscribe(events.append, routine=True)
-        yield Gated(made["gate"], listen, upstream, log, events, control)
+        async with serving(config, ready_within=30) as served:
+            events: list[Event] = []
+            served.gate.events.subscribe(events.append, routine=True)
+            yield Gated(served.gate, listen, upstream, log, events, control)
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
         shadow.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await shadow

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.gate.harness import free_port
+from tests.ports import free_port
 from tests.whisper.conftest import Models
 from tests.whisper.fifo import feed, make_fifo, wait_until
 
@@ -48,6 +48,7 @@ def test_a_model_that_does_not_load_ends_it_with_3(starter, models, tmp_path, wh
 
 def test_sigterm_stops_it_with_status_0(starter, models):
     server = starter(["-m", str(models.english)])
+    server.wait_settled()
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0
     out = server.stdout()

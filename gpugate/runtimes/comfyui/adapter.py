@@ -58,6 +58,9 @@ from gpugate.runtimes.replies import BodyLimit, ErrorReply, aiohttp_too_large
 from gpugate.runtimes.runtime import ModelSettings, Runtime
 
 PROMPT_ROUTES = frozenset({"/prompt", "/api/prompt"})
+FREE_ROUTES = frozenset({"/free", "/api/free"})
+"""server.py `post_free` (and its /api twin): sets the queue's unload flags, which the
+prompt worker acts on between prompts (main.py `prompt_worker`)."""
 MAX_UPLOAD_SIZE = 100 * 1024 * 1024
 """ComfyUI's `--max-upload-size` default (100, in MB as it counts them), which server.py
 gives aiohttp as `client_max_size`: the most body any of its handlers reads."""
@@ -115,6 +118,9 @@ class ComfyUIReading(Reading):
     def classify(
         self, method: str, path: str, body: bytes | None, content_type: str, *, query: str = ""
     ) -> Classified:
+        if method == "POST" and path in FREE_ROUTES:
+            # Memory may come back soon: the gate watches for it (nothing is leased).
+            return Classified(RouteKind.UNLOAD, ApiFamily.PLAIN)
         if not self.wants_body(method, path):
             return Classified(RouteKind.PASS, ApiFamily.PLAIN)
         if body is None:

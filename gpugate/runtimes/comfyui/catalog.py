@@ -112,16 +112,21 @@ class InputSpec:
     """The values of a LIST input, or the `options` of a `COMBO` input (which go unchecked)."""
     options: Mapping[str, Any] = attrs.field(factory=dict)
     """The declaration's second element, verbatim: errors echo it as `input_config`."""
+    input_type: Any = attrs.field(init=False, repr=False)
+    """The first element of the declaration, as ComfyUI compares it: made once, for every
+    prompt validated against this catalog compares its inputs with it. Read only; what a
+    refusal echoes is `config`'s copy."""
 
-    @property
-    def input_type(self) -> Any:
-        """The first element of the declaration, as ComfyUI compares and echoes it."""
-        return list(self.choices) if self.kind is InputKind.LIST else self.type_name
+    def __attrs_post_init__(self) -> None:
+        kind = self.type_name if self.kind is not InputKind.LIST else list(self.choices)
+        object.__setattr__(self, "input_type", kind)
 
     @property
     def config(self) -> list[Any]:
-        """`input_config`: `(input_type, extra_info)`, extra_info `{}` when not declared."""
-        return [self.input_type, dict(self.options)]
+        """`input_config`: `(input_type, extra_info)`, extra_info `{}` when not declared;
+        new lists and dicts each time, as ComfyUI echoes them in a refusal."""
+        kind = list(self.choices) if self.kind is InputKind.LIST else self.type_name
+        return [kind, dict(self.options)]
 
     @property
     def minimum(self) -> Any | None:
@@ -146,11 +151,13 @@ class NodeSpec:
     """Validation of this class runs code the catalog cannot describe."""
     file_check: FileCheck | None = None
     """Its validation code is a file check the gate runs itself."""
+    validated_inputs: tuple[InputSpec, ...] = attrs.field(init=False, repr=False)
+    """Required then optional inputs: those `validate_inputs` looks at (hidden never).
+    Picked once, as every prompt naming the class walks them."""
 
-    @property
-    def validated_inputs(self) -> tuple[InputSpec, ...]:
-        """Required then optional inputs: those `validate_inputs` looks at (hidden never)."""
-        return tuple(i for i in self.inputs if i.category is not Category.HIDDEN)
+    def __attrs_post_init__(self) -> None:
+        shown = tuple(i for i in self.inputs if i.category is not Category.HIDDEN)
+        object.__setattr__(self, "validated_inputs", shown)
 
     def input(self, name: str) -> InputSpec | None:
         return next((i for i in self.validated_inputs if i.name == name), None)

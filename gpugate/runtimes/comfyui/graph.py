@@ -307,8 +307,12 @@ def _needed(
         if not isinstance(inputs, dict):
             continue
         class_type = node["class_type"]
-        files.update(_loaded_files(class_type, inputs))
-        if class_type in LATENTS:
+        if class_type in LOADERS:
+            files.update(_loaded_files(class_type, inputs))
+        elif class_type in LATENTS:
             megapixels = max(megapixels, _latent_megapixels(inputs))
-        stack.extend(value[0] for value in inputs.values() if _is_link(value))
+        for value in inputs.values():
+            # a literal (most inputs) is passed over before the call
+            if isinstance(value, list) and _is_link(value):
+                stack.append(value[0])
     return tuple(sorted(files, key=ModelFile.sort_key)), megapixels

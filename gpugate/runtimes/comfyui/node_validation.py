@@ -151,9 +151,8 @@ class Validator:
                     )
                 continue
             val = inputs[x]
-            info = spec.config
             if isinstance(val, list):
-                outcome = self._link(spec, val, info, errors)
+                outcome = self._link(spec, val, errors)
                 if outcome is False:
                     valid = False
                 elif outcome is None and valid is True:
@@ -163,7 +162,7 @@ class Validator:
                 # An argument of VALIDATE_INPUTS: converted, but not checked against min,
                 # max or the value list; the function judges it below.
                 continue
-            error = self._literal(spec, val, info)
+            error = self._literal(spec, val)
             if error is not None:
                 errors.append(error)
         if node.file_check is not None:
@@ -189,7 +188,7 @@ class Validator:
             if not linked.outputs and linked.by_code:
                 continue  # its RETURN_TYPES are not in the catalog
             linked.outputs[val[1]]
-            if self._follow(spec, val, spec.config) is False:
+            if self._follow(spec, val) is False:
                 valid = False
         return (valid, [], unique_id)
 
@@ -224,9 +223,7 @@ class Validator:
             {"input_name": x},
         )
 
-    def _link(
-        self, spec: InputSpec, val: list[Any], info: list[Any], errors: list[Reason]
-    ) -> Validity:
+    def _link(self, spec: InputSpec, val: list[Any], errors: list[Reason]) -> Validity:
         """A `[node_id, slot]` input: False when the linked node is invalid, None when
         only ComfyUI can tell whether the link is (or the node behind it)."""
         x = spec.name
@@ -236,7 +233,7 @@ class Validator:
                     "bad_linked_input",
                     "Bad linked input, must be a length-2 list of [node_id, slot_index]",
                     f"{x}",
-                    {"input_name": x, "input_config": info, "received_value": val},
+                    {"input_name": x, "input_config": spec.config, "received_value": val},
                 )
             )
             return True
@@ -254,7 +251,7 @@ class Validator:
             # pack's types, ComfyUI's `*`): the link either matches and ComfyUI follows it,
             # or ComfyUI refuses its type. Invalid behind it is invalid either way.
             self.uncertain.append(f"{x} links {received_type} to {input_type}")
-            return False if self._follow(spec, val, info) is False else None
+            return False if self._follow(spec, val) is False else None
         if not types_match(received_type, input_type):
             details = f"{x}, received_type({received_type}) mismatch input_type({input_type})"
             errors.append(
@@ -264,16 +261,16 @@ class Validator:
                     details,
                     {
                         "input_name": x,
-                        "input_config": info,
+                        "input_config": spec.config,
                         "received_type": received_type,
                         "linked_node": val,
                     },
                 )
             )
             return True
-        return self._follow(spec, val, info)
+        return self._follow(spec, val)
 
-    def _follow(self, spec: InputSpec, val: list[Any], info: list[Any]) -> Validity:
+    def _follow(self, spec: InputSpec, val: list[Any]) -> Validity:
         """Validate the node a link names, as ComfyUI recurses into it: an exception there
         is that node's reason (exception_during_inner_validation)."""
         x = spec.name
@@ -291,7 +288,7 @@ class Validator:
                         str(ex),
                         {
                             "input_name": x,
-                            "input_config": info,
+                            "input_config": spec.config,
                             "exception_message": str(ex),
                             "exception_type": full_type_name(type(ex)),
                             "traceback": [],
@@ -304,7 +301,7 @@ class Validator:
             return False
         return True if outcome is True else outcome
 
-    def _literal(self, spec: InputSpec, val: Any, info: list[Any]) -> Reason | None:
+    def _literal(self, spec: InputSpec, val: Any) -> Reason | None:
         """A literal value: converted, then checked against min, max and the value list."""
         x = spec.name
         input_type = spec.input_type
@@ -327,7 +324,7 @@ class Validator:
                 f"{x}, {val}, {ex}",
                 {
                     "input_name": x,
-                    "input_config": info,
+                    "input_config": spec.config,
                     "received_value": val,
                     "exception_message": str(ex),
                 },
@@ -340,19 +337,19 @@ class Validator:
                 "value_smaller_than_min",
                 "Value {} smaller than min of {}".format(val, options["min"]),
                 f"{x}",
-                {"input_name": x, "input_config": info, "received_value": val},
+                {"input_name": x, "input_config": spec.config, "received_value": val},
             )
         if "max" in options and val > options["max"]:
             return reason(
                 "value_bigger_than_max",
                 "Value {} bigger than max of {}".format(val, options["max"]),
                 f"{x}",
-                {"input_name": x, "input_config": info, "received_value": val},
+                {"input_name": x, "input_config": spec.config, "received_value": val},
             )
         if spec.kind is InputKind.LIST:
             combo_options = input_type
             if val not in combo_options:
-                input_config: Any = info
+                input_config: Any = spec.config
                 # ComfyUI does not send back long lists, such as many model files.
                 if len(combo_options) > 20:
                     list_info = f"(list of length {len(combo_options)})"

@@ -6,16 +6,10 @@ from typing import ClassVar
 
 import attrs
 
+from gpugate.config.consumer import Consumer, FileSize, RuntimeSettings
+from gpugate.config.fields import BY_PATTERN, CORS_ORIGIN, SIZE
 from gpugate.config.filesizes import DEFAULT_FILE_BYTES, best_match
 from gpugate.config.findings import Findings
-from gpugate.config.model import (
-    BY_PATTERN,
-    CORS_ORIGIN,
-    SIZE,
-    Consumer,
-    FileSize,
-    RuntimeSettings,
-)
 from gpugate.core.units import GiB, format_gib
 
 

@@ -28,6 +28,7 @@ What decides its parts (tools/server/server-models.cpp):
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 
@@ -50,7 +51,7 @@ from gpugate.runtimes.answers import (
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint
 from gpugate.runtimes.health import RouteHealth
-from gpugate.runtimes.keepalive import HTTPLIB
+from gpugate.runtimes.keepalive import LLAMA_HTTPLIB
 from gpugate.runtimes.llamaserver.catalog import Catalog, LlamaServerError, parse_models
 from gpugate.runtimes.llamaserver.memory import context_cap, footprint
 from gpugate.runtimes.llamaserver.reading import (
@@ -67,6 +68,8 @@ from gpugate.runtimes.runtime import ModelSettings, Runtime
 
 CATALOG_TTL = 2.0
 """Seconds a listing answers a request's question about a model before it is asked again."""
+WARM_POLL = 0.1
+"""Seconds between two reads of the listing while a model the gate warms again loads."""
 
 
 class RouterState:
@@ -129,8 +132,9 @@ class RouterReading(Reading):
     # cpp-httplib closes an idle connection after 5 s and after 100 requests (as
     # whisper-server's): the listener reuses one only well inside both, so a request is
     # never sent on a connection the server may be closing; the gate's own calls open one
-    # each (aiohttp's client keeps an idle connection 15 s).
-    keep_alive = HTTPLIB
+    # each (aiohttp's client keeps an idle connection 15 s). It ends the connection after
+    # every streamed answer: that one is never reused (keepalive.py `LLAMA_HTTPLIB`).
+    keep_alive = LLAMA_HTTPLIB
     body_limit = LLAMA_BODY_LIMIT
 
     def __init__(self, state: RouterState) -> None:
@@ -263,6 +267,33 @@ class RouterResidents(Residents):
 
     def evict_timeout(self) -> float:
         return self.settings.consumer.timeouts.control
+
+    warms = True
+
+    async def warm(self, session: aiohttp.ClientSession, model: str, ttl: float | None) -> None:
+        """`POST /models/load`, then the router's listing until the model is `loaded`: the
+        router answers the load at once and starts the child in the background
+        (`post_router_models_load`), so its answer does not say the model is in memory;
+        its listing does. A model already running is what the load wants. The router has
+        no keep_alive: the gate unloads it at its ttl. Raises LlamaServerError when the
+        model is not known or its child did not load (`unloaded` again)."""
+        async with session.post(self.settings.url(LOAD), json={"model": model}) as resp:
+            text = await resp.text()
+            if resp.status != 200 and not (resp.status == 400 and "already running" in text):
+                raise LlamaServerError(f"load of {model} answered {resp.status}: {text[:200]}")
+        while True:
+            entry = (await self.state.refresh(session, time.monotonic())).resolve(model)
+            if entry is None:
+                raise LlamaServerError(f"the router does not list {model}")
+            if entry.status == "loaded":
+                return
+            if entry.status != "loading":
+                raise LlamaServerError(f"{model} did not load: the router says {entry.status}")
+            await asyncio.sleep(WARM_POLL)
+
+    def warm_timeout(self) -> float:
+        # The child loads the model before it answers its health route: a first byte's time.
+        return self.settings.consumer.timeouts.first_byte
 
 
 class RouterMemory(Memory):

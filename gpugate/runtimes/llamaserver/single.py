@@ -15,7 +15,7 @@ from gpugate.config.model import Consumer
 from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind, Screening
 from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import HTTPLIB
+from gpugate.runtimes.keepalive import LLAMA_HTTPLIB
 from gpugate.runtimes.llamaserver.memory import SingleMemory
 from gpugate.runtimes.llamaserver.reading import is_proxied
 from gpugate.runtimes.llamaserver.replies import LLAMA_BODY_LIMIT, llama_screening
@@ -32,7 +32,7 @@ class LlamaSingleReading(Reading):
     """One single-model llama-server: its requests pass; its answers are cpp-httplib's."""
 
     # cpp-httplib's keep-alive, as the router's (router.py).
-    keep_alive = HTTPLIB
+    keep_alive = LLAMA_HTTPLIB
     dialect = ServerDialect.HTTPLIB
     body_limit = LLAMA_BODY_LIMIT
 

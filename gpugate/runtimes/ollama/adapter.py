@@ -10,6 +10,7 @@ docs/architecture.md for the route table and docs/reliability.md for the reading
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 import aiohttp
@@ -327,7 +328,7 @@ def _rewrite_keep_alive(
     byte stays as the client sent it.
     """
     members = bound.members("keep_alive")
-    value = json.dumps(effective.to_json())
+    value = _json_number(effective.to_json())
     if not members:
         return splice(bound, None, f'"keep_alive":{value}', ())
     *others, last = members
@@ -336,3 +337,12 @@ def _rewrite_keep_alive(
             return None
         value = bound.text[last.value_start : last.end]
     return splice(bound, last, value, others)
+
+
+def _json_number(value: int | float) -> str:
+    """json.dumps of a number, without its encoder's setup for one value."""
+    if type(value) is int:
+        return int.__repr__(value)
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)
+    return json.dumps(value)

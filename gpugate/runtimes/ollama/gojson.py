@@ -178,7 +178,30 @@ class Bound:
     """Each top-level key that was decoded into a field, and the field."""
     pairs: tuple = ()
     """The top-level object as the scanner read it: every `(key, value)` in order."""
+    kind: object = None
+    """The struct the body was read into (`single` names its fields)."""
+    _single: dict[str, object] | None = None
     _found: dict[str, tuple[Member, ...]] | None = None
+
+    @property
+    def single(self) -> dict[str, object]:
+        """The fields exactly one top-level member was decoded into, that member's key
+        being the field's own name, with the member's value as the scanner read it: the
+        common case, which `members` and `govalues.decode_bound` read without walking the
+        body. Counted when first asked (a key that maps to a field is in `names` as the
+        scanner read it: one with a lone surrogate maps to none)."""
+        if self._single is None:
+            counts: dict[str, int] = {}
+            own: dict[str, object] = {}
+            names = self.names
+            for key, value in self.pairs:
+                name = names.get(key)
+                if name is not None:
+                    counts[name] = counts.get(name, 0) + 1
+                    if key == name:
+                        own[name] = value
+            self._single = {name: own[name] for name, n in counts.items() if n == 1 and name in own}
+        return self._single
 
     def get(self, field: str, default: object = None) -> object:
         return self.values.get(field, default)
@@ -187,6 +210,43 @@ class Bound:
         """Every member that was decoded into `field`, in order, with its place in the text."""
         if field not in self.names.values():
             return ()  # no member was bound to it: nothing to walk the top level for
+        located = self.locate(field)
+        return located if located is not None else self.walked(field)
+
+    def locate(self, field: str) -> tuple[Member, ...] | None:
+        """`walked(field)` without walking the top level, in the common case; None (the
+        caller walks) when the body is not that case.
+
+        The one member of `field` is written `"field"` when the text holds no `\\u00`
+        escape of an ASCII character: a field name is ASCII letters, digits and `_`,
+        which no other escape decodes to. `"field"` followed by a colon can occur
+        elsewhere only inside another key or in a nested object: found exactly once, it
+        is that member.
+        """
+        if field not in self.single:
+            return None
+        text = self.text
+        if "\\u" in text and _ASCII_ESCAPE.search(text) is not None:
+            return None
+        pattern = _KEY_PATTERNS.get(field)
+        if pattern is None:
+            pattern = _KEY_PATTERNS[field] = re.compile(
+                '"' + re.escape(field) + '"[ \\t\\n\\r]*:[ \\t\\n\\r]*'
+            )
+        found = pattern.search(text)
+        if found is None or pattern.search(text, found.end()) is not None:
+            return None
+        value_start = found.end()
+        value, end = scan_value(text, value_start, shallow(text))
+        after = _AFTER_VALUE.match(text, end)
+        if after is None:
+            return None
+        stop = after.end()
+        last = text[stop - 1] == "}"
+        return (Member(field, value, found.start(), value_start, end, stop - 1 if last else stop),)
+
+    def walked(self, field: str) -> tuple[Member, ...]:
+        """Every member decoded into `field`, found by walking the top level as Go does."""
         if self._found is None:
             found: dict[str, list[Member]] = {}
             doc = read_object(self.text.encode("utf-8", "surrogateescape"))
@@ -196,6 +256,12 @@ class Bound:
                     found.setdefault(name, []).append(member)
             self._found = {name: tuple(members) for name, members in found.items()}
         return self._found.get(field, ())
+
+
+_ASCII_ESCAPE = re.compile(r"\\u00[0-7]")
+"""A `\\u` escape of an ASCII character: the only escape that can spell part of a name."""
+_KEY_PATTERNS: dict[str, re.Pattern[str]] = {}
+"""`"name" :` for each field name located so far (a handful: the fields a caller edits)."""
 
 
 def splice(bound: Bound, keep: Member | None, value: str, drop: Iterable[Member]) -> bytes:

@@ -3,7 +3,10 @@
 Walking the top level member by member in Python costs several times the parse itself,
 on every request that can load a model. The whole object is parsed in one call of the C
 scanner when it cannot be deep (`gojson.shallow`), else by the non-recursive reader, and
-member places are found only when a member is rewritten (`Bound.members`).
+member places are found only when a member is rewritten (`Bound.members`). The fields
+bound once under their own name are kept apart (`Bound.single`): in that common case a
+member's place is found without walking the top level, and a field's Go value is decoded
+without Go's rules for duplicates (`govalues.decode_bound`).
 """
 
 from __future__ import annotations
@@ -56,4 +59,4 @@ def read_struct(body: bytes, struct: GoType) -> Bound:
             merged.update(value)
             value = merged
         values[name] = value
-    return Bound(values, text, end - 1, not obj, names, obj)
+    return Bound(values, text, end - 1, not obj, names, obj, kind=struct)

@@ -66,13 +66,17 @@ def _valid_port(colon_port: str) -> bool:
 
 
 def _parse_host(host: str) -> str:
-    """url.parseHost: the port must be digits; IPv6 literals in brackets."""
-    if host.startswith("["):
+    """url.parseHost: the port must be digits; IPv6 literals in brackets. Go 1.26.0 (the
+    runtime's) takes the literal from the last "[" wherever it is and drops what comes
+    before it (`http://evil[::1]/` names `[::1]`); Go 1.26.6 and 1.27 refuse that."""
+    bracket = host.rfind("[")
+    if bracket >= 0:
         end = host.rfind("]")
         if end < 0:
             raise BadTarget("missing ']' in host")
         if not _valid_port(host[end + 1 :]):
             raise BadTarget("invalid port after host")
+        host = host[bracket:]
     else:
         colon = host.rfind(":")
         if colon >= 0 and not _valid_port(host[colon:]):

@@ -178,8 +178,13 @@ def check(value: object, kind: GoType) -> None:
             if cls is not tuple:
                 raise _mismatch(value, kind)
             elem = kind.elem
-            for _key, member in value:
-                push((member, elem))
+            if elem.kind is GoKind.ANY:
+                # options: each value checked here, only containers walked
+                for _key, member in value:
+                    _check_any_member(member)
+            else:
+                for _key, member in value:
+                    push((member, elem))
         elif k is GoKind.BYTES:
             if cls is str:
                 if not is_base64(value):
@@ -218,6 +223,8 @@ def _check_members(value: object, kind: GoType, push: Callable) -> None:
         elif k is GoKind.BOOL:
             if type(member) is not bool:
                 raise _mismatch(member, field)
+        elif k is GoKind.ANY:
+            _check_any_member(member)
         else:
             push((member, field))
 
@@ -235,6 +242,18 @@ def _check_any(value: object) -> None:
             stack.extend(value)
         elif cls is tuple:
             stack.extend(member for _key, member in value)
+
+
+def _check_any_member(value: object) -> None:
+    """`_check_any` without its stack for the scalars most members are."""
+    cls = type(value)
+    if cls is str or cls is int or cls is bool:
+        return
+    if cls is float:
+        if not math.isfinite(value):
+            raise GoJsonError("cannot unmarshal number into Go value of type float64")
+        return
+    _check_any(value)
 
 
 def fits_any(value: object) -> bool:

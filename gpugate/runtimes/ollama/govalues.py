@@ -21,7 +21,7 @@ interface{} object a dict (last duplicate wins), the zero value or nil None.
 
 from __future__ import annotations
 
-from gpugate.runtimes.ollama.gojson import fold_key
+from gpugate.runtimes.ollama.gojson import Bound, fold_key
 from gpugate.runtimes.ollama.gotypes import GoKind, GoType
 
 
@@ -145,3 +145,92 @@ def decode_members(pairs: object, kind: GoType, name: str) -> object:
         if field_name(kind, key) == name:
             held = decode(member, field, held)
     return held
+
+
+DECLINED = object()
+"""`decode_fresh`'s answer for a value outside the common case."""
+_SCALARS = (
+    GoKind.STRING,
+    GoKind.BOOL,
+    GoKind.INT,
+    GoKind.INT32,
+    GoKind.UINT8,
+    GoKind.FLOAT64,
+    GoKind.FLOAT32,
+    GoKind.RAW,
+    GoKind.BYTES,
+)
+"""Kinds `decode` replaces with the value as it is (null aside); a tuple, as `in` on it
+compares by identity first where a set would call Enum's hash."""
+
+
+def decode_fresh(value: object, kind: GoType) -> object:
+    """What `decode(value, kind)` (nothing held before) gives, when every object the
+    declared tree decodes into a struct names each field once and by its own name, or
+    DECLINED. Nothing merges in that case: no key is folded and nothing is held when a
+    member is decoded (a null, or a value decoding to nothing, leaves its field unset)."""
+    if value is None:
+        return None  # nil, or the zero value held before: nothing
+    k = kind.kind
+    if k in _SCALARS:
+        return value
+    if k is GoKind.STRUCT:
+        return _struct_fresh(value, kind)
+    if k is GoKind.SLICE:
+        elem = kind.elem
+        items = GoSlice()
+        struct_elem = elem.kind is GoKind.STRUCT
+        for item in value:
+            if item is None:
+                decoded = None
+            elif struct_elem:
+                decoded = _struct_fresh(item, elem)
+            else:
+                decoded = decode_fresh(item, elem)
+            if decoded is DECLINED:
+                return DECLINED
+            items.append(decoded)
+        return items
+    return decode(value, kind)  # maps, interfaces, custom types: nothing held to merge
+
+
+def _struct_fresh(value: object, kind: GoType) -> object:
+    fields = kind.fields
+    made: dict[str, object] = {}
+    for key, member in value:
+        field = fields.get(key)
+        if field is None:
+            if fold_key(key) in kind.folded:
+                return DECLINED  # a key Go folds onto a field
+            continue
+        if key in made:
+            return DECLINED  # Go decodes a duplicate into what the first one left
+        if member is None:
+            # Unset, as decode leaves it: a later duplicate is then decoded into nothing,
+            # which is what it is decoded into here.
+            continue
+        field_kind = field.kind
+        if field_kind in _SCALARS:
+            made[key] = member
+        elif field_kind is GoKind.ANY and type(member) is not tuple and type(member) is not list:
+            made[key] = member  # plain() of a scalar is itself
+        else:
+            decoded = decode_fresh(member, field)
+            if decoded is DECLINED:
+                return DECLINED
+            if decoded is not None:
+                made[key] = decoded
+    return made
+
+
+def decode_bound(bound: Bound, kind: GoType, name: str) -> object:
+    """`decode_members(bound.pairs, kind, name)`: what struct field `name` holds, read
+    without Go's rules for duplicates when the body is in the common case."""
+    if bound.kind is kind:
+        if name in bound.single:
+            decoded = decode_fresh(bound.single[name], kind.fields[name])
+            if decoded is not DECLINED:
+                return decoded
+        elif name not in bound.names.values():
+            return None  # no member is decoded into it: it holds nothing
+    return decode_members(bound.pairs, kind, name)

@@ -22,7 +22,10 @@ gate's own Host and pass everything). The rules follow Ollama v0.24.0's source:
 
 Upstream, the gate sends its own Host (the upstream's address, which the loopback check
 behind it accepts) and no Origin: the decision was made here, and the CORS headers the
-client's browser checks are added here, naming the client's own origin.
+client's browser checks are added here, naming the client's own origin. An absolute-form
+target goes up as sent (Ollama's `Request.RequestURI` is the client's), so the Host Go
+takes from it is the client's: one the loopback check would refuse (the gate's listener,
+not loopback, checked none) goes up in origin form instead (`Screening.target_as_sent`).
 """
 
 from __future__ import annotations
@@ -352,6 +355,11 @@ class OllamaHostCheck:
             screening = self._screen(method, host, origin)
             if len(self._seen) < SEEN_LIMIT:
                 self._seen[key] = screening
+        if parsed.host and screening.reply is None and not self.host_allowed(split_host(host)):
+            # Served here (a listener that is not loopback checks no Host), but Go takes the
+            # target's authority as the Host, and the loopback Ollama behind the gate checks
+            # it: the target goes up in origin form, with the gate's own Host.
+            screening = attrs.evolve(screening, target_as_sent=False)
         if screening.reply is not None:
             allow = allow_header(method, parsed.path)
             if allow:

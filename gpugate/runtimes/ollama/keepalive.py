@@ -94,8 +94,24 @@ def _leading_fraction(s: str) -> tuple[int, float, str]:
     return x, scale, s[i:]
 
 
+_PARSED: dict[str, int] = {}
+"""Durations already parsed: a request's keep_alive is read twice (its type's check, then
+its value), and clients send the same few ("5m", "10m", "-1")."""
+_PARSED_MAX = 256
+_PARSED_LONGEST = 32
+
+
 def parse_go_duration(text: str) -> int:
     """Go's time.ParseDuration, in nanoseconds; KeepAliveError with Go's message."""
+    nanos = _PARSED.get(text)
+    if nanos is None:
+        nanos = _parse_go_duration(text)
+        if len(text) <= _PARSED_LONGEST and len(_PARSED) < _PARSED_MAX:
+            _PARSED[text] = nanos
+    return nanos
+
+
+def _parse_go_duration(text: str) -> int:
     invalid = KeepAliveError("time: invalid duration " + _quote(text))
     s, neg = text, False
     if s and s[0] in "+-":

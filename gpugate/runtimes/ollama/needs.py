@@ -20,7 +20,7 @@ from collections.abc import Callable
 import attrs
 
 from gpugate.runtimes.ollama.gojson import Bound, go_string
-from gpugate.runtimes.ollama.govalues import decode_members
+from gpugate.runtimes.ollama.govalues import decode_bound
 from gpugate.runtimes.ollama.names import go_trim_space
 from gpugate.runtimes.ollama.preload import chat_completion_effort, options_refused
 from gpugate.runtimes.ollama.requests_compat import ANTHROPIC, RESPONSES
@@ -120,7 +120,7 @@ def _too_large(width: object, height: object) -> bool:
 def generate_needs(bound: Bound) -> Needs:
     """GenerateHandler: `insert` when the suffix is not empty (routes.go:399-402), think
     (:411), and an image model's size check on width and height (:2763)."""
-    get = bound.get
+    get = bound.values.get  # the dict's own get: this reads eight fields
     raw_conflict = get("raw") is True and bool(get("template") or get("system") or get("context"))
     return Needs(
         Handler.GENERATE,
@@ -174,7 +174,7 @@ def responses_needs(bound: Bound) -> Needs:
     """ResponsesMiddleware → ChatHandler (routes.go:1757): FromResponsesRequest converts
     every tool (openai/responses.go:541-548) and makes reasoning.effort the think value
     (:528-538): a level asks to think, "none" is false."""
-    reasoning = decode_members(bound.pairs, RESPONSES, "reasoning") or {}
+    reasoning = decode_bound(bound, RESPONSES, "reasoning") or {}
     return Needs(
         Handler.CHAT,
         (TOOLS,) if bound.get("tools") else (),
@@ -185,7 +185,7 @@ def responses_needs(bound: Bound) -> Needs:
 def messages_needs(bound: Bound) -> Needs:
     """AnthropicMessagesMiddleware → ChatHandler (routes.go:1765), with relax_thinking
     set (middleware/anthropic.go:846)."""
-    tools = [tool or {} for tool in decode_members(bound.pairs, ANTHROPIC, "tools") or ()]
+    tools = [tool or {} for tool in decode_bound(bound, ANTHROPIC, "tools") or ()]
     builtin = any(str(tool.get("type", "")).startswith("web_search") for tool in tools)
     # anthropic/anthropic.go:364-378: a custom tool named web_search is dropped beside a
     # built-in one; every other tool is converted.
@@ -207,12 +207,12 @@ def messages_needs(bound: Bound) -> Needs:
 def _messages_think(bound: Bound) -> bool:
     """anthropic/anthropic.go:380-400: thinking.type "enabled" or "disabled" decides; else
     output_config.effort (trimmed, lower-cased, "xhigh" read as "high") if a level."""
-    thinking = decode_members(bound.pairs, ANTHROPIC, "thinking")
+    thinking = decode_bound(bound, ANTHROPIC, "thinking")
     if thinking is not None:
         kind = thinking.get("type", "")
         if kind in ("enabled", "disabled"):
             return kind == "enabled"
-    config = decode_members(bound.pairs, ANTHROPIC, "output_config")
+    config = decode_bound(bound, ANTHROPIC, "output_config")
     if config is None:
         return False
     effort = _go_lower(go_trim_space(go_string(config.get("effort", ""))))

@@ -18,7 +18,7 @@ from gpugate.runtimes.ollama.gojson import (
     shallow,
 )
 from gpugate.runtimes.ollama.gotypes import check, is_base64
-from gpugate.runtimes.ollama.govalues import decode_members
+from gpugate.runtimes.ollama.govalues import decode_bound
 from gpugate.runtimes.ollama.requests import ANY, OPENAI_CHAT
 
 _INT_OPTIONS = frozenset(
@@ -169,7 +169,7 @@ def _calls_refused(calls: object) -> bool:
 def openai_chat_refused(bound: Bound) -> bool:
     """middleware/openai.go:417 no messages; openai.go:477 FromChatRequest; then
     routes.go:2190 top_logprobs. Messages as Go holds them after every duplicate."""
-    messages = decode_members(bound.pairs, OPENAI_CHAT, "messages")
+    messages = decode_bound(bound, OPENAI_CHAT, "messages")
     if not messages:
         return True
     produced = 0
@@ -202,7 +202,7 @@ def openai_chat_refused(bound: Bound) -> bool:
 def chat_completion_effort(bound: Bound) -> str:
     """FromChatRequest's effort (openai/openai.go:628): a `reasoning` that is not null
     decides, even with no effort in it; else `reasoning_effort`."""
-    reasoning = decode_members(bound.pairs, OPENAI_CHAT, "reasoning")
+    reasoning = decode_bound(bound, OPENAI_CHAT, "reasoning")
     if reasoning is not None:
         return reasoning.get("effort", "")
     return bound.get("reasoning_effort", "")

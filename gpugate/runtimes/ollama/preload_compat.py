@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpugate.runtimes.ollama.gojson import Bound, GoJsonError
 from gpugate.runtimes.ollama.gotypes import check, is_base64
-from gpugate.runtimes.ollama.govalues import as_pairs, decode, decode_members, field_name
+from gpugate.runtimes.ollama.govalues import as_pairs, decode, decode_bound, field_name
 from gpugate.runtimes.ollama.preload import arguments_refused, image_refused
 from gpugate.runtimes.ollama.requests import TOOL
 from gpugate.runtimes.ollama.requests_compat import (
@@ -77,11 +77,11 @@ def responses_refused(bound: Bound) -> bool:
             items = value
     if any(_item_refused(item) for item in items or ()):
         return True
-    reasoning = decode_members(bound.pairs, RESPONSES, "reasoning") or {}
+    reasoning = decode_bound(bound, RESPONSES, "reasoning") or {}
     effort = reasoning.get("effort", "")
     if effort and effort not in _EFFORTS:
         return True
-    tools = decode_members(bound.pairs, RESPONSES, "tools") or ()
+    tools = decode_bound(bound, RESPONSES, "tools") or ()
     return any(_parameters_refused(tool.get("parameters")) for tool in tools if tool)
 
 
@@ -136,14 +136,14 @@ def messages_refused(bound: Bound) -> bool:
     FromMessagesRequest's errors."""
     if not bound.get("model") or bound.get("max_tokens", 0) <= 0:
         return True
-    messages = decode_members(bound.pairs, ANTHROPIC, "messages")
+    messages = decode_bound(bound, ANTHROPIC, "messages")
     if not messages:
         return True
     for message in messages:
         blocks = message.get("content") if type(message) is dict else None
         if any(_block_refused(block) for block in blocks or ()):
             return True
-    tools = [tool or {} for tool in decode_members(bound.pairs, ANTHROPIC, "tools") or ()]
+    tools = [tool or {} for tool in decode_bound(bound, ANTHROPIC, "tools") or ()]
     builtin = any(str(tool.get("type", "")).startswith("web_search") for tool in tools)
     for tool in tools:
         kind = str(tool.get("type", ""))

@@ -6,8 +6,9 @@ from typing import ClassVar
 
 import attrs
 
+from gpugate.config.consumer import Consumer, RuntimeSettings
+from gpugate.config.fields import SIZE
 from gpugate.config.findings import Findings
-from gpugate.config.model import SIZE, Consumer, RuntimeSettings
 
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 """What Ollama's OLLAMA_KV_CACHE_TYPE takes (fs/ggml `SupportsKVCacheType`)."""

@@ -6,6 +6,8 @@ Facts about Ollama's wire behaviour follow its source (server/routes.go, server/
 
 from __future__ import annotations
 
+import math
+
 import aiohttp
 
 from gpugate.config.model import Consumer
@@ -54,6 +56,7 @@ class OllamaResidents(Residents):
     def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
         self.url = consumer.upstream.url + "/api/generate"
+        self.embed_url = consumer.upstream.url + "/api/embed"
         self.headers = host_headers(consumer)
 
     async def evict(self, session: aiohttp.ClientSession, model: str) -> None:
@@ -66,3 +69,31 @@ class OllamaResidents(Residents):
 
     def evict_timeout(self) -> float:
         return self.consumer.timeouts.control
+
+    warms = True
+
+    async def warm(self, session: aiohttp.ClientSession, model: str, ttl: float | None) -> None:
+        """Load a model with nothing to run. `/api/generate` with no prompt and a keep_alive
+        other than 0 loads it and answers `done_reason: "load"` once it is loaded (Ollama
+        v0.24.0 server/routes.go GenerateHandler, after scheduleRunner; runtime-contracts.md
+        §1.1, docs/runtimes/ollama.md "The scheduler"). scheduleRunner refuses a model
+        without the completion capability (an embedding model) with 400 `does not support
+        generate` before loading anything, so such a model is loaded by `/api/embed` with
+        no input, which schedules its runner the same way and answers `embeddings: []`
+        (EmbedHandler). keep_alive is the model's ttl left, -1 (forever) for none."""
+        keep_alive: int = -1 if ttl is None else max(1, math.ceil(ttl))
+        payload = {"model": model, "keep_alive": keep_alive}
+        async with session.post(self.url, json=payload, headers=self.headers) as resp:
+            text = await resp.text()
+            if resp.status == 200:
+                return
+            if not (resp.status == 400 and "does not support generate" in text):
+                raise OllamaError(f"load of {model} answered {resp.status}: {text[:200]}")
+        async with session.post(self.embed_url, json=payload, headers=self.headers) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise OllamaError(f"load of {model} answered {resp.status}: {text[:200]}")
+
+    def warm_timeout(self) -> float:
+        # A load is answered once the model is in memory: as long as a first byte may take.
+        return self.consumer.timeouts.first_byte

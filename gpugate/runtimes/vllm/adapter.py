@@ -19,6 +19,7 @@ from gpugate.runtimes.answers import ApiFamily, Classified, ReclaimRule, RouteKi
 from gpugate.runtimes.controlled import ProcessModel, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
 from gpugate.runtimes.footprint import Cap, Cards, Elasticity, Footprint, Knob
+from gpugate.runtimes.keepalive import UVICORN
 from gpugate.runtimes.parts import Memory, Reading
 from gpugate.runtimes.runtime import ModelSettings, Runtime
 from gpugate.runtimes.vllm.settings import VllmSettings
@@ -48,8 +49,10 @@ AWAKE_ROUTES = frozenset(
 class VllmReading(Reading):
     """vLLM's requests pass as they are; its refusals are the gate's, in its shape."""
 
-    # uvicorn on h11: any framing h11 accepts; the strictest reading is the default.
-    dialect = ServerDialect.GO
+    # uvicorn's httptools protocol (vllm/entrypoints/launcher.py `serve_http` leaves
+    # `http="auto"`, and vLLM's `fastapi[standard]` installs httptools): proxy/dialects/uvicorn.py
+    dialect = ServerDialect.UVICORN
+    keep_alive = UVICORN
 
     def wants_body(self, method: str, path: str) -> bool:
         return False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from gpugate.config.consumer import Consumer, RuntimeSettings
 from gpugate.config.findings import Findings
-from gpugate.config.model import Consumer, RuntimeSettings
 
 
 @attrs.frozen

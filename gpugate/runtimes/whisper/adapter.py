@@ -21,13 +21,18 @@ What decides its parts (reference/runtime-contracts.md §3, docs/runtimes/whispe
   gate's own reading of the path does not, or one with differing `Content-Type` headers
   (cpp-httplib reads the last, the listener the first), is refused the same way.
 * Every request goes up on a connection of its own and says `Connection: close`
-  (`keep_alive = NEVER`). cpp-httplib stops reading a body it refuses (an encoded one:
-  415 before a byte of it; a form whose parser gives up: 400 at that read) and answers
-  at once; on a kept-alive connection it then reads what is left of that body as the
-  next request (`process_server_socket_core` L3445: a new `SocketStream` each time), so
-  an /inference the gate streams up unread could carry a /load it never saw. With
+  (`keep_alive`: cpp-httplib's numbers, Nagle's algorithm on, no reuse). cpp-httplib
+  stops reading a body it refuses (an encoded one: 415 before a byte of it; a form whose
+  parser gives up: 400 at that read) and answers at once; on a kept-alive connection
+  it then reads what is left of that body as the next request
+  (`process_server_socket_core` L3445: a new `SocketStream` each time), so an
+  /inference the gate streams up unread could carry a /load it never saw. With
   `Connection: close` the server ends the connection after its answer (L7274). The
-  gate's own calls open a connection each too (`KeepAlivePolicy.pools_idle`).
+  gate's own calls open a connection each too (`KeepAlivePolicy.pools_idle`). A new
+  connection is also the quick one: whisper-server leaves Nagle on and writes an answer's
+  head and body apart, so on a reused connection each answer waits 40 ms for the client's
+  delayed ACK (keepalive.py `HTTPLIB_NAGLE`). A client the gate keeps is told what
+  whisper-server would tell it (`Keep-Alive: timeout=5, max=100`).
 * Every response carries `Server: whisper.cpp` and `Access-Control-Allow-Origin: *`
   (`set_default_headers`): there is no origin check to run where the gate listens, and
   the gate's own answers in its place (a refused /load, its health route while the gate
@@ -42,6 +47,7 @@ import functools
 import re
 from collections.abc import Mapping
 
+import attrs
 from yarl import URL
 
 from gpugate.config.model import Consumer
@@ -49,7 +55,7 @@ from gpugate.core.tickets import LeaseScope
 from gpugate.runtimes.answers import ApiFamily, Classified, Refusal, RouteKind, Screening
 from gpugate.runtimes.controlled import ProcessModel, make_control, process_runtime
 from gpugate.runtimes.dialect import ServerDialect
-from gpugate.runtimes.keepalive import NEVER
+from gpugate.runtimes.keepalive import HTTPLIB_NAGLE
 from gpugate.runtimes.parts import Reading
 from gpugate.runtimes.replies import (
     WHISPER_DEFAULT_HEADERS,
@@ -90,8 +96,8 @@ def header_value(value: str) -> bytes:
 class WhisperReading(Reading):
     """How one whisper-server reads a request: only a /load may switch its model."""
 
-    keep_alive = NEVER
-    dialect = ServerDialect.HTTPLIB
+    keep_alive = attrs.evolve(HTTPLIB_NAGLE, reuse=False)
+    dialect = ServerDialect.HTTPLIB_0_20
     # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH is SIZE_MAX and server.cpp sets no
     # payload limit: the gate keeps its own bound, refused as whisper-server refuses.
     body_limit = BodyLimit(None, whisper_too_large)
