@@ -23,10 +23,27 @@ def check_relations(config: Config, findings: Findings, runtimes: RuntimeTable) 
     """Report every cross-field error and warning of `config` to `findings`; `runtimes`:
     the table the file was read with."""
     _check_budget(config, findings)
+    _check_queue(config, findings)
     _check_gate(config, findings)
     _check_consumers(config, findings, runtimes)
     _check_external(config, findings)
     _check_identities(config, findings)
+
+
+def _check_queue(config: Config, findings: Findings) -> None:
+    """A grace a class's requests cannot outwait: each of them that finds only such a model
+    to evict is refused DEADLINE_CANNOT_BE_MET at once."""
+    queue = config.queue
+    for settings in config.classes:
+        label = settings.priority.label
+        if queue.equal_class_grace >= settings.max_wait:
+            findings.warn(
+                "queue.equal_class_grace",
+                f"{format_duration(queue.equal_class_grace)} is not shorter than class "
+                f"{label}'s max_wait ({format_duration(settings.max_wait)}): "
+                f"{'an' if label[0] in 'aeiou' else 'a'} {label} request that must evict an "
+                f"idle {label} model is refused DEADLINE_CANNOT_BE_MET",
+            )
 
 
 def _check_budget(config: Config, findings: Findings) -> None:
@@ -194,6 +211,14 @@ def _check_residencies(consumer: Consumer, path: str, findings: Findings) -> Non
         findings.report(
             f"{where}.ttl", f"a ttl applies only to keep_warm; {residency.policy.value} {why}"
         )
+    for model in consumer.models:
+        residency = model.residency or consumer.residency
+        if model.rewarm and residency.policy is ResidencyPolicy.LOAD_ON_DEMAND:
+            findings.report(
+                f"{path}.models.{model.name}.rewarm",
+                "rewarm applies to keep_warm and always_warm; a load_on_demand model "
+                "unloads as soon as its last request is done, so there is nothing to warm again",
+            )
 
 
 def _check_runtime(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from gpugate.config.model import RuntimeSettings
+from gpugate.config.consumer import RuntimeSettings
 
 
 @attrs.frozen

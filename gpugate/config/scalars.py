@@ -7,6 +7,7 @@ hold it (a quoted "3" is not a whole number, `yes` is not one either) and the co
 from __future__ import annotations
 
 import ipaddress
+import re
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,8 +15,8 @@ from pathlib import Path
 import attrs
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gpugate.config.addresses import Address, Upstream
 from gpugate.config.filesizes import FilePattern
-from gpugate.config.model import Address, Upstream
 from gpugate.config.runtime_table import RuntimeTable
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import parse_duration, parse_size
@@ -79,6 +80,23 @@ SCALARS: dict[object, Scalar] = {
         "a file name or glob like 'flux1-dev*.safetensors'", (str,), FilePattern.parse
     ),
 }
+
+
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:(?![/?#@])[!-~])+")
+
+
+def _cors_origin(text: str) -> str:
+    """`*` or one origin (`scheme://host[:port]`): the only values of
+    Access-Control-Allow-Origin a browser accepts, sent as written."""
+    nonblank(text)
+    if text == "*" or _ORIGIN.fullmatch(text):
+        return text
+    raise ValueError(
+        f"expected '*' or an origin like 'https://app.example:8443' (no path), got {text!r}"
+    )
+
+
+CORS_ORIGIN_SCALAR = Scalar("'*' or an origin like 'https://app.example'", (str,), _cors_origin)
 
 
 def runtime_scalar(runtimes: RuntimeTable) -> Scalar:

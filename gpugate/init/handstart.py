@@ -31,7 +31,7 @@ from pathlib import Path
 
 import attrs
 
-from gpugate.init.scan import HIDDEN, Process, redact
+from gpugate.init.proc import HIDDEN, Process, redact
 
 ENV_SUFFIX = ".env"
 SHELL = "/bin/sh"

@@ -26,7 +26,7 @@ from gpugate.init.plan import (
     gib,
     mib,
 )
-from gpugate.init.scan import HIDDEN, redact
+from gpugate.init.proc import HIDDEN, redact
 
 TOKEN_DIRECTORY = "/etc/gpugate"
 

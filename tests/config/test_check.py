@@ -12,9 +12,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from gpugate.config import model
+from gpugate.config import addresses, consumer, model
 from gpugate.config.check import EXIT_INVALID, EXIT_OK, run_check
-from gpugate.config.loader import yaml_key
+from gpugate.config.fields import yaml_key
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.units import GiB, MiB
 from gpugate.runtimes.comfyui.settings import ComfyUISettings
@@ -185,8 +185,9 @@ def test_the_manual_names_every_field() -> None:
     manual = MANUAL.read_text()
     classes = [
         value
-        for value in vars(model).values()
-        if isinstance(value, type) and attrs.has(value) and value.__module__ == model.__name__
+        for module in (model, consumer, addresses)
+        for value in vars(module).values()
+        if isinstance(value, type) and attrs.has(value) and value.__module__ == module.__name__
     ]
     assert model.Consumer in classes and model.Config in classes
     # A runtime's section is written under the runtime's name, with its own fields.

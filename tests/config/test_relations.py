@@ -248,3 +248,66 @@ def test_a_maximum_lease_ttl_under_the_shortest_ttl() -> None:
         Found(2, "gate.max_lease_ttl", "must be at least 1s, the shortest ttl a lease has")
     ]
     assert load("gate:\n  max_lease_ttl: 10m\n" + ollama()).config.gate.max_lease_ttl == 600.0
+
+
+def test_rewarm_on_a_model_that_unloads_at_once() -> None:
+    text = ollama(residency="{policy: load_on_demand}") + (
+        "    models:\n"
+        "      bge-m3: {rewarm: true}\n"
+        "      gemma3:12b: {rewarm: true, residency: {policy: keep_warm, ttl: 10m}}\n"
+        "      qwen2.5:7b: {rewarm: maybe}\n"
+    )
+    on_demand = Found(
+        9,
+        "consumers.ollama.models.bge-m3.rewarm",
+        "rewarm applies to keep_warm and always_warm; a load_on_demand model unloads "
+        "as soon as its last request is done, so there is nothing to warm again",
+    )
+    assert errors(text) == [
+        on_demand,
+        Found(
+            11, "consumers.ollama.models.qwen2.5:7b.rewarm", "expected true or false, got 'maybe'"
+        ),
+    ]
+    assert errors(text.replace("{rewarm: maybe}", "{rewarm: false}")) == [on_demand]
+
+
+def test_rewarm_defaults_by_policy() -> None:
+    text = ollama(residency="{policy: keep_warm}") + (
+        "    models:\n"
+        "      bge-m3: {rewarm: true}\n"
+        "      gemma3:12b: {residency: {policy: always_warm}}\n"
+        "      qwen2.5:7b: {residency: {policy: always_warm}, rewarm: false}\n"
+        "      phi3: {}\n"
+    )
+    consumer = load(text).config.consumer("ollama")
+    models = {m.name: m for m in consumer.models}
+    rewarms = {name: m.rewarms(m.residency or consumer.residency) for name, m in models.items()}
+    assert rewarms == {"bge-m3": True, "gemma3:12b": True, "qwen2.5:7b": False, "phi3": False}
+
+
+def test_the_queue_section_is_read_with_its_defaults() -> None:
+    config = load("queue:\n  equal_class_grace: 5s\n  swap_overtakes: 0\n" + ollama()).config
+    assert config.queue.equal_class_grace == 5.0 and config.queue.swap_overtakes == 0
+    assert (config.queue.swap_hold, config.queue.yield_after) == (20.0, 15.0)
+    assert config.queue.swap_window == 300.0
+
+
+def test_a_bad_queue_value_is_reported_where_it_is() -> None:
+    assert errors("queue:\n  swap_hold: soon\n" + ollama())[0].line == 2
+    assert errors("queue:\n  swap_overtakes: -1\n" + ollama()) == [
+        Found(2, "queue.swap_overtakes", "expected a whole number (0 or more), got -1")
+    ]
+
+
+def test_a_grace_no_shorter_than_a_max_wait_is_a_warning() -> None:
+    text = "classes:\n  interactive: {max_wait: 20s}\nqueue:\n  equal_class_grace: 30s\n"
+    assert warnings(text + ollama()) == [
+        Found(
+            4,
+            "queue.equal_class_grace",
+            "30s is not shorter than class interactive's max_wait (20s): an interactive "
+            "request that must evict an idle interactive model is refused "
+            "DEADLINE_CANNOT_BE_MET",
+        )
+    ]

@@ -242,8 +242,8 @@ def test_a_bad_consumer_value_is_reported_where_it_is(fields: dict[str, str], fo
             Found(
                 1,
                 "",
-                "expected a mapping with keys gate, budget, gpus, classes, identities, consumers, "
-                "external, got a list",
+                "expected a mapping with keys gate, budget, gpus, classes, queue, identities, "
+                "consumers, external, got a list",
             ),
         ),
     ],

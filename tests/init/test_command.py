@@ -10,7 +10,7 @@ import pytest
 
 from gpugate.cli import main
 from gpugate.commands.init import EXIT_CANTCREAT, _gpugate_program
-from gpugate.init.scan import UNIT_PROPERTIES
+from gpugate.init.systemd import UNIT_PROPERTIES
 from gpugate.init.write import dry_run_text, split_dry_run
 from gpugate.packaged import shared
 from gpugate.runtimes.sections import load_config_text_with_warnings

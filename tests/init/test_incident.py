@@ -34,7 +34,6 @@ from gpugate.runtimes.sections import (
     load_config_text_with_warnings,
 )
 from gpugate.serve import serve
-from tests.gate.harness import free_port
 from tests.init.simhost import (
     OLLAMA_ORIGINS,
     ROLES,
@@ -43,6 +42,7 @@ from tests.init.simhost import (
     bindable,
     start_incident,
 )
+from tests.ports import free_port
 
 MiB = 1024 * 1024
 SYSTEMCTL_READS = ("show", "is-active")

@@ -15,9 +15,12 @@ import pytest
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.init.namespaces import HERE, Namespaces, Sharing
-from gpugate.init.plan import Options, Plan, make_plan
+from gpugate.init.plan import Options, Plan
+from gpugate.init.planning import make_plan
+from gpugate.init.proc import Listener, Process
 from gpugate.init.recognise import recognise
-from gpugate.init.scan import Device, GpuProcess, HostScan, Listener, Process, UnitInfo
+from gpugate.init.scan import Device, GpuProcess, HostScan
+from gpugate.init.systemd import UnitInfo
 from gpugate.init.write import render_files
 from gpugate.packaged import SHARE
 from gpugate.runtimes.sections import load_config_text_with_warnings

@@ -8,16 +8,12 @@ from pathlib import Path
 import attrs
 import pytest
 
+from gpugate.init.cmdline import option, program_of
 from gpugate.init.namespaces import Namespaces, Sharing
-from gpugate.init.recognise import (
-    Address,
-    option,
-    parse_ollama_host,
-    program_of,
-    recognise,
-    rule_for,
-)
-from gpugate.init.scan import GpuProcess, HostScan, Listener, Process
+from gpugate.init.proc import Listener, Process
+from gpugate.init.recognise import Address, parse_ollama_host, recognise
+from gpugate.init.rules import rule_for
+from gpugate.init.scan import GpuProcess, HostScan
 
 MiB = 1024 * 1024
 

@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpugate.init.scan import (
-    Listener,
-    ask_ollama_ps,
-    comfyui_model_files,
-    parse_cgroup,
-    parse_show,
-    read_listeners,
-    read_processes,
-    read_unit,
-)
-from tests.gate.harness import free_port
+from gpugate.init.proc import Listener, parse_cgroup, read_listeners, read_processes
+from gpugate.init.scan import ask_ollama_ps, comfyui_model_files
+from gpugate.init.systemd import parse_show, read_unit
 from tests.gpu.proctree import ProcTree
 from tests.init.simhost import fake_systemctl
+from tests.ports import free_port
 
 
 def table(header: str, rows: list[tuple[str, str, str, str]]) -> str:

@@ -31,8 +31,8 @@ from gpugate.commands.demo import DEFAULT_HOST
 from gpugate.init.write import split_dry_run
 from gpugate.runtimes.sections import load_config_text_with_warnings
 from gpugate_sim.host import READY_COMMENT
-from tests.gate.harness import free_port
 from tests.init.simhost import IncidentHost, descendants, port_pairs, restricted_proc
+from tests.ports import free_port
 from tests.sim.processes import LineReader, kill_quietly
 
 OTHER_MODELS = "/srv/other-host/models"
