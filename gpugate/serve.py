@@ -21,8 +21,6 @@ import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 
-from aiohttp import web
-
 from gpugate.config.model import Address, Config, ListenerLimits
 from gpugate.control.agent import AgentResponder
 from gpugate.control.app import control_app
@@ -35,7 +33,7 @@ from gpugate.notify import Notifier, stop_task
 from gpugate.proxy.listener import ConsumerListener
 from gpugate.proxy.runners import (
     GuardedRunner,
-    GuardedServerRunner,
+    ListenerRunner,
     fit_caps,
     quiet_loop_errors,
     raise_fd_limit,
@@ -66,7 +64,7 @@ def _url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-Runner = GuardedRunner | GuardedServerRunner
+Runner = GuardedRunner | ListenerRunner
 
 
 class ListenError(RuntimeError):
@@ -76,12 +74,9 @@ class ListenError(RuntimeError):
 async def _start_site(
     runner: Runner, address: Address, what: str
 ) -> tuple[Runner, tuple[str, int]]:
-    await runner.setup()
-    site = web.TCPSite(runner, address.host or None, address.port, reuse_address=True)
     try:
-        await site.start()
+        await runner.start(address.host or None, address.port)
     except OSError as exc:
-        await runner.cleanup()
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ListenError(
             f"cannot listen for {what} on {_url(address.host, address.port)}: {reason}"
@@ -193,8 +188,13 @@ async def serve(
             cap, upstream_cap = caps[2 * i], caps[2 * i + 1]
             listener = ConsumerListener(gate, link, resolver, upstream_connections=upstream_cap)
             runner, bound = await _start_site(
-                GuardedServerRunner(
-                    listener.server, listener.close, consumer.limits, consumer.name, cap
+                ListenerRunner(
+                    listener.handle,
+                    listener.dialect,
+                    listener.close,
+                    consumer.limits,
+                    consumer.name,
+                    cap,
                 ),
                 consumer.listen,
                 consumer.name,

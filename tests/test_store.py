@@ -12,6 +12,7 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.failures import Failure, FailureClass
 from gpugate.core.tickets import Lease
+from gpugate.store import db as store_db
 from gpugate.store.db import MIGRATIONS, MeasuredEnvelope, RecordKind, Store
 from tests.core.builders import demand
 
@@ -364,15 +365,15 @@ async def test_an_error_in_the_writer_is_counted_logged_and_survived(tmp_path, c
     store = Store(path)
     await store.open()
     failed = asyncio.Event()
-    rows = Store._rows
+    rows = store_db.build_rows
 
-    async def broken_once(self: Store, batch):
+    async def broken_once(batch, unwritable):
         if not failed.is_set():
             failed.set()
             raise RuntimeError("a bug")
-        return await rows(self, batch)
+        return await rows(batch, unwritable)
 
-    monkeypatch.setattr(Store, "_rows", broken_once)
+    monkeypatch.setattr(store_db, "build_rows", broken_once)
     store.record_event(failure_event(1))
     await asyncio.wait_for(failed.wait(), 5)
     await asyncio.sleep(0)  # the writer's handler runs in the same turn as the raise
@@ -393,10 +394,10 @@ async def test_close_is_bounded_and_never_raises_when_the_writer_keeps_failing(
     store = Store(path)
     await store.open()
 
-    async def broken(self: Store, batch):
+    async def broken(batch, unwritable):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(Store, "_rows", broken)
+    monkeypatch.setattr(store_db, "build_rows", broken)
     store.record_event(failure_event(1))
     store.close_timeout = 0.3
     await asyncio.wait_for(store.close(), 0.3 + 1.0)

@@ -232,7 +232,7 @@ def test_serve_notifies_ready_watchdog_reloading_and_stopping(tmp_path, subproce
     import signal
     import socket
 
-    from tests.gate.harness import free_port
+    from tests.ports import free_port
     from tests.sim.processes import LineReader, kill_quietly
 
     config = tmp_path / "consumers.yaml"

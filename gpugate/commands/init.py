@@ -93,9 +93,11 @@ def _write_private(target: Path, text: str, uid: int | None) -> None:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Scan, recognise, plan, then print or write."""
     from gpugate.config.model import Address
-    from gpugate.init.plan import DEFAULT_DATABASE, Options, make_plan
+    from gpugate.init.plan import DEFAULT_DATABASE, Options
+    from gpugate.init.planning import make_plan
     from gpugate.init.recognise import recognise
-    from gpugate.init.scan import ask_ollama_ps, read_units, scan_host
+    from gpugate.init.scan import ask_ollama_ps, scan_host
+    from gpugate.init.systemd import read_units
     from gpugate.init.write import dry_run_text, private_files, render_files
 
     out = sys.stdout if out is None else out

@@ -156,9 +156,14 @@ def render_text(document: dict[str, Any]) -> str:
     for section, title in (("leases", "leases"), ("queue", "waiting")):
         rows = document.get(section) or []
         if rows:
+            # A waiting demand says what it waits for (`gpugate leases` says it at length).
             lines.append(
                 f"{title}: "
-                + ", ".join(f"{r['consumer']}/{r['model']} ({r['class']})" for r in rows)
+                + ", ".join(
+                    f"{r['consumer']}/{r['model']} ({r['class']}"
+                    f"{', ' + r['reason'] if r.get('reason') else ''})"
+                    for r in rows
+                )
             )
     return "\n".join(lines)
 

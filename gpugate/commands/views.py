@@ -1,4 +1,5 @@
-"""Read-only views of the running gate: `gpugate leases`, `events`, `envelopes`. Tables for
+"""Read-only views of the running gate: `gpugate leases` (the leases in flight, and below
+them the demands waiting, with what each waits for), `events`, `envelopes`. Tables for
 people, `--json` for scripts; an error is one line on stderr with the exit code for what it
 means (exits.py): 69 when no gate answers (or the gate ends a followed stream), 77 for a
 token it refuses, 64 for a filter that names no class, 78 without a configuration.
@@ -32,7 +33,9 @@ from gpugate.core.units import GiB, MiB
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The `leases`, `events` and `envelopes` subcommands."""
-    leases = subparsers.add_parser("leases", help="the leases in flight on the running gate")
+    leases = subparsers.add_parser(
+        "leases", help="the leases in flight on the running gate, and the demands waiting"
+    )
     events = subparsers.add_parser("events", help="the gate's recent events, or follow them live")
     events.add_argument("--follow", "-f", action="store_true", help="go on printing new events")
     events.add_argument("--class", dest="priority", help="only requests of this priority class")
@@ -120,6 +123,37 @@ def render_leases(rows: list[dict[str, Any]]) -> str:
             for r in rows
         ],
     )
+
+
+def render_queue(rows: list[dict[str, Any]]) -> str:
+    """The waiting demands, each GPU's in its order, with what each waits for."""
+    if not rows:
+        return "nothing waits"
+    return table(
+        ("TICKET", "CONSUMER", "MODEL", "GPU", "CLASS", "POS", "WAITED", "DEADLINE", "WAITS FOR"),
+        [
+            (
+                r["ticket"],
+                r["consumer"],
+                r["model"],
+                r["gpu"],
+                r["class"],
+                r["position"],
+                _seconds(r["waiting_seconds"]),
+                f"in {_seconds(max(0.0, r['deadline_in_seconds']))}",
+                f"{r.get('reason', '-')}: {r.get('line', '')}",
+            )
+            for r in rows
+        ],
+    )
+
+
+def render_leases_and_queue(rows: list[dict[str, Any]], queue: list[dict[str, Any]]) -> str:
+    """`gpugate leases`: the leases, then the demands waiting below them (when any)."""
+    text = render_leases(rows)
+    if queue:
+        text += "\n\nwaiting:\n" + render_queue(queue)
+    return text
 
 
 def event_row(event: dict[str, Any]) -> tuple[object, ...]:
@@ -235,7 +269,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         status = await control.get(session, "/gate/v1/status")
         listed = await control.get(session, "/gate/v1/leases")
         rows = leases_rows(status, listed)
-        emit(json.dumps(rows, indent=2) if args.json else render_leases(rows))
+        queue = status.get("queue", [])
+        if args.json:
+            emit(json.dumps({"leases": rows, "queue": queue}, indent=2))
+        else:
+            emit(render_leases_and_queue(rows, queue))
 
     async def events(control: Control, session: aiohttp.ClientSession) -> None:
         query = {"recent": str(max(0, args.last)), **filters}

@@ -9,6 +9,12 @@ one line from `gpugate.control.capacity` (the numbers of `/gate/v1/capacity`), t
 * anything it cannot read (too long, not a question): the host's answer, logged once a
   minute.
 
+A peer that leaves is no fault: HAProxy closes each check once it has its line, often with
+a reset, and may reset one before the answer is written (uvloop then raises RuntimeError
+for the write on a transport it closed, asyncio drops it). Such a check ends silently,
+counted in `dropped`. Anything else that ends a check is logged once a minute with how many
+more there were, in the gate's words, never the loop's own line.
+
 Bounded: one line of at most `MAX_LINE` bytes read within `READ_TIMEOUT`, the answer
 written within `WRITE_TIMEOUT` (and what the peer sends after it dropped for at most
 `LINGER`, so that closing never resets the answer away), at most `MAX_CONNECTIONS` at
@@ -69,6 +75,10 @@ class AgentResponder:
         self.answered = 0
         self.refused = 0
         """Connections closed unanswered because `max_connections` were open."""
+        self.dropped = 0
+        """Checks whose peer left (closed or reset) before it had its answer."""
+        self.failed = 0
+        """Checks ended by something unexpected (logged once a minute with a count)."""
         self.bound: tuple[str, int] = ("", 0)
         """The address listened on, once started."""
         self._server: asyncio.Server | None = None
@@ -116,18 +126,35 @@ class AgentResponder:
         if task is not None:
             self._handlers.add(task)
         self.active += 1
+        answered = False
         try:
             line = await self._request(reader)
             answer = agent_answer(self.gate, line).line
+            if writer.transport.is_closing():
+                self.dropped += 1
+                return
             writer.write(answer.encode("ascii") + b"\n")
             await asyncio.wait_for(writer.drain(), self.write_timeout)
             self.answered += 1
+            answered = True
             await self._linger(reader, writer)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
-            pass
+            if not answered:
+                self.dropped += 1
         except Exception as exc:
-            # Whatever a peer sends, the responder goes on answering the next one.
-            self._limiter.error("failed", "agent-check: %s: %s", type(exc).__name__, exc)
+            if writer.transport.is_closing():
+                # The peer left first: uvloop's write on the transport it closed.
+                if not answered:
+                    self.dropped += 1
+            else:
+                # Whatever a peer sends, the responder goes on answering the next one.
+                self.failed += 1
+                log.debug("agent-check: %r", exc)
+                self._limiter.error(
+                    "failed",
+                    "agent-check: a check ended with an unexpected %s; the next are answered",
+                    type(exc).__name__,
+                )
         finally:
             self.active -= 1
             if task is not None:
@@ -171,6 +198,8 @@ class AgentResponder:
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Half-close, then drop what the peer still sends until it closes (HAProxy does at
         once) or LINGER is over."""
+        if writer.transport.is_closing():
+            return
         if writer.can_write_eof():
             writer.write_eof()
         loop = asyncio.get_running_loop()

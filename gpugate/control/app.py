@@ -18,6 +18,7 @@ from gpugate.control.marks import consumer_documents, pause_fields
 from gpugate.control.metrics import GateMetrics
 from gpugate.control.observe import add_observe_routes, filtered_events, follow_events
 from gpugate.control.operator import add_operator_routes
+from gpugate.control.queue import add_queue_route, queue, queue_documents
 from gpugate.control.status_document import SCHEMA, budget_document
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ def gate_document(gate: Gate) -> dict[str, Any]:
         budget = core.budget(gpu)
         if budget is not None:
             document = budget_document(budget, core.sample_age(gpu, now))
-            gpus.append({**document, **pause_fields(gate, gpu)})
+            why = core.telemetry.reserve_why(gpu)
+            gpus.append({**document, **pause_fields(gate, gpu), "reserve_reason": why.line()})
     fault = core.fault
     return {
         "schema": SCHEMA,
@@ -82,19 +84,7 @@ def gate_document(gate: Gate) -> dict[str, Any]:
             }
             for lease in core.leases()
         ],
-        "queue": [
-            {
-                "ticket": t.id,
-                "consumer": t.demand.consumer,
-                "model": t.demand.model,
-                "gpu": t.demand.gpu,
-                "class": t.demand.priority.label,
-                "bytes": t.demand.envelope,
-                "waiting_seconds": round(now - t.arrived, 3),
-                "deadline_in_seconds": round(t.deadline - now, 3),
-            }
-            for t in core.waiting()
-        ],
+        "queue": queue_documents(gate, queue(gate)),
         "consumers": consumer_documents(gate),
     }
 
@@ -149,6 +139,7 @@ def control_app(
     app.router.add_get("/gate/v1/events", events)
     app.router.add_get("/gate/v1/health", health)
     add_capacity_route(app, gate)
+    add_queue_route(app, gate)
     add_lease_routes(app, gate)
     add_operator_routes(app, gate)
     add_observe_routes(app, gate, lambda: live_document(gate), history_interval=history_interval)

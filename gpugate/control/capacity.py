@@ -30,6 +30,7 @@ import attrs
 from aiohttp import web
 
 from gpugate.control.health import health_document
+from gpugate.control.queue import queue, queue_documents
 from gpugate.control.weights import (
     FLOOR,
     Answer,
@@ -41,6 +42,7 @@ from gpugate.core.capacity import Ask, Assessment, assess
 from gpugate.core.classes import PriorityClass
 from gpugate.core.placement import Share, place
 from gpugate.core.residents import Resident, ResidentKey
+from gpugate.core.waits import Waiting, WaitReason
 from gpugate.logs import OncePerInterval
 from gpugate.runtimes.answers import ApiFamily, Classified, RouteKind
 from gpugate.runtimes.parts import placing
@@ -158,12 +160,14 @@ def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> 
     paused = set(core.operator.paused())
     gpus = []
     totals: dict[int, int] = {}
+    waiting = queue(gate)
     for index in core.gpus():
         budget = core.budget(index)
         if budget is None:
             continue
         totals[index] = budget.total
         age = core.sample_age(index, now)
+        here = [row for row in waiting if row.gpu == index]
         gpus.append(
             {
                 "gpu": index,
@@ -172,7 +176,9 @@ def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> 
                 "paused": index in paused,
                 "pressure": core.in_pressure(index),
                 "sample_age_seconds": None if age is None else round(age, 3),
-                "queue_depth": len(core.waiting(index)),
+                "queue_depth": len(here),
+                "queued_bytes": queued_bytes(here),
+                "queue": queue_documents(gate, here),
                 "residents": [_resident(r, now) for r in core.residents(index)],
             }
         )
@@ -182,6 +188,12 @@ def capacity(gate: Gate, query: Query | None = None, *, models: bool = True) -> 
         for link, name in (_models(gate, query or Query()) if models else ())
     )
     return Capacity(ok, failed, tuple(gpus), rows, host)
+
+
+def queued_bytes(rows: list[Waiting]) -> int:
+    """What the waiting demands will take before a new one: each load once (a ticket that
+    rides on another's load of its model adds nothing)."""
+    return sum(row.demand.envelope for row in rows if row.wait.reason is not WaitReason.SAME_MODEL)
 
 
 def _resident(resident: Resident, now: float) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from gpugate.control.bodies import BadRequest, bad_request, json_body
 from gpugate.core.classes import PriorityClass
 from gpugate.core.explicit import IDENTITY_PREFIX, LeaseTerms, identity_owner
 from gpugate.core.failures import Failure, FailureClass
-from gpugate.core.scopes import job_bytes
+from gpugate.core.job_leases import job_bytes
 from gpugate.core.tickets import Lease
 from gpugate.core.units import format_duration, parse_duration, parse_size
 from gpugate.gate.process_books import DEFAULT_START_ADMISSION_TIMEOUT

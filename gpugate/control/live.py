@@ -27,6 +27,7 @@ from aiohttp import web
 
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event
+from gpugate.core.explain import refusal_line
 from gpugate.core.failures import FailureClass
 from gpugate.gate.events import event_json
 
@@ -42,13 +43,15 @@ BUFFER = 1000
 
 
 def event_document(event: Event, gate: Gate) -> dict[str, Any]:
-    """An event as the control API shows it: the log line's fields and its wall time."""
+    """An event as the control API shows it: the log line's fields and its wall time; a
+    failure's reason in one line too (`line`)."""
     document: dict[str, Any] = json.loads(event_json(event))
     document["time"] = round(time.time() - (gate.clock() - event.time), 3)
     if event.priority is not None:
         document["priority"] = event.priority
     if event.failure is not None:
         document["failure"] = event.failure.failure_class.value
+        document["line"] = refusal_line(event.failure)
     return document
 
 

@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpugate.control.health import health_document
 from gpugate.control.marks import paused_seconds
+from gpugate.control.queue import queue
 from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import Event, EventKind, UnloadReason
 from gpugate.core.explicit import identity_owner
@@ -34,6 +35,7 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import LifeState
 from gpugate.core.observation import OTHER, UNATTRIBUTED
 from gpugate.core.residents import ResidentState
+from gpugate.core.waits import WaitReason
 from gpugate.gate.events import WAIT_BUCKETS, label_of
 from gpugate.store.db import RecordKind
 
@@ -42,6 +44,12 @@ if TYPE_CHECKING:
     from gpugate.gate.gate import Gate
 
 GATE_WIDE = ""
+
+REWARM_ENDS = frozenset(
+    {EventKind.REWARM_DONE, EventKind.REWARM_CANCELLED, EventKind.REWARM_FAILED}
+)
+"""The events that end a rewarm, each counted once in `gpugate_rewarms_total` by its
+`reason` (done, cancelled, failed)."""
 """The `consumer` label of what belongs to no consumer (a failing NVML driver)."""
 
 
@@ -77,6 +85,7 @@ def label_sets(config: Config, gpus: Iterable[int]) -> dict[str, frozenset[str]]
         "class": frozenset(p.label for p in PriorityClass),
         "failure_class": frozenset(f.value for f in FailureClass),
         "reason": frozenset(r.value for r in UnloadReason),
+        "waits_for": frozenset(w.value for w in WaitReason),
         "outcome": frozenset(o.value for o in UnloadOutcome),
         "state": frozenset(s.value for s in ResidentState),
         "kind": frozenset(k.value for k in RecordKind),
@@ -180,6 +189,7 @@ class BudgetCollector(Collector):
         for (g, klass), count in sorted(depth.items()):
             queued.add_metric([g, klass], count)
         yield queued
+        yield _waiting_by_reason(gate)
         residents = GaugeMetricFamily(
             "gpugate_residents",
             "Models in VRAM by GPU and state (a model split across GPUs counts on each).",
@@ -372,6 +382,19 @@ class GateMetrics:
             ["consumer", "gpu"],
             registry=r,
         )
+        self.rewarms = Counter(
+            "gpugate_rewarms",
+            "Kept-warm models evicted for a higher class and loaded again, by how it ended.",
+            ["consumer", "gpu", "outcome"],
+            registry=r,
+        )
+        self.swaps = Counter(
+            "gpugate_swaps",
+            "Models evicted for a request and loaded again on the same GPU within the queue's "
+            "swap_window, by GPU.",
+            ["consumer", "gpu"],
+            registry=r,
+        )
         # Not the routine lease events: those are counted in the gate's tally.
         gate.events.subscribe(self.on_event)
 
@@ -391,3 +414,24 @@ class GateMetrics:
             self.overruns.labels(consumer, str(event.gpu)).inc()
         elif event.kind is EventKind.DEGRADED:
             self.degraded.labels(consumer, str(event.gpu)).inc()
+        elif event.kind in REWARM_ENDS:
+            self.rewarms.labels(consumer, str(event.gpu), event.reason or "").inc()
+        elif event.kind is EventKind.SWAP:
+            self.swaps.labels(consumer, str(event.gpu)).inc()
+
+
+def _waiting_by_reason(gate: Gate) -> GaugeMetricFamily:
+    """`gpugate_queue_waiting`: the waiting demands by what they wait for, from the queue
+    view `/gate/v1/queue` has (every GPU and reason a sample, 0 when none)."""
+    family = GaugeMetricFamily(
+        "gpugate_queue_waiting",
+        "Requests waiting for a lease, by what they wait for.",
+        labels=["gpu", "waits_for"],
+    )
+    counts = {(str(gpu), reason.value): 0 for gpu in gate.core.gpus() for reason in WaitReason}
+    for row in queue(gate):
+        label = (str(row.gpu), row.wait.reason.value)
+        counts[label] = counts.get(label, 0) + 1
+    for (g, waits_for), count in sorted(counts.items()):
+        family.add_metric([g, waits_for], count)
+    return family

@@ -52,8 +52,13 @@ def host_answer(ok: bool, failed: tuple[str, ...], gpus: list[dict[str, Any]]) -
     if best < FLOOR:
         return Answer("drain", 0, f"no GPU has {FLOOR // MiB} MiB schedulable")
     total = sum(g["total"] for g in gpus)
-    free = sum(max(0, g["schedulable"]) for g in usable)
-    return Answer("up", percent(free, total, 100), "schedulable share of the memory")
+    # The queue goes first: what its demands will take is no new request's.
+    free = sum(max(0, g["schedulable"] - g.get("queued_bytes", 0)) for g in usable)
+    depth = sum(g.get("queue_depth", 0) for g in gpus)
+    reason = "schedulable share of the memory"
+    if depth:
+        reason += f", less what the {depth} waiting demand(s) will take"
+    return Answer("up", percent(free, total, 100), reason)
 
 
 def model_answer(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -28,6 +28,10 @@ from gpugate.logs import OncePerInterval
 from gpugate.store.db import Store
 
 placed = OncePerInterval(logging.getLogger("gpugate.placement"), 60.0)
+
+
+async def _ready(lease: Lease) -> Lease:
+    return lease
 
 
 class LeaseOwner(Protocol):
@@ -175,7 +179,20 @@ class Leases:
             return admission.lease
         return await self._wait(admission)
 
+    def follow(self, admission: Admission) -> Coroutine[Any, Any, Lease]:
+        """The lease of a demand the core already admitted (a rewarm, `gpugate.core.rewarm`),
+        to be awaited later: its effects are carried out and its waiter set now, so a grant
+        that comes before the caller awaits is not taken for one nobody waits on. Raises
+        GateFailure now for a demand the core refused."""
+        if admission.lease is not None:
+            self.owner.apply(admission.effects)
+            return _ready(admission.lease)
+        return self._waited(admission, self._register(admission))
+
     async def _wait(self, admission: Admission) -> Lease:
+        return await self._waited(admission, self._register(admission))
+
+    def _register(self, admission: Admission) -> asyncio.Future[Lease]:
         future: asyncio.Future[Lease] | None = None
         if admission.waiting:
             future = asyncio.get_running_loop().create_future()
@@ -184,6 +201,9 @@ class Leases:
         if admission.failure is not None:
             raise GateFailure(admission.failure)
         assert future is not None
+        return future
+
+    async def _waited(self, admission: Admission, future: asyncio.Future[Lease]) -> Lease:
         try:
             return await future
         except asyncio.CancelledError:

@@ -66,7 +66,7 @@ class ExchangeOwner(Protocol):
 
     def report(self, failure: Failure) -> None: ...
 
-    def want_reconcile(self, consumer: str) -> None: ...
+    def unload_asked(self, consumer: str) -> None: ...
 
     def withdraw(self, link: Link, job: str | None, demand: Demand) -> None: ...
 
@@ -327,7 +327,7 @@ class Exchange:
         if self.busy is not None:
             gate.leases.release(self.busy)
         if self.classified.kind is RouteKind.UNLOAD:
-            gate.want_reconcile(self.link.consumer.name)
+            gate.unload_asked(self.link.consumer.name)
 
     def timed_out(self, what: object) -> Failure:
         """The runtime did not answer in time: the failure, reported."""

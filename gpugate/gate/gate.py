@@ -46,6 +46,7 @@ from gpugate.gate.link import (
     make_links,
 )
 from gpugate.gate.requests import Requests
+from gpugate.gate.rewarm import Rewarms
 from gpugate.gate.settings import core_settings, resettle
 from gpugate.gate.signals import RECONCILE_INTERVAL, ConsumerSignals
 from gpugate.gate.start_leases import StartLeases
@@ -70,6 +71,9 @@ log = logging.getLogger("gpugate.gate")
 TIMER_FLOOR = 0.05
 """A timer set again after it fired waits at least this long (no spinning on a past deadline)."""
 LOG_INTERVAL = 60.0
+UNLOAD_HURRY = 3.0
+"""Seconds of fast sampling after a runtime was asked to unload through the gate: an idle
+runtime gives its memory back within a second or two of being asked."""
 
 
 class Gate:
@@ -80,8 +84,9 @@ class Gate:
     link.py), `envelopes` (what a model takes: envelopes.py), `signals` (listings and
     health: signals.py), `leases` (admission.py), `jobs` (jobs.py), `requests` (a
     listener's requests: requests.py), `processes` and `starts` (process runtimes:
-    starts.py, start_leases.py), and the unload runner (unloads.py). They hand the core's
-    effects back here (`apply`), and the effect runners report what became of them.
+    starts.py, process_*.py, start_leases.py), and the unload runner (unloads.py). They
+    hand the core's effects back here (`apply`), and the effect runners report what became
+    of them.
     """
 
     def __init__(
@@ -118,6 +123,8 @@ class Gate:
         )
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self.rewarms = Rewarms(self.core, self.links, self.leases, clock, self, self._spawn)
+        """Kept-warm models evicted for a higher class, loaded again (`gate/rewarm.py`)."""
         self._timer_backoff = Backoff(TIMER_FLOOR, 5.0)
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = OncePerInterval(log, LOG_INTERVAL, clock=clock)
@@ -202,8 +209,19 @@ class Gate:
         self.apply(self.core.lifecycles.reported(consumer, report, self.clock(), detail))
 
     def want_reconcile(self, consumer: str) -> None:
-        """Something changed behind the books (an unload request): list residents soon."""
+        """Something changed behind the books: list residents soon."""
         self.signals.want_reconcile(consumer)
+
+    def unload_asked(self, consumer: str) -> None:
+        """A client asked a runtime to unload, through the gate: list its residents and ask
+        after its jobs now, and sample fast for a while, so the memory it gives back is seen
+        (and handed to whoever waits for it, or warmed again) within HURRY_EVERY rather
+        than a whole interval."""
+        self.want_reconcile(consumer)
+        link = self.links.get(consumer)
+        if link is not None:
+            link.jobs_check.set()
+        self.sampler.hurry(UNLOAD_HURRY)
 
     def report(self, failure: Failure) -> None:
         """A failure seen outside the core (an upstream that crashed or could not load)."""
@@ -228,6 +246,7 @@ class Gate:
         if sample.error is not None and self.core.fault is None:
             log.warning("NVML error: %s (%s)", sample.error.message, sample.error.name)
         self.apply(self.core.observe(sample, self.clock()))
+        self.rewarms.check()
         self.jobs.observe(sample)
         self.processes.envelopes.observe()
         # Memory the books cannot explain is usually a model loaded behind the gate's back:
@@ -246,6 +265,8 @@ class Gate:
         one timer at the core's next deadline."""
         if not effects:
             return
+        # Before anything runs: the tickets the unloads are for still wait.
+        self.core.rewarms.note(self.core, effects, self.clock())
         for effect in effects:
             if isinstance(effect, Event):
                 self.events.publish(effect)
@@ -260,7 +281,7 @@ class Gate:
             elif isinstance(effect, Preempt):
                 self._spawn(self._unloads.preempt(effect), f"preempt-{effect.consumer}")
             elif isinstance(effect, (Start, Wake)):
-                self.processes.carry_out(effect)
+                self.processes.launches.carry_out(effect)
             elif isinstance(effect, Overrun):
                 self._overran(effect)
         if timers:

@@ -2,7 +2,8 @@
 
 For each consumer whose runtime has `Jobs`, one loop asks the runtime every
 JOB_POLL_INTERVAL which of the live jobs the runtime no longer has, while the consumer
-has any (it sleeps on an event otherwise), each call bounded by `timeouts.control`. A
+has any (it sleeps on an event otherwise; an unload asked through the gate makes it ask
+at once), each call bounded by `timeouts.control`. A
 call that fails is recorded as a failure of its class (logged once a minute) and the loop
 goes on; a runtime that refuses the connection, or whose memory NVML no longer shows
 after it was seen holding some while its jobs were live, has lost them all: each ends
@@ -20,6 +21,7 @@ books hold nothing for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -224,8 +226,12 @@ class JobWatch:
                 link.jobs_live.clear()
                 await link.jobs_live.wait()
                 continue
+            link.jobs_check.clear()
             await self._track_once(link, jobs)
-            await asyncio.sleep(JOB_POLL_INTERVAL)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(JOB_POLL_INTERVAL):
+                    await link.jobs_check.wait()
 
     async def _track_once(self, link: Link, jobs: Jobs) -> None:
         name = link.consumer.name

@@ -34,6 +34,9 @@ class Link:
     reconcile_wanted: asyncio.Event = attrs.field(factory=asyncio.Event)
     jobs_live: asyncio.Event = attrs.field(factory=asyncio.Event)
     """Set when a tracked job starts: the job loop wakes."""
+    jobs_check: asyncio.Event = attrs.field(factory=asyncio.Event)
+    """Set when a job may have ended out of turn (a client asked the runtime to unload):
+    the job loop asks the runtime now rather than at its next poll."""
     seen_holding: bool = False
     """NVML showed the consumer holding memory while its jobs were live."""
     idle_bytes: int | None = None

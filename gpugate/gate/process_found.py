@@ -21,9 +21,10 @@ from gpugate.gate.admission import Leases
 from gpugate.gate.failure import GateFailure
 from gpugate.gate.link import Link
 from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of
-from gpugate.runtimes.process import ProcessControl, ProcessControlError, SystemdUnit
+from gpugate.runtimes.process import ProcessControl, ProcessControlError
 from gpugate.runtimes.process_find import listening_pids
 from gpugate.runtimes.process_ready import port_open, wait_ready
+from gpugate.runtimes.process_systemd import SystemdUnit
 
 log = logging.getLogger("gpugate.starts")
 

@@ -29,9 +29,21 @@ def core_settings(config: Config, reconcilable: frozenset[str] = frozenset()) ->
         consumer_gpus={c.name: c.cards for c in config.consumers},
         queue_limit={c.name: c.queue_limit for c in config.consumers},
         stale_after=budget.stale_after,
-        planner=PlannerSettings(),
+        planner=planner_settings(config),
         reconcilable=reconcilable,
         preempt={c.name: frozenset(c.preempt) for c in config.consumers if c.preempt},
+    )
+
+
+def planner_settings(config: Config) -> PlannerSettings:
+    """The configuration's `queue` section as the planner and the queue read it."""
+    queue = config.queue
+    return PlannerSettings(
+        equal_class_grace=queue.equal_class_grace,
+        yield_after=queue.yield_after,
+        swap_hold=queue.swap_hold,
+        swap_overtakes=queue.swap_overtakes,
+        swap_window=queue.swap_window,
     )
 
 
@@ -45,6 +57,7 @@ def resettle(core: GateCore, settings: CoreSettings) -> None:
     for gpu, history in telemetry._history.items():
         history.settings = telemetry.reserve_settings(gpu)
     core.scheduler._max_wait = lambda demand: settings.wait_for(demand.priority)
+    core.scheduler.planner = settings.planner
     core.scheduler._queue_limit = lambda name: settings.queue_limit.get(
         name, settings.default_queue_limit
     )

@@ -9,8 +9,9 @@ A runtime whose memory is its process's (its `Lifecycle`) is handled here:
   its port) is adopted, never started twice; otherwise the gate takes a PROCESS-scope
   lease for its envelope (measured once it ran, else configured; it may wait, evict or
   fail like any demand), starts it through its lifecycle's control, and waits for its port
-  and health (`wait_ready`). The answer makes it resident (`process_ready`), whatever
-  NVML shows yet; its bytes follow NVML from there.
+  and health (`wait_ready`): the core's Start (or Wake) carried out by `ProcessLaunches`
+  (process_launch.py). The answer makes it resident (`process_ready`), whatever NVML shows
+  yet; its bytes follow NVML from there.
 * **Failed starts back off** (`StartBackoff`): one failure event per failed start, the
   runtime's output in the gate's log only, and no new start until the backoff ran out: a
   request waits for it when it ends within the request's own wait, and is refused (503
@@ -38,20 +39,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 
 import attrs
 
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
-from gpugate.core.effects import Start, Wake
 from gpugate.core.failures import FailureClass
 from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Lease
 from gpugate.core.units import format_gib
 from gpugate.gate.admission import Leases
-from gpugate.gate.envelopes import EnvelopeBook, cards_of
+from gpugate.gate.envelopes import EnvelopeBook
 from gpugate.gate.failure import GateFailure
 from gpugate.gate.link import Link
 from gpugate.gate.process_absent import StartsUnderWay, health_route, not_up, stand_in
@@ -60,15 +59,10 @@ from gpugate.gate.process_books import LifeReports, ProcessBooks, control_of, pr
 from gpugate.gate.process_ends import ProcessEnds
 from gpugate.gate.process_envelopes import ProcessEnvelopes
 from gpugate.gate.process_found import ProcessFinder
+from gpugate.gate.process_launch import ProcessLaunches
 from gpugate.gate.start_leases import StartLeases
-from gpugate.runtimes.base import ApiFamily, Lifecycle
-from gpugate.runtimes.footprint import Cap
-from gpugate.runtimes.process import (
-    NotReady,
-    ProcessExited,
-    SupervisedCommand,
-)
-from gpugate.runtimes.process_ready import wait_ready
+from gpugate.runtimes.base import ApiFamily
+from gpugate.runtimes.process_supervised import SupervisedCommand
 from gpugate.runtimes.replies import ErrorReply
 
 log = logging.getLogger("gpugate.starts")
@@ -79,20 +73,6 @@ ADOPT_FLOOR = 1024**2
 """The least a lease adopting a running process asks for (it must have bytes to appear)."""
 ATTEMPTS = 3
 """Starts one request may ask for when the process keeps going away under it."""
-
-
-def _short(exc: BaseException) -> str:
-    """An error in one line, without the runtime's own output (that goes to the gate's log)."""
-    if isinstance(exc, ProcessExited):
-        return f"the process exited before it was ready ({exc.exit.describe()})"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _output(exc: BaseException) -> str:
-    """The runtime's last lines, for the gate's log line (one line)."""
-    stderr = getattr(exc, "stderr", "") or ""
-    lines = [x for x in stderr.splitlines() if x.strip()][-5:]
-    return f"; its last output: {' | '.join(lines)}" if lines else ""
 
 
 class ProcessStarts:
@@ -119,17 +99,16 @@ class ProcessStarts:
         self.reports = reports
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._outcomes: dict[str, asyncio.Future[None]] = {}
-        """The start each consumer's waiting request awaits: done once reported."""
         self.envelopes = ProcessEnvelopes(core, links, book)
         self.books = ProcessBooks(core, book, starts, clock)
         self.finder = ProcessFinder(leases, self.books, reports)
         self.under_way = StartsUnderWay()
         self._warming: dict[str, asyncio.Task[None]] = {}
         """The start of each always_warm process at the gate's start, for `warm`."""
-        self._last_failure: dict[str, str] = {}
-        """Why each consumer's last start failed, in one line (cleared once it is up)."""
         self.ends = ProcessEnds(core, self.books, self.envelopes, reports, self._restart)
+        self.launches = ProcessLaunches(
+            core, links, clock, reports, self.envelopes, self.books, self._spawn, self._warm_again
+        )
         for link in links.values():
             process = control_of(link)
             if process is None:
@@ -282,106 +261,16 @@ class ProcessStarts:
         name = link.consumer.name
         self.ends.starting(name)
         outcome = asyncio.get_running_loop().create_future()
-        self._outcomes[name] = outcome
+        self.launches.outcomes[name] = outcome
         self.reports.start_process(lease)
         life = self.core.lifecycle(name)
         if life is None or life.state is not LifeState.STARTING or life.start_lease != lease.id:
-            self._outcomes.pop(name, None)
+            self.launches.outcomes.pop(name, None)
             self.leases.release(lease, failed=True)
             state = life.state.value if life is not None else "without a lifecycle"
             what = f"it could not be started: it is {state}"
             raise GateFailure(self.books.failure(link, FailureClass.RUNTIME_CRASH, what))
         await outcome
-
-    def carry_out(self, effect: Start | Wake) -> None:
-        """Carry out the core's Start or Wake through the runtime's lifecycle interface."""
-        link = self.links.get(effect.consumer)
-        lifecycle = link.runtime.lifecycle if link is not None else None
-        if link is None or lifecycle is None or lifecycle.control is None:
-            self.reports.life_report(effect.consumer, LifeReport.START_FAILED, "no control")
-            return
-        self._spawn(self._carry_out(link, lifecycle, effect), f"start-{effect.consumer}")
-
-    async def _carry_out(self, link: Link, lifecycle: Lifecycle, effect: Start | Wake) -> None:
-        process = lifecycle.control
-        assert process is not None
-        name = link.consumer.name
-        control = link.consumer.control
-        health = control.health if control is not None else "/health"
-        timeout = control.start_timeout if control is not None else 60.0
-        started = self.clock()
-        outcome = self._outcomes.pop(name, None)
-        self.envelopes.starting(name)
-        waking = isinstance(effect, Wake)
-        try:
-            if waking:
-                await process.wake()
-            else:
-                devices = self._devices(effect.lease) if len(link.consumer.cards) > 1 else None
-                cap = self._cap(link, lifecycle, effect.lease)
-                await process.start(devices=devices, cap=cap)
-                if cap is not None and isinstance(process, SupervisedCommand):
-                    _told(name, process, cap)
-            await wait_ready(link.consumer.upstream.url, health, timeout, process=process)
-        except Exception as exc:
-            if not waking:
-                with contextlib.suppress(Exception):
-                    await process.stop()
-                lifecycle.process_ended()
-            verb = "wake" if waking else "start"
-            self.reports.life_report(
-                name, LifeReport.START_FAILED, f"its {verb} failed: {_short(exc)}"
-            )
-            retry = self.core.start_wait(name, self.clock())
-            cls = FailureClass.TIMEOUT if isinstance(exc, NotReady) else FailureClass.RUNTIME_CRASH
-            what = f"its {verb} failed: {_short(exc)}"
-            what += f"; next start in {math.ceil(retry)}s at the earliest"
-            failure = attrs.evolve(self.books.failure(link, cls, what), retry_after=retry)
-            log.warning("%s could not be %s: %s%s", name,
-                        "woken" if waking else "started", _short(exc), _output(exc))  # fmt: skip
-            self._last_failure[name] = what
-            self.reports.report(failure)
-            if self._always_warm(link):
-                self._spawn(self._keep_warm(link), f"restart-{name}")
-            if outcome is not None and not outcome.done():
-                outcome.set_exception(GateFailure(failure))
-            return
-        except BaseException:
-            if outcome is not None and not outcome.done():
-                outcome.cancel()
-            raise
-        lease = self.core.lease(effect.lease)
-        if lease is not None:
-            self.envelopes.started(lease.key)
-        self.reports.life_report(name, LifeReport.UP)
-        self._last_failure.pop(name, None)
-        log.info(
-            "%s %s under lease %d (%.1fs to ready)",
-            name, "woken" if waking else "started", effect.lease, self.clock() - started,
-        )  # fmt: skip
-        if outcome is not None and not outcome.done():
-            outcome.set_result(None)
-
-    def _cap(self, link: Link, lifecycle: Lifecycle, lease_id: int) -> Cap | None:
-        """What the runtime is told of the most its start lease lets it take (its memory
-        part's knob: a single-model llama-server's `-c`); None where it has none."""
-        lease = self.core.lease(lease_id)
-        if lease is None:
-            return None
-        model = lifecycle.process_model()
-        nbytes, cards = lease.demand.envelope, cards_of(self.core, link.consumer)
-        return link.runtime.memory.cap(model, nbytes, cards)
-
-    def _devices(self, lease_id: int) -> str | None:
-        """CUDA_VISIBLE_DEVICES for a start on the GPU its lease was placed on: the GPU's
-        UUID (the same card whatever order CUDA counts in), else its index."""
-        lease = self.core.lease(lease_id)
-        if lease is None:
-            return None
-        observation = self.core.observation(lease.gpu)
-        if observation is not None and observation.uuid:
-            return observation.uuid
-        return str(lease.gpu)
 
     # -- the gate's own start and stop -----------------------------------------------------
 
@@ -417,7 +306,7 @@ class ProcessStarts:
             if self._always_warm(link) or found is LifeReport.FOUND_UP:
                 await self.ensure_running(link, priority)
         except GateFailure as exc:
-            self._last_failure.setdefault(link.consumer.name, exc.failure.message)
+            self.launches.last_failure.setdefault(link.consumer.name, exc.failure.message)
             log.warning("%s at the gate's start: %s", link.consumer.name, exc.failure.message)
 
     async def warm(self) -> list[str]:
@@ -437,7 +326,7 @@ class ProcessStarts:
                 wait = None
                 if queued:
                     wait = f"{format_gib(queued[0].demand.envelope)} on GPU {queued[0].demand.gpu}"
-                why = not_up(life, timeouts[name], self._last_failure.get(name), wait)
+                why = not_up(life, timeouts[name], self.launches.last_failure.get(name), wait)
                 missing.append(f"{name} not up: {why}")
         return missing
 
@@ -454,6 +343,11 @@ class ProcessStarts:
             retry = self.core.start_wait(name, self.clock())
             log.info("%s is always_warm: starting it again in %.1fs", name, retry)
             self._spawn(self._keep_warm(link), f"restart-{name}")
+
+    def _warm_again(self, link: Link) -> None:
+        """After a start that failed: an always_warm one starts again, after its backoff."""
+        if self._always_warm(link):
+            self._spawn(self._keep_warm(link), f"restart-{link.consumer.name}")
 
     async def _keep_warm(self, link: Link) -> None:
         """Start an always_warm process again after it ended, once its backoff allows."""
@@ -487,13 +381,3 @@ class ProcessStarts:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-
-def _told(name: str, process: SupervisedCommand, cap: Cap) -> None:
-    """Log the cap a started command was told, or the operator's own setting it kept."""
-    if process.kept is not None:
-        log.info("%s: started with its own %s (the gate's cap, %s, not added)",
-                 name, process.kept, " ".join(cap.args))  # fmt: skip
-    elif cap.args:
-        log.info("%s: started with %s, the most its lease lets it take", name,
-                 " ".join(cap.args))  # fmt: skip

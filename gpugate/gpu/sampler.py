@@ -40,6 +40,10 @@ from gpugate.gpu.nvml import DeviceSample, HostSample, NvmlError, NvmlReader, li
 
 _log = logging.getLogger("gpugate.sampler")
 
+HURRY_EVERY = 0.05
+"""Seconds between samples while memory is about to move (`Sampler.hurry`): an NVML read
+and the /proc walk cost about a millisecond, so a few seconds of this cost little."""
+
 
 class DeviceReader(Protocol):
     """What the sampler needs of NVML (`NvmlReader`, or a fake)."""
@@ -73,6 +77,8 @@ class Sampler:
         self._running: asyncio.Task[HostObservation] | None = None
         self._queued: asyncio.Task[HostObservation] | None = None
         self._poked: asyncio.Event | None = None
+        self._hurry_until = -math.inf
+        """Loop time until which `run()` samples every HURRY_EVERY seconds (see `hurry`)."""
         self.latest: HostObservation | None = None
         """The most recent observation, whoever asked for it."""
         self._closing = threading.Lock()
@@ -190,6 +196,16 @@ class Sampler:
         if self._poked is not None:
             self._poked.set()
 
+    def hurry(self, window: float) -> None:
+        """Sample now and every HURRY_EVERY seconds for the next `window` seconds: memory
+        is about to move (a runtime was asked to unload), and what comes back should be
+        seen in a tenth of the interval, not at the next tick."""
+        if self._poked is None:
+            return
+        until = asyncio.get_running_loop().time() + window
+        self._hurry_until = max(self._hurry_until, until)
+        self._poked.set()
+
     async def run(
         self,
         interval: float,
@@ -227,7 +243,7 @@ class Sampler:
                     continue
                 failures = 0
                 now = loop.time()
-                delay = next_tick(start, interval, now) - now
+                delay = next_delay(start, interval, now, self._hurry_until)
                 if delay > 0 and not poked.is_set():
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(delay):
@@ -235,6 +251,15 @@ class Sampler:
         finally:
             if self._poked is poked:
                 self._poked = None
+
+
+def next_delay(start: float, interval: float, now: float, hurry_until: float) -> float:
+    """Seconds to the next sample: the next tick on the grid, or HURRY_EVERY while a hurry
+    lasts (never past the hurry's end, so the last hurried sample sees its whole window)."""
+    delay = next_tick(start, interval, now) - now
+    if now < hurry_until:
+        delay = min(delay, HURRY_EVERY, max(hurry_until - now, 0.0))
+    return delay
 
 
 def next_tick(start: float, interval: float, now: float) -> float:

@@ -2,8 +2,8 @@
 
 A record is appended to a bounded buffer in memory; one task commits what has gathered
 every FLUSH_INTERVAL in one transaction, so neither a request nor the event loop waits
-on the disk or on the database thread per row. Schema changes are numbered migrations
-applied in order at open (`schema.py`).
+on the disk or on the database thread per row (`buffer.py`). Schema changes are numbered
+migrations (`schema.py`) applied in order at open (`sql.py`, which holds every statement).
 
 A lease that loaded a model, waited or holds a job or process gets a row of its own in
 `leases`. A request served from a resident model at once is routine, and a busy listener
@@ -16,10 +16,8 @@ The database may refuse writes for a while: another process holds a write transa
 (`database is locked`) or the disk is full (`database or disk is full`). Admission never
 depends on the store, so the gate goes on; the batch is rolled back and put back at the
 front of the buffer, and the writer tries again with a backoff that doubles up to
-RETRY_MAX. What fits in the buffer is written once the database takes writes again. When
-the buffer is full the **oldest** record is dropped, because the newest ones describe
-the state an operator will look at (and a newer envelope supersedes an older one), and
-every drop is counted by kind (`gpugate_store_dropped_total`). A write failure is not a
+RETRY_MAX. What fits in the buffer is written once the database takes writes again; when
+it is full the oldest record is dropped and counted (`buffer.py`). A write failure is not a
 failure event: the failure classes describe what happened to a GPU request, and an event
 about the store would go into the store that cannot take it. It is a warning logged once
 per LOG_INTERVAL with a count, and the counters and gauges in `metrics.py`.
@@ -38,11 +36,8 @@ would stop every write for good while the gate went on as if nothing happened.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,19 +47,30 @@ import aiosqlite
 from gpugate.core.effects import Event
 from gpugate.core.tickets import Lease
 from gpugate.logs import OncePerInterval
+from gpugate.store.buffer import RecordBuffer
 from gpugate.store.schema import (
-    HISTORY_COLUMNS,
-    INSERT,
     MIGRATIONS,
     HistoryPoint,
     MeasuredEnvelope,
-    MinuteKey,
-    MinuteTally,
-    Record,
     RecordKind,
+    envelope_row,
+    event_row,
+    history_row,
     minute_key,
     routine,
-    row_of,
+)
+from gpugate.store.sql import (
+    build_rows,
+    close_database,
+    delete_history,
+    insert_batch,
+    insert_each,
+    open_database,
+    pragma,
+    read_envelopes,
+    read_history,
+    refused,
+    target,
 )
 
 __all__ = ["MIGRATIONS", "HistoryPoint", "MeasuredEnvelope", "RecordKind", "Store"]
@@ -73,8 +79,6 @@ log = logging.getLogger("gpugate.store")
 
 FLUSH_INTERVAL = 0.5
 """Seconds between commits of what has been recorded."""
-ROWS_PER_TURN = 256
-"""Rows of a batch built between two turns of the event loop (about a millisecond)."""
 BUFFER_LIMIT = 10_000
 """Records kept while the database refuses writes; beyond it the oldest are dropped."""
 BUSY_TIMEOUT = 1.0
@@ -84,15 +88,7 @@ RETRY_MAX = 30.0
 """Backoff between write attempts while the database refuses them."""
 CLOSE_TIMEOUT = 5.0
 """At close, how long the last write may take before what is left is given up."""
-CLOSE_DB_TIMEOUT = 0.5
-"""At close, how long closing the connection may take after the last write."""
 LOG_INTERVAL = 60.0
-
-
-def refused(exc: BaseException) -> bool:
-    """Whether an error is the database refusing writes (locked, full, read-only, I/O),
-    worth retrying, rather than one record it cannot take (a constraint, a bad value)."""
-    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
 
 
 class Store:
@@ -108,23 +104,15 @@ class Store:
     ) -> None:
         self.path = path
         self._wall = wall_clock
-        self.limit = limit
         self.busy_timeout = busy_timeout
         self._db: aiosqlite.Connection | None = None
-        self._buffer: collections.deque[Record] = collections.deque()
-        self._inflight: list[Record] = []
-        self._seq = 0
-        self._minutes: dict[MinuteKey, MinuteTally] = {}
-        """The minute tallies whose records are still in the buffer."""
-        self._flushed: list[tuple[int, asyncio.Future[None]]] = []
+        self._buffer = RecordBuffer(limit)
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._closing = False
         self._writer: asyncio.Task[None] | None = None
         self._retry = 0.0
         self._warn = OncePerInterval(log, LOG_INTERVAL)
-        self.dropped: dict[RecordKind, int] = dict.fromkeys(RecordKind, 0)
-        """Records given up, by kind: the buffer was full, or the gate stopped first."""
         self.write_failures = 0
         """Write attempts the database refused."""
         self.last_error: str | None = None
@@ -137,7 +125,12 @@ class Store:
     @property
     def buffered(self) -> int:
         """Records not yet committed."""
-        return len(self._buffer) + len(self._inflight)
+        return self._buffer.buffered
+
+    @property
+    def dropped(self) -> dict[RecordKind, int]:
+        """Records given up, by kind: the buffer was full, or the gate stopped first."""
+        return self._buffer.dropped
 
     @property
     def opened(self) -> bool:
@@ -158,24 +151,10 @@ class Store:
 
     async def _connect(self) -> bool:
         """Open and migrate the file; False (logged, counted, backoff set) when it cannot."""
-        target = ":memory:" if self.path is None else str(self.path)
-        db: aiosqlite.Connection | None = None
+        file = target(self.path)
         try:
-            if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = aiosqlite.connect(target, timeout=self.busy_timeout)
-            thread = getattr(db, "_thread", None)
-            if isinstance(thread, threading.Thread):
-                # The interpreter waits for every non-daemon thread at exit: a SQLite call
-                # stuck on a hung filesystem would keep a stopped gate alive for good. A
-                # transaction cut short is rolled back from the journal at the next open.
-                thread.daemon = True
-            await db
-            await db.execute("PRAGMA journal_mode=WAL")
-            await self._migrate(db)
+            db = await open_database(self.path, self.busy_timeout)
         except Exception as exc:
-            if db is not None:
-                await self._close_connection(db)
             self.write_failures += 1
             self.last_error = f"cannot open: {exc}"
             self._back_off()
@@ -183,7 +162,7 @@ class Store:
                 f"open:{exc}",
                 "store: cannot open %s (%s); serving without the database, %d records kept,"
                 " retry in %.1fs",
-                target,
+                file,
                 exc,
                 self.buffered,
                 self._retry,
@@ -191,7 +170,7 @@ class Store:
             return False
         self._db = db
         if self._opened_once or self.last_error is not None:
-            log.info("store: opened %s after %d failed attempts", target, self.write_failures)
+            log.info("store: opened %s after %d failed attempts", file, self.write_failures)
         self._opened_once = True
         self.last_error = None
         self._retry = 0.0
@@ -213,40 +192,23 @@ class Store:
                 await asyncio.wait({writer})
             elif not writer.cancelled() and writer.exception() is not None:
                 log.error("store: the writer for %s stopped: %r", self.path, writer.exception())
-            self._requeue()
-        left = [*self._inflight, *self._buffer]
+            self._buffer.requeue()
+        left = self._buffer.give_up()
         if left:
-            for _, kind, _ in left:
-                self.dropped[kind] += 1
             log.warning(
                 "store: %d records were not written to %s before the gate stopped: %s",
-                len(left),
+                left,
                 self.path,
                 self.last_error or "the last write did not finish in time",
             )
-            self._buffer.clear()
-            self._inflight = []
-        self._settle()
+        self._buffer.settle()
         if self._db is not None:
             db, self._db = self._db, None
-            await self._close_connection(db)
-
-    async def _close_connection(self, db: aiosqlite.Connection) -> None:
-        """Close a connection within CLOSE_DB_TIMEOUT; past it, the (daemon) thread is told
-        to stop once its current call returns, and the gate does not wait for it."""
-        closing = asyncio.ensure_future(db.close())
-        await asyncio.wait({closing}, timeout=CLOSE_DB_TIMEOUT)
-        if not closing.done():
-            closing.cancel()
-            db.stop()
-        elif not closing.cancelled() and closing.exception() is not None:
-            log.warning("store: closing %s: %s", self.path, closing.exception())
+            await close_database(db, self.path)
 
     async def schema_version(self) -> int:
         assert self._db is not None
-        async with self._db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
+        return await pragma(self._db, "PRAGMA user_version")
 
     async def set_max_page_count(self, pages: int) -> int:
         """Cap the file at `pages` pages (SQLite's `max_page_count`); returns the cap in force.
@@ -255,55 +217,17 @@ class Store:
         file past it fails as a full disk does (SQLITE_FULL).
         """
         assert self._db is not None
-        async with self._db.execute(f"PRAGMA max_page_count = {int(pages)}") as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
+        return await pragma(self._db, f"PRAGMA max_page_count = {int(pages)}")
 
     async def page_count(self) -> int:
         """The file's size in pages."""
         assert self._db is not None
-        async with self._db.execute("PRAGMA page_count") as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
-
-    async def _migrate(self, db: aiosqlite.Connection) -> None:
-        async with db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        version = int(row[0]) if row else 0
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await db.executescript(script)
-            await db.execute(f"PRAGMA user_version = {number}")
-            await db.commit()
+        return await pragma(self._db, "PRAGMA page_count")
 
     # -- writes (buffered) -----------------------------------------------------------------
 
-    def _append(self, kind: RecordKind, params: tuple[object, ...] | MinuteTally) -> None:
-        if len(self._buffer) >= self.limit:
-            self._drop_oldest()
-        self._seq += 1
-        self._buffer.append((self._seq, kind, params))
-
-    def _drop_oldest(self) -> None:
-        _, kind, record = self._buffer.popleft()
-        self.dropped[kind] += 1
-        if isinstance(record, MinuteTally) and self._minutes.get(record.key) is record:
-            del self._minutes[record.key]
-
     def record_event(self, event: Event) -> None:
-        failure = event.failure.failure_class.value if event.failure else None
-        self._append(
-            RecordKind.EVENT,
-            (
-                self._wall(),
-                event.kind.value,
-                event.consumer,
-                event.model,
-                event.gpu,
-                event.bytes,
-                failure,
-                event.detail,
-            ),
-        )
+        self._buffer.append(RecordKind.EVENT, event_row(event, self._wall()))
 
     def record_lease(self, lease: Lease, held: float, outcome: str) -> None:
         """A finished lease, for the history tables: a row of its own (built when the batch
@@ -311,45 +235,22 @@ class Store:
         minute's row."""
         wall = self._wall()
         if routine(lease):
-            key = minute_key(lease, outcome, wall)
-            tally = self._minutes.get(key)
-            if tally is None:
-                tally = self._minutes[key] = MinuteTally(key)
-                self._append(RecordKind.LEASE_MINUTE, tally)
-            tally.add(held)
+            self._buffer.count_minute(minute_key(lease, outcome, wall), held)
             return
-        self._append(RecordKind.LEASE, (lease, held, outcome, wall))
+        self._buffer.append(RecordKind.LEASE, (lease, held, outcome, wall))
 
     def record_envelope(self, envelope: MeasuredEnvelope) -> None:
-        self._append(
-            RecordKind.ENVELOPE,
-            (
-                envelope.consumer,
-                envelope.model,
-                envelope.options,
-                envelope.bytes,
-                envelope.measured if envelope.measured is not None else self._wall(),
-                envelope.scale,
-                envelope.runtime_version,
-            ),
-        )
+        self._buffer.append(RecordKind.ENVELOPE, envelope_row(envelope, self._wall))
 
     def record_history(self, point: HistoryPoint) -> None:
         """One GPU's minute snapshot (buffered like every other record)."""
-        self._append(
-            RecordKind.HISTORY,
-            (
-                *(getattr(point, name) for name in HISTORY_COLUMNS[:-2]),
-                int(point.pressure),
-                point.rows,
-            ),
-        )
+        self._buffer.append(RecordKind.HISTORY, history_row(point))
 
     async def flush(self) -> None:
         """Wait until everything recorded so far is committed (or dropped to make room)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._flushed.append((self._seq, done))
-        self._settle()
+        self._buffer.wait_for(done)
+        self._buffer.settle()
         self._wake.set()
         await done
 
@@ -364,11 +265,7 @@ class Store:
         """The measured envelopes; none while the file is not open."""
         if self._db is None:
             return []
-        async with self._db.execute(
-            "SELECT consumer, model, options, bytes, scale, runtime_version, measured"
-            " FROM envelopes ORDER BY consumer, model, options"
-        ) as cursor:
-            return [MeasuredEnvelope(*row) async for row in cursor]
+        return await read_envelopes(self._db)
 
     async def history(
         self, gpu: int | None, since: float, step: float = 60.0
@@ -377,31 +274,14 @@ class Store:
         while the file is not open."""
         if self._db is None:
             return []
-        # SQLite takes the bare columns of a group from the row that has its max(wall).
-        columns = ", ".join("max(wall)" if c == "wall" else c for c in HISTORY_COLUMNS)
-        where = "wall >= ?" + ("" if gpu is None else " AND gpu = ?")
-        params: tuple[object, ...] = (since,) if gpu is None else (since, gpu)
-        query = (
-            f"SELECT {columns}, min(schedulable), count(*) FROM history WHERE {where}"
-            f" GROUP BY gpu, CAST(wall / {float(max(step, 1.0))!r} AS INTEGER)"
-            " ORDER BY gpu, 2"
-        )
-        async with self._db.execute(query, params) as cursor:
-            points = []
-            async for row in cursor:
-                *fields, low, count = row
-                fields[14] = bool(fields[14])
-                points.append(HistoryPoint(*fields, schedulable_min=low if count > 1 else None))
-            return points
+        return await read_history(self._db, gpu, since, step)
 
     async def prune_history(self, before: float) -> int:
         """Delete snapshots older than `before` (wall clock); how many went."""
         async with self._write_lock:
             if self._db is None:
                 return 0
-            cursor = await self._db.execute("DELETE FROM history WHERE wall < ?", (before,))
-            await self._db.commit()
-            return cursor.rowcount
+            return await delete_history(self._db, before)
 
     # -- the writer ------------------------------------------------------------------------
 
@@ -426,42 +306,34 @@ class Store:
     async def _write_pending(self) -> bool:
         if self._db is None:
             return False
-        if not self._buffer:
+        if not self._buffer.waiting:
             return True
         db = self._db
-        batch = list(self._buffer)
-        self._buffer.clear()
-        # Tallies taken now are not added to any more: later leases start new ones.
-        self._minutes.clear()
-        self._inflight = batch
+        batch = self._buffer.take()
         try:
-            rows = await self._rows(batch)
-            self._inflight = [record for record, _ in rows]
+            rows = await build_rows(batch, self._unwritable)
+            self._buffer.inflight = [record for record, _ in rows]
             try:
                 # One statement per kind of row for the whole batch, in one transaction.
-                grouped: dict[RecordKind, list[tuple[object, ...]]] = {}
-                for (_, kind, _), row in rows:
-                    grouped.setdefault(kind, []).append(row)
-                for kind, kind_rows in grouped.items():
-                    await db.executemany(INSERT[kind], kind_rows)
+                await insert_batch(db, rows)
             except Exception as exc:
                 if refused(exc):
                     raise
                 # One record the database cannot take: the others must not wait on it.
                 await db.rollback()
-                gone = await self._insert_each(db, rows)
-                self._inflight = [r for r in self._inflight if r[0] not in gone]
+                gone = await insert_each(db, rows, self._unwritable)
+                self._buffer.inflight = [r for r in self._buffer.inflight if r[0] not in gone]
             await db.commit()
         except Exception as exc:
             if not refused(exc):
                 raise
             with contextlib.suppress(Exception):
                 await db.rollback()
-            self._requeue()
+            self._buffer.requeue()
             self._failed(exc)
-            self._settle()
+            self._buffer.settle()
             return False
-        self._inflight = []
+        self._buffer.inflight = []
         if self.last_error is not None:
             log.info(
                 "store: writes to %s resumed after %d failed attempts; %d records dropped",
@@ -471,40 +343,8 @@ class Store:
             )
         self.last_error = None
         self._retry = 0.0
-        self._settle()
+        self._buffer.settle()
         return True
-
-    async def _rows(self, batch: list[Record]) -> list[tuple[Record, tuple[object, ...]]]:
-        """Each record with its row; a record that cannot be made a row is dropped."""
-        rows = []
-        for i, record in enumerate(batch, 1):
-            _, kind, params = record
-            try:
-                rows.append((record, row_of(kind, params)))
-            except Exception as exc:
-                self._unwritable(kind, exc)
-            if i % ROWS_PER_TURN == 0:
-                # A batch kept while the database refused writes can be thousands of rows:
-                # built in turns, the requests waiting meanwhile are served.
-                await asyncio.sleep(0)
-        return rows
-
-    async def _insert_each(
-        self, db: aiosqlite.Connection, rows: list[tuple[Record, tuple[object, ...]]]
-    ) -> set[int]:
-        """Insert row by row (slow, only after a batch failed), dropping the rows the
-        database cannot take (their sequence numbers are returned); a refusal of the
-        database itself propagates."""
-        gone = set()
-        for (seq, kind, _), row in rows:
-            try:
-                await db.execute(INSERT[kind], row)
-            except Exception as exc:
-                if refused(exc):
-                    raise
-                self._unwritable(kind, exc)
-                gone.add(seq)
-        return gone
 
     def _unwritable(self, kind: RecordKind, exc: Exception) -> None:
         self.dropped[kind] += 1
@@ -516,14 +356,6 @@ class Store:
             type(exc).__name__,
             exc,
         )
-
-    def _requeue(self) -> None:
-        """Put the batch being written back at the front of the buffer."""
-        if self._inflight:
-            self._buffer.extendleft(reversed(self._inflight))
-            self._inflight = []
-            while len(self._buffer) > self.limit:
-                self._drop_oldest()
 
     def _back_off(self) -> None:
         self._retry = min(RETRY_MAX, self._retry * 2) if self._retry else RETRY_INITIAL
@@ -545,7 +377,7 @@ class Store:
     def _broken(self, exc: Exception) -> None:
         """The writer met an error it has no rule for: counted and logged like a refused
         write (the store shows as down), the batch kept, and the writer goes on."""
-        self._requeue()
+        self._buffer.requeue()
         self.write_failures += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
         self._back_off()
@@ -559,20 +391,4 @@ class Store:
             self.buffered,
             self._retry,
         )
-        self._settle()
-
-    def _settle(self) -> None:
-        """Wake the flushes whose records are all committed or dropped."""
-        pending = self._inflight[0][0] if self._inflight else None
-        if pending is None and self._buffer:
-            pending = self._buffer[0][0]
-        settled = self._seq if pending is None else pending - 1
-        still = []
-        for target, done in self._flushed:
-            if done.done():
-                continue
-            if target <= settled:
-                done.set_result(None)
-            else:
-                still.append((target, done))
-        self._flushed = still
+        self._buffer.settle()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
+from gpugate.core.effects import Event
 from gpugate.core.tickets import Lease, LeaseScope
 
 MIGRATIONS: Sequence[str] = (
@@ -196,6 +197,44 @@ def lease_row(lease: Lease, held: float, outcome: str, wall: float) -> tuple[obj
         lease.waited,
         held,
         outcome,
+    )
+
+
+def event_row(event: Event, wall: float) -> tuple[object, ...]:
+    """An event's row in the `events` table (`wall`: when it was recorded)."""
+    failure = event.failure.failure_class.value if event.failure else None
+    return (
+        wall,
+        event.kind.value,
+        event.consumer,
+        event.model,
+        event.gpu,
+        event.bytes,
+        failure,
+        event.detail,
+    )
+
+
+def envelope_row(envelope: MeasuredEnvelope, wall: Callable[[], float]) -> tuple[object, ...]:
+    """A measured envelope's row in the `envelopes` table (`wall` gives the time of a
+    measurement that has none)."""
+    return (
+        envelope.consumer,
+        envelope.model,
+        envelope.options,
+        envelope.bytes,
+        envelope.measured if envelope.measured is not None else wall(),
+        envelope.scale,
+        envelope.runtime_version,
+    )
+
+
+def history_row(point: HistoryPoint) -> tuple[object, ...]:
+    """A GPU's minute snapshot's row in the `history` table."""
+    return (
+        *(getattr(point, name) for name in HISTORY_COLUMNS[:-2]),
+        int(point.pressure),
+        point.rows,
     )
 
 

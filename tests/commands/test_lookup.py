@@ -26,7 +26,7 @@ from gpugate.commands import status as status_command
 from gpugate.commands.exits import Exit
 from gpugate.config import paths
 from gpugate.config.model import Address
-from tests.gate.harness import free_port
+from tests.ports import free_port
 
 NO_NVML = "no NVML on this machine"
 

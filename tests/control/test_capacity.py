@@ -26,10 +26,10 @@ from gpugate.core.units import GiB, MiB
 from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
-from gpugate.serve import serve
 from tests.control.operated import Clock
 from tests.gate.fakes import FakeAttributor, FakeGpu, FakeUpstream
-from tests.gate.harness import free_port, free_ports
+from tests.ports import free_port, free_ports
+from tests.serving import serving
 
 STALE_AFTER = 3600.0
 CONFIG = """\
@@ -449,14 +449,8 @@ async def test_serve_starts_the_responder_beside_the_control_listener(tmp_path):
         def make_gate(cfg):
             return Gate(cfg, Sampler(FakeGpu(), FakeAttributor()))
 
-        ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        stop = asyncio.Event()
-        task = asyncio.create_task(
-            serve(config, stop, on_ready=ready.set_result, gate_factory=make_gate)
-        )
-        try:
-            lines = await asyncio.wait_for(asyncio.shield(ready), 20)
-            (line,) = [x for x in lines if "agent-check on" in x]
+        async with serving(config, gate_factory=make_gate) as served:
+            (line,) = [x for x in served.lines if "agent-check on" in x]
             where = line.split(" on ")[1].split(" ")[0]
             host, _, port = where.rpartition(":")
             reader, writer = await asyncio.open_connection(host, int(port))
@@ -464,9 +458,6 @@ async def test_serve_starts_the_responder_beside_the_control_listener(tmp_path):
             answer = await asyncio.wait_for(reader.read(), 5)
             writer.close()
             assert answer.startswith(b"up ready ") and answer.endswith(b"%\n")
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
         # Closed with the gate.
         with pytest.raises(OSError):
             await asyncio.open_connection(host, int(port))

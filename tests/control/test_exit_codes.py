@@ -16,7 +16,7 @@ from gpugate.commands.exits import Exit, for_answer
 from gpugate.config.paths import DEFAULT_CONFIG_PATHS
 from gpugate.core.failures import FailureClass
 from tests.control.conftest import CONTROL_TOKEN, admin
-from tests.gate.harness import free_port
+from tests.ports import free_port
 
 
 @pytest.fixture(autouse=True)

@@ -67,6 +67,8 @@ async def test_the_errors_routes_answer_for_bad_input_are_documented(stack):
             ("get", "/gate/v1/stream?class=vip", "/gate/v1/stream"),
             ("get", "/gate/v1/history?gpu=x", "/gate/v1/history"),
             ("get", "/gate/v1/leases?scope=x", "/gate/v1/leases"),
+            ("get", "/gate/v1/queue?gpu=x", "/gate/v1/queue"),
+            ("get", "/gate/v1/queue?consumer=nosuch", "/gate/v1/queue"),
             ("post", "/gate/v1/leases", "/gate/v1/leases"),
             ("post", "/gate/v1/leases?big", "/gate/v1/leases"),
         ]

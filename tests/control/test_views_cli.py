@@ -56,7 +56,9 @@ async def test_leases_lists_requests_and_explicit_leases(stack, tmp_path):
         assert resp.status == 201, lease
     code, out, err = await gpugate(stack, tmp_path, "leases", "--json")
     assert code == 0, err
-    (row,) = json.loads(out)
+    document = json.loads(out)
+    assert document["queue"] == []
+    (row,) = document["leases"]
     assert (row["id"], row["explicit"], row["bytes"]) == (lease["id"], True, 2 * GiB)
     assert row["scope"] == "explicit"
     assert 0 < row["expires_in"] <= 60

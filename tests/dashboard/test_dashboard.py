@@ -18,7 +18,7 @@ import yaml
 
 from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.dashboard.cdp import CHROMIUM, chromium_page
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"

@@ -23,8 +23,8 @@ import attrs
 from tests.clihost import GateProcess, HostProcess, running_host
 from tests.faults.oraclegen import WHISPER_MODELS
 from tests.faults.stack import CLASSES, MODELS
-from tests.gate.harness import free_ports
 from tests.oracle.oracle import start_oracle
+from tests.ports import free_ports
 
 COMFY_FILES = {"checkpoints": {"v1-5-pruned-emaonly-fp16.safetensors": 2034}}  # MiB
 

@@ -46,8 +46,8 @@ from gpugate_sim.device import SimDevice, SimulatedGpuHost
 from gpugate_sim.shim import STATE_ENV
 from gpugate_sim.whisper.transcript import wav_bytes
 from tests.faults.realgen import ROUTER_MODELS, Case, Corpus, Target
-from tests.gate.harness import free_port
 from tests.llamaserver.gguf_models import write_models_dir
+from tests.ports import free_port
 from tests.whisper.conftest import Models
 from tests.whisper.gated import Gated, gate_before
 from tests.whisper.ggml_models import write_english, write_multilingual

@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 import aiohttp
 import attrs
+from multidict import CIMultiDict
 
 from tests.clihost import GateProcess, HostProcess, running_host
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 
 MODELS = {"gemma3:12b": 7796, "llama3.2:3b": 3200, "bge-m3": 2012}  # MiB
 """Models of the simulated Ollama, each with its envelope in the gate's config."""
@@ -213,13 +214,14 @@ async def eventually(
 
 async def post(
     url: str, body: Any, *, timeout: float = 20.0, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    """POST JSON; status, headers and the whole body."""
+) -> tuple[int, CIMultiDict[str], bytes]:
+    """POST JSON; status, headers (any case: Go's server writes names canonical, so the
+    gate's `X-GPUGate-*` reach an Ollama client as `X-Gpugate-*`) and the whole body."""
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
         session.post(url, json=body, headers=headers) as resp,
     ):
-        return resp.status, dict(resp.headers), await resp.read()
+        return resp.status, CIMultiDict(resp.headers), await resp.read()
 
 
 def failures(events: list[dict[str, Any]], failure_class: str) -> list[dict[str, Any]]:

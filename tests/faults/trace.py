@@ -40,6 +40,7 @@ from pathlib import Path
 
 import aiohttp
 import attrs
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.device import GpuOutOfMemory, SimulatedGpuHost
@@ -146,7 +147,7 @@ class Run:
         body = {"prompt": txt2img(seed=rng.randint(1, 10**6), steps=2), "client_id": "trace"}
         async with session.post(self.urls["comfyui"] + "/prompt", json=body) as r:
             await r.read()
-            self.outcomes[f"comfy: {r.status}"] += 1
+            self.outcomes[f"comfy: {r.status} {r.headers.get('X-GPUGate-Failure', '')}"] += 1
 
     async def plex(self, session: aiohttp.ClientSession, rng: random.Random) -> None:
         """A transcode starts or ends: Plex grows or shrinks by up to 1 GiB (only growth
@@ -179,12 +180,17 @@ def trace_ops(requests: int, seed: int) -> list[tuple[str, int]]:
 
 
 async def replay(
-    ops: list[tuple[str, int]], *, gated: bool, seed: int, host: TraceHost = INCIDENT
+    ops: list[tuple[str, int]],
+    *,
+    gated: bool,
+    seed: int,
+    host: TraceHost = INCIDENT,
+    queue: dict[str, object] | None = None,
 ) -> dict[str, object]:
-    """One run of the trace on a fresh host; its figures."""
+    """One run of the trace on a fresh host (`queue`: the gate's queue section); its figures."""
     with tempfile.TemporaryDirectory(prefix="gpugate-trace-") as name:
         tmp = Path(name)
-        ports, host_file, config = setup(host, tmp, gated=gated)
+        ports, host_file, config = setup(host, tmp, gated=gated, queue=queue)
         with SimulatedHostProcess(host_file, tmp / "state") as sim:
             assert sim.environment is not None
             env = child_env({
@@ -204,6 +210,7 @@ async def replay(
             gate = log = None
             others: list[str] = []
             metrics: Counter[int] = Counter()
+            swaps = 0
             if gated:
                 urls |= {"ollama": f"{local}{ports['listen']}",
                          "whisper": f"{local}{ports['whisper_listen']}",
@@ -233,6 +240,7 @@ async def replay(
                     left = await leases_left(urls["control"]) if gated else []
                     if gated:
                         metrics = await overruns_counted(session, urls["control"])
+                        swaps = await swaps_counted(session, urls["control"])
                 elapsed = time.monotonic() - started
                 events = gpu.ooms()
                 ooms = Counter(o.name for o in events)
@@ -250,7 +258,37 @@ async def replay(
         "seconds": elapsed,
         "overruns": overruns(metrics, [] if log is None else logged_events(log, others)),
         "tracebacks": tracebacks(others),
+        "swaps": swaps,
     }
+
+
+async def swaps_counted(session: aiohttp.ClientSession, control: str) -> int:
+    """`gpugate_swaps_total` summed over consumers and cards, from the gate's /metrics."""
+    async with session.get(control + "/metrics") as r:
+        text = await r.text()
+    return sum(
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpugate_swaps"
+        for sample in family.samples
+        if sample.name == "gpugate_swaps_total"
+    )
+
+
+def failure_classes(outcomes: Counter[str]) -> Counter[str]:
+    """Outcomes that failed, by failure class: the gate's X-GPUGate-Failure where it named
+    one; otherwise the status the runtime answered (`HTTP 500`) or the client's error."""
+    counted: Counter[str] = Counter()
+    for outcome, n in outcomes.items():
+        _, _, rest = outcome.partition(": ")
+        status, _, named = rest.partition(" ")
+        if status.isdigit() and named.strip():
+            counted[named.strip()] += n
+        elif status.isdigit() and int(status) >= 400:
+            counted[f"HTTP {status} (no failure class)"] += n
+        elif rest.endswith(("Error", "Timeout")) or rest in ("work hit OOM", "start refused"):
+            counted[rest] += n
+    return counted
 
 
 def tracebacks(lines: list[str]) -> list[str]:
@@ -292,6 +330,7 @@ def comfyui_ooms(ooms: Counter[str]) -> int:
 def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost = INCIDENT) -> str:
     """The figures of both runs side by side."""
     comfy = [comfyui_ooms(r["ooms"]) for r in (direct, gated)]
+    failures = [failure_classes(r["outcomes"]) for r in (direct, gated)]
     rows = [
         f"trace: {requests} operations, seed {seed}, on {host.name.value}",
         f"{'':28} {'direct':>10} {'gated':>10}",
@@ -309,6 +348,12 @@ def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost =
         *overrun_rows(gated["overruns"], host),
         f"{'leases left at the end':28} {'-':>10} {len(gated['left']):>10}",
         f"{'gate tracebacks':28} {'-':>10} {len(gated['tracebacks']):>10}",
+        f"{'swaps (gpugate_swaps_total)':28} {'-':>10} {gated['swaps']:>10}",
+        "failures by class:",
+        *(
+            f"{f'  {name}':28} {failures[0].get(name, 0):>10} {failures[1].get(name, 0):>10}"
+            for name in sorted(set(failures[0]) | set(failures[1]))
+        ),
         f"{'seconds':28} {direct['seconds']:>10.1f} {gated['seconds']:>10.1f}",
     ]  # fmt: skip
     for label, run in (("direct", direct), ("gated", gated)):
@@ -321,10 +366,13 @@ def table(requests: int, seed: int, direct: dict, gated: dict, host: TraceHost =
     return "\n".join(rows)
 
 
-async def main_async(requests: int, seed: int, host: TraceHost = INCIDENT) -> int:
+async def main_async(
+    requests: int, seed: int, host: TraceHost = INCIDENT, *, fifo: bool = False
+) -> int:
     ops = trace_ops(requests, seed)
     direct = await replay(ops, gated=False, seed=seed, host=host)
-    gated = await replay(ops, gated=True, seed=seed, host=host)
+    queue = {"swap_overtakes": 0} if fifo else None
+    gated = await replay(ops, gated=True, seed=seed, host=host, queue=queue)
     print(table(requests, seed, direct, gated, host), flush=True)
     ok = admitted_ooms(gated["ooms"]) == 0 and not gated["left"] and not gated["tracebacks"]
     return 0 if ok else 1
@@ -337,8 +385,14 @@ def main() -> int:
     parser.add_argument(
         "--host", choices=[h.value for h in HostName], default=HostName.INCIDENT.value
     )
+    parser.add_argument(
+        "--fifo",
+        action="store_true",
+        help="the gate's queue first come, first served (queue.swap_overtakes: 0)",
+    )
     args = parser.parse_args()
-    return asyncio.run(main_async(args.requests, args.seed, HOSTS[HostName(args.host)]))
+    host = HOSTS[HostName(args.host)]
+    return asyncio.run(main_async(args.requests, args.seed, host, fifo=args.fifo))
 
 
 if __name__ == "__main__":

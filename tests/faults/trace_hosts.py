@@ -23,7 +23,7 @@ from tests.e2e.test_incident_whisper import (
     incident_host,
     systemd_dir,
 )
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.comfyui_helpers import SD15
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,9 +75,12 @@ TWO = TraceHost(
 HOSTS = {host.name: host for host in (INCIDENT, TWO)}
 
 
-def setup(host: TraceHost, tmp: Path, *, gated: bool) -> tuple[dict[str, int], Path, Path]:
+def setup(
+    host: TraceHost, tmp: Path, *, gated: bool, queue: dict[str, object] | None = None
+) -> tuple[dict[str, int], Path, Path]:
     """The host file and the gate's configuration in `tmp`, on free ports; the fake
-    systemd with whisper-server's unit (its gpugate drop-in only when gated)."""
+    systemd with whisper-server's unit (its gpugate drop-in only when gated); `queue`: the
+    configuration's `queue` section (None: its defaults)."""
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
     if host.name is HostName.INCIDENT:
         data, spec = incident_host(ports)
@@ -102,6 +105,8 @@ def setup(host: TraceHost, tmp: Path, *, gated: bool) -> tuple[dict[str, int], P
     config["consumers"]["comfyui"]["comfyui"] = {"files": {SD15: "2034MiB"}}
     config["external"] = {"plex": {"processes": {"commands": ["Plex Transcoder"]}}}
     config["classes"] = {c: {"max_wait": "20s"} for c in CLASSES}
+    if queue is not None:
+        config["queue"] = queue
     (tmp / "consumers.yaml").write_text(yaml.safe_dump(config))
     systemd_dir(tmp, spec, tmp / "state", tmp / "consumers.yaml")
     if not gated:  # the unit as it was before the gpugate drop-in

@@ -11,15 +11,14 @@ import attrs
 
 from gpugate.core.effects import Event, EventKind
 from gpugate.gate.gate import Gate
-from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
-from gpugate.serve import serve
-from gpugate.store.db import Store
 from gpugate_sim.comfyui import SimComfyUI
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.ollama.server import SimOllama
 from gpugate_sim.scenario import ComfyUISpec, OllamaSpec
-from tests.gate.harness import MODELS, free_ports
+from tests.gate.harness import MODELS
+from tests.ports import free_ports
+from tests.serving import serving
 from tests.sim.comfyui_helpers import MODELS as COMFY_MODELS
 
 CONFIG = """\
@@ -109,30 +108,16 @@ async def comfy_stack(
         more=more,
     )
     config = load_config_text(text, tmp_path / "consumers.yaml")
-    holder: dict[str, Gate] = {}
-
-    def make_gate(cfg):  # type: ignore[no-untyped-def]
-        gate = Gate(cfg, Sampler.from_config(cfg), store=Store(cfg.gate.database))
-        holder["gate"] = gate
-        return gate
-
-    ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(config, stop, on_ready=ready.set_result, gate_factory=make_gate)
-    )
     try:
-        await asyncio.wait_for(asyncio.shield(ready), 20)
-        yield ComfyStack(
-            holder["gate"],
-            comfy,
-            ollama,
-            f"http://127.0.0.1:{comfy_listen}",
-            f"http://127.0.0.1:{ollama_listen}",
-            comfy.url,
-        )
+        async with serving(config) as served:
+            yield ComfyStack(
+                served.gate,
+                comfy,
+                ollama,
+                f"http://127.0.0.1:{comfy_listen}",
+                f"http://127.0.0.1:{ollama_listen}",
+                comfy.url,
+            )
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
         await comfy.close()
         await ollama.close()

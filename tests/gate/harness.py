@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import textwrap
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -21,13 +20,12 @@ from gpugate.config.model import Config
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.units import MiB
 from gpugate.gate.gate import Gate
-from gpugate.gpu.sampler import Sampler
 from gpugate.runtimes.sections import load_config_text
-from gpugate.serve import serve
-from gpugate.store.db import Store
 from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.ollama.server import SimOllama
 from gpugate_sim.scenario import OllamaModelSpec, OllamaSpec
+from tests.ports import free_ports
+from tests.serving import serving
 
 FAST = dict(load_seconds=0.05, tokens_per_second=400.0)
 MODELS = (
@@ -43,22 +41,6 @@ bge-m3: {class: background, envelope: 2012MiB, residency: {policy: keep_warm, tt
 llama3.2:3b: {envelope: 3200MiB}
 qwen2.5:7b: {envelope: 5700MiB}
 """
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports: all bound at once, so none is handed out twice."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 @attrs.define
@@ -105,6 +87,8 @@ def config_text(
     consumer_yaml: str = "",
     grace: str = "2s",
     listen_host: str = "127.0.0.1",
+    sample_interval: str = "200ms",
+    stale_after: str = "5s",
 ) -> str:
     models = textwrap.indent(models_yaml, " " * 6)
     more = textwrap.indent(consumer_yaml, " " * 4)
@@ -117,8 +101,8 @@ gate:
 budget:
   reserve: 1GiB
   reserve_max: 1GiB
-  sample_interval: 200ms
-  stale_after: 5s
+  sample_interval: {sample_interval}
+  stale_after: {stale_after}
   reclaim_timeout: 5s
 consumers:
   ollama:
@@ -148,6 +132,8 @@ async def running_stack(
     grace: str = "2s",
     listen_host: str = "127.0.0.1",
     upstream: str | None = None,
+    sample_interval: str = "200ms",
+    stale_after: str = "5s",
 ) -> AsyncIterator[Stack]:
     """`listen_host`: the gate's listener address; `upstream`: another server than the sim."""
     ollama_spec = OllamaSpec(listen="127.0.0.1:0", keep_alive="5m", models=models)
@@ -168,26 +154,16 @@ async def running_stack(
         consumer_yaml=consumer_yaml,
         grace=grace,
         listen_host=listen_host,
+        sample_interval=sample_interval,
+        stale_after=stale_after,
     )
     config = load_config_text(text, tmp_path / "consumers.yaml")
-    holder: dict[str, Gate] = {}
-
-    def make_gate(cfg: Config) -> Gate:
-        gate = Gate(cfg, Sampler.from_config(cfg), store=Store(cfg.gate.database))
-        holder["gate"] = gate
-        return gate
-
-    ready: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(config, stop, on_ready=ready.set_result, gate_factory=make_gate)
-    )
     try:
-        lines = await asyncio.wait_for(asyncio.shield(ready), 20)
-        gate_url = lines[0].split(" listening on ")[1].split(" ")[0]
-        control_url = next(x for x in lines if "control on" in x).split(" on ")[1].split(" ")[0]
-        yield Stack(host, sim, holder["gate"], config, gate_url, control_url, lines)
+        async with serving(config) as served:
+            lines = served.lines
+            gate_url = lines[0].split(" listening on ")[1].split(" ")[0]
+            control_url = next(x for x in lines if "control on" in x).split(" on ")[1]
+            control_url = control_url.split(" ")[0]
+            yield Stack(host, sim, served.gate, config, gate_url, control_url, lines)
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
         await sim.close()

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
 from gpugate.gate.gate import Gate
 
 
-async def post(url: str, path: str, body: dict) -> tuple[int, dict, dict]:
+async def post(url: str, path: str, body: dict) -> tuple[int, Mapping[str, str], dict]:
     async with aiohttp.ClientSession() as session, session.post(url + path, json=body) as resp:
-        return resp.status, dict(resp.headers), await resp.json()
+        # case-insensitive: Go's net/http, as the gate speaks it before Ollama, writes
+        # canonical names (X-Gpugate-Failure)
+        return resp.status, resp.headers.copy(), await resp.json()
 
 
 async def until(gate: Gate, seen: Callable[[], bool]) -> None:

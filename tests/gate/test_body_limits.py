@@ -16,13 +16,13 @@ import aiohttp
 import pytest
 
 from gpugate.config.model import DEFAULT_MAX_BODY
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.runtimes.comfyui.adapter import MAX_UPLOAD_SIZE
 from tests.gate.comfyui_stack import comfy_stack
-from tests.gate.harness import free_ports
 from tests.gate.test_process_start import stack_for
+from tests.ports import free_ports
 from tests.sim.comfyui_helpers import txt2img
 
 CHUNK = 1 << 20

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from gpugate.core.effects import EventKind
-from gpugate.core.scopes import HELD_MODEL, JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
+from gpugate.core.scopes import HELD_MODEL
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.exchange import FAILURE_HEADER, LEASE_HEADER
 from gpugate_sim.device import SimDevice, SimulatedGpuHost

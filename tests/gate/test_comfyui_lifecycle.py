@@ -14,7 +14,7 @@ import pytest
 
 from gpugate.core.effects import Event, EventKind
 from gpugate.core.failures import FailureClass
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.gate.exchange import LEASE_HEADER
 from gpugate.runtimes.comfyui.envelope import PROMPT_OPTIONS

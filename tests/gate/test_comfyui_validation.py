@@ -10,7 +10,7 @@ import aiohttp
 import attrs
 import pytest
 
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.gate.exchange import LEASE_HEADER
 from gpugate_sim.scenario import ComfyModelFile
 from tests.gate.comfyui_stack import COMFY_MODELS, comfy_stack

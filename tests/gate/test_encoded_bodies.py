@@ -15,7 +15,7 @@ import zlib
 import aiohttp
 import pytest
 
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.gate.exchange import LEASE_HEADER
 from tests.gate.comfyui_stack import comfy_stack

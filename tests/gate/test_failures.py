@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import subprocess
+from collections.abc import Mapping
 
 import aiohttp
 import ollama
@@ -17,9 +18,11 @@ from gpugate.core.units import GiB
 from tests.gate.harness import running_stack
 
 
-async def post(url: str, path: str, body: dict) -> tuple[int, dict, dict]:
+async def post(url: str, path: str, body: dict) -> tuple[int, Mapping[str, str], dict]:
     async with aiohttp.ClientSession() as session, session.post(url + path, json=body) as resp:
-        return resp.status, dict(resp.headers), await resp.json()
+        # case-insensitive: Go's net/http, as the gate speaks it before Ollama, writes
+        # canonical names (X-Gpugate-Failure)
+        return resp.status, resp.headers.copy(), await resp.json()
 
 
 async def test_upstream_down_is_runtime_crash_in_each_shape(stack):
@@ -143,9 +146,11 @@ async def test_a_client_that_stops_mid_body_is_dropped_without_a_lease(stack):
     host, port = stack.gate_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(
-        b"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100\r\n\r\n" + b'{"model": "llama3.2:3b"'
     )
+    # (A Host Ollama refuses would be answered its 403 before the body is read, as Ollama
+    # answers it: the host check needs no body.)
     writer.write_eof()
     # The client is gone before its request is whole: nothing to answer, nothing admitted.
     assert await reader.read() == b""

@@ -13,7 +13,7 @@ from gpugate.core.classes import PriorityClass
 from gpugate.core.effects import EventKind
 from gpugate.core.explicit import LeaseTerms
 from gpugate.core.failures import FailureClass
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.units import MiB
 from gpugate.gate.exchange import DEGRADED_HEADER, LEASE_HEADER
 from tests.gate.comfyui_stack import comfy_stack

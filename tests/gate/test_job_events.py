@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from gpugate.core.effects import EventKind
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.units import MiB
 from tests.gate.comfyui_stack import comfy_stack
 from tests.sim.comfyui_helpers import connect, txt2img

@@ -24,7 +24,7 @@ from gpugate.core.residents import ResidentKey
 from gpugate.gate.exchange import FAILURE_HEADER
 from gpugate.gate.process_absent import PROCESS_HEADER
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports, running_stack
+from tests.gate.harness import running_stack
 from tests.gate.test_process_start import (
     BASE,
     KEEP_WARM,
@@ -34,6 +34,7 @@ from tests.gate.test_process_start import (
     transcribe,
     whisper_yaml,
 )
+from tests.ports import free_ports
 
 KEY = ResidentKey("whisper", TURBO)
 POLLS = 100

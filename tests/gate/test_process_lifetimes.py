@@ -22,10 +22,10 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import MiB
 from gpugate.gate.exchange import FAILURE_HEADER
-from gpugate.runtimes.process import SupervisedCommand
+from gpugate.runtimes.process_supervised import SupervisedCommand
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports, running_stack
+from tests.gate.harness import running_stack
 from tests.gate.test_process_absent import failures_of
 from tests.gate.test_process_start import (
     BASE,
@@ -37,6 +37,7 @@ from tests.gate.test_process_start import (
     until,
     whisper_yaml,
 )
+from tests.ports import free_ports
 
 
 @pytest.fixture

@@ -16,10 +16,11 @@ import pytest
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import MiB
-from gpugate.runtimes.process import SupervisedCommand
+from gpugate.runtimes.process_supervised import SupervisedCommand
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports, running_stack
+from tests.gate.harness import running_stack
+from tests.ports import free_ports
 
 TURBO = "models/ggml-large-v3-turbo.bin"
 BASE = "models/ggml-base.en.bin"

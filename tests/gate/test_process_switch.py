@@ -20,7 +20,7 @@ from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.gate.exchange import LEASE_HEADER
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports, running_stack
+from tests.gate.harness import running_stack
 from tests.gate.test_process_start import (
     BASE,
     KEEP_WARM,
@@ -31,6 +31,7 @@ from tests.gate.test_process_start import (
     until,
     whisper_yaml,
 )
+from tests.ports import free_ports
 
 SAME_SIZE = "models/ggml-large-v3.bin"
 """A model as large as turbo (the simulated one: 2,050 MiB)."""

@@ -17,11 +17,12 @@ import pytest
 
 from gpugate.core.effects import EventKind
 from gpugate.core.residents import ResidentKey
-from gpugate.runtimes.process import SystemdUnit
+from gpugate.runtimes.process_systemd import SystemdUnit
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports, running_stack
+from tests.gate.harness import running_stack
 from tests.gate.test_process_start import BASE, SMALL, TURBO, WHISPER, transcribe
+from tests.ports import free_ports
 
 UNIT = "whisper-server.service"
 

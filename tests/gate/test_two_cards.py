@@ -21,8 +21,9 @@ from gpugate_sim.device import SimDevice, SimulatedGpuHost
 from gpugate_sim.scenario import OllamaModelSpec
 from gpugate_sim.shim import STATE_ENV
 from gpugate_sim.whisper import WhisperServerSpec, whisper_argv
-from tests.gate.harness import FAST, free_ports, running_stack
+from tests.gate.harness import FAST, running_stack
 from tests.gate.test_process_start import TURBO, WHISPER, transcribe, whisper_yaml
+from tests.ports import free_ports
 
 UUIDS = ("GPU-8f3e2a71-4c5d-4b9e-a1f0-2d6c7e9b4a13", "GPU-1b7d9c24-6e0f-4a83-9d52-7c4e1f8a0b66")
 MODELS = (

@@ -20,7 +20,8 @@ from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import GiB, MiB
 from gpugate.gate.process_absent import PROCESS_HEADER
 from gpugate_sim.vllm import SimVllm, VllmServerSpec
-from tests.gate.harness import Stack, free_ports, running_stack
+from tests.gate.harness import Stack, running_stack
+from tests.ports import free_ports
 
 CONTEXT, OVERHEAD, WEIGHTS = 500 * MiB, 512 * MiB, 1200 * MiB
 RESIDUAL = CONTEXT + OVERHEAD

@@ -34,6 +34,7 @@ from gpugate.core.observation import (
 )
 from gpugate.core.units import GiB, MiB
 from gpugate.gpu import nvml
+from gpugate.gpu import sampler as sampler_module
 from gpugate.gpu.attribution import Attribution, ProcessAttributor
 from gpugate.gpu.nvml import (
     ContextKind,
@@ -44,7 +45,7 @@ from gpugate.gpu.nvml import (
     NvmlReader,
     ProcessSample,
 )
-from gpugate.gpu.sampler import Sampler, next_tick
+from gpugate.gpu.sampler import HURRY_EVERY, Sampler, next_delay, next_tick
 from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
 from gpugate_sim.shim import STATE_ENV
 from tests.gpu.proctree import ProcTree
@@ -280,25 +281,35 @@ async def test_a_caller_giving_up_does_not_cancel_the_shared_read(
 # -- sampling forever ------------------------------------------------------------------
 
 
-async def test_run_keeps_a_fixed_grid_despite_slow_reads(nobody: ProcessAttributor) -> None:
-    interval, read_time, ticks = 0.06, 0.04, 5
-    sampler = Sampler(InstantReader(delay=read_time), nobody)
-    loop = asyncio.get_running_loop()
-    seen: list[float] = []
+async def test_run_keeps_a_fixed_grid_despite_slow_reads(
+    nobody: ProcessAttributor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every wait is measured from the run's start, not from the end of the last (slow)
+    # read: next_delay (whose grid the property test below checks) is always asked about
+    # the same start, with the clock as it is after the read.
+    sampler = Sampler(InstantReader(delay=0.01), nobody)
+    asked: list[tuple[float, float, float]] = []
     done = asyncio.Event()
 
-    def on_sample(_: object) -> None:
-        seen.append(loop.time())
-        if len(seen) == ticks + 1:
+    def recorded(start: float, interval: float, now: float, hurry_until: float) -> float:
+        asked.append((start, interval, now))
+        if len(asked) == 4:
             done.set()
+        return 0.0
 
-    task = asyncio.create_task(sampler.run(interval, on_sample))
+    monkeypatch.setattr(sampler_module, "next_delay", recorded)
+    task = asyncio.create_task(sampler.run(0.06, lambda _: None))
     await asyncio.wait_for(done.wait(), WAIT)
     task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
-    elapsed = seen[ticks] - seen[0]
-    # Drifting by the read time each tick would take ticks·(interval + read_time) = 0.5 s.
-    assert ticks * interval - 0.02 < elapsed < ticks * interval + 0.1
+    starts = {start for start, _, _ in asked}
+    assert len(starts) == 1 and {interval for _, interval, _ in asked} == {0.06}
+    (start,) = starts
+    nows = [now for _, _, now in asked]
+    # Each asked after a read that took its 10 ms: the clock moved, the grid did not.
+    assert nows == sorted(nows) and nows[0] >= start + 0.01
 
 
 async def test_poke_samples_at_once(nobody: ProcessAttributor) -> None:
@@ -402,6 +413,56 @@ def test_next_tick_is_the_first_grid_point_after_now(
     assert tick > now - 1e-6
     assert tick - now <= interval + 1e-6
     assert abs(steps - round(steps)) < 1e-6 * max(1.0, steps)
+
+
+@given(
+    start=st.floats(0, 1e6),
+    interval=st.floats(0.01, 60),
+    late=st.floats(0, 1e4),
+    window=st.floats(-10, 10),
+)
+def test_a_hurry_samples_every_hurry_every_until_it_ends_then_the_grid_again(
+    start: float, interval: float, late: float, window: float
+) -> None:
+    now = start + late
+    grid = next_tick(start, interval, now) - now
+
+    until = now + window
+
+    delay = next_delay(start, interval, now, until)
+
+    if until <= now:
+        assert delay == grid
+    else:
+        assert delay >= 0
+        assert abs(delay - min(grid, HURRY_EVERY, window)) < 1e-6 * max(1.0, now)
+
+
+async def test_hurry_samples_at_once_and_then_fast_though_the_interval_is_an_hour(
+    nobody: ProcessAttributor,
+) -> None:
+    sampler = Sampler(InstantReader(), nobody)
+    samples: asyncio.Queue[HostObservation] = asyncio.Queue()
+    task = asyncio.create_task(sampler.run(3600.0, samples.put_nowait))
+    await asyncio.wait_for(samples.get(), WAIT)
+
+    sampler.hurry(60.0)
+    # Four more within the wait: only a hurry makes a second one before the hour is out.
+    drivers = [(await asyncio.wait_for(samples.get(), WAIT)).driver_version for _ in range(4)]
+
+    assert drivers == ["2", "3", "4", "5"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_hurry_with_nobody_sampling_does_nothing(nobody: ProcessAttributor) -> None:
+    reader = InstantReader()
+    sampler = Sampler(reader, nobody)
+
+    sampler.hurry(60.0)
+
+    assert reader.calls == 0
 
 
 # -- end to end over the fake NVML library ------------------------------------------------

@@ -15,7 +15,8 @@ import pytest
 
 from gpugate.core.effects import EventKind
 from tests.control.operated import operated_gate
-from tests.gate.harness import free_port, running_stack
+from tests.gate.harness import running_stack
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "build" / "prom" / "usr" / "bin"

@@ -26,7 +26,7 @@ from gpugate.config.check import EXIT_INVALID, EXIT_OK, run_check
 from gpugate.config.loader import ConfigError, load_config_text
 from gpugate.config.model import Consumer, RuntimeSettings
 from gpugate.core.classes import PriorityClass
-from gpugate.core.scopes import JOBS_MODEL
+from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
 from gpugate.gate.exchange import LEASE_HEADER
@@ -34,6 +34,7 @@ from gpugate.gate.gate import Gate
 from gpugate.gpu.sampler import Sampler
 from gpugate.identity import IdentityResolver
 from gpugate.proxy.listener import ConsumerListener
+from gpugate.proxy.runners import ListenerRunner
 from gpugate.runtimes.base import (
     ApiFamily,
     Classified,
@@ -175,7 +176,7 @@ consumers:
 
 
 @pytest.fixture
-async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Path):
+async def stack(aiohttp_server, tmp_path: Path):
     seen: list[Mapping[str, object]] = []
     server = await aiohttp_server(upstream_app(seen))
     url = f"http://127.0.0.1:{server.port}"
@@ -186,11 +187,18 @@ async def stack(aiohttp_server, aiohttp_raw_server, aiohttp_client, tmp_path: Pa
     await gate.start()
     link = gate.links["queue"]
     listener = ConsumerListener(gate, link, IdentityResolver(config.identities))
-    client = await aiohttp_client(await aiohttp_raw_server(listener.handle))
+    consumer = link.consumer
+    runner = ListenerRunner(
+        listener.handle, listener.dialect, listener.close, consumer.limits, "queue", 64
+    )
+    await runner.start("127.0.0.1", 0)
+    port = runner.addresses[0][1]
+    client = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}")
     try:
         yield gate, client, seen
     finally:
-        await listener.close()
+        await client.close()
+        await runner.cleanup()
         await gate.close()
 
 

@@ -6,7 +6,9 @@ const GiB = 1024 * MiB;
 const CLASSES = ["production", "interactive", "background", "benchmark", "maintenance"];
 const PALETTE = ["#3b6ea8", "#5a9e6f", "#a8663b", "#7b5ea8", "#a83b6e", "#3b9ea8", "#8e9e3b", "#a89a3b"];
 const KEEP_EVENTS = 60;
+const KEEP_REFUSALS = 20;
 const events = [];
+const refusals = [];
 const charts = {};
 
 function el(tag, attrs, ...children) {
@@ -63,7 +65,8 @@ function gpuCard(gpu) {
   let card = document.getElementById("gpu-" + gpu.index);
   if (!card) {
     card = el("div", { class: "gpu", id: "gpu-" + gpu.index, "data-gpu": gpu.index });
-    card.append(el("h3"), el("div", { class: "meta" }), el("div", { class: "bar" }), el("div", { class: "legend" }));
+    card.append(el("h3"), el("div", { class: "meta" }), el("div", { class: "bar" }), el("div", { class: "legend" }),
+      el("div", { class: "meta reserve-why" }));
     const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
     svg.setAttribute("class", "chart");
     svg.setAttribute("viewBox", "0 0 1000 120");
@@ -104,6 +107,10 @@ function renderGpu(gpu, pressure, drains) {
     seg.setAttribute("data-bytes", part.bytes);
   }
   for (const seg of [...bar.children]) if (!seen.has(seg.getAttribute("data-key"))) seg.remove();
+  // Why the reserve is what it is: its base, how far external use may rebound, the ceiling.
+  const why = card.querySelector(".reserve-why");
+  why.textContent = gpu.reserve_reason ? `reserve ${bytes(gpu.reserve)}: ${gpu.reserve_reason}` : "";
+  why.hidden = !gpu.reserve_reason;
   legend.replaceChildren(...parts.map((part) =>
     el("span", { class: "item", "data-kind": part.kind, "data-name": part.name, "data-bytes": part.bytes },
       el("span", { class: "sw" + (part.kind === "leased" ? " leased" : "") , style: "" }),
@@ -159,9 +166,12 @@ function render(doc) {
   for (const t of doc.queue) counts[t.class] = (counts[t.class] || 0) + 1;
   document.getElementById("queue-classes").replaceChildren(...Object.entries(counts).map(([c, n]) =>
     el("span", { class: "badge" + (n ? " warn" : ""), "data-class": c, "data-count": n }, `${c} ${n}`)));
-  rows(document.querySelector("#queue tbody"), doc.queue, (t) => el("tr", {},
+  // Each waiting demand with what it waits for, in one line (the reason's name on hover).
+  rows(document.querySelector("#queue tbody"), doc.queue, (t) => el("tr", { "data-ticket": t.ticket, "data-reason": t.reason || "" },
     el("td", {}, t.consumer), el("td", {}, t.model), el("td", {}, t.class), el("td", {}, t.gpu),
-    el("td", { class: "num" }, bytes(t.bytes)), el("td", { class: "num" }, seconds(t.waiting_seconds))), "nothing waits");
+    el("td", { class: "num" }, t.position), el("td", { class: "num" }, bytes(t.bytes)),
+    el("td", { class: "num" }, seconds(t.waiting_seconds)), el("td", { class: "num" }, seconds(Math.max(0, t.deadline_in_seconds))),
+    el("td", { class: "why", title: t.reason || "" }, t.line || "")), "nothing waits");
   rows(document.querySelector("#leases tbody"), doc.leases, (l) => el("tr", { "data-lease": l.id },
     el("td", {}, l.id), el("td", {}, l.consumer), el("td", {}, l.model), el("td", {}, l.class), el("td", {}, l.gpu),
     el("td", { class: "num" }, l.pending ? bytes(l.pending) : "-"), el("td", { class: "num" }, seconds(l.waited_seconds))), "no lease in flight");
@@ -173,16 +183,26 @@ function render(doc) {
     el("td", { class: "num" }, seconds(r.expires_in_seconds))), "no model resident");
 }
 
+// The last refusals, each with its reason in one line (the full message on hover).
+function addRefusal(x) {
+  refusals.unshift(x);
+  refusals.length = Math.min(refusals.length, KEEP_REFUSALS);
+  rows(document.querySelector("#refusals tbody"), refusals, (r) => el("tr", { class: "failure", "data-failure": r.failure },
+    el("td", {}, new Date(r.time * 1000).toLocaleTimeString()), el("td", {}, r.consumer || ""), el("td", {}, r.model || ""),
+    el("td", { class: "why", title: r.message || "" }, r.line || r.message || "")), "nothing refused");
+}
+
 function addEvent(e) {
+  if (e.event === "failure") addRefusal(e);
   events.unshift(e);
   events.length = Math.min(events.length, KEEP_EVENTS);
   rows(document.querySelector("#events tbody"), events, (x) => {
     const failed = x.event === "failure";
-    const detail = failed ? x.message || "" : x.reason || x.detail || (x.bytes !== undefined ? bytes(x.bytes) : "");
+    const detail = failed ? x.line || x.message || "" : x.reason || x.detail || (x.bytes !== undefined ? bytes(x.bytes) : "");
     return el("tr", { class: failed ? "failure" : "", "data-event": x.event },
       el("td", {}, new Date(x.time * 1000).toLocaleTimeString()),
       el("td", {}, failed ? el("span", { class: "class" }, x.failure) : x.event),
-      el("td", {}, x.consumer || ""), el("td", {}, x.model || ""), el("td", {}, detail));
+      el("td", {}, x.consumer || ""), el("td", {}, x.model || ""), el("td", { title: failed ? x.message || "" : "" }, detail));
   }, "no event yet");
 }
 
@@ -238,5 +258,6 @@ function connect() {
 }
 
 rows(document.querySelector("#events tbody"), [], null, "no event yet");
+rows(document.querySelector("#refusals tbody"), [], null, "nothing refused");
 connect();
 setInterval(() => { for (const card of document.querySelectorAll(".gpu")) loadHistory(card.getAttribute("data-gpu")); }, 60000);
