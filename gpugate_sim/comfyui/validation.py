@@ -68,17 +68,24 @@ def annotated_exists(folders: Mapping[str, Path]) -> Callable[[str], bool]:
     input folder without one). A directory exists too."""
 
     def exists(name: str) -> bool:
-        base = folders["input"]
-        for folder in ("output", "input", "temp"):
-            if name.endswith(f"[{folder}]"):
-                name, base = name[: -(len(folder) + 3)], folders[folder]
-                break
-        return os.path.exists(os.path.join(base, name))
+        name, folder = _annotated(name)
+        return os.path.exists(os.path.join(folders[folder or "input"], name))
 
     return exists
 
 
+def _annotated(name: str) -> tuple[str, str | None]:
+    """folder_paths.py `annotated_filepath`: it reads the name with `str.endswith`, so a
+    value that is not a string (`"image": 0`) raises AttributeError there, before any file
+    is looked for, and the node's validation fails with that exception."""
+    for folder in ("output", "input", "temp"):
+        if name.endswith(f"[{folder}]"):
+            return name[: -(len(folder) + 3)], folder
+    return name, None
+
+
 def _nothing_exists(name: str) -> bool:
+    _annotated(name)
     return False
 
 

@@ -158,6 +158,16 @@ async def start_sse(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def end_chunked(request: web.Request, response: web.StreamResponse) -> None:
+    """End an answer; a chunked one ends its connection too, as llama-server's do: its
+    stream provider returns false once done, which cpp-httplib takes as a cancelled write
+    and closes (server-http.cpp `chunked_content_provider`, httplib.cpp
+    `write_content_chunked`), though the answer said `Keep-Alive`."""
+    await response.write_eof()
+    if response.chunked and request.transport is not None:
+        request.transport.close()
+
+
 def sse_event(value: Any) -> bytes:
     """`format_oai_sse` of one item."""
     return f"data: {dumps(value)}\n\n".encode()

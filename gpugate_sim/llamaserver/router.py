@@ -293,7 +293,7 @@ class Router:
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
-            await response.write_eof()
+            await framing.end_chunked(request, response)
             return response
 
 
@@ -320,8 +320,13 @@ async def run_router(args: Args, state_dir: Path | None, words: list[str]) -> in
     site = AppSite(router.app, args.host, args.port, bind_failed=bind_failed)
 
     async def start() -> int | None:
-        router.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
-                                               auto_decompress=False)  # fmt: skip
+        # A connection per proxied request, as server_http_proxy's own ClientImpl
+        # (server-models.cpp): a child ends one after every stream anyway.
+        router.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+            connector=aiohttp.TCPConnector(force_close=True),
+        )
         code = await site.start()
         if code is not None:
             await router.session.close()

@@ -20,6 +20,7 @@ from gpugate_sim.llamaserver.framing import (
     INVALID_REQUEST,
     NOT_SUPPORTED,
     InvalidArgument,
+    end_chunked,
     error_response,
     json_response,
     parse_json,
@@ -348,7 +349,7 @@ class ModelServer:
             await response.write(sse_event(result.native_final_stream()))
         if dialect != "native":
             await response.write(DONE)
-        await response.write_eof()
+        await end_chunked(request, response)
         return response
 
     def _settings(self, n_predict: int, stream: bool) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from gpugate_sim.hostprocess import SimulatedHostProcess
 from gpugate_sim.ollama.blobs import write_blob
 from gpugate_sim.ollama.sizing import runner_bytes
 from gpugate_sim.scenario import GpuSpec, HolderSpec, HostSpec, OllamaSpec, load_host
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import (
     LineReader,
     cmdline,

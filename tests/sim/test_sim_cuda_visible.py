@@ -24,7 +24,7 @@ from gpugate_sim.scenario import ComfyUISpec
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.vllm import SimVllm, VllmServerSpec, VllmStartError
 from gpugate_sim.whisper import SimWhisper, WhisperServerSpec
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 
 TURBO = "models/ggml-large-v3-turbo.bin"
 TURBO_BYTES = 2050 * MiB

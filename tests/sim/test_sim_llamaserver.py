@@ -22,7 +22,7 @@ from gpugate_sim.llamaserver.model import load_model_info
 from gpugate_sim.llamaserver.process import LlamaServerStartError, SimLlamaServer
 from gpugate_sim.llamaserver.spec import LlamaServerSpec
 from gpugate_sim.serverprocess import child_env
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import cmdline, comm
 
 gguf_models = pytest.importorskip("tests.llamaserver.gguf_models")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.test_sim_llamaserver import card, request, start, wait_for
 
 REAL = Path(__file__).resolve().parents[2] / "build" / "llama-server"

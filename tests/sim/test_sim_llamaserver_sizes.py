@@ -21,7 +21,7 @@ from gpugate_sim.llamaserver.model import load_model_info, sized_for, with_weigh
 from gpugate_sim.llamaserver.process import llamaserver_argv
 from gpugate_sim.llamaserver.spec import parse_llamaserver
 from gpugate_sim.scenario import load_host
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import cmdline, comm
 from tests.sim.test_sim_llamaserver import card, request, start, wait_for
 

@@ -13,7 +13,7 @@ import yaml
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.host import SimulatedHost
 from gpugate_sim.scenario import load_host
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 
 TWO_CARDS = Path(__file__).resolve().parents[2] / "gpugate_sim" / "data" / "two-cards.yaml"
 

@@ -17,7 +17,7 @@ from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
 from gpugate_sim.host import SimulatedHost
 from gpugate_sim.scenario import load_host
 from gpugate_sim.vllm import SimVllm, VllmServerSpec, VllmStartError
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import cmdline, comm
 
 WAIT = 20.0

@@ -21,8 +21,8 @@ from gpugate.core.units import GiB, MiB
 from gpugate.gpu.attribution import MatchKind, ProcessAttributor
 from gpugate_sim.device import SimDevice, SimulatedGpuHost
 from gpugate_sim.whisper import SimWhisper, WhisperServerSpec, WhisperStartError
-from tests.gate.harness import free_ports
 from tests.gpu.support import consumer
+from tests.ports import free_ports
 from tests.sim.processes import cmdline, comm, pid_exists
 
 TURBO = "models/ggml-large-v3-turbo.bin"

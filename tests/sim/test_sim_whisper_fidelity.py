@@ -33,7 +33,7 @@ from gpugate_sim.whisper.audio import (
 from gpugate_sim.whisper.page import default_content
 from gpugate_sim.whisper.process import whisper_argv
 from gpugate_sim.whisper.server import LISTENING
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.test_sim_whisper import TURBO, TURBO_BYTES, card, spec, wait_for
 from tests.sim.test_sim_whisper_http import Connection, multipart
 from tests.whisper.ggml_models import write_multilingual
