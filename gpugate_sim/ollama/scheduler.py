@@ -261,6 +261,13 @@ class Scheduler:
     async def _serve(self, pending: Pending) -> None:
         key = pending.model.name.key
         while not pending.abandoned.is_set():
+            unloading = [r for r in self._runners.values() if r.phase is RunnerPhase.UNLOADING]
+            if unloading:
+                # sched.go `processCompleted` holds loadedMu from an unload's Kill to its
+                # delete from s.loaded, so `processPending` never plans beside a runner whose
+                # memory is back but which is still listed (it would evict another for it).
+                await asyncio.gather(*(r.gone.wait() for r in unloading))
+                continue
             current = self._runners.get(key)
             if current is not None:
                 if current.serves(pending.options.runner, pending.options.num_ctx_auto):

@@ -73,6 +73,11 @@ def long_prompt(tokens: int) -> str:
     return next(p for p in (f"story {i}" for i in range(1000)) if len(plan(p, -1).tokens) >= tokens)
 
 
+def phase(state: SimState, name: str) -> RunnerPhase | None:
+    runner = state.runner(name)
+    return None if runner is None else runner.phase
+
+
 def proc_alive(pid: int | None) -> bool:
     return pid is not None and Path(f"/proc/{pid}").exists()
 
@@ -192,6 +197,24 @@ async def test_eviction_takes_the_shortest_keep_alive_first(make_sim: MakeSim) -
     await generate(sim, model="big")
     state = sim.state()
     assert {r.model for r in state.ready()} == {"long:latest", "big:latest"}
+
+
+async def test_a_load_waits_out_an_unload_under_way_instead_of_evicting_another(
+    make_sim: MakeSim, sim_host: SimulatedGpuHost
+) -> None:
+    # Ollama holds loadedMu from an unload's Kill to its delete from s.loaded: a load never
+    # plans beside a runner whose memory is back but which is still listed.
+    sim = await make_sim(model("keep", 7 * GiB), model("going", 6 * GiB), model("new", 6 * GiB))
+    sim.scheduler.faults.reap_seconds = 0.5  # memory back, still listed, for half a second
+    await generate(sim, model="keep", keep_alive="1h")
+    keep = runner_of(sim.state(), "keep:latest")
+    await generate(sim, model="going", prompt="x", keep_alive=0)
+    await sim.wait_until(lambda s: phase(s, "going:latest") is RunnerPhase.UNLOADING)
+    await generate(sim, model="new", prompt="x")
+    state = sim.state()
+    assert {r.model for r in state.ready()} == {"keep:latest", "new:latest"}
+    assert runner_of(state, "keep:latest").pid == keep.pid and proc_alive(keep.pid)
+    assert (state.counters.loads, state.counters.unloads) == (3, 1)
 
 
 async def test_max_loaded_models_evicts_even_when_memory_is_free(make_sim: MakeSim) -> None:
