@@ -20,15 +20,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.alternation import measure as measure_alternation
+from bench.alternation import table as alternation_table
 from bench.coldstart import ColdStart
 from bench.coldstart import measure_apart as measure_coldstart_apart
 from bench.coldstart import table as coldstart_table
 from bench.decisions import measure as measure_decisions
 from bench.decisions import table as decisions_table
 from bench.docfile import write_section
+from bench.goals import goals
+from bench.goals import table as goals_table
 from bench.holds import Results as HoldResults
 from bench.holds import measure as measure_holds
 from bench.holds import tables as holds_tables
+from bench.real import measure_apart as measure_real_apart
+from bench.real import table as real_table
+from bench.reuse import REQUESTS as REUSE_REQUESTS
+from bench.reuse import measure_apart as measure_reuse_apart
+from bench.reuse import table as reuse_table
 from bench.runtimes import measure_apart as measure_runtimes_apart
 from bench.runtimes import table as runtimes_table
 from bench.sampling import measure_apart as measure_sampling_apart
@@ -326,17 +335,27 @@ def main() -> int:
     print("sampling", sampling, flush=True)
     runtimes = measure_runtimes_apart()
     print("runtimes", runtimes, flush=True)
+    real = measure_real_apart()
+    print("real", real, flush=True)
+    reuse = measure_reuse_apart()
+    print("reuse", reuse, flush=True)
     swaps = measure_swaps_apart()
     print("swaps", swaps, flush=True)
     decisions = measure_decisions()
     print("decisions", decisions, flush=True)
+    alternation = measure_alternation()
     text = table(results, decisions, holds, coldstart)
     write_doc(text)
     print(text)
+    targets = goals(results, runtimes, real, CONNECTIONS)  # type: ignore[arg-type]
     for name, lines in (
         ("sampling", sampling_table(sampling)),
         ("runtimes", runtimes_table(runtimes, coldstart)),
+        ("real", real_table(real)),
+        ("reuse", reuse_table(reuse, REUSE_REQUESTS)),
+        ("targets", goals_table(targets)),
         ("swaps", swaps_table(swaps)),
+        ("alternation", alternation_table(alternation).splitlines()),
     ):
         write_section(name, "\n".join(lines), DOC)
         print("\n".join(lines))

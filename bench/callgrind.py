@@ -61,6 +61,7 @@ PARTS = (
         (
             "/gpugate/proxy/forward.py",
             "/gpugate/proxy/http1.py",
+            "/gpugate/proxy/http1_response.py",
             "/gpugate/proxy/pool.py",
             "/gpugate/proxy/relay.py",
             "httptools",

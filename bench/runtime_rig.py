@@ -41,6 +41,14 @@ LLAMA_MODEL = "alpha"
 LLAMA_WEIGHTS = GiB
 WHISPER_MODEL = "models/ggml-large-v3-turbo.bin"
 SD15 = "v1-5-pruned-emaonly-fp16.safetensors"
+FLUX_FILES = {
+    "diffusion_models": {"flux1-dev-fp8.safetensors": "300MiB"},
+    "text_encoders": {"t5xxl_fp8_e4m3fn.safetensors": "120MiB", "clip_l.safetensors": "20MiB"},
+    "vae": {"ae.safetensors": "30MiB"},
+}
+"""FLUX.1-dev's files by the names its graph loads them, sized small: the gate reads and
+validates the graph as it would the real one, while the job fits beside the other runtimes'
+models (the 17 GiB of the real files would have the gate evict them between rows)."""
 TOKENS_PER_SECOND = 2000
 """Both language runtimes: a token every half millisecond, so a stream's first token is
 mostly the path to it."""
@@ -86,7 +94,7 @@ def host_yaml(models: Path, ports: dict[str, int]) -> str:
             "context": "210MiB",
             "steps_per_second": 1000,
             "preview_method": "none",
-            "models": {"checkpoints": {SD15: "2034MiB"}},
+            "models": {"checkpoints": {SD15: "2034MiB"}, **FLUX_FILES},
         },
         "llamaserver": {
             "listen": f"127.0.0.1:{ports['llama']}",
@@ -109,6 +117,12 @@ def whisper_spec(port: int) -> WhisperServerSpec:
         load_seconds=0.1,
         keepalive_timeout=30.0,
     )
+
+
+def _flux_files() -> str:
+    """FLUX_FILES as the comfyui consumer's `files:` lines (indented for consumers_yaml)."""
+    pairs = [f"{name}: {size}" for folder in FLUX_FILES.values() for name, size in folder.items()]
+    return "\n              ".join(pairs)
 
 
 def consumers_yaml(
@@ -143,6 +157,7 @@ def consumers_yaml(
             working_set_per_megapixel: 1GiB
             files:
               {SD15}: 2034MiB
+              {_flux_files()}
           llama:
             runtime: llama-server
             listen: 127.0.0.1:{listen["llama"]}

@@ -25,6 +25,17 @@ async def stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def stream_end(request: web.Request) -> web.StreamResponse:
+    """A stream whose connection the server closes after it, as llama-server's."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    await response.write(b"ok")
+    await response.write_eof()
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
 async def closing(request: web.Request) -> web.Response:
     return web.Response(text="bye", headers={"Connection": "close"})
 
@@ -39,6 +50,7 @@ def server() -> Iterator[str]:
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/stream", stream)
+    app.router.add_post("/stream_end", stream_end)
     app.router.add_get("/closing", closing)
     app.router.add_get("/empty", empty)
     runner = web.AppRunner(app)
@@ -84,5 +96,24 @@ def test_a_closed_connection_is_opened_again(server: str) -> None:
         conn.sock.shutdown(2)
         time.sleep(0.01)
         assert conn.request("GET", "/empty").status == 204
+    finally:
+        conn.close()
+
+
+def test_after_a_chunked_answer_the_client_sees_whether_the_server_ended_it(
+    server: str,
+) -> None:
+    conn = Connection(server, ends_streams=True, quick_ack=True)
+    try:
+        timed = conn.request("POST", "/stream", b"{}")
+        kept = conn.sock
+        assert timed.status == 200 and kept is not None  # aiohttp keeps it open
+        assert conn.request("GET", "/empty").status == 204 and conn.sock is kept
+        # A server that ends the connection after the stream: the next request opens a
+        # new one, its connect inside the clock.
+        assert conn.request("POST", "/stream_end", b"{}").status == 200
+        assert conn.sock is None and conn._reopen_timed
+        assert conn.request("GET", "/empty").status == 204 and conn.sock is not None
+        assert not conn._reopen_timed
     finally:
         conn.close()
