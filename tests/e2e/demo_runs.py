@@ -1,8 +1,9 @@
 """`gpugate demo` in the README's order, N fresh runs: qwen2.5:7b through the gate, then the
 printed FLUX prompt, each run a new demo (its own simulated host and gate, on ports of its
-own). Counted over the runs: FLUX renders; evictions started for a demand that was then
-refused; the reserve against its base (the demo's card runs nothing external, so it must
-stay there).
+own), then ComfyUI told to free its memory (`POST /free`). Counted over the runs: FLUX
+renders; evictions started for a demand that was then refused; the reserve against its base
+(the demo's card runs nothing external, so it must stay there); how long after the `/free`
+the models evicted for FLUX were resident again, warmed by the gate with nobody asking.
 
 Fresh demos had seen FLUX refused after the gate had evicted bge-m3 and qwen2.5:7b for it in
 4 of 19: the gate's own unloads had grown the reserve from 1 GiB to 2 GiB.
@@ -43,6 +44,9 @@ BASE_RESERVE = parse_size(yaml.safe_load(DEFAULT_CONFIG.read_text())["budget"]["
 """The demo's `budget.reserve`: where its reserve stays with no external use."""
 RENDER_TIMEOUT = 240.0
 """Generous: FLUX waits for qwen2.5:7b to be idle 30 s (same class), then renders."""
+WARM_TIMEOUT = 60.0
+WARMED = frozenset({"gemma3:12b", "bge-m3:latest"})
+"""What the demo finds loaded, FLUX's render evicts and the gate warms again."""
 
 
 @attrs.frozen
@@ -73,7 +77,10 @@ class DemoRun:
     be had on the 16 GiB card beside whisper (always_warm), so it is granted the most it
     could ever have, and ComfyUI loads the UNet partly."""
     degraded_events: tuple[dict, ...] = ()
-    """What went wrong for the client, if anything, with the end of the demo's log."""
+    warm_again: float | None = None
+    """Seconds from ComfyUI's `POST /free` (through the gate, after the render) until the
+    models evicted for FLUX were resident again, loaded by the gate with nobody asking
+    (None: not within WARM_TIMEOUT)."""
 
     @property
     def ok(self) -> bool:
@@ -83,6 +90,7 @@ class DemoRun:
             and self.rendered == "success"
             and self.evicted_then_refused == 0
             and self.reserve_max == BASE_RESERVE
+            and self.warm_again is not None
             and not self.error
         )
 
@@ -92,8 +100,9 @@ class DemoRun:
             f"evicted then refused {self.evicted_then_refused}, reserve "
             f"{format_gib(self.reserve_before)} → max {format_gib(self.reserve_max)} → "
             f"{format_gib(self.reserve_after)}, external max {format_gib(self.external_max)}, "
-            f"overruns {self.overruns}, degraded {self.degraded or 'no'}, "
-            f"{self.seconds:.0f}s"
+            f"overruns {self.overruns}, degraded {self.degraded or 'no'}, warm again "
+            + ("never" if self.warm_again is None else f"{self.warm_again:.2f}s")
+            + f" after /free, {self.seconds:.0f}s"
             + "".join(f"\n    {failure}" for failure in self.failures)
             + (f"\n    {self.error}" if self.error else "")
         )
@@ -168,8 +177,11 @@ async def _readme_order(ports: dict[str, int], started: float, timeout: float) -
                 session, comfyui + "/prompt", FLUX_PROMPT.read_bytes()
             )
             rendered = None
+            warm_again = None
             if queued == 200:
                 rendered = await _rendered(session, comfyui, answer["prompt_id"], timeout)
+            if rendered == "success":
+                warm_again = await _warm_again(session, comfyui, watch)
         finally:
             polling.cancel()
         await watch.read()
@@ -192,7 +204,28 @@ async def _readme_order(ports: dict[str, int], started: float, timeout: float) -
         seconds=time.monotonic() - started,
         degraded=degraded,
         degraded_events=tuple(e for e in events if e.get("event") == "degraded"),
+        warm_again=warm_again,
     )
+
+
+async def _warm_again(session: aiohttp.ClientSession, comfyui: str, watch: _Watch) -> float | None:
+    """ComfyUI told to free its memory (`POST /free` through the gate), then the seconds
+    until what FLUX evicted is resident again (None: not within WARM_TIMEOUT)."""
+    async with session.post(comfyui + "/free", json={"free_memory": True}) as resp:
+        await resp.read()
+        if resp.status != 200:
+            return None
+    freed = time.monotonic()
+    try:
+        async with asyncio.timeout(WARM_TIMEOUT):
+            while True:
+                status = await watch.read()
+                resident = {r["model"] for r in status["residents"] if r["state"] == "resident"}
+                if resident >= WARMED:
+                    return time.monotonic() - freed
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        return None
 
 
 def _broken(error: str, started: float) -> DemoRun:
@@ -277,11 +310,18 @@ def counts(runs: Sequence[DemoRun]) -> str:
     highest = max((r.reserve_max for r in runs), default=0)
     overruns = sum(r.overruns for r in runs)
     degraded = sum(1 for r in runs if r.degraded and len(r.degraded_events) == 1)
+    warm = sorted(r.warm_again for r in runs if r.warm_again is not None)
+    within = sum(1 for w in warm if w <= 5.0)
+    warm_line = (
+        f"; warm again after /free in {len(warm)} of {len(runs)}, within 5 s in {within}"
+        + (f" (median {warm[len(warm) // 2]:.2f} s, slowest {warm[-1]:.2f} s)" if warm else "")
+    )
     return (
         f"{len(runs)} fresh demos: FLUX rendered {rendered} of {len(runs)}; evictions for a "
         f"demand then refused: {refused}; reserve at its base ({format_gib(BASE_RESERVE)}) "
         f"throughout in {at_base} of {len(runs)} (highest seen {format_gib(highest)}); "
         f"overruns: {overruns}; FLUX degraded, header and event, in {degraded} of {len(runs)}"
+        + warm_line
     )
 
 

@@ -20,7 +20,7 @@ from gpugate.commands.exits import Exit
 from gpugate.core.units import MiB
 from gpugate_sim.hostprocess import SimulatedHostProcess
 from gpugate_sim.whisper import SimWhisper, WhisperServerSpec
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import LineReader
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 
 from tests.clihost import running_gate, running_host
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.comfyui_helpers import blank, flux
 
 pytestmark = pytest.mark.e2e

@@ -47,7 +47,7 @@ from tests.e2e.test_incident_comfyui import (
     partly_loaded_then_freed,
     until_no_lease,
 )
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.comfyui_helpers import flux
 
 gguf_models = pytest.importorskip("tests.llamaserver.gguf_models")

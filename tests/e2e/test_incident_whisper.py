@@ -35,7 +35,7 @@ from gpugate_sim.device import SimulatedGpuHost
 from gpugate_sim.hostprocess import SimulatedHostProcess
 from gpugate_sim.serverprocess import child_env
 from gpugate_sim.whisper import SimWhisper, WhisperServerSpec, whisper_argv
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import LineReader
 
 pytestmark = pytest.mark.e2e

@@ -18,8 +18,8 @@ import pytest
 
 from gpugate.packaged import SHARE, listing
 from tests.e2e.test_installed_demo import build_wheel, install
-from tests.gate.harness import free_port
 from tests.init.simhost import IncidentHost, incident
+from tests.ports import free_port
 
 __all__ = ["incident"]
 

@@ -19,7 +19,7 @@ from gpugate.commands.exits import Exit
 from gpugate.core.units import GiB
 from gpugate_sim.hostprocess import SimulatedHostProcess
 from tests.control.sse import sse_messages
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 from tests.sim.processes import LineReader, kill_quietly, pid_exists
 
 pytestmark = pytest.mark.e2e
@@ -230,8 +230,7 @@ async def test_sigkill_ends_the_command_too_and_the_lease_lapses_by_its_ttl(serv
     sleeper: int | None = None
     try:
         await until(served, lambda doc: len(doc["leases"]) == 1)
-        sleeper = await only_child(process.pid)
-        assert Path(f"/proc/{sleeper}/comm").read_text().strip() == "sleep"
+        sleeper = await only_child(process.pid, running="sleep")
         ended = pid_ended(sleeper)
         async with (
             aiohttp.ClientSession() as session,
@@ -256,16 +255,22 @@ async def test_sigkill_ends_the_command_too_and_the_lease_lapses_by_its_ttl(serv
             os.kill(sleeper, signal.SIGKILL)
 
 
-async def only_child(pid: int, timeout: float = 60.0) -> int:
-    """The one child of `pid`, once it has one: the wrapper starts its command only after
-    the gate's grant has reached it, which on a busy machine comes after the lease shows."""
+async def only_child(pid: int, running: str, timeout: float = 60.0) -> int:
+    """The one child of `pid`, once it runs the program `running`.
+
+    The wrapper starts its command only after the gate's grant has reached it, which on a
+    busy machine comes after the lease shows; and between fork and exec the child is still
+    a copy of the wrapper (its comm `python`), so a child alone is not yet the command.
+    """
     children = Path(f"/proc/{pid}/task/{pid}/children")
     deadline = time.monotonic() + timeout
-    while not (found := children.read_text().split()):
-        assert time.monotonic() < deadline, f"no child of {pid} in {timeout:g} s"
+    while True:
+        found = children.read_text().split()
+        assert len(found) <= 1, found
+        if found and Path(f"/proc/{found[0]}/comm").read_text().strip() == running:
+            return int(found[0])
+        assert time.monotonic() < deadline, f"no child of {pid} running {running} in {timeout:g} s"
         await asyncio.sleep(0.05)
-    assert len(found) == 1, found
-    return int(found[0])
 
 
 def pid_ended(pid: int) -> asyncio.Future[None]:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from tests.gate.harness import free_ports
+from tests.ports import free_ports
 
 
 def test_serve_says_which_port_it_cannot_take(tmp_path):

@@ -15,7 +15,7 @@ import yaml
 from gpugate.commands.exits import Exit
 from gpugate.core.units import GiB, MiB
 from gpugate_sim.hostprocess import SimulatedHostProcess
-from tests.gate.harness import free_port, free_ports
+from tests.ports import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 INCIDENT = ROOT / "gpugate_sim" / "data" / "incident-2026-07-10.yaml"
