@@ -88,6 +88,8 @@ class Ask:
     policy: ResidencyPolicy = ResidencyPolicy.KEEP_WARM
     idle_ttl: float | None = None
     reload_seconds: float = 1.0
+    rewarm: bool = False
+    """A model to warm again (`Demand.rewarm`)."""
 
     def demand(self) -> Demand:
         """The demand a request would make (its envelope must be known)."""
@@ -101,6 +103,7 @@ class Ask:
             policy=self.policy,
             idle_ttl=self.idle_ttl,
             reload_seconds=self.reload_seconds,
+            rewarm=self.rewarm,
         )
 
 

@@ -92,6 +92,7 @@ class Evicted:
             idle_ttl=ttl,
             reload_seconds=self.reload_seconds,
             max_wait=REWARM_WAIT,
+            rewarm=True,
         )
 
 

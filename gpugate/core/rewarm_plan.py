@@ -56,6 +56,7 @@ def due(core: GateCore, now: float) -> list[Demand]:
                 policy=evicted.policy,
                 idle_ttl=demand.idle_ttl,
                 reload_seconds=evicted.reload_seconds,
+                rewarm=True,
             ),
             now,
         ).verdict

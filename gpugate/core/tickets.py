@@ -112,6 +112,9 @@ class Demand:
     job_bytes: int | None = None
     """JOB scope, set by the core: the job's own size, while `envelope` is what it must
     grow its consumer's job lease by."""
+    rewarm: bool = False
+    """A model warmed again (`gpugate.core.rewarm`): no client waits for it, so no higher-class
+    model yields to it (`yield_after` is for a waiting request) and it never swaps one out."""
     started: Started | None = None
     """JOB scope: the runtime runs the job already (accepted before its lease); None: it
     runs only once leased. See `gpugate.core.early`."""

@@ -38,6 +38,15 @@ class PlannerSettings:
     """A model evicted for a demand and loaded again within this many seconds is a swap."""
 
 
+Standing = tuple[PriorityClass, bool]
+"""What residents' verdicts on a demand depend on: its class, and whether it is a rewarm."""
+
+
+def standing(demand: Demand) -> Standing:
+    """The key under which verdicts on this demand are shared with others of its standing."""
+    return (demand.priority, demand.rewarm)
+
+
 def class_allows(resident: Resident, demand: Demand) -> bool:
     """May a demand of this class ever take this resident's memory (when it is idle)?"""
     if resident.policy is ResidencyPolicy.ALWAYS_WARM:
@@ -59,8 +68,13 @@ def idle_wait(resident: Resident, demand: Demand, settings: PlannerSettings) -> 
 
 def yields_after(resident: Resident, demand: Demand, settings: PlannerSettings) -> float | None:
     """`yield_after` for a higher-class resident the demand's class may not otherwise take
-    (an `always_warm` or production one never yields this way); None when it does not."""
-    if settings.yield_after is None or resident.policy is ResidencyPolicy.ALWAYS_WARM:
+    (an `always_warm` or production one never yields this way, nor to a rewarm, for which
+    nobody waits); None when it does not."""
+    if (
+        settings.yield_after is None
+        or demand.rewarm
+        or resident.policy is ResidencyPolicy.ALWAYS_WARM
+    ):
         return None
     if resident.priority is PriorityClass.PRODUCTION:
         # What production keeps warm it keeps for its TTL.
@@ -148,10 +162,8 @@ class ResidentSource:
         """Forget everything derived (the residents changed)."""
         self._by_model: dict[tuple[str, str], list[Resident]] | None = None
         self._victims: list[Resident] | None = None
-        self._candidates: dict[
-            tuple[PriorityClass, PlannerSettings], list[tuple[Resident, float]]
-        ] = {}
-        self._relative: dict[tuple[PriorityClass, PlannerSettings], _Relative | None] = {}
+        self._candidates: dict[tuple[Standing, PlannerSettings], list[tuple[Resident, float]]] = {}
+        self._relative: dict[tuple[Standing, PlannerSettings], _Relative | None] = {}
 
     def all(self) -> Sequence[Resident]:
         return self._residents
@@ -175,27 +187,27 @@ class ResidentSource:
     def candidates(self, demand: Demand, settings: PlannerSettings) -> list[tuple[Resident, float]]:
         """In victim order, the idle residents the demand's class may take, and how long
         each must have been idle first (the only part that depends on the clock)."""
-        cached = self._candidates.get((demand.priority, settings))
+        cached = self._candidates.get((standing(demand), settings))
         if cached is None:
             cached = []
             for resident in self.victim_order():
                 wait = idle_wait(resident, demand, settings) if resident.idle else None
                 if wait is not None:
                     cached.append((resident, wait))
-            self._candidates[(demand.priority, settings)] = cached
+            self._candidates[(standing(demand), settings)] = cached
         return cached
 
     def relative(self, demand: Demand, settings: PlannerSettings) -> _Relative | None:
         """The release schedule when every time in it is `now` plus a constant (None:
         some resident's time does not move with the clock)."""
-        if (demand.priority, settings) in self._relative:
-            return self._relative[(demand.priority, settings)]
+        if (standing(demand), settings) in self._relative:
+            return self._relative[(standing(demand), settings)]
         rows: list[tuple[float, int, int, ResidentKey]] = []
         for index, resident in enumerate(self.all()):
             offset = release_offset(resident, demand, settings)
             if offset is _ABSOLUTE:
                 rows = []
-                self._relative[(demand.priority, settings)] = None
+                self._relative[(standing(demand), settings)] = None
                 return None
             if offset is not None:
                 rows.append((offset, index, resident.bytes, resident.key))  # type: ignore[arg-type]
@@ -207,7 +219,7 @@ class ResidentSource:
             min(gaps) if gaps else math.inf,
             max((abs(o) for o in offsets), default=0.0),
         )
-        self._relative[(demand.priority, settings)] = relative
+        self._relative[(standing(demand), settings)] = relative
         return relative
 
 
@@ -273,8 +285,8 @@ class ResidentView:
             residents = ResidentSource(residents)
         self.source = residents
         self._unloading: list[Resident] | None = None
-        self._evictable: dict[PriorityClass, list[Resident]] = {}
-        self._releases: dict[PriorityClass, list[tuple[float, int, ResidentKey]]] = {}
+        self._evictable: dict[Standing, list[Resident]] = {}
+        self._releases: dict[Standing, list[tuple[float, int, ResidentKey]]] = {}
 
     @property
     def unloading(self) -> list[Resident]:
@@ -287,19 +299,19 @@ class ResidentView:
 
     def evictable(self, demand: Demand) -> list[Resident]:
         """The residents the demand could evict now, in victim order."""
-        cached = self._evictable.get(demand.priority)
+        cached = self._evictable.get(standing(demand))
         if cached is None:
             cached = [
                 r
                 for r, wait in self.source.candidates(demand, self.settings)
                 if wait == 0 or self.now - r.last_used >= wait
             ]
-            self._evictable[demand.priority] = cached
+            self._evictable[standing(demand)] = cached
         return cached
 
     def releases(self, demand: Demand) -> list[tuple[float, int, ResidentKey]]:
         """(when, bytes, key) for every resident that can ever be the demand's, soonest first."""
-        cached = self._releases.get(demand.priority)
+        cached = self._releases.get(standing(demand))
         if cached is None:
             relative = self.source.relative(demand, self.settings)
             cached = None if relative is None else relative.at(self.now)
@@ -310,5 +322,5 @@ class ResidentView:
                     if when is not None:
                         cached.append((when, resident.bytes, resident.key))
                 cached.sort(key=lambda item: item[0])
-            self._releases[demand.priority] = cached
+            self._releases[standing(demand)] = cached
         return cached

@@ -21,6 +21,7 @@ from gpugate.core.effects import Grant, Reject, Unload
 from gpugate.core.residents import ResidentKey
 from gpugate.core.state import ListedModel
 from gpugate.core.units import GiB
+from gpugate.core.views import PlannerSettings
 from tests.core.builders import (
     RESERVED,
     TOTAL,
@@ -35,9 +36,13 @@ P = PriorityClass
 
 
 class CoreWorld(RuleBasedStateMachine):
+    planner: PlannerSettings | None = None
+    """The queue's settings; None: make_core's, with an equal-class grace of 5 s."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.core = make_core(max_wait=30.0, queue_limit=3, grace=5.0)
+        planner = self.planner or PlannerSettings(equal_class_grace=5.0)
+        self.core = make_core(max_wait=30.0, queue_limit=3, planner=planner)
         self.now = 0.0
         self.external = 0
         self.materialised: dict[ResidentKey, int] = {}

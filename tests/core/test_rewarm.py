@@ -12,6 +12,7 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.rewarm import RewarmOutcome
 from gpugate.core.rewarm_plan import due, start
 from gpugate.core.units import GiB
+from gpugate.core.views import PlannerSettings
 from tests.core.builders import demand, gpu, host, make_core, proc
 
 P = PriorityClass
@@ -29,8 +30,10 @@ class Host:
     """A core on one 16 GiB card (about 14.5 GiB schedulable) that notes every effect in
     its rewarm book, as the gate does when it carries them out."""
 
-    def __init__(self, *, wants=lambda key, policy: True) -> None:
-        self.core = make_core(grace=5.0)
+    def __init__(self, *, wants=lambda key, policy: True, yield_after=None) -> None:
+        self.core = make_core(
+            planner=PlannerSettings(equal_class_grace=5.0, yield_after=yield_after)
+        )
         self.core.rewarms.wants = wants
         self.held: dict[str, int] = {}
         self.at(0.0)
@@ -179,6 +182,24 @@ def test_a_rewarm_evicts_an_idle_lower_class_resident_and_never_a_busy_or_higher
     admission = start(world.core, rewarm, world.now)
     effects = world.apply(admission.effects)
     assert [u.key for u in of(effects, Unload)] == [busy.key]
+
+
+def test_no_higher_class_model_yields_to_a_rewarm_however_long_it_has_been_idle():
+    # yield_after makes an idle interactive model give way to a waiting background request;
+    # nobody waits for a rewarm, and swapping the interactive model out for it is churn.
+    world = Host(yield_after=15.0)
+    bge, flux = world.evict_for_flux()
+    world.at(20.0)
+    (unload,) = of(world.apply(world.core.release(flux.id, world.now)), Unload)
+    world.unload(unload)
+    high = demand("high", 9 * GiB, priority=P.INTERACTIVE)
+    world.core.release(world.load(high).id, world.now)
+    world.at(100.0)  # idle 80 s, past yield_after: a real background request would take it
+    assert due(world.core, world.now) == []
+    assert [r.key for r in world.core.residents()] == [high.key]
+    real = world.core.submit(demand("bge-m3", 6 * GiB, priority=P.BACKGROUND), world.now)
+    assert [u.key for u in of(world.apply(real.effects), Unload)] == [high.key]
+    assert list(world.core.rewarms.evicted) == [bge.key]
 
 
 def test_a_real_demand_cancels_a_waiting_rewarm_and_is_planned_as_if_it_never_was():

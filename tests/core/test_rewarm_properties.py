@@ -21,6 +21,7 @@ from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.rewarm import Evicted, RewarmOutcome
 from gpugate.core.rewarm_plan import due, start
 from gpugate.core.units import GiB
+from gpugate.core.views import PlannerSettings
 from tests.core.builders import demand
 from tests.core.test_core_properties import CoreWorld
 from tests.core.test_rewarm import Host, of
@@ -35,6 +36,9 @@ REWARM_MODELS = (
 
 
 class RewarmWorld(CoreWorld):
+    # Higher-class idle models yield to waiting lower-class requests: never to a rewarm.
+    planner = PlannerSettings(equal_class_grace=5.0, yield_after=3.0)
+
     def __init__(self) -> None:
         self._checking = True
         self.rewarming: set[int] = set()
@@ -173,7 +177,7 @@ HOLDER = st.tuples(
 def test_a_rewarm_takes_only_idle_memory_its_class_may_and_gives_way(
     holders, rewarm_class, size, real
 ):
-    world = Host()
+    world = Host(yield_after=15.0)  # idle 40 s by the rewarm: higher classes would yield
     core = world.core
     # The model to warm again was evicted for a higher class: remembered as the book does.
     key = ResidentKey("ollama", "warm")

@@ -84,12 +84,14 @@ async def test_an_unload_asked_through_the_gate_is_seen_at_once_and_its_room_war
     tmp_path, sim_host, fakenvml_path
 ):
     # A sample an hour apart: only the unload's own fast sampling can see the memory come
-    # back within the wait (an eviction's reclaim check samples for itself).
+    # back within the wait (an eviction's reclaim check samples for itself). gemma3:12b
+    # (interactive) is idle past yield_after all along, as on a machine slow enough: it
+    # would yield to a waiting background request, never to bge-m3's rewarm.
     async with running_stack(
         tmp_path,
         sim_host,
         fakenvml_path,
-        extra=PRODUCTION,
+        extra=PRODUCTION + "queue:\n  yield_after: 1ms\n",
         models_yaml=models_yaml("true"),
         sample_interval="1h",
         stale_after="2h",
