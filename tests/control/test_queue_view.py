@@ -34,12 +34,20 @@ batch:8b: {class: background, envelope: 8GiB}
 """
 WAIT = 60.0
 """The most a state the test waits for may take (both cores busy)."""
+KEEP_FOR_TTL = "queue:\n  yield_after: 1h\n"
+"""chat:8b is kept for its whole ttl: with the default yield_after (15 s) the wait would end
+while the test still looks at it, on a machine slow enough."""
 
 
 @pytest.fixture
 async def stack(tmp_path, sim_host, fakenvml_path) -> AsyncIterator[Stack]:
     async with running_stack(
-        tmp_path, sim_host, fakenvml_path, models=MODELS, models_yaml=MODELS_YAML
+        tmp_path,
+        sim_host,
+        fakenvml_path,
+        models=MODELS,
+        models_yaml=MODELS_YAML,
+        extra=KEEP_FOR_TTL,
     ) as stack:
         yield stack
 

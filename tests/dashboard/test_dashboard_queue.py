@@ -13,7 +13,13 @@ from pathlib import Path
 import ollama
 import pytest
 
-from tests.control.test_queue_view import MODELS, MODELS_YAML, queued, waiting_request
+from tests.control.test_queue_view import (
+    KEEP_FOR_TTL,
+    MODELS,
+    MODELS_YAML,
+    queued,
+    waiting_request,
+)
 from tests.dashboard.cdp import CHROMIUM, chromium_page
 from tests.gate.harness import Stack, running_stack
 
@@ -33,7 +39,12 @@ async def stack(tmp_path, sim_host, fakenvml_path) -> AsyncIterator[Stack]:
     # A third model larger than the card: its request is refused at once.
     models_yaml = MODELS_YAML + "huge:70b: {envelope: 40GiB}\n"
     async with running_stack(
-        tmp_path, sim_host, fakenvml_path, models=MODELS, models_yaml=models_yaml
+        tmp_path,
+        sim_host,
+        fakenvml_path,
+        models=MODELS,
+        models_yaml=models_yaml,
+        extra=KEEP_FOR_TTL,
     ) as stack:
         yield stack
 
