@@ -29,6 +29,10 @@ class RuntimeSettings:
     places_itself: ClassVar[bool] = False
     """Whether the runtime spreads its loads over several GPUs by a rule of its own the gate
     predicts (a consumer may list `gpus:` for it without a `control.command`)."""
+    controlled: ClassVar[bool] = True
+    """Whether the gate may start and stop the runtime's process (`control`): a runtime
+    whose memory is its process's. A server whose models load and unload inside it
+    (Ollama, ComfyUI) is started by its operator; nothing reads a `control` for it."""
     one_device: ClassVar[bool] = False
     """Whether the runtime runs on one device only, whoever starts it (ComfyUI's
     --cuda-device): a consumer gives it one `gpu`."""

@@ -247,6 +247,14 @@ def _check_control(consumer: Consumer, path: str, findings: Findings) -> None:
     where = f"{path}.control"
     if control is None or findings.has_errors_under(where):
         return
+    if not consumer.settings.controlled:
+        findings.warn(
+            where,
+            f"runtime {consumer.runtime} ignores control: the gate starts and stops only a "
+            "runtime whose memory is its process's; its models load and unload inside its "
+            "server, which you start (or systemd does)",
+        )
+        return
     if control.unit is not None and control.command:
         findings.report(where, "give either unit (a systemd service) or command, not both")
     elif control.unit is None and not control.command:

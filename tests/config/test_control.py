@@ -9,7 +9,7 @@ import pytest
 
 from gpugate.config.model import ProcessControlSettings
 from gpugate.core.units import MiB
-from tests.config.helpers import Found, errors, load
+from tests.config.helpers import Found, errors, load, warnings
 
 
 def whisper(control: str, envelope: str | None = "2050MiB") -> str:
@@ -113,5 +113,38 @@ def test_a_process_controlled_consumer_needs_an_envelope() -> None:
             2,
             "consumers.whisper.envelope",
             "a process-controlled consumer needs an envelope: the bytes its start is admitted for",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("runtime", "fields"),
+    [
+        ("ollama", ["listen: 0.0.0.0:11434", "processes: {units: [ollama.service]}"]),
+        (
+            "comfyui",
+            [
+                "listen: 0.0.0.0:8188",
+                'processes: {commands: ["ComfyUI/main.py"]}',
+                "envelope: 12GiB",
+            ],
+        ),
+    ],
+)
+def test_a_control_on_a_server_the_gate_does_not_start_is_a_warning_at_its_line(
+    runtime: str, fields: list[str]
+) -> None:
+    # Ollama and ComfyUI load and unload models inside a running server: nothing would read
+    # the control, and no envelope is asked for one.
+    lines = ["consumers:", f"  {runtime}:", f"    runtime: {runtime}"]
+    lines += [f"    {field}" for field in [*fields, "upstream: http://127.0.0.1:9999"]]
+    lines += ["    control:", f"      command: [{runtime}, serve]"]
+    assert warnings("\n".join(lines) + "\n")[-1:] == [
+        Found(
+            len(lines) - 1,
+            f"consumers.{runtime}.control",
+            f"runtime {runtime} ignores control: the gate starts and stops only a runtime "
+            "whose memory is its process's; its models load and unload inside its server, "
+            "which you start (or systemd does)",
         )
     ]

@@ -19,6 +19,7 @@ class ComfyUISettings(RuntimeSettings):
 
     jobs: ClassVar[bool] = True
     one_device: ClassVar[bool] = True
+    controlled: ClassVar[bool] = False
 
     files: tuple[FileSize, ...] = attrs.field(default=(), metadata=BY_PATTERN)
     """VRAM of each model file a prompt may load, by name or glob."""

@@ -19,6 +19,7 @@ class OllamaSettings(RuntimeSettings):
     """What Ollama's own environment sets that the gate must read requests by."""
 
     places_itself: ClassVar[bool] = True
+    controlled: ClassVar[bool] = False
 
     origins: tuple[str, ...] = ()
     """Extra origins browsers may call from (Ollama's OLLAMA_ORIGINS), `*` wildcards allowed."""
