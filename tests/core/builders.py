@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpugate.core.budget import usage_of
 from gpugate.core.classes import PriorityClass, ResidencyPolicy
 from gpugate.core.effects import Unload
 from gpugate.core.observation import (
@@ -184,3 +185,14 @@ def world_sample(
     if external:
         processes.append(proc(500, external, "plex", managed=False))
     return host(gpu(*processes, unattributed=unattributed), at=now)
+
+
+def assert_sums_recounted(core: GateCore) -> None:
+    """The per-GPU sums the books carry from change to change are what a recount of their
+    residents and leases gives (a drift would show as memory on its way back, or missing)."""
+    books = core.books
+    leases = list(books.leases.values())
+    gpus = {0} | {r.gpu for r in books.residents.values()} | {x.gpu for x in leases}
+    for gpu in sorted(gpus):
+        carried = books.usage(gpu)
+        assert carried == usage_of(gpu, books.residents.on_gpu(gpu), leases), gpu

@@ -26,6 +26,7 @@ from tests.core.builders import (
     RESERVED,
     TOTAL,
     WORLD_MODELS,
+    assert_sums_recounted,
     demand,
     make_core,
     proc,
@@ -171,6 +172,10 @@ class CoreWorld(RuleBasedStateMachine):
         self._apply(self.core.reconcile("ollama", 0, listed, asked_at=self.now, now=self.now))
 
     # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def leases_belong_to_live_requests(self):

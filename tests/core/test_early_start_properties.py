@@ -29,7 +29,16 @@ from gpugate.core.effects import Grant, Reject, Unload
 from gpugate.core.scopes import HELD_MODEL
 from gpugate.core.tickets import Demand, LeaseScope, Started
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
+from tests.core.builders import (
+    RESERVED,
+    TOTAL,
+    assert_sums_recounted,
+    demand,
+    gpu,
+    host,
+    make_core,
+    proc,
+)
 
 P = PriorityClass
 C = "comfy"
@@ -245,6 +254,10 @@ class EarlyWorld(RuleBasedStateMachine):
         self.now += seconds
         self._sample()
         self._apply(self.core.tick(self.now))
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def a_waiting_early_job_is_first_in_its_queue(self):

@@ -34,7 +34,16 @@ from gpugate.core.floors import unallocated
 from gpugate.core.residents import ResidentKey
 from gpugate.core.tickets import Lease, Sizing
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
+from tests.core.builders import (
+    RESERVED,
+    TOTAL,
+    assert_sums_recounted,
+    demand,
+    gpu,
+    host,
+    make_core,
+    proc,
+)
 
 P = PriorityClass
 RESERVE = 1 * GiB
@@ -283,6 +292,10 @@ class ElasticWorld(RuleBasedStateMachine):
         self._apply(self.core.tick(self.now))
 
     # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def leases_belong_to_live_requests(self) -> None:

@@ -14,7 +14,7 @@ from gpugate.core.operator import EvictionRefused
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
-from tests.core.builders import demand, gpu, host, make_core, proc
+from tests.core.builders import assert_sums_recounted, demand, gpu, host, make_core, proc
 
 W = "whisper"
 KEY = ResidentKey(W, "turbo")
@@ -365,6 +365,10 @@ class LifecycleWorld(RuleBasedStateMachine):
         )
         self._run(self.core.lifecycles.reported(W, report, self.now))
         self._run(self.core.unloaded(unload.key, self.now, reclaimed=ok))
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def a_start_lease_is_open_exactly_while_starting(self) -> None:

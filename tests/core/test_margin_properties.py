@@ -27,7 +27,15 @@ from gpugate.core.failures import FailureClass
 from gpugate.core.observation import OTHER, Owner, OwnerKind, ProcessUsage
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, make_core, proc, world_sample
+from tests.core.builders import (
+    RESERVED,
+    TOTAL,
+    assert_sums_recounted,
+    demand,
+    make_core,
+    proc,
+    world_sample,
+)
 
 P = PriorityClass
 BASE = 1 * GiB
@@ -220,6 +228,10 @@ class MarginWorld(RuleBasedStateMachine):
         self._apply(self.core.tick(self.now))
 
     # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def the_reserve_moves_only_for_others(self):

@@ -15,7 +15,7 @@ from gpugate.core.effects import Grant, Unload
 from gpugate.core.placement import Placing, place
 from gpugate.core.residents import ResidentState
 from gpugate.core.units import GiB
-from tests.core.builders import demand, host, proc
+from tests.core.builders import assert_sums_recounted, demand, host, proc
 from tests.core.test_placement import CARDS, RULE, cards, core_on
 
 P = PriorityClass
@@ -110,6 +110,7 @@ def test_split_loads_keep_every_card_within_its_budget(ops):
         for whole in wholes:
             states = {p.state for p in core.books.parts_of(whole)}
             assert not (ResidentState.RESIDENT in states and ResidentState.UNLOADING in states)
+        assert_sums_recounted(core)
     # Every request's leases end with it (a release may grant a waiting one: it ends too).
     for ticket_id in list(waiting):
         apply(core.cancel(ticket_id, now))

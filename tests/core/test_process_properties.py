@@ -32,7 +32,16 @@ from gpugate.core.lifecycle import Eviction, LifeReport, LifeState
 from gpugate.core.residents import ResidentState
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
+from tests.core.builders import (
+    RESERVED,
+    TOTAL,
+    assert_sums_recounted,
+    demand,
+    gpu,
+    host,
+    make_core,
+    proc,
+)
 
 P = PriorityClass
 W = "whisper"
@@ -248,6 +257,10 @@ class ProcessWorld(RuleBasedStateMachine):
         for lease_id, what in list(self.work.items()):
             if self.core.lease(lease_id) is None and what in ("start", "load"):
                 del self.work[lease_id]
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def leases_belong_to_live_work(self):

@@ -21,7 +21,16 @@ from gpugate.core.effects import Grant, Reject, Unload
 from gpugate.core.job_leases import JOBS_MODEL
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB
-from tests.core.builders import RESERVED, TOTAL, demand, gpu, host, make_core, proc
+from tests.core.builders import (
+    RESERVED,
+    TOTAL,
+    assert_sums_recounted,
+    demand,
+    gpu,
+    host,
+    make_core,
+    proc,
+)
 
 P = PriorityClass
 C = "comfy"
@@ -128,6 +137,10 @@ class JobWorld(RuleBasedStateMachine):
         self.now += seconds
         self._sample()
         self._apply(self.core.tick(self.now))
+
+    @invariant()
+    def carried_sums_are_a_recount(self):
+        assert_sums_recounted(self.core)
 
     @invariant()
     def job_lease_is_the_largest_live_job(self):
