@@ -711,7 +711,8 @@ async def test_a_stalled_read_keeps_one_thread_and_leaves_the_loop_free(
 async def test_close_does_not_wait_for_a_hung_read(
     sim_host: SimulatedGpuHost, fakenvml_loaded: ctypes.CDLL
 ) -> None:
-    sim_host.stall("nvmlDeviceGetMemoryInfo_v2", 500, gpu=0)
+    # A hang long enough that no pause of a busy machine passes for waiting on it.
+    sim_host.stall("nvmlDeviceGetMemoryInfo_v2", 2000, gpu=0)
     sampler = Sampler(NvmlReader(), ProcessAttributor())
     reading = asyncio.ensure_future(sampler.sample())
     while not sampler.reader.is_open:  # type: ignore[attr-defined]
@@ -722,7 +723,7 @@ async def test_close_does_not_wait_for_a_hung_read(
     closing_took = time.monotonic() - started
     observation = await reading
 
-    assert closing_took < 0.1
+    assert closing_took < 1.0
     assert observation.error is None
     assert nvml.open_count() == 0
     assert (await sampler.sample()).error is not None  # closed for good

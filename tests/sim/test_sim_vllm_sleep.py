@@ -149,6 +149,7 @@ def test_a_sleep_aborts_the_requests_in_flight(sim_host: SimulatedGpuHost) -> No
         url = sim.url
         assert url is not None
         events: list[dict] = []
+        streaming = threading.Event()
 
         def stream() -> None:
             payload = {"model": "qwen", "prompt": "hi", "stream": True}
@@ -156,10 +157,11 @@ def test_a_sleep_aborts_the_requests_in_flight(sim_host: SimulatedGpuHost) -> No
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
                         events.append(json.loads(line[len("data: ") :]))
+                        streaming.set()
 
         reader = threading.Thread(target=stream)
         reader.start()
-        time.sleep(0.35)
+        assert streaming.wait(WAIT), "the stream never started"
         assert post(url, "/sleep?level=1").status_code == 200
         reader.join(timeout=WAIT)
         assert events[-1]["choices"][0]["finish_reason"] == "abort"
