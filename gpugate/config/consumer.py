@@ -155,6 +155,16 @@ class ListenerLimits:
     """Connections to the runtime at once (requests in flight); a request past them waits
     for one to come free, within the connect timeout. Idle client connections hold none."""
 
+    def per_client(self, max_connections: int) -> int:
+        """The connections one client address may hold on a listener that takes
+        `max_connections` (its cap after the open-files limit)."""
+        per_client = self.max_connections_per_client
+        if per_client is None:
+            # Loopback clients all share one address, so the default only keeps an eighth
+            # of the listener for the others.
+            per_client = max(1, max_connections - max(1, max_connections // 8))
+        return min(per_client, max_connections)
+
 
 @attrs.frozen
 class ProcessControlSettings:

@@ -91,6 +91,21 @@ class Ask:
     rewarm: bool = False
     """A model to warm again (`Demand.rewarm`)."""
 
+    @classmethod
+    def of(cls, demand: Demand) -> Ask:
+        """The ask whose `demand()` is this demand (as far as an ask can say one)."""
+        return cls(
+            key=demand.key,
+            gpu=demand.gpu,
+            envelope=demand.envelope,
+            priority=demand.priority,
+            resident_priority=demand.resident_priority,
+            policy=demand.policy,
+            idle_ttl=demand.idle_ttl,
+            reload_seconds=demand.reload_seconds,
+            rewarm=demand.rewarm,
+        )
+
     def demand(self) -> Demand:
         """The demand a request would make (its envelope must be known)."""
         assert self.envelope is not None

@@ -45,21 +45,7 @@ def due(core: GateCore, now: float) -> list[Demand]:
         if any(lease.key.whole == key for lease in core.books.leases.values()):
             continue
         demand = evicted.demand(now)
-        verdict = assess(
-            core,
-            Ask(
-                key=key,
-                gpu=evicted.gpu,
-                envelope=evicted.bytes,
-                priority=evicted.priority,
-                resident_priority=evicted.priority,
-                policy=evicted.policy,
-                idle_ttl=demand.idle_ttl,
-                reload_seconds=evicted.reload_seconds,
-                rewarm=True,
-            ),
-            now,
-        ).verdict
+        verdict = assess(core, Ask.of(demand), now).verdict
         if verdict in (Verdict.FITS, Verdict.AFTER_EVICTION):
             chosen.append(demand)
             busy_gpus.add(evicted.gpu)  # one per GPU and call: the next planned after it

@@ -260,12 +260,7 @@ class Guard:
         self.limits = limits
         self.name = name
         self.max_connections = max_connections
-        per_client = limits.max_connections_per_client
-        if per_client is None:
-            # Loopback clients all share one address, so the default only keeps an eighth
-            # of the listener for the others.
-            per_client = max(1, max_connections - max(1, max_connections // 8))
-        self.max_per_client = min(per_client, max_connections)
+        self.max_per_client = limits.per_client(max_connections)
         self.refusing = 0
         self.reclaimed = 0
         """Idle connections closed to make room for new ones, since start."""

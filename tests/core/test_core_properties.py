@@ -104,9 +104,14 @@ class CoreWorld(RuleBasedStateMachine):
 
     @rule(model=st.sampled_from(WORLD_MODELS), klass=st.sampled_from(list(P)))
     def request(self, model, klass):
+        self._request(model, klass, ttl=20.0)
+
+    def _request(self, model, klass, *, ttl: float) -> None:
+        """A client asks for `model` (name, bytes, its class once loaded) as `klass`: it
+        waits, or holds its lease, and a grant that starts a load is checked."""
         name, envelope, resident_class = model
         admission = self.core.submit(
-            demand(name, envelope, priority=klass, resident_priority=resident_class, ttl=20.0),
+            demand(name, envelope, priority=klass, resident_priority=resident_class, ttl=ttl),
             self.now,
         )
         if admission.waiting:

@@ -21,7 +21,7 @@ from hypothesis.stateful import rule
 from gpugate.core.classes import PriorityClass
 from gpugate.core.planner import PlannerSettings
 from gpugate.core.units import GiB
-from tests.core.builders import demand, make_core
+from tests.core.builders import make_core
 from tests.core.test_core_properties import CoreWorld
 
 P = PriorityClass
@@ -49,18 +49,7 @@ class SwapWorld(CoreWorld):
         klass=st.sampled_from([P.INTERACTIVE, P.INTERACTIVE, P.BACKGROUND, P.PRODUCTION]),
     )
     def request(self, model, klass):
-        name, envelope, resident_class = model
-        admission = self.core.submit(
-            demand(name, envelope, priority=klass, resident_priority=resident_class, ttl=30.0),
-            self.now,
-        )
-        if admission.waiting:
-            self.waiting[admission.ticket_id] = admission
-        self._apply(admission.effects)
-        if admission.lease is not None:
-            self.in_flight[admission.lease.id] = admission.lease
-            if admission.lease.pending:
-                self._check_step([admission.lease])
+        self._request(model, klass, ttl=30.0)
 
     def _check_step(self, granted) -> None:
         super()._check_step(granted)

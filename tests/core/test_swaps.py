@@ -47,6 +47,17 @@ class Card:
             self.effects += self.core.unloaded(unload.key, now, reclaimed=True)
             self.effects.remove(unload)
 
+    def a_evicted_for_b(self) -> None:
+        """a loaded at 0 and idle from 1; b asked at 2 evicts it, loads at 3 and is idle
+        from 4 (the first half of a swap: a asked again would be its second)."""
+        a1 = self.ask("a", 0.0)
+        self.load(a1.lease.id, "a", 0.0)
+        self.effects += self.core.release(a1.lease.id, 1.0)
+        b1 = self.ask("b", 2.0)
+        self.unload_all(3.0)
+        self.load(self.granted(b1.ticket_id).id, "b", 3.0)
+        self.effects += self.core.release(b1.ticket_id, 4.0)
+
     def ticket(self, ticket_id: int):
         return next(t for t in self.core.waiting(0) if t.id == ticket_id)
 
@@ -118,13 +129,7 @@ def test_a_model_evicted_and_loaded_again_within_the_window_is_a_swap():
 
 def test_no_swap_after_the_window():
     card = Card(PlannerSettings(equal_class_grace=0.0, swap_overtakes=0, swap_window=10.0))
-    a1 = card.ask("a", 0.0)
-    card.load(a1.lease.id, "a", 0.0)
-    card.effects += card.core.release(a1.lease.id, 1.0)
-    b1 = card.ask("b", 2.0)
-    card.unload_all(3.0)
-    card.load(card.granted(b1.ticket_id).id, "b", 3.0)
-    card.effects += card.core.release(b1.ticket_id, 4.0)
+    card.a_evicted_for_b()
     card.ask("a", 20.0)
     card.unload_all(21.0)
     assert not [e for e in card.effects if isinstance(e, Event) and e.kind is EventKind.SWAP]

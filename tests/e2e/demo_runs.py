@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import aiohttp
 import attrs
@@ -36,10 +35,9 @@ import yaml
 from gpugate.commands.demo import DEFAULT_CONFIG, FLUX_PROMPT, demo_ports
 from gpugate.core.units import format_gib, parse_size
 from gpugate.gate.exchange import DEGRADED_HEADER
-from tests.e2e.test_installed_demo import free_port_base
+from tests.e2e.test_installed_demo import free_port_base, start_demo
 from tests.sim.processes import LineReader, kill_quietly
 
-ROOT = Path(__file__).resolve().parents[2]
 BASE_RESERVE = parse_size(yaml.safe_load(DEFAULT_CONFIG.read_text())["budget"]["reserve"])
 """The demo's `budget.reserve`: where its reserve stays with no external use."""
 RENDER_TIMEOUT = 240.0
@@ -131,13 +129,9 @@ async def demo_run(*, timeout: float = RENDER_TIMEOUT) -> DemoRun:
     base = free_port_base()
     ports = demo_ports(base)
     with tempfile.TemporaryFile("w+") as log:
-        demo = subprocess.Popen(
-            [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
+        demo = start_demo(
+            base,
             stderr=log,  # the gate's log and events: read back only when a run goes wrong
-            text=True,
-            start_new_session=True,
         )
         try:
             LineReader(demo.stdout).until("Events follow", timeout=120)

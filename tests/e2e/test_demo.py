@@ -22,7 +22,7 @@ import aiohttp
 from gpugate.commands.demo import FLUX_PROMPT, demo_ports
 from gpugate.commands.local_token import local_token_path
 from gpugate.runtimes.process_find import listening_pids
-from tests.e2e.test_installed_demo import free_port_base
+from tests.e2e.test_installed_demo import free_port_base, start_demo
 from tests.gate.test_process_start import wav_bytes
 from tests.sim.processes import LineReader, kill_quietly
 
@@ -47,13 +47,7 @@ async def test_the_demo_renders_flux_stays_healthy_and_restarts_whisper_once():
     gate_whisper = f"http://127.0.0.1:{ports['whisper']}"
     control = f"http://127.0.0.1:{ports['control']}"
     whisper_port = ports["whisper_upstream"]
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    demo = start_demo(base)
     try:
         reader = LineReader(demo.stdout)
         reader.until("Events follow", timeout=60)
@@ -138,13 +132,7 @@ async def test_the_demos_whisper_is_up_at_ready_and_a_smaller_model_loaded_serve
     ports = demo_ports(base)
     gate_whisper = f"http://127.0.0.1:{ports['whisper']}"
     control = f"http://127.0.0.1:{ports['control']}"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    demo = start_demo(base)
     try:
         reader = LineReader(demo.stdout)
         assert reader.until("gpugate: ready", timeout=60).strip() == "gpugate: ready"

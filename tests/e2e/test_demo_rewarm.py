@@ -8,19 +8,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 
 from gpugate.commands.demo import FLUX_PROMPT, demo_ports
 from tests.e2e.test_demo import poll
-from tests.e2e.test_installed_demo import free_port_base
+from tests.e2e.test_installed_demo import free_port_base, start_demo
 from tests.sim.processes import LineReader, kill_quietly
 
-ROOT = Path(__file__).resolve().parents[2]
 WARM = {"gemma3:12b", "bge-m3:latest"}
 """The models the demo finds loaded, evicted for the render, and warms again."""
 
@@ -31,13 +27,7 @@ async def test_the_models_evicted_for_the_flux_render_come_back_once_comfyui_fre
     gate_comfy = f"http://127.0.0.1:{ports['comfyui']}"
     gate_ollama = f"http://127.0.0.1:{ports['ollama']}"
     control = f"http://127.0.0.1:{ports['control']}"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    demo = start_demo(base)
     try:
         reader = LineReader(demo.stdout)
         reader.until("Events follow", timeout=60)

@@ -8,16 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import ollama
 
 from gpugate.commands.demo import demo_ports
 from tests.e2e.test_demo import poll
-from tests.e2e.test_installed_demo import free_port_base
+from tests.e2e.test_installed_demo import free_port_base, start_demo
 from tests.sim.processes import LineReader, kill_quietly
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def status(config: str) -> str:
@@ -40,13 +37,7 @@ def card_block(text: str, index: int) -> str:
 async def test_the_two_card_demo_shows_both_cards_and_splits_a_large_model():
     base = free_port_base()
     ports = demo_ports(base)
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "demo", "--two-cards", "--port-base", str(base)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    demo = start_demo(base, "--two-cards")
     try:
         reader = LineReader(demo.stdout)
         reader.until("Events follow", timeout=60)

@@ -61,6 +61,19 @@ def free_port_base(count: int = len(PORTS)) -> int:
     raise AssertionError(f"no {count} free ports in {lo}..{hi}")
 
 
+def start_demo(base: int, *flags: str, **popen: object) -> subprocess.Popen[str]:
+    """`gpugate demo --port-base BASE [FLAGS]` from the checkout, in a session of its own
+    (stopped by its group), its standard output a pipe; `popen`: more for Popen."""
+    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "gpugate", "demo", *flags, "--port-base", str(base)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
+
+
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
         try:

@@ -18,7 +18,7 @@ from gpugate.commands.demo import PORTS, demo_ports
 from gpugate.commands.exits import Exit
 from gpugate.commands.local_token import local_token_path
 from tests.e2e.test_demo import poll
-from tests.e2e.test_installed_demo import free_port_base, printed_commands
+from tests.e2e.test_installed_demo import free_port_base, printed_commands, start_demo
 from tests.sim.processes import LineReader, kill_quietly
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,10 +30,7 @@ class Demo:
     def __init__(self, base: int, env: dict[str, str]) -> None:
         self.ports = demo_ports(base)
         self.env = env
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpugate", "demo", "--port-base", str(base)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+        self.process = start_demo(base, env=env)
         self.reader = LineReader(self.process.stdout)
 
     def started(self) -> None:

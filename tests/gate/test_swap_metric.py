@@ -25,13 +25,7 @@ def test_a_model_loaded_again_after_its_eviction_counts_one_swap():
     hub = EventHub()
     metrics = GateMetrics(types.SimpleNamespace(events=hub))  # type: ignore[arg-type]
     card = Card(PlannerSettings(equal_class_grace=0.0, swap_overtakes=0))
-    a1 = card.ask("a", 0.0)
-    card.load(a1.lease.id, "a", 0.0)
-    card.effects += card.core.release(a1.lease.id, 1.0)
-    b1 = card.ask("b", 2.0)
-    card.unload_all(3.0)
-    card.load(card.granted(b1.ticket_id).id, "b", 3.0)
-    card.effects += card.core.release(b1.ticket_id, 4.0)
+    card.a_evicted_for_b()
     card.ask("a", 5.0)
     card.unload_all(6.0)
     for effect in card.effects:
