@@ -33,8 +33,9 @@ name, the C function that failed and a message; nothing else escapes (pynvml's
 
 A device's handle, name and UUID are read once per initialisation (handles stay valid
 until nvmlShutdown, and neither a name nor a UUID changes under them): a sample is the
-device count and, per device, its memory and its two process lists, one call each while
-their buffers are large enough (`proclists.py`).
+device count and, per device, its memory read before and after its two process lists
+(the lower reading kept), one call each while their buffers are large enough
+(`proclists.py`).
 
 A lost GPU (GpuIsLost, ResetRequired, or NVML found uninitialised) invalidates what this
 process holds of NVML: the reader gives its initialisation back (nvmlShutdown once no
@@ -324,8 +325,14 @@ class NvmlReader:
 
     def _device(self, index: int) -> DeviceSample:
         device = self._known(index)
-        memory = _memory(device.handle, index)
+        before = _memory(device.handle, index)
         processes, fault = device.lists.read(device.handle, index)
+        # Used memory and the process lists are separate reads: memory a process gives back
+        # between them (ComfyUI freeing its cached models one by one) would be, for one
+        # sample, used memory no process accounts for, and taken for another program's.
+        # Of two readings around the lists, the lower holds none of it.
+        after = _memory(device.handle, index)
+        memory = after if after.used < before.used else before
         return DeviceSample(
             index=index,
             uuid=device.uuid,

@@ -22,6 +22,7 @@ from gpugate.gpu.nvml import (
     ProcessSample,
     library_from,
 )
+from gpugate.gpu.proclists import ProcessLists
 from gpugate_sim.device import SimDevice, SimProcess, SimulatedGpuHost
 from gpugate_sim.shim import STATE_ENV
 
@@ -404,3 +405,29 @@ def test_reinitialisation_backs_off_while_the_gpu_stays_lost(host: SimulatedGpuH
         assert (nvml.open_count(), reader.is_open) == (0, False)
     finally:
         reader.close()
+
+
+def test_memory_given_back_during_a_sample_is_not_left_unaccounted(
+    host: SimulatedGpuHost, reader: NvmlReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ComfyUI's `POST /free` lets its cached models go one after the other; one going
+    # between the read of used memory and the read of the process lists would be used
+    # memory no process accounts for (the gate takes that for another program's, and
+    # grows its reserve).
+    host.allocate(4242, 6 * GiB + 335 * MiB, gpu=0)
+    host.allocate(5151, GiB, gpu=0)
+    quiet = reader.read().devices[0]
+    overhead = quiet.used - sum(p.used or 0 for p in quiet.processes)
+    lists_read = ProcessLists.read
+
+    def freeing_midway(self: ProcessLists, handle: object, index: int):  # type: ignore[no-untyped-def]
+        host.release(4242)
+        host.allocate(4242, 335 * MiB, gpu=0)  # the UNet went, the VAE is still there
+        return lists_read(self, handle, index)
+
+    monkeypatch.setattr(ProcessLists, "read", freeing_midway)
+    device = reader.read().devices[0]
+
+    assert device.used - sum(p.used or 0 for p in device.processes) == overhead
+    assert device.total == device.reserved + device.used + device.free
+    assert {p.pid: p.used for p in device.processes} == {4242: 335 * MiB, 5151: GiB}

@@ -69,7 +69,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 STEADY = Counter(
     {
         "nvmlDeviceGetCount_v2": 1,
-        "nvmlDeviceGetMemoryInfo_v2": 2,
+        "nvmlDeviceGetMemoryInfo_v2": 4,  # before and after each card's lists
         "nvmlDeviceGetComputeRunningProcesses_v3": 2,
         "nvmlDeviceGetGraphicsRunningProcesses_v3": 2,
     }
