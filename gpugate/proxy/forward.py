@@ -174,7 +174,7 @@ def request_head(
     data = _compose(
         request, target, dropped, host, forwarded, length=length, chunked=chunked, close=close
     )
-    fits = getattr(request.dialect, "fits", None)
+    fits = request.dialect.fits
     if fits is None or fits(data):
         return data
     # The upstream's server would refuse the head the gate made of one it took from the
@@ -204,7 +204,7 @@ def request_head(
         )
         if fits(refit):
             return refit
-    if "Host" not in incoming and not getattr(request.dialect, "needs_host", True):
+    if "Host" not in incoming and not request.dialect.needs_host:
         # cpp-httplib: a server that reads no Host is sent none, as the client sent none
         bare = _compose(
             request, target, dropped, "", None, length=length, chunked=chunked, close=close
@@ -323,7 +323,7 @@ class RelayedBody:
         self._length = length
         self._sent = 0
         self._answered: asyncio.Future[None] | None = None
-        self._relays_broken = getattr(request.dialect, "relays_broken_body", False)
+        self._relays_broken = request.dialect.relays_broken_body
         self._broken = False
 
     def stop_at(self, answered: asyncio.Future[None]) -> None:

@@ -91,7 +91,7 @@ def send_answer(
         request.close = True
     dialect = request.dialect
     said = ends
-    says = getattr(dialect, "says_close", None)
+    says = dialect.says_close
     if says is not None:
         # cpp-httplib says close only when the request said it (an HTTP/1.0 request's
         # answer says Keep-Alive, then the connection ends), on the connection's last
@@ -263,7 +263,7 @@ def _httplib_connection(request: Request, status: int) -> tuple[bytes, bool] | N
     """For a cpp-httplib runtime, the connection line its server writes on this answer to
     this client and whether the connection ends after it (`relayed_connection`); None for
     other servers."""
-    relayed = getattr(request.dialect, "relayed_connection", None)
+    relayed = request.dialect.relayed_connection
     if relayed is None:
         return None
     return relayed(request.head, status, last=last_request(request))
@@ -272,7 +272,7 @@ def _httplib_connection(request: Request, status: int) -> tuple[bytes, bool] | N
 def last_request(request: Request) -> bool:
     """The request is the last its server takes on the connection (cpp-httplib's
     `keep_alive_max`, counted as the listener counts them: server.py `requests`)."""
-    most = getattr(request.dialect, "keep_alive_max", None)
+    most = request.dialect.keep_alive_max
     return most is not None and getattr(request.conn, "requests", 0) >= most
 
 

@@ -18,7 +18,6 @@ from gpugate.proxy.dialects.base import (
     HttpDialect,
     Refusal,
     RequestHead,
-    continue_rule,
 )
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -293,11 +292,11 @@ class Request:
         `Expect` it does not know, keeping the connection (aiohttp's router's 417), which
         is returned for the caller to send instead of handling the request."""
         dialect = self.conn.dialect
-        if self.head.expect_continue and continue_rule(dialect) is ContinueRule.DISPATCH:
+        if self.head.expect_continue and dialect.continue_rule is ContinueRule.DISPATCH:
             transport = self.conn.transport
             if transport is not None and not transport.is_closing():
                 transport.write(CONTINUE)
-        check = getattr(dialect, "expectation_failed", None)
+        check = dialect.expectation_failed
         if check is None:
             return None
         answer: bytes | None = check(self.head, http_date())

@@ -9,7 +9,7 @@ import enum
 import logging
 
 from gpugate.logs import OncePerInterval
-from gpugate.proxy.dialects.base import Framing, HttpDialect, Refusal, RequestHead, continue_rule
+from gpugate.proxy.dialects.base import Framing, HttpDialect, Refusal, RequestHead
 from gpugate.proxy.request import Body, BodyBroken, Request, http_date
 
 log = logging.getLogger("gpugate.listener")
@@ -38,10 +38,9 @@ class RequestReading:
         request to hand on, for now or for good)."""
         while True:
             dialect = self.server.dialect
-            peek = getattr(dialect, "peek_before_next", 0)
-            if self._requests and len(self._buffer) < peek:
+            if self._requests and len(self._buffer) < dialect.peek_before_next:
                 return None  # the server waits for more before reading a next request
-            skip = getattr(dialect, "skip_before_head", None)
+            skip = dialect.skip_before_head
             if skip is not None and self._last_method:
                 drop = skip(self._buffer, self._last_method)
                 if drop:
@@ -56,7 +55,7 @@ class RequestReading:
             if isinstance(result, Refusal):
                 self._refuse(result)
                 return None
-            own = getattr(dialect, "own_answer", None)
+            own = dialect.own_answer
             answer = own(result, date) if own is not None else None
             if answer is None:
                 return result
@@ -99,13 +98,13 @@ class RequestReading:
         transport.write(refusal.data)
         self._refusals += 1
         dialect = self.server.dialect
-        if getattr(dialect, "drops_read_ahead", False):
+        if dialect.drops_read_ahead:
             # cpp-httplib reads each request through a stream of its own, so what it had
             # read past the refused head goes with it (dialects/httplib.py
             # `drops_read_ahead`); it reads on unless the refusal or the connection's
             # request count ends it (`keep_alive_max`).
             self._buffer = b""
-            most = getattr(dialect, "keep_alive_max", None)
+            most = dialect.keep_alive_max
             if refusal.close or (most is not None and self.requests >= most):
                 self.linger()
             return
@@ -151,7 +150,7 @@ class RequestReading:
             self._buffer = self._read_ahead(buffer)
             return request
         if head.expect_continue:
-            body.expect(continue_rule(self.server.dialect), buffered=bool(buffer))
+            body.expect(self.server.dialect.continue_rule, buffered=bool(buffer))
         if framing is Framing.LENGTH:
             self._left = head.length
         elif framing is Framing.UNTIL_CLOSE:
@@ -231,7 +230,7 @@ class RequestReading:
         (cpp-httplib: a new stream and read buffer for each request,
         `process_server_socket`), so that a request pipelined behind another is lost
         as it is to that server."""
-        if rest and getattr(self.server.dialect, "drops_read_ahead", False):
+        if rest and self.server.dialect.drops_read_ahead:
             return b""
         return rest
 
@@ -239,4 +238,4 @@ class RequestReading:
 def keeps_after(dialect: HttpDialect, refusal: Refusal | None) -> bool:
     """A refusal of a broken body after which the server reads the next request (from
     bytes that come after it: `drops_read_ahead`)."""
-    return refusal is not None and not refusal.close and getattr(dialect, "drops_read_ahead", False)
+    return refusal is not None and not refusal.close and dialect.drops_read_ahead

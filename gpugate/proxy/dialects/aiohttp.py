@@ -45,6 +45,7 @@ from gpugate.proxy.dialects.base import (
     Framing,
     Refusal,
     RequestHead,
+    ServerDefaults,
 )
 
 MAX_LINE_SIZE = 8190
@@ -179,7 +180,7 @@ class AiohttpChunkReader:
 
 
 @attrs.frozen(slots=True)
-class AiohttpDialect:
+class AiohttpDialect(ServerDefaults):
     """aiohttp's server with ComfyUI's settings (module docstring: the rules and sources)."""
 
     name: str = "aiohttp"

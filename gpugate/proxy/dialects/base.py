@@ -10,6 +10,7 @@ answers, with no I/O and no clock: the `Date` value is passed in.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -57,13 +58,6 @@ class AnswerVersion(enum.Enum):
     AS_ASKED = "as-asked"
     """The request's own version, HTTP/2.0 and 0.9 included (aiohttp: web_response.py
     `_write_headers`)."""
-
-
-def continue_rule(dialect: object) -> ContinueRule:
-    """The dialect's `ContinueRule`."""
-    rule = getattr(dialect, "continue_rule", ContinueRule.BODY_PENDING)
-    assert isinstance(rule, ContinueRule)
-    return rule
 
 
 @attrs.frozen(slots=True)
@@ -180,8 +174,59 @@ class HttpDialect(Protocol):
         HTTP/1.0, and a HEAD with no body length)."""
         ...
 
+    # The rules `ServerDefaults` gives every dialect, each None where it does not apply.
+    continue_rule: ContinueRule
+    peek_before_next: int
+    skip_before_head: Callable[[bytes, str], int] | None
+    own_answer: Callable[[RequestHead, bytes], Refusal | None] | None
+    drops_read_ahead: bool
+    keep_alive_max: int | None
+    says_close: Callable[[RequestHead], bool] | None
+    relayed_connection: Callable[..., tuple[bytes, bool]] | None
+    fits: Callable[[bytes], bool] | None
+    needs_host: bool
+    relays_broken_body: bool
+    expectation_failed: Callable[[RequestHead, bytes], bytes | None] | None
+
     def on_eof_mid_head(self, buffer: bytes, date: bytes, *, first: bool = True) -> Refusal | None:
         """What the server writes when the client half-closes with an unfinished head
         (None: it closes without a word); `first`: no request came before it on the
         connection."""
         ...
+
+
+class ServerDefaults:
+    """The rules a server keeps unless its dialect says otherwise (each dialect's class
+    derives from this): the listener reads every rule as the dialect's own attribute, and
+    a rule that does not apply is None."""
+
+    __slots__ = ()
+
+    continue_rule: ContinueRule = ContinueRule.BODY_PENDING
+    """When `100 Continue` is written (`ContinueRule`)."""
+    peek_before_next: int = 0
+    """Bytes the server waits for after an answer before it reads a next request (Go: 4)."""
+    skip_before_head: Callable[[bytes, str], int] | None = None
+    """How many bytes before a next head the server drops, given the buffer and the last
+    request's method (Go: a POST's stray line ends)."""
+    own_answer: Callable[[RequestHead, bytes], Refusal | None] | None = None
+    """An answer the server writes itself to a head it read well (Go: `OPTIONS *`)."""
+    drops_read_ahead: bool = False
+    """Whether what the server read past a request's end is lost with it (cpp-httplib)."""
+    keep_alive_max: int | None = None
+    """The most requests the server takes on one connection (cpp-httplib)."""
+    says_close: Callable[[RequestHead], bool] | None = None
+    """Whether an answer the gate writes itself says `Connection: close` to this request
+    (cpp-httplib's rule); None: whenever the connection ends."""
+    relayed_connection: Callable[..., tuple[bytes, bool]] | None = None
+    """The connection line the server writes on a relayed answer, and whether the
+    connection ends after it (cpp-httplib); None: the runtime's own, as the gate keeps it."""
+    fits: Callable[[bytes], bool] | None = None
+    """Whether the server reads a head the gate made (its limits); None: any head."""
+    needs_host: bool = True
+    """Whether a request with no Host must be sent one (cpp-httplib reads none)."""
+    relays_broken_body: bool = False
+    """Whether a body that breaks on its way up is passed on as far as it came."""
+    expectation_failed: Callable[[RequestHead, bytes], bytes | None] | None = None
+    """The server's answer to an `Expect` it does not know, written as the request reaches
+    its handler (aiohttp's 417)."""

@@ -42,7 +42,14 @@ from __future__ import annotations
 
 import re
 
-from gpugate.proxy.dialects.base import AnswerVersion, ContinueRule, Framing, Refusal, RequestHead
+from gpugate.proxy.dialects.base import (
+    AnswerVersion,
+    ContinueRule,
+    Framing,
+    Refusal,
+    RequestHead,
+    ServerDefaults,
+)
 from gpugate.proxy.dialects.go_chunked import GoChunkReader
 from gpugate.proxy.dialects.go_text import (
     TOKEN,
@@ -276,7 +283,7 @@ def _parse_version(proto: bytes) -> tuple[int, int] | None:
     return (int(major), int(minor))
 
 
-class GoDialect:
+class GoDialect(ServerDefaults):
     """Go's net/http server, as `HttpDialect`."""
 
     name = "go"

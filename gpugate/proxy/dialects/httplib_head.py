@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import re
 
-from gpugate.proxy.dialects.base import Framing, Refusal, RequestHead
+from gpugate.proxy.dialects.base import Framing, Refusal, RequestHead, ServerDefaults
 
 HEADER_MAX_LENGTH = 8192
 HEADER_MAX_COUNT = 100
@@ -36,9 +36,9 @@ def token_has(value: str, token: str) -> bool:
     return any(part.strip().lower() == token for part in value.split(","))
 
 
-class HttplibHeadReading:
+class HttplibHeadReading(ServerDefaults):
     """The part of httplib.py's `HttplibDialect` that reads a request head (its release,
-    target limit and error answers are the dialect's)."""
+    target limit and error answers are the dialect's; the rules it overrides, too)."""
 
     __slots__ = ()
 

@@ -60,6 +60,7 @@ from gpugate.proxy.dialects.base import (
     Framing,
     Refusal,
     RequestHead,
+    ServerDefaults,
 )
 
 SERVER = b"uvicorn"
@@ -267,7 +268,7 @@ class UvicornChunkReader:
 
 
 @attrs.frozen(slots=True)
-class UvicornDialect:
+class UvicornDialect(ServerDefaults):
     """uvicorn's httptools protocol with vLLM's settings (module docstring)."""
 
     name: str = "uvicorn"
