@@ -11,7 +11,9 @@ keep-alive connection, then (counted separately) `--streams` streams of `--chunk
 Under callgrind, instrumentation is switched on only for those windows (one dump each);
 `callgrind_annotate --inclusive=yes` reads them. Under cProfile, likewise: the gate's
 profiler is enabled for each window only (SIGUSR1 on, SIGUSR2 off), and each window is
-written as OUT.requests and OUT.streams, which `pstats` reads.
+written as OUT.requests and OUT.streams, which `pstats` reads. cProfile times by the wall
+clock; with GPUGATE_PROFILE_TIMER=cpu it counts the thread's CPU time instead, so that a
+write is not charged with the time the peer it woke ran on the same core.
 """
 
 from __future__ import annotations
@@ -117,7 +119,10 @@ def profiled_serve(out: str, argv: list[str]) -> None:
     profiler: list[cProfile.Profile] = []
 
     def on(signum: int, frame: object) -> None:
-        profiler[:] = [cProfile.Profile()]
+        # Wall time by default; GPUGATE_PROFILE_TIMER=cpu counts the thread's CPU time, so
+        # that a write's wait while the peer it woke runs is not charged to the writer.
+        cpu = os.environ.get("GPUGATE_PROFILE_TIMER") == "cpu"
+        profiler[:] = [cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()]
         profiler[0].enable()
 
     def off(signum: int, frame: object) -> None:
