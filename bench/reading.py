@@ -42,6 +42,11 @@ MESSAGES = [
     {"role": "user", "content": "And of Italy? Tell me a little of its history, please."},
 ]
 FRENCH = {"role": "user", "content": "Et l'Italie, s'il te plaît ?"}
+HISTORY = (
+    "A turn of a long conversation, as a chat client sends the whole of it every time: "
+    '"quoted" words, a line break,\nand now and then a word from elsewhere (déjà vu, 東京).\n'
+) * 2
+"""One message of the long history (344 bytes of UTF-8)."""
 OLLAMA_BODIES = (
     (
         "/api/generate (the runtime bench's body)",
@@ -80,6 +85,23 @@ OLLAMA_BODIES = (
             "options": {"temperature": 0.7, "num_ctx": 8192, "top_p": 0.9, "num_predict": 256},
             "Keep_Alive": "10m",
         },
+    ),
+    (
+        "/api/chat, 40 messages of history, UTF-8 as sent (15 KiB), keep_alive",
+        "/api/chat",
+        json.dumps(
+            {
+                "model": "llama3.2:3b",
+                "messages": [
+                    {"role": ("user", "assistant")[i % 2], "content": HISTORY}
+                    for i in range(40)
+                ],
+                "stream": True,
+                "options": {"temperature": 0.7, "num_ctx": 8192},
+                "keep_alive": "10m",
+            },
+            ensure_ascii=False,
+        ).encode(),
     ),
     (
         "/v1/chat/completions, 4 messages",
@@ -124,7 +146,7 @@ def ollama_rows() -> list[Row]:
     reading = ollama_runtime(_consumer("ollama", "ollama", 11434)).reading
     rows = []
     for what, path, body in OLLAMA_BODIES:
-        raw = json.dumps(body).encode()
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
 
         def call(path: str = path, raw: bytes = raw) -> object:
             return reading.classify("POST", path, raw, "application/json")

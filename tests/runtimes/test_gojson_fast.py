@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.runtimes.ollama.gojson import DECODER, GoJsonError
+from gpugate.runtimes.ollama.gojson import DECODER, GoJsonError, splice
 from gpugate.runtimes.ollama.gojson_fast import read_struct
 from gpugate.runtimes.ollama.gojson_scan import ScanError, scan
-from gpugate.runtimes.ollama.requests import CHAT
+from gpugate.runtimes.ollama.requests import CHAT, GENERATE
 
 _json = st.recursive(
     st.none()
@@ -54,3 +55,45 @@ def test_every_duplicate_is_type_checked_nested_too():
     with pytest.raises(GoJsonError):
         read_struct(b'{"model":1,"model":"m"}', CHAT)
     assert read_struct(b'{"model":"a","MODEL":"b"}', CHAT).get("model") == "b"
+
+
+def _as_sent(text: str) -> bytes:
+    """A JSON string as a client that does not escape non-ASCII sends it (lone surrogates
+    become bytes that are not UTF-8)."""
+    return json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+_high_bytes = st.binary(max_size=6).map(lambda raw: bytes(b | 0x80 for b in raw))
+"""Bytes that are not ASCII: often invalid UTF-8, which the body keeps as it came."""
+
+
+@settings(max_examples=300)
+@given(
+    st.text(max_size=20),
+    _high_bytes,
+    st.text(max_size=20),
+    st.sampled_from([None, '"5m"', "0", "-1", '"1h"']),
+    st.booleans(),
+)
+def test_a_spliced_body_keeps_its_own_bytes_around_the_edit(before, junk, after, alive, twice):
+    """The keep_alive edit made in the body's own bytes equals the edited text encoded
+    whole, for any text around it: non-ASCII, lone surrogates, invalid UTF-8."""
+    quoted = _as_sent(before)
+    members = [b'"model":"m"', b'"prompt":' + quoted[:-1] + junk + b'"']
+    if alive is not None:
+        members += [b'"keep_alive":' + alive.encode()] * (2 if twice else 1)
+    members.append(b'"system":' + _as_sent(after))
+    body = b"{" + b",".join(members) + b"} \n"
+    bound = read_struct(body, GENERATE)
+    whole = attrs.evolve(bound, raw=b"")
+    found = bound.members("keep_alive")
+    if found:
+        *others, last = found
+        edits = [(last, '"30s"', others), (None, '"keep_alive":"30s"', found)]
+    else:
+        edits = [(None, '"keep_alive":"30s"', ())]
+    for keep, value, drop in edits:
+        spliced = splice(bound, keep, value, drop)
+        assert spliced == splice(whole, keep, value, drop)
+        assert spliced.startswith(b'{"model":"m","prompt":' + quoted[:-1] + junk)
+        assert spliced.endswith(b"} \n")

@@ -8,7 +8,8 @@ fuzzer's corpus (tests/faults/oraclegen.py: field types changed, key case and Go
 duplicates, lone surrogates, deep nesting, trailing bytes) and on generated bodies whose
 keys repeat and fold at every level: whatever the fast reading answers is what the full
 reading answers, and the adapter classifies every body the same with the fast reading as
-without it.
+without it (its keep_alive rewrite, spliced into the body's own bytes, byte for byte as
+the edited text encoded whole).
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def _bound(body: bytes, path: str) -> Bound | None:
 
 
 def _without_fast_path(body: bytes, kind) -> Bound:
-    """The reading with no field in the common case: every caller takes Go's full rules."""
-    return attrs.evolve(read_struct(body, kind), single={})
+    """The reading with no field in the common case: every caller takes Go's full rules,
+    and a rewritten body is made by encoding the edited text whole, not by copying the
+    body's own bytes around the edit (`splice`)."""
+    return attrs.evolve(read_struct(body, kind), single={}, raw=b"")
 
 
 def _classify(path: str, body: bytes) -> object:
@@ -313,6 +316,7 @@ def test_a_common_body_takes_the_fast_path():
         b'{"keep\\u005falive": "5m", "options": {"keep_alive": 1}}',  # the key escaped
         b'{"model": "m", "options": {"keep_alive": 1}, "keep_alive": "5m"}',  # found twice
         b'{"model": "m", "x\\"keep_alive": 1, "keep_alive": "5m"}',  # inside another key
+        b'{"model": "m", "prompt": "keep_alive", "keep_alive": "5m"}',  # a string value too
     ],
 )
 def test_an_odd_body_is_located_by_walking(body):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -59,6 +59,13 @@ _SCAN = DECODER.scan_once
 def shallow(text: str) -> bool:
     """Whether the text cannot nest deeper than the C scanner safely recurses."""
     return len(text) <= SHALLOW or text.count("[") + text.count("{") <= SHALLOW
+
+
+def shallow_body(body: bytes) -> bool:
+    """`shallow` of the body's text, counted in its bytes (`[` and `{` are one byte each in
+    UTF-8 and never part of another character's; a byte that is not UTF-8 decodes to a
+    surrogate escape of its own): one pass over a byte per character."""
+    return len(body) <= SHALLOW or body.count(b"[") + body.count(b"{") <= SHALLOW
 
 
 def scan_value(text: str, pos: int, is_shallow: bool) -> tuple[object, int]:
@@ -180,6 +187,10 @@ class Bound:
     """The top-level object as the scanner read it: every `(key, value)` in order."""
     kind: object = None
     """The struct the body was read into (`single` names its fields)."""
+    raw: bytes = b""
+    """The body's bytes, `text` encoded (b"": not kept; `splice` encodes `text`)."""
+    is_shallow: bool | None = None
+    """`shallow(text)`, once counted (None: not yet)."""
     _single: dict[str, object] | None = None
     _found: dict[str, tuple[Member, ...]] | None = None
 
@@ -219,31 +230,34 @@ class Bound:
 
         The one member of `field` is written `"field"` when the text holds no `\\u00`
         escape of an ASCII character: a field name is ASCII letters, digits and `_`,
-        which no other escape decodes to. `"field"` followed by a colon can occur
-        elsewhere only inside another key or in a nested object: found exactly once, it
-        is that member.
+        which no other escape decodes to. Found exactly once in the whole text, it is that
+        member.
         """
         if field not in self.single:
             return None
         text = self.text
         if "\\u" in text and _ASCII_ESCAPE.search(text) is not None:
             return None
-        pattern = _KEY_PATTERNS.get(field)
-        if pattern is None:
-            pattern = _KEY_PATTERNS[field] = re.compile(
-                '"' + re.escape(field) + '"[ \\t\\n\\r]*:[ \\t\\n\\r]*'
-            )
-        found = pattern.search(text)
-        if found is None or pattern.search(text, found.end()) is not None:
+        # The member's key is written `"field"` (above), so the text holds it at least
+        # once: found once, it is that key. Found again anywhere (a nested object's key,
+        # a string value, the end of a key with an escaped quote), the top level is walked.
+        quoted = '"' + field + '"'
+        start = text.find(quoted)
+        if start < 0 or text.find(quoted, start + 1) >= 0:
+            return None
+        found = _COLON.match(text, start + len(quoted))
+        if found is None:
             return None
         value_start = found.end()
-        value, end = scan_value(text, value_start, shallow(text))
+        if self.is_shallow is None:
+            self.is_shallow = shallow(text)
+        value, end = scan_value(text, value_start, self.is_shallow)
         after = _AFTER_VALUE.match(text, end)
         if after is None:
             return None
         stop = after.end()
         last = text[stop - 1] == "}"
-        return (Member(field, value, found.start(), value_start, end, stop - 1 if last else stop),)
+        return (Member(field, value, start, value_start, end, stop - 1 if last else stop),)
 
     def walked(self, field: str) -> tuple[Member, ...]:
         """Every member decoded into `field`, found by walking the top level as Go does."""
@@ -260,8 +274,6 @@ class Bound:
 
 _ASCII_ESCAPE = re.compile(r"\\u00[0-7]")
 """A `\\u` escape of an ASCII character: the only escape that can spell part of a name."""
-_KEY_PATTERNS: dict[str, re.Pattern[str]] = {}
-"""`"name" :` for each field name located so far (a handful: the fields a caller edits)."""
 
 
 def splice(bound: Bound, keep: Member | None, value: str, drop: Iterable[Member]) -> bytes:
@@ -278,6 +290,19 @@ def splice(bound: Bound, keep: Member | None, value: str, drop: Iterable[Member]
     else:
         edits.append((bound.close, bound.close, ("" if bound.empty else ",") + value))
     edits.sort()
+    raw = bound.raw
+    if raw:
+        # The kept bytes are copied from the body as it came: a long body (a chat's
+        # history) is not encoded again around a few edited bytes.
+        byte_at = _byte_index(text, raw)
+        pieces = []
+        pos = 0
+        for start, end, replacement in edits:
+            pieces.append(raw[pos : byte_at(start)])
+            pieces.append(replacement.encode("utf-8", "surrogateescape"))
+            pos = byte_at(end)
+        pieces.append(raw[pos:])
+        return b"".join(pieces)
     parts = []
     pos = 0
     for start, end, replacement in edits:
@@ -286,3 +311,23 @@ def splice(bound: Bound, keep: Member | None, value: str, drop: Iterable[Member]
         pos = end
     parts.append(text[pos:])
     return "".join(parts).encode("utf-8", "surrogateescape")
+
+
+def _byte_index(text: str, raw: bytes) -> Callable[[int], int]:
+    """Where each index of `text` falls in `raw`, the bytes it was decoded from (UTF-8,
+    invalid bytes kept as surrogate escapes, so encoding gives the bytes back exactly):
+    the same index in an ASCII body; otherwise counted from the nearer end."""
+    if len(text) == len(raw):
+        return _same_index
+    half = len(text) // 2
+
+    def byte_at(index: int) -> int:
+        if index <= half:
+            return len(text[:index].encode("utf-8", "surrogateescape"))
+        return len(raw) - len(text[index:].encode("utf-8", "surrogateescape"))
+
+    return byte_at
+
+
+def _same_index(index: int) -> int:
+    return index

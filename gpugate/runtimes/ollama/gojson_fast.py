@@ -18,7 +18,7 @@ from gpugate.runtimes.ollama.gojson import (
     fold_key,
     go_string,
     scan_value,
-    shallow,
+    shallow_body,
 )
 from gpugate.runtimes.ollama.gotypes import GoKind, GoType, check
 
@@ -28,7 +28,8 @@ def read_struct(body: bytes, struct: GoType) -> Bound:
     text, pos = decode_text(body)
     if text[pos] != "{":
         raise GoJsonError("cannot unmarshal into a Go struct: the body is not an object")
-    obj, end = scan_value(text, pos, shallow(text))
+    is_shallow = shallow_body(body)
+    obj, end = scan_value(text, pos, is_shallow)
     values: dict[str, object] = {}
     names: dict[str, str] = {}
     fields, folded = struct.fields, struct.folded
@@ -59,4 +60,6 @@ def read_struct(body: bytes, struct: GoType) -> Bound:
             merged.update(value)
             value = merged
         values[name] = value
-    return Bound(values, text, end - 1, not obj, names, obj, kind=struct)
+    return Bound(
+        values, text, end - 1, not obj, names, obj, kind=struct, raw=body, is_shallow=is_shallow
+    )

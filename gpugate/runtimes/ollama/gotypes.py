@@ -48,6 +48,9 @@ class GoKind(enum.Enum):
     """A type with its own UnmarshalJSON: `accepts` decides."""
 
 
+_PLAIN_TYPES: dict[GoKind, type] = {GoKind.STRING: str, GoKind.BOOL: bool}
+
+
 @attrs.define(eq=False)
 class GoType:
     """A Go type as far as decoding can fail on it. Struct fields may be added after
@@ -70,10 +73,17 @@ class GoType:
     decoder: Callable[[object, object], object] | None = None
     """For CUSTOM: what it holds after its UnmarshalJSON took a value, given what it held
     (govalues.decode); without one the value is replaced."""
+    plain: dict[str, type] = attrs.field(factory=dict)
+    """For STRUCT: the Python type that fills each string or bool field written under its
+    own name (`str`, `bool`): a member of that type needs no other look (`check`)."""
 
     def field(self, name: str, kind: GoType) -> None:
         self.fields[name] = kind
         self.folded[fold_key(name)] = name
+        if kind.kind in _PLAIN_TYPES:
+            self.plain[name] = _PLAIN_TYPES[kind.kind]
+        else:
+            self.plain.pop(name, None)
 
     def lookup(self, key: str) -> GoType | None:
         """The field Go decodes a member with this key into (exact name, else folded)."""
@@ -167,10 +177,18 @@ def check(value: object, kind: GoType) -> None:
             elem = kind.elem
             if elem.kind is GoKind.STRUCT:
                 # The common case (messages, tools): each element's plain fields are
-                # checked here rather than one stack round trip per member.
+                # checked here rather than one stack round trip per member, and an
+                # element of nothing but plain members (a message's role and content)
+                # with one look each.
+                plain = elem.plain.get
                 for item in value:
-                    if item is not None:
-                        _check_members(item, elem, push)
+                    if type(item) is tuple:
+                        for key, member in item:
+                            if type(member) is not plain(key) and member is not None:
+                                _check_members(item, elem, push)
+                                break
+                    elif item is not None:
+                        raise _mismatch(item, elem)
             else:
                 for item in value:
                     push((item, elem))
@@ -208,7 +226,10 @@ def _check_members(value: object, kind: GoType, push: Callable) -> None:
     if type(value) is not tuple:
         raise _mismatch(value, kind)
     fields = kind.fields
+    plain = kind.plain.get
     for key, member in value:
+        if type(member) is plain(key):
+            continue  # a string or bool field, under its own name, given one
         field = fields.get(key)
         if field is None:
             field = kind.lookup(key)
