@@ -136,9 +136,17 @@ class Reports:
         for gpu in cards:
             effects += listed_scopes(self.books, consumer, gpu, names, asked_at=asked_at, now=now)
         found_on = self.telemetry.unexplained_card(consumer, cards)
-        effects += apply_listing(
+        listing = apply_listing(
             self.books, consumer, cards, listed, asked_at=asked_at, now=now, found_on=found_on
         )
+        for effect in listing:
+            # A model the runtime let go on its own (a client's unload, its own idle timer):
+            # what the driver still holds of it for a moment is its memory on the way back,
+            # as after an unload the gate confirmed.
+            gone = isinstance(effect, Event) and effect.kind is EventKind.RESIDENT_GONE
+            if gone and effect.gpu is not None and effect.bytes:
+                self.telemetry.unloaded(effect.gpu, effect.bytes, now)
+        effects += listing
         self.books.touch()
         for gpu in cards:
             self.telemetry.explain(gpu, self.books)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import attrs
 
-from gpugate.core.classes import PriorityClass
-from gpugate.core.effects import Grant, Unload
+from gpugate.core.classes import PriorityClass, ResidencyPolicy
+from gpugate.core.effects import Event, EventKind, Grant, Unload
+from gpugate.core.listing import ListedModel
 from gpugate.core.observation import OTHER, Owner, OwnerKind, ProcessUsage
 from gpugate.core.tickets import LeaseScope
 from gpugate.core.units import GiB, MiB
@@ -176,3 +177,33 @@ def test_a_configured_service_is_never_taken_for_the_gates_own_unload():
     card.now += 0.5
     card.sample()
     assert reserve(card) == BASE + 800 * MiB
+
+
+def test_a_model_its_runtime_let_go_on_its_own_settles_without_raising_the_reserve():
+    # A client's own unload through the gate (`keep_alive: 0`), or the runtime's own idle
+    # timer: the listing no longer has gemma, and for a moment the driver still holds what
+    # its runner had (NVML: used memory no process accounts for), as after an unload the
+    # gate asked for.
+    card = demo_card()
+    card.now += 1.0
+    bge = ListedModel(
+        "bge-m3", card.loaded["bge-m3"], card.loaded["bge-m3"], P.BACKGROUND,
+        ResidencyPolicy.KEEP_WARM, 900.0,
+    )  # fmt: skip
+    gemma = card.loaded.pop("gemma")
+    effects = card.core.reconcile("ollama", 0, [bge], asked_at=card.now - 0.05, now=card.now)
+    (gone,) = [e for e in effects if isinstance(e, Event) and e.kind is EventKind.RESIDENT_GONE]
+    assert (gone.key.model, gone.bytes) == ("gemma", gemma)
+    for lingering in (gemma, gemma // 2, 0):
+        card.now += 0.5
+        card.core.observe(
+            host(
+                gpu(proc(100, card.loaded["bge-m3"], "ollama"), unattributed=lingering), at=card.now
+            ),
+            card.now,
+        )
+        assert reserve(card) == BASE
+    for _ in range(4):
+        card.now += 0.5
+        card.sample()
+    assert reserve(card) == BASE
