@@ -17,16 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench.docfile import write_section
 from bench.real_rig import RealRig
-from bench.runtimes import BOUNDARY, ROUNDS, Case, multipart, rows, run_case, wav
-from bench.targets import LOAD_CPU
+from bench.runtimes import (
+    BOUNDARY,
+    ROUNDS,
+    Case,
+    measure_cases,
+    measure_in_process,
+    multipart,
+    rows,
+    wav,
+)
 
 REQUESTS = int(os.environ.get("BENCH_REAL_REQUESTS", "100"))
 """Requests per path per round: a transcription takes 0.1 to 0.2 s on one thread."""
@@ -52,39 +57,13 @@ FIRST = {
 
 
 def measure(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
-    """Every case on one rig; the client on the load generator's core."""
-    pinned = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {LOAD_CPU})
-    try:
-        with tempfile.TemporaryDirectory(prefix="gpugate-real-") as tmp:
-            rig = RealRig(Path(tmp))
-            try:
-                paths = rig.start(FIRST)
-                results = []
-                for case in CASES:
-                    began = time.monotonic()
-                    results.append(run_case(case, paths, requests, rounds))
-                    print(case.route, f"{time.monotonic() - began:.1f}s", file=sys.stderr)
-                return results
-            finally:
-                rig.stop()
-    finally:
-        os.sched_setaffinity(0, pinned)
+    """Every case on the real runtimes' rig."""
+    return measure_cases(lambda tmp: RealRig(tmp, FIRST), CASES, requests, rounds)
 
 
 def measure_apart(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
-    """`measure` in a new Python process, its results through a file."""
-    with tempfile.NamedTemporaryFile(prefix="gpugate-real-", suffix=".json") as out:
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.real", "--requests", str(requests),
-             "--rounds", str(rounds), "--json", out.name],
-            capture_output=True,
-            text=True,
-        )  # fmt: skip
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-            raise RuntimeError(f"bench.real failed ({done.returncode}):\n{tail}")
-        return json.loads(Path(out.name).read_text())
+    """`measure` in a new Python process."""
+    return measure_in_process("bench.real", requests, rounds)
 
 
 def table(results: list[dict[str, object]]) -> list[str]:

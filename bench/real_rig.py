@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 import urllib.request
 from pathlib import Path
 
 import attrs
 
-from bench.runtime_rig import Paths
-from bench.targets import LOAD_CPU, PROXY_CPU, bench_gpu, gate_env, start, wait_http
+from bench.runtime_rig import Paths, start_front, stop_all
+from bench.targets import LOAD_CPU, bench_gpu, gate_env, wait_http
 from tests.gate.harness import free_ports
 from tests.llamaserver.conftest import BINARY as LLAMA_BINARY
 from tests.llamaserver.gguf_models import write_tiny_llama
@@ -88,11 +87,13 @@ class RealRig:
     """The gate and, once a first request started them, its two real servers."""
 
     tmp: Path
+    first: dict[str, tuple[str, bytes, str]]
+    """Per runtime, a request that runs its model (path, body, content type): the gate
+    starts each server on it."""
     processes: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
 
-    def start(self, first: dict[str, tuple[str, bytes, str]]) -> Paths:
-        """Start the gate and the bare pass-throughs, have the gate start both servers
-        (`first`: per runtime, a request that runs its model: path, body, content type),
+    def start(self) -> Paths:
+        """Start the gate and the bare pass-throughs, have the gate start both servers,
         and wait until each path answers."""
         for binary in (LLAMA_BINARY, WHISPER_BINARY):
             if not binary.exists():
@@ -111,29 +112,11 @@ class RealRig:
         config = self.tmp / "consumers.yaml"
         config.write_text(consumers_yaml(control, listen, upstream, argv))
         gpu = bench_gpu(self.tmp / "gpu")
-        gate = start(
-            [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
-            PROXY_CPU,
-            gate_env(gpu),
-            self.tmp / "gate.log",
-        )
-        self.processes.append(gate)
-        pids = {"gate": gate.pid}
-        for name in REAL:
-            argv = [sys.executable, "-m", "bench.passthrough", "--port", str(bare[name])]
-            argv += ["--upstream", f"http://127.0.0.1:{upstream[name]}"]
-            self.processes.append(start(argv, PROXY_CPU))
-            pids[name] = self.processes[-1].pid
-        paths = Paths(
-            {n: f"http://127.0.0.1:{p}" for n, p in upstream.items()},
-            {n: f"http://127.0.0.1:{p}" for n, p in bare.items()},
-            {n: f"http://127.0.0.1:{p}" for n, p in listen.items()},
-            f"http://127.0.0.1:{control}",
-            pids,
-        )
-        wait_http(paths.control + "/gate/v1/health")
+        ports = {"direct": upstream, "bare": bare, "gate": listen}
+        env = gate_env(gpu)
+        paths = start_front(self.processes, config, env, self.tmp / "gate.log", ports, control)
         # A request that runs the model starts each server (its /health would not).
-        for name, (path, body, kind) in first.items():
+        for name, (path, body, kind) in self.first.items():
             request = urllib.request.Request(
                 paths.gate[name] + path, data=body, headers={"Content-Type": kind}
             )
@@ -146,8 +129,4 @@ class RealRig:
 
     def stop(self) -> None:
         """Stop the gate; it stops the servers it started."""
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(timeout=30)
-        self.processes.clear()
+        stop_all(self.processes)

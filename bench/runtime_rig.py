@@ -182,6 +182,46 @@ def consumers_yaml(
         """)
 
 
+def start_front(
+    processes: list[subprocess.Popen[bytes]],
+    config: Path,
+    env: dict[str, str],
+    log: Path,
+    ports: dict[str, dict[str, int]],
+    control: int,
+) -> Paths:
+    """Start the gate on `config` (its stderr to `log`) and a bare pass-through in front of
+    each upstream, all on the proxy's core, adding them to `processes`; the three ways to
+    each runtime (`ports`: "direct", "bare" and "gate", runtime → port), once the gate's
+    health answers."""
+    gate = start(
+        [sys.executable, "-m", "gpugate", "serve", "--config", str(config)], PROXY_CPU, env, log
+    )
+    processes.append(gate)
+    pids = {"gate": gate.pid}
+    for name, port in ports["bare"].items():
+        argv = [sys.executable, "-m", "bench.passthrough", "--port", str(port)]
+        argv += ["--upstream", f"http://127.0.0.1:{ports['direct'][name]}"]
+        processes.append(start(argv, PROXY_CPU))
+        pids[name] = processes[-1].pid
+    urls = {
+        path: {name: f"http://127.0.0.1:{port}" for name, port in ports[path].items()}
+        for path in ("direct", "bare", "gate")
+    }
+    paths = Paths(urls["direct"], urls["bare"], urls["gate"], f"http://127.0.0.1:{control}", pids)
+    wait_http(paths.control + "/gate/v1/health")
+    return paths
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Ask every process to stop, then wait for each (a gate stops the servers it started)."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=30)
+    processes.clear()
+
+
 @attrs.define
 class RuntimeRig:
     """The host, the gate and the pass-throughs; `stop` ends every process it started."""
@@ -217,27 +257,8 @@ class RuntimeRig:
         whisper += whisper_argv(whisper_spec(direct["whisper"]), state)
         config = self.tmp / "consumers.yaml"
         config.write_text(consumers_yaml(control, listen, direct, llama_bytes(model), whisper))
-        gate = start(
-            [sys.executable, "-m", "gpugate", "serve", "--config", str(config)],
-            PROXY_CPU,
-            env,
-            self.tmp / "gate.log",
-        )
-        self.processes.append(gate)
-        pids = {"gate": gate.pid}
-        for name in names:
-            argv = [sys.executable, "-m", "bench.passthrough", "--port", str(bare[name])]
-            argv += ["--upstream", f"http://127.0.0.1:{direct[name]}"]
-            self.processes.append(start(argv, PROXY_CPU))
-            pids[name] = self.processes[-1].pid
-        paths = Paths(
-            {n: f"http://127.0.0.1:{p}" for n, p in direct.items()},
-            {n: f"http://127.0.0.1:{p}" for n, p in bare.items()},
-            {n: f"http://127.0.0.1:{p}" for n, p in listen.items()},
-            f"http://127.0.0.1:{control}",
-            pids,
-        )
-        wait_http(paths.control + "/gate/v1/health")
+        ports = {"direct": direct, "bare": bare, "gate": listen}
+        paths = start_front(self.processes, config, env, self.tmp / "gate.log", ports, control)
         self._wait_whisper_up(paths.control)
         for target in (paths.direct, paths.bare, paths.gate):
             wait_http(target["ollama"] + "/api/version")
@@ -259,11 +280,7 @@ class RuntimeRig:
 
     def stop(self) -> None:
         """Stop the proxies (the gate stops its whisper-server), then the host."""
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(timeout=30)
-        self.processes.clear()
+        stop_all(self.processes)
         if self.host is not None:
             self.host.stop()
             self.host = None

@@ -27,7 +27,9 @@ import sys
 import tempfile
 import time
 import wave
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 
@@ -221,17 +223,27 @@ def run_case(case: Case, paths: Paths, requests: int, rounds: int) -> dict[str, 
     return result
 
 
-def measure(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
-    """Every case, on a rig of its own; the client on the load generator's core."""
+class Rig(Protocol):
+    """Processes that give the three ways to each runtime (runtime_rig.py, real_rig.py)."""
+
+    def start(self) -> Paths: ...
+    def stop(self) -> None: ...
+
+
+def measure_cases(
+    rig_of: Callable[[Path], Rig], cases: Sequence[Case], requests: int, rounds: int
+) -> list[dict[str, object]]:
+    """Every case on one rig made in a temporary directory; the client on the load
+    generator's core."""
     pinned = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {LOAD_CPU})
     try:
-        with tempfile.TemporaryDirectory(prefix="gpugate-runtimes-") as tmp:
-            rig = RuntimeRig(Path(tmp))
+        with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp:
+            rig = rig_of(Path(tmp))
             try:
                 paths = rig.start()
                 results = []
-                for case in CASES:
+                for case in cases:
                     began = time.monotonic()
                     results.append(run_case(case, paths, requests, rounds))
                     print(case.route, f"{time.monotonic() - began:.1f}s", file=sys.stderr)
@@ -242,20 +254,33 @@ def measure(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, ob
         os.sched_setaffinity(0, pinned)
 
 
-def measure_apart(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
-    """`measure` in a new Python process (its results through a file: the simulated host
-    writes its own lines to the output, which is shown only when the run fails)."""
-    with tempfile.NamedTemporaryFile(prefix="gpugate-runtimes-", suffix=".json") as out:
+def measure_in_process(
+    module: str, requests: int, rounds: int, *extra: str
+) -> list[dict[str, object]]:
+    """`python -m MODULE`'s measurement in a new Python process, its results through a
+    file (a simulated host writes its own lines to the output, which is shown only when
+    the run fails)."""
+    with tempfile.NamedTemporaryFile(prefix="gpugate-bench-", suffix=".json") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "bench.runtimes", "--requests", str(requests),
-             "--rounds", str(rounds), "--json", out.name, "--no-coldstart"],
+            [sys.executable, "-m", module, "--requests", str(requests),
+             "--rounds", str(rounds), "--json", out.name, *extra],
             capture_output=True,
             text=True,
         )  # fmt: skip
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-            raise RuntimeError(f"bench.runtimes failed ({done.returncode}):\n{tail}")
+            raise RuntimeError(f"{module} failed ({done.returncode}):\n{tail}")
         return json.loads(Path(out.name).read_text())
+
+
+def measure(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
+    """Every case, on the simulated runtimes' rig."""
+    return measure_cases(RuntimeRig, CASES, requests, rounds)
+
+
+def measure_apart(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
+    """`measure` in a new Python process."""
+    return measure_in_process("bench.runtimes", requests, rounds, "--no-coldstart")
 
 
 def verdict(added: float, target: float | None) -> str:
