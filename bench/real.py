@@ -26,8 +26,8 @@ from bench.runtimes import (
     BOUNDARY,
     ROUNDS,
     Case,
+    measure_apart_as,
     measure_cases,
-    measure_in_process,
     multipart,
     rows,
     wav,
@@ -63,7 +63,7 @@ def measure(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, ob
 
 def measure_apart(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
     """`measure` in a new Python process."""
-    return measure_in_process("bench.real", requests, rounds)
+    return measure_apart_as("bench.real", requests, rounds)
 
 
 def table(results: list[dict[str, object]]) -> list[str]:

@@ -254,12 +254,12 @@ def measure_cases(
         os.sched_setaffinity(0, pinned)
 
 
-def measure_in_process(
+def measure_apart_as(
     module: str, requests: int, rounds: int, *extra: str
 ) -> list[dict[str, object]]:
-    """`python -m MODULE`'s measurement in a new Python process, its results through a
-    file (a simulated host writes its own lines to the output, which is shown only when
-    the run fails)."""
+    """The measurement `python -m MODULE` makes, in a Python process of its own, its
+    results through a file (a simulated host writes its own lines to the output, which is
+    shown only when the run fails)."""
     with tempfile.NamedTemporaryFile(prefix="gpugate-bench-", suffix=".json") as out:
         done = subprocess.run(
             [sys.executable, "-m", module, "--requests", str(requests),
@@ -280,7 +280,7 @@ def measure(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, ob
 
 def measure_apart(requests: int = REQUESTS, rounds: int = ROUNDS) -> list[dict[str, object]]:
     """`measure` in a new Python process."""
-    return measure_in_process("bench.runtimes", requests, rounds, "--no-coldstart")
+    return measure_apart_as("bench.runtimes", requests, rounds, "--no-coldstart")
 
 
 def verdict(added: float, target: float | None) -> str:

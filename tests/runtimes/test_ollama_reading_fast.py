@@ -8,8 +8,7 @@ fuzzer's corpus (tests/faults/oraclegen.py: field types changed, key case and Go
 duplicates, lone surrogates, deep nesting, trailing bytes) and on generated bodies whose
 keys repeat and fold at every level: whatever the fast reading answers is what the full
 reading answers, and the adapter classifies every body the same with the fast reading as
-without it (its keep_alive rewrite, spliced into the body's own bytes, byte for byte as
-the edited text encoded whole).
+without it.
 """
 
 from __future__ import annotations
@@ -83,10 +82,8 @@ def _bound(body: bytes, path: str) -> Bound | None:
 
 
 def _without_fast_path(body: bytes, kind) -> Bound:
-    """The reading with no field in the common case: every caller takes Go's full rules,
-    and a rewritten body is made by encoding the edited text whole, not by copying the
-    body's own bytes around the edit (`splice`)."""
-    return attrs.evolve(read_struct(body, kind), single={}, raw=b"")
+    """The reading with no field in the common case: every caller takes Go's full rules."""
+    return attrs.evolve(read_struct(body, kind), single={})
 
 
 def _classify(path: str, body: bytes) -> object:

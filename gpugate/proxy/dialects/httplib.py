@@ -53,13 +53,7 @@ from http import HTTPStatus
 
 import attrs
 
-from gpugate.proxy.dialects.base import (
-    AnswerVersion,
-    ContinueRule,
-    Framing,
-    Refusal,
-    RequestHead,
-)
+from gpugate.proxy.dialects.base import AnswerVersion, ContinueRule, Framing, Refusal, RequestHead
 from gpugate.proxy.dialects.httplib_chunked import HttplibChunkReader
 from gpugate.proxy.dialects.httplib_head import (
     HEADER_MAX_COUNT,

@@ -188,7 +188,8 @@ class Bound:
     kind: object = None
     """The struct the body was read into (`single` names its fields)."""
     raw: bytes = b""
-    """The body's bytes, `text` encoded (b"": not kept; `splice` encodes `text`)."""
+    """The body's bytes, which `text` encodes back to (b"": not kept, `splice` encodes
+    `text`)."""
     is_shallow: bool | None = None
     """`shallow(text)`, once counted (None: not yet)."""
     _single: dict[str, object] | None = None
@@ -290,27 +291,18 @@ def splice(bound: Bound, keep: Member | None, value: str, drop: Iterable[Member]
     else:
         edits.append((bound.close, bound.close, ("" if bound.empty else ",") + value))
     edits.sort()
-    raw = bound.raw
-    if raw:
-        # The kept bytes are copied from the body as it came: a long body (a chat's
-        # history) is not encoded again around a few edited bytes.
-        byte_at = _byte_index(text, raw)
-        pieces = []
-        pos = 0
-        for start, end, replacement in edits:
-            pieces.append(raw[pos : byte_at(start)])
-            pieces.append(replacement.encode("utf-8", "surrogateescape"))
-            pos = byte_at(end)
-        pieces.append(raw[pos:])
-        return b"".join(pieces)
-    parts = []
+    # The kept bytes are copied from the body as it came: a long body (a chat's history)
+    # is not encoded again around a few edited bytes.
+    raw = bound.raw or text.encode("utf-8", "surrogateescape")
+    byte_at = _byte_index(text, raw)
+    pieces = []
     pos = 0
     for start, end, replacement in edits:
-        parts.append(text[pos:start])
-        parts.append(replacement)
-        pos = end
-    parts.append(text[pos:])
-    return "".join(parts).encode("utf-8", "surrogateescape")
+        pieces.append(raw[pos : byte_at(start)])
+        pieces.append(replacement.encode("utf-8", "surrogateescape"))
+        pos = byte_at(end)
+    pieces.append(raw[pos:])
+    return b"".join(pieces)
 
 
 def _byte_index(text: str, raw: bytes) -> Callable[[int], int]:

@@ -177,18 +177,10 @@ def check(value: object, kind: GoType) -> None:
             elem = kind.elem
             if elem.kind is GoKind.STRUCT:
                 # The common case (messages, tools): each element's plain fields are
-                # checked here rather than one stack round trip per member, and an
-                # element of nothing but plain members (a message's role and content)
-                # with one look each.
-                plain = elem.plain.get
+                # checked here rather than one stack round trip per member.
                 for item in value:
-                    if type(item) is tuple:
-                        for key, member in item:
-                            if type(member) is not plain(key) and member is not None:
-                                _check_members(item, elem, push)
-                                break
-                    elif item is not None:
-                        raise _mismatch(item, elem)
+                    if item is not None:
+                        _check_members(item, elem, push)
             else:
                 for item in value:
                     push((item, elem))
