@@ -3,7 +3,8 @@
 `exchange` writes a case's bytes to an address, reads until the connection closes or the
 expected number of answers is complete, and then tells a kept connection from a closed one
 by sending a probe request: a server that kept the connection answers it, one that closed
-it does not. Date values are normalised so two servers' answers compare byte for byte.
+it does not. Date values, and the second a JSON answer says it was made in, are normalised
+so two servers' answers compare byte for byte.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ PROBE = b"GET /probe HTTP/1.1\r\nHost: probe\r\n\r\n"
 READ_SECONDS = 20.0
 DATE = re.compile(rb"(?im)^(date: )[^\r\n]*")
 NORMAL_DATE = b"Mon, 01 Jan 2001 00:00:00 GMT"
+CREATED = re.compile(rb'("created":)(\d+)')
+"""llama-server's `/v1/models` stamps each model with the second it answers in
+(`std::time(0)`), as OpenAI-style answers do: two answers a second boundary apart differ
+there and nowhere else."""
 
 
 @attrs.frozen(slots=True)
@@ -43,8 +48,10 @@ class Outcome:
 
 
 def normalise(data: bytes) -> bytes:
-    """Every Date header's value replaced by one fixed date."""
-    return DATE.sub(lambda m: m.group(1) + NORMAL_DATE, data)
+    """Every Date header's value replaced by one fixed date, every `"created"` stamp by
+    zeros of its length (so a Content-Length still holds)."""
+    data = DATE.sub(lambda m: m.group(1) + NORMAL_DATE, data)
+    return CREATED.sub(lambda m: m.group(1) + b"0" * len(m.group(2)), data)
 
 
 def complete_answers(data: bytes, *, head: bool = False) -> tuple[int, int]:
