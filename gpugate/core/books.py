@@ -228,7 +228,8 @@ class Books:
             # one day); the budget counts them as the lease's until the load completes.
             old = self.residents.get(demand.key)
             if sums is not None and old is not None:
-                sums.count_resident(old, -1)
+                # Counted off the GPU it is on, which need not be this load's.
+                self._usage.setdefault(old.gpu, GpuUsage()).count_resident(old, -1)
             self.residents[demand.key] = loading_resident(demand, needed, now)
             if sums is not None:
                 sums.count_resident(self.residents[demand.key], 1)
@@ -384,6 +385,13 @@ class Books:
         unload = self.unloads.pop(key, None)
         if unload is None:
             return None
+        resident = self.residents.get(key)
+        if resident is not None and (
+            resident.gpu != unload.gpu or resident.state is not ResidentState.UNLOADING
+        ):
+            # The key names a load of the model begun since (another card's): not what left.
+            self._touch_counted(fresh)
+            return unload, None
         resident = self.residents.pop(key, None)
         if fresh and resident is not None:
             self._usage.setdefault(resident.gpu, GpuUsage()).count_resident(resident, -1)

@@ -140,12 +140,21 @@ def cards(core: GateCore, gpus: Sequence[int], consumer: str) -> list[Card]:
 
 
 def _held(core: GateCore, demand: Demand) -> Placement | None:
-    """A model resident (or loading) already: its request goes where it is."""
+    """A model resident (or loading) already: its request goes where it is. One being
+    unloaded too: its request waits there for the unload to end, as the runtime lets its
+    runner go before it loads the model again (Ollama's scheduler unloads a runner under
+    the lock its scheduling of the next request takes: sched.go `processCompleted`), and
+    its load counts on the memory that unload gives back."""
     key = demand.key.whole
     books = core.books
     found = books.reusable(key)
     if found is None:
         exact = books.residents.get(key)
+        if exact is not None and exact.state is ResidentState.UNLOADING:
+            return Placement(
+                (Share(exact.gpu, demand.envelope),),
+                f"{key} is being unloaded from GPU {exact.gpu}",
+            )
         if exact is not None and exact.state is ResidentState.LOADING:
             found = exact
     if found is not None:

@@ -276,7 +276,9 @@ def _busy_word(resident: Resident) -> str:
 def elsewhere(demand: Demand, copy: Resident | None, now: float) -> Plan | None:
     """The model is resident, or loading, on another of its consumer's GPUs (`copy`, placed
     there after this ticket queued here): the runtime holds one copy of it, so that copy
-    serves this request too — at once, or once it has loaded."""
+    serves this request too — at once, or once it has loaded. Being unloaded there, it
+    is waited for: the runtime loads the model again only once that copy has gone, and
+    the books hold one entry per model."""
     if not demand.loads_model:
         return None
     if copy is None or copy.gpu == demand.gpu:
@@ -290,5 +292,13 @@ def elsewhere(demand: Demand, copy: Resident | None, now: float) -> Plan | None:
             counting_on=(copy.key,),
             earliest=now,
             reason=f"{copy.key} is loading on GPU {copy.gpu}",
+        )
+    if copy.state is ResidentState.UNLOADING:
+        return Plan(
+            PlanKind.WAIT,
+            0,
+            counting_on=(copy.key,),
+            earliest=now,
+            reason=f"{copy.key} is being unloaded from GPU {copy.gpu}",
         )
     return None
