@@ -285,20 +285,20 @@ def elsewhere(demand: Demand, copy: Resident | None, now: float) -> Plan | None:
         return None
     if copy.state is ResidentState.RESIDENT:
         return Plan(PlanKind.GRANT, 0, reason=f"{copy.key} is resident on GPU {copy.gpu}")
-    if copy.state is ResidentState.LOADING:
-        return Plan(
-            PlanKind.WAIT,
-            0,
-            counting_on=(copy.key,),
-            earliest=now,
-            reason=f"{copy.key} is loading on GPU {copy.gpu}",
-        )
-    if copy.state is ResidentState.UNLOADING:
-        return Plan(
-            PlanKind.WAIT,
-            0,
-            counting_on=(copy.key,),
-            earliest=now,
-            reason=f"{copy.key} is being unloaded from GPU {copy.gpu}",
-        )
-    return None
+    motion = _ELSEWHERE_MOTION.get(copy.state)
+    if motion is None:
+        return None
+    return Plan(
+        PlanKind.WAIT,
+        0,
+        counting_on=(copy.key,),
+        earliest=now,
+        reason=f"{copy.key} is {motion} GPU {copy.gpu}",
+    )
+
+
+_ELSEWHERE_MOTION = {
+    ResidentState.LOADING: "loading on",
+    ResidentState.UNLOADING: "being unloaded from",
+}
+"""What a copy on another GPU is doing that a ticket waits for, as its reason says it."""

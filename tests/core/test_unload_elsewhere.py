@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpugate.core.books import Books
 from gpugate.core.effects import Grant, Unload, UnloadReason
 from gpugate.core.placement import place
-from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.units import GiB
 from tests.core.builders import assert_sums_recounted, demand, host, proc
@@ -33,8 +33,20 @@ def unloading_on_card_1() -> GateCore:
     return core
 
 
-def grants(effects, ticket_id: int) -> list[Grant]:
-    return [e for e in effects if isinstance(e, Grant) and e.ticket_id == ticket_id]
+def loaded_once_unloaded(core: GateCore, ticket_id: int, *, gpu: int) -> Resident:
+    """End the unload: the waiting ticket is granted a load of the whole model on `gpu`,
+    which then completes; the one resident left, the sums a recount at each step."""
+    effects = core.unloaded(KEY, 22.0, reclaimed=True)
+    effects += core.observe(host(*cards(), at=22.5), 22.5)
+    (grant,) = [e for e in effects if isinstance(e, Grant) and e.ticket_id == ticket_id]
+    assert (grant.lease.gpu, grant.lease.pending) == (gpu, SIZE)
+    assert_sums_recounted(core)
+    core.loaded(grant.lease.id, 23.0)
+    core.release(grant.lease.id, 23.5)
+    (resident,) = core.residents()
+    assert (resident.gpu, resident.state) == (gpu, ResidentState.RESIDENT)
+    assert_sums_recounted(core)
+    return resident
 
 
 def test_the_gate_places_a_request_where_its_model_is_being_unloaded_and_it_waits_there():
@@ -47,16 +59,8 @@ def test_the_gate_places_a_request_where_its_model_is_being_unloaded_and_it_wait
     assert admission.lease is None and admission.failure is None  # it waits
     assert_sums_recounted(core)
     core.observe(host(*cards(), at=21.5), 21.5)
-    effects = core.unloaded(KEY, 22.0, reclaimed=True)
-    effects += core.observe(host(*cards(), at=22.5), 22.5)
-    (grant,) = grants(effects, admission.ticket_id)
-    assert (grant.lease.gpu, grant.lease.pending) == (1, SIZE)
-    assert_sums_recounted(core)
-    core.loaded(grant.lease.id, 23.0)
-    core.release(grant.lease.id, 23.5)
-    (resident,) = core.residents()
-    assert (resident.gpu, resident.state, resident.bytes) == (1, ResidentState.RESIDENT, SIZE)
-    assert_sums_recounted(core)
+    resident = loaded_once_unloaded(core, admission.ticket_id, gpu=1)
+    assert resident.bytes == SIZE
 
 
 def test_a_ticket_on_the_other_card_waits_for_the_unload_then_loads_there_once():
@@ -66,16 +70,7 @@ def test_a_ticket_on_the_other_card_waits_for_the_unload_then_loads_there_once()
     assert core.resident(KEY).gpu == 1  # the unloading copy is still the one in the books
     assert core.budget(0).schedulable == 24 * GiB  # it holds nothing back on card 0
     assert_sums_recounted(core)
-    effects = core.unloaded(KEY, 22.0, reclaimed=True)
-    effects += core.observe(host(*cards(), at=22.5), 22.5)
-    (grant,) = grants(effects, admission.ticket_id)
-    assert (grant.lease.gpu, grant.lease.pending) == (0, SIZE)
-    assert_sums_recounted(core)
-    core.loaded(grant.lease.id, 23.0)
-    core.release(grant.lease.id, 23.5)
-    (resident,) = core.residents()
-    assert (resident.gpu, resident.state) == (0, ResidentState.RESIDENT)
-    assert_sums_recounted(core)
+    loaded_once_unloaded(core, admission.ticket_id, gpu=0)
 
 
 def test_the_books_count_a_replaced_copy_off_its_own_card_and_keep_a_load_its_unload_did_not_free():
