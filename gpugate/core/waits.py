@@ -207,6 +207,18 @@ def _wait(
         )
     if floors.allocating(plan):
         return Wait(WaitReason.LOADING, plan.reason, short=short)
+    copy = core.books.residents.get(demand.key)
+    if copy is not None and copy.gpu != gpu and demand.loads_model:
+        # Its model on another of its consumer's cards (`planner.elsewhere`).
+        if copy.state is ResidentState.LOADING:
+            return Wait(
+                WaitReason.SAME_MODEL,
+                f"its model {copy.key} is loading on GPU {copy.gpu}: it is served once loaded",
+                holder=copy.key,
+            )
+        if copy.state is ResidentState.UNLOADING:
+            why = f"its model is unloading from GPU {copy.gpu}, to load again after"
+            return _unloads(core, (copy.key,), short, why)
     exact = [r for r in view.same_model(demand.key) if reusable(r.key, demand.key)]
     for resident in exact:
         if resident.state is ResidentState.LOADING:

@@ -17,6 +17,7 @@ from gpugate.core.pressure import ReserveSettings
 from gpugate.core.residents import ResidentKey, ResidentState
 from gpugate.core.state import CoreSettings, GateCore
 from gpugate.core.units import GiB
+from gpugate.core.waits import WaitReason, queue_view
 from tests.core.builders import demand, gpu, host, proc
 
 P = PriorityClass
@@ -299,6 +300,11 @@ def test_a_ticket_queued_on_one_card_rides_on_its_model_loading_on_another():
     second = core.submit(demand("model", 8 * GiB, gpu_index=0), 1.0)
     assert second.lease is None and second.failure is None  # it waits, adds nothing
     assert core.budget(0).schedulable == BIG  # nothing leased for it on card 0
+    (waiting,) = queue_view(core, 1.0)
+    assert (waiting.wait.reason, waiting.wait.holder) == (WaitReason.SAME_MODEL, first.lease.key)
+    assert (
+        waiting.wait.line == "its model ollama/model is loading on GPU 1: it is served once loaded"
+    )
     granted = core.loaded(first.lease.id, 2.0) + core.observe(host(*cards(), at=2.5), 2.5)
     grants = [e for e in granted if isinstance(e, Grant) and e.ticket_id == second.ticket_id]
     assert len(grants) == 1 and grants[0].lease.pending == 0

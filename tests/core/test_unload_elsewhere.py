@@ -12,6 +12,7 @@ from gpugate.core.placement import place
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.units import GiB
+from gpugate.core.waits import WaitReason, queue_view
 from tests.core.builders import assert_sums_recounted, demand, host, proc
 from tests.core.test_placement import CARDS, cards, core_on, load
 
@@ -69,6 +70,9 @@ def test_a_ticket_on_the_other_card_waits_for_the_unload_then_loads_there_once()
     assert admission.lease is None and admission.failure is None
     assert core.resident(KEY).gpu == 1  # the unloading copy is still the one in the books
     assert core.budget(0).schedulable == 24 * GiB  # it holds nothing back on card 0
+    (waiting,) = queue_view(core, 21.0)
+    assert (waiting.wait.reason, waiting.wait.unloading) == (WaitReason.UNLOAD, (KEY,))
+    assert waiting.wait.line.startswith("its model is unloading from GPU 1, to load again after")
     assert_sums_recounted(core)
     loaded_once_unloaded(core, admission.ticket_id, gpu=0)
 
