@@ -390,10 +390,10 @@ class Books:
             resident.gpu != unload.gpu or resident.state is not ResidentState.UNLOADING
         ):
             # The key names a load of the model begun since (another card's): not what left.
-            self._touch_counted(fresh)
-            return unload, None
-        resident = self.residents.pop(key, None)
-        if fresh and resident is not None:
-            self._usage.setdefault(resident.gpu, GpuUsage()).count_resident(resident, -1)
+            resident = None
+        elif resident is not None:
+            del self.residents[key]
+            if fresh:
+                self._usage.setdefault(resident.gpu, GpuUsage()).count_resident(resident, -1)
         self._touch_counted(fresh)
         return unload, resident

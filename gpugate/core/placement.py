@@ -147,18 +147,15 @@ def _held(core: GateCore, demand: Demand) -> Placement | None:
     its load counts on the memory that unload gives back."""
     key = demand.key.whole
     books = core.books
-    found = books.reusable(key)
+    found, how = books.reusable(key), "is on"
     if found is None:
         exact = books.residents.get(key)
-        if exact is not None and exact.state is ResidentState.UNLOADING:
-            return Placement(
-                (Share(exact.gpu, demand.envelope),),
-                f"{key} is being unloaded from GPU {exact.gpu}",
-            )
         if exact is not None and exact.state is ResidentState.LOADING:
             found = exact
+        elif exact is not None and exact.state is ResidentState.UNLOADING:
+            found, how = exact, "is being unloaded from"
     if found is not None:
-        return Placement((Share(found.gpu, demand.envelope),), f"{key} is on GPU {found.gpu}")
+        return Placement((Share(found.gpu, demand.envelope),), f"{key} {how} GPU {found.gpu}")
     parts = books.parts_of(key)
     if parts and all(p.state in (ResidentState.RESIDENT, ResidentState.LOADING) for p in parts):
         shares = tuple(Share(p.gpu, p.bytes) for p in sorted(parts, key=lambda p: p.gpu))

@@ -273,15 +273,22 @@ def _busy_word(resident: Resident) -> str:
     return resident.state.value
 
 
+def on_another_card(demand: Demand, copy: Resident | None) -> Resident | None:
+    """`copy` (the books' entry for the demand's model) when it is on another of the
+    consumer's GPUs than the demand's and the demand loads the model; else None."""
+    if copy is None or copy.gpu == demand.gpu or not demand.loads_model:
+        return None
+    return copy
+
+
 def elsewhere(demand: Demand, copy: Resident | None, now: float) -> Plan | None:
     """The model is resident, or loading, on another of its consumer's GPUs (`copy`, placed
     there after this ticket queued here): the runtime holds one copy of it, so that copy
     serves this request too — at once, or once it has loaded. Being unloaded there, it
     is waited for: the runtime loads the model again only once that copy has gone, and
     the books hold one entry per model."""
-    if not demand.loads_model:
-        return None
-    if copy is None or copy.gpu == demand.gpu:
+    copy = on_another_card(demand, copy)
+    if copy is None:
         return None
     if copy.state is ResidentState.RESIDENT:
         return Plan(PlanKind.GRANT, 0, reason=f"{copy.key} is resident on GPU {copy.gpu}")

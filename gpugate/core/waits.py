@@ -36,7 +36,7 @@ from gpugate.core import floors
 from gpugate.core.budget import GpuBudget
 from gpugate.core.classes import PriorityClass
 from gpugate.core.explain import describe_holder, describe_holders
-from gpugate.core.planner import Plan, reusable
+from gpugate.core.planner import Plan, on_another_card, reusable
 from gpugate.core.residents import Resident, ResidentKey, ResidentState
 from gpugate.core.state import GateCore
 from gpugate.core.tickets import Demand, Ticket
@@ -207,9 +207,9 @@ def _wait(
         )
     if floors.allocating(plan):
         return Wait(WaitReason.LOADING, plan.reason, short=short)
-    copy = core.books.residents.get(demand.key)
-    if copy is not None and copy.gpu != gpu and demand.loads_model:
-        # Its model on another of its consumer's cards (`planner.elsewhere`).
+    copy = on_another_card(demand, core.books.residents.get(demand.key))
+    if copy is not None:
+        # What `planner.elsewhere` waits for.
         if copy.state is ResidentState.LOADING:
             return Wait(
                 WaitReason.SAME_MODEL,
