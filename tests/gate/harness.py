@@ -67,6 +67,13 @@ class Stack:
 
         return self.gate.events.next(wanted)
 
+    def trail(self) -> str:
+        """The gate's recent events, one a line: what an assertion about them shows."""
+        return "\n".join(
+            f"{e.time:.3f} {e.kind.value} {e.model} {e.bytes} {e.reason} {e.detail}"
+            for e in self.gate.recent_events()
+        )
+
     async def ps(self) -> list[dict]:
         async with (
             aiohttp.ClientSession() as session,

@@ -85,8 +85,9 @@ async def test_eviction_order_spares_what_is_not_needed(prod_stack):
     await load(stack.gate_url, "qwen2.5:7b", headers={"Authorization": "Bearer prod-token"})
     # Lowest class first: llama (benchmark) frees 3,200 -> 5,118 MiB, still short of 5,700;
     # then bge-m3 (background). gemma3 (interactive) stays.
-    assert started == ["llama3.2:3b", "bge-m3:latest"]
-    assert sorted(m["name"] for m in await stack.ps()) == ["gemma3:12b", "qwen2.5:7b"]
+    trail = stack.trail()
+    assert started == ["llama3.2:3b", "bge-m3:latest"], trail
+    assert sorted(m["name"] for m in await stack.ps()) == ["gemma3:12b", "qwen2.5:7b"], trail
 
 
 async def stream_until_first_chunk(session, url, model):

@@ -114,6 +114,7 @@ async def test_an_unload_asked_through_the_gate_is_seen_at_once_and_its_room_war
         assert unloaded.done_reason == "unload"
         event = await asyncio.wait_for(done, WAIT)
         assert (event.consumer, event.gpu, event.reason) == ("ollama", 0, "done")
-        assert sorted(m["name"] for m in await stack.ps()) == ["bge-m3:latest", "gemma3:12b"]
+        listed = sorted(m["name"] for m in await stack.ps())
+        assert listed == ["bge-m3:latest", "gemma3:12b"], stack.trail()
         assert stack.gate.core.leases() == [] and stack.gate.core.waiting() == []
         assert stack.host.ooms() == []
