@@ -9,7 +9,8 @@ NVML reads never overlap.
 An observation is stamped when its read began: its figures come from calls made anywhere
 between then and the end, so a read that hung for longer than `stale_after` is already
 stale when it arrives and grants nothing. A hung read keeps its one worker thread; nobody
-else starts one, and `close()` does not wait for it.
+else starts one, and `close()` does not wait for it. A read in which a process nobody has
+seen left /proc before it could be attributed is taken once more (`_exited_unknown`).
 """
 
 from __future__ import annotations
@@ -130,18 +131,34 @@ class Sampler:
         if self._closed:
             fault = DriverFault(1, "Uninitialized", "the sampler is closed", call="read")
             return HostObservation(taken_at, wall_time, error=fault)
-        try:
-            host = self.reader.read()
-        except NvmlError as exc:
-            failed = HostObservation(taken_at, wall_time, error=exc.fault())
-            self.latest = failed
-            return failed
-        pids = {p.pid for device in host.devices for p in device.processes}
-        owners = self.attributor.attribute(pids)
+        for attempt in range(2):
+            if attempt:
+                taken_at, wall_time = self._clock(), self._wall_clock()
+            try:
+                host = self.reader.read()
+            except NvmlError as exc:
+                failed = HostObservation(taken_at, wall_time, error=exc.fault())
+                self.latest = failed
+                return failed
+            pids = {p.pid for device in host.devices for p in device.processes}
+            owners = self.attributor.attribute(pids)
+            if not self._exited_unknown(owners):
+                break
         devices = self._observe_all(host, owners)
         observation = HostObservation(taken_at, wall_time, devices, host.driver_version)
         self.latest = observation
         return observation
+
+    def _exited_unknown(self, owners: Mapping[int, Attribution]) -> bool:
+        """A process NVML listed left /proc before it could be read, unseen by any sample
+        before: its owner is unknown, its bytes would read as `other`. The driver frees a
+        process's memory as it exits, so a second read no longer lists it: a runner that
+        exits between the two calls must not count twice (its model's books and `other`),
+        which reads as pressure and evicts an idle model for nothing. A PID that stays out
+        of /proc (another PID namespace) was seen by the sample before: not read twice."""
+        return any(
+            a.match is MatchKind.VANISHED and pid not in self._owners for pid, a in owners.items()
+        )
 
     def _observe_all(
         self, host: HostSample, owners: Mapping[int, Attribution]

@@ -66,7 +66,8 @@ async def test_a_model_evicted_for_a_higher_class_comes_back_when_the_memory_doe
             return
         event = await asyncio.wait_for(done, WAIT)
         assert (event.consumer, event.gpu, event.reason) == ("ollama", 0, "done")
-        assert sorted(m["name"] for m in await stack.ps()) == ["bge-m3:latest", "gemma3:12b"]
+        listed = sorted(m["name"] for m in await stack.ps())
+        assert listed == ["bge-m3:latest", "gemma3:12b"], stack.trail()
         resident = next(r for r in stack.gate.core.residents() if r.key.model == "bge-m3:latest")
         assert resident.idle and resident.priority.label == "background"
         # It keeps the time-to-live it had left: it ends 901 s after its last request.

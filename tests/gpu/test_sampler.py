@@ -174,6 +174,94 @@ async def test_taken_at_is_stamped_when_the_read_began(nobody: ProcessAttributor
     assert sampler.latest is observation
 
 
+class ScriptedReader:
+    """Answers each read with the next of `samples` (the last one from then on)."""
+
+    def __init__(self, *samples: HostSample) -> None:
+        self.samples = list(samples)
+        self.calls = 0
+
+    def read(self) -> HostSample:
+        self.calls += 1
+        return self.samples[min(self.calls, len(self.samples)) - 1]
+
+    def close(self) -> None:
+        pass
+
+
+def runner_tree(tmp_path: Path) -> tuple[ProcTree, ProcessAttributor]:
+    """Ollama (pid 812) and its runner (9001) in a fake proc tree, and their attributor."""
+    tree = ProcTree(tmp_path / "proc")
+    tree.add(812, comm="ollama", argv=["/usr/bin/ollama", "serve"])
+    tree.add(9001, ppid=812, comm="llama-server", argv=["/usr/lib/ollama/llama-server"])
+    rule = ProcessMatch(commands=("/usr/bin/ollama",))
+    return tree, ProcessAttributor([consumer("ollama", rule, 11434)], [], proc_root=tree.root)
+
+
+def card(*processes: tuple[int, int]) -> HostSample:
+    listed = tuple(ProcessSample(pid, used, ContextKind.COMPUTE) for pid, used in processes)
+    used = sum(nbytes for _, nbytes in processes)
+    return HostSample(
+        "1",
+        (
+            DeviceSample(
+                0, "GPU-0", "card", 16 * GiB, 0, used, 16 * GiB - used, MemoryApi.V2, listed
+            ),
+        ),
+    )
+
+
+async def test_a_process_that_exits_between_the_driver_and_proc_is_read_again(
+    tmp_path: Path,
+) -> None:
+    # A runner NVML lists whose /proc entry is gone by the time it is read, never seen
+    # before: the driver frees its memory as it exits, so the read is taken again and the
+    # bytes are not `other` on top of its model's (which reads as pressure).
+    tree, attributor = runner_tree(tmp_path)
+    tree.add(9002, ppid=812, comm="llama-server")
+    first = card((9001, 7796 * MiB))
+    reader = ScriptedReader(first, card((9001, 7796 * MiB), (9002, 5700 * MiB)))
+    sampler = Sampler(reader, attributor)
+    assert (await sampler.sample()).device(0).managed == {"ollama": 7796 * MiB}
+    tree.remove(9002)  # it exits after the driver listed it
+    reader.samples.append(first)  # the next read no longer lists it
+    gpu = (await sampler.sample()).device(0)
+    assert reader.calls == 3
+    assert gpu.managed == {"ollama": 7796 * MiB}
+    assert gpu.external == {}
+    assert gpu.used == 7796 * MiB
+
+
+async def test_a_process_that_stays_out_of_proc_is_read_twice_once_then_counted_other(
+    tmp_path: Path,
+) -> None:
+    # Another PID namespace's process is never in this /proc: its bytes are `other`, and
+    # only the first sample that lists it reads the driver twice.
+    _, attributor = runner_tree(tmp_path)
+    reader = ScriptedReader(card((9001, 7796 * MiB), (4242, 512 * MiB)))
+    sampler = Sampler(reader, attributor)
+    first = (await sampler.sample()).device(0)
+    assert reader.calls == 2
+    second = (await sampler.sample()).device(0)
+    assert reader.calls == 3
+    for gpu in (first, second):
+        assert gpu.managed == {"ollama": 7796 * MiB}
+        assert gpu.external == {OTHER: 512 * MiB}
+
+
+async def test_an_exited_process_seen_before_keeps_its_owner_without_a_second_read(
+    tmp_path: Path,
+) -> None:
+    tree, attributor = runner_tree(tmp_path)
+    reader = ScriptedReader(card((9001, 7796 * MiB)))
+    sampler = Sampler(reader, attributor)
+    await sampler.sample()
+    tree.remove(9001)  # gone from /proc, its memory not back yet: still Ollama's
+    gpu = (await sampler.sample()).device(0)
+    assert reader.calls == 2
+    assert gpu.managed == {"ollama": 7796 * MiB}
+
+
 async def test_driver_error_becomes_an_observation(nobody: ProcessAttributor) -> None:
     error = NvmlError(15, "NVMLError_GpuIsLost", "nvmlDeviceGetMemoryInfo_v2", "GPU is lost", 0)
     sampler = Sampler(FailingReader(error), nobody, clock=ManualClock(3.0))
