@@ -35,7 +35,8 @@ A device's handle, name and UUID are read once per initialisation (handles stay 
 until nvmlShutdown, and neither a name nor a UUID changes under them): a sample is the
 device count and, per device, its memory read before and after its two process lists
 (the lower reading kept), one call each while their buffers are large enough
-(`proclists.py`).
+(`proclists.py`); when memory moved while the lists were read, they are read again
+between that reading and the next, up to LIST_READS times.
 
 A lost GPU (GpuIsLost, ResetRequired, or NVML found uninitialised) invalidates what this
 process holds of NVML: the reader gives its initialisation back (nvmlShutdown once no
@@ -93,6 +94,8 @@ _REOPEN_AFTER = frozenset(
         pynvml.NVML_ERROR_UNINITIALIZED,
     }
 )
+LIST_READS = 3
+"""Reads of a device's process lists in one sample while its used memory moves under them."""
 REOPEN_INITIAL = 0.5
 REOPEN_MAX = 30.0
 """Seconds between re-initialisations of NVML after a lost GPU, doubling while they fail."""
@@ -326,12 +329,20 @@ class NvmlReader:
     def _device(self, index: int) -> DeviceSample:
         device = self._known(index)
         before = _memory(device.handle, index)
-        processes, fault = device.lists.read(device.handle, index)
+        for attempt in range(LIST_READS):
+            processes, fault = device.lists.read(device.handle, index)
+            after = _memory(device.handle, index)
+            if after.used == before.used or attempt == LIST_READS - 1:
+                break
+            # Memory moved while the lists were read: they may still name a process whose
+            # memory is gone (a runner that exited just after them), whose bytes would
+            # then count twice, its consumer's and, once its model is off the books, its
+            # consumer's unexplained. Lists read between two equal readings name none.
+            before = after
         # Used memory and the process lists are separate reads: memory a process gives back
         # between them (ComfyUI freeing its cached models one by one) would be, for one
         # sample, used memory no process accounts for, and taken for another program's.
         # Of two readings around the lists, the lower holds none of it.
-        after = _memory(device.handle, index)
         memory = after if after.used < before.used else before
         return DeviceSample(
             index=index,

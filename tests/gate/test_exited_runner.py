@@ -20,10 +20,12 @@ from collections.abc import Iterable, Mapping
 
 import ollama
 
-from gpugate.core.effects import EventKind
+from gpugate.core.effects import Event, EventKind
 from gpugate.core.units import MiB
 from gpugate.gpu.attribution import Attribution
+from gpugate.gpu.proclists import ProcessLists
 from gpugate.gpu.sampler import Attributor
+from gpugate_sim.ollama.process import RunnerProcess
 from tests.gate.harness import running_stack
 
 PRODUCTION = """\
@@ -64,7 +66,10 @@ class ReapedFirst:
 async def test_a_runner_reaped_between_the_two_reads_evicts_nobody(
     tmp_path, sim_host, fakenvml_path
 ):
-    async with running_stack(tmp_path, sim_host, fakenvml_path, extra=PRODUCTION) as stack:
+    # Samples only when the gate asks for one: none sees qwen's runner before it exits.
+    async with running_stack(
+        tmp_path, sim_host, fakenvml_path, extra=PRODUCTION, sample_interval="1h", stale_after="2h"
+    ) as stack:
         await ollama.AsyncClient(host=stack.gate_url).generate(
             model="gemma3:12b", prompt="x", options={"num_predict": 1}
         )  # interactive, 7,796 MiB
@@ -100,4 +105,67 @@ async def test_a_runner_reaped_between_the_two_reads_evicts_nobody(
         assert [m["name"] for m in await stack.ps()] == ["gemma3:12b"], trail
         budget = stack.gate.core.telemetry.budget(0, stack.gate.core.books)
         assert budget is not None and budget.external == ()
+        assert stack.gate.core.leases() == [] and stack.host.ooms() == []
+
+
+async def test_a_runner_that_exits_just_after_the_process_lists_evicts_nobody_else(
+    tmp_path, sim_host, fakenvml_path, monkeypatch
+):
+    # bge-m3 is evicted for qwen2.5:7b; its runner exits right after the unload check's
+    # first sample read the process lists, before that sample's second reading of used
+    # memory. The lower reading shows its memory back, so the unload is confirmed and
+    # bge-m3 leaves the books: lists that still named the runner would show its 2 GiB under
+    # Ollama, unexplained, and qwen's plan would find 5.0 GiB where 7.0 are and evict
+    # gemma3:12b as well. The simulated Ollama's kill of the runner waits for that read.
+    loop = asyncio.get_running_loop()
+    may_kill = asyncio.Event()
+    runner: dict[str, int] = {}
+    listed_alive, reaped = threading.Event(), threading.Event()
+    kill, lists_read = RunnerProcess.kill, ProcessLists.read
+
+    async def held_kill(self: RunnerProcess) -> None:
+        if self.pid == runner.get("bge"):
+            await may_kill.wait()
+        await kill(self)
+
+    def exiting_after(self: ProcessLists, handle: object, index: int):  # type: ignore[no-untyped-def]
+        listed = lists_read(self, handle, index)
+        pid = runner.get("bge")
+        if pid in {p.pid for p in listed[0]} and not listed_alive.is_set():
+            listed_alive.set()
+            loop.call_soon_threadsafe(may_kill.set)
+            deadline = time.monotonic() + REAPED
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                time.sleep(0.005)
+            reaped.set()
+        return listed
+
+    monkeypatch.setattr(RunnerProcess, "kill", held_kill)
+    monkeypatch.setattr(ProcessLists, "read", exiting_after)
+    # Samples only when the gate asks for one: the unload check's is the first after it.
+    async with running_stack(
+        tmp_path, sim_host, fakenvml_path, extra=PRODUCTION, sample_interval="1h", stale_after="2h"
+    ) as stack:
+        await ollama.AsyncClient(host=stack.gate_url).generate(
+            model="gemma3:12b", prompt="x", options={"num_predict": 1}
+        )  # interactive, 7,796 MiB
+        await ollama.AsyncClient(host=stack.gate_url).embed(model="bge-m3", input="x")
+        # What the unload check compares with: both runners, as a periodic sample shows.
+        stack.gate.observe(await stack.gate.sampler.sample())
+        bge = next(p.pid for p in sim_host.read().processes if p.used == 2012 * MiB)
+        started = []
+
+        def arm(event: Event) -> None:
+            if event.kind is EventKind.EVICTION_STARTED:
+                started.append(event.model)
+                runner["bge"] = bge
+
+        stack.gate.events.subscribe(arm)
+        await ollama.AsyncClient(
+            host=stack.gate_url, headers={"Authorization": "Bearer prod-token"}
+        ).generate(model="qwen2.5:7b", prompt="x", options={"num_predict": 1})
+        assert listed_alive.is_set() and reaped.is_set()
+        assert started == ["bge-m3:latest"], stack.trail()
+        listed = sorted(m["name"] for m in await stack.ps())
+        assert listed == ["gemma3:12b", "qwen2.5:7b"], stack.trail()
         assert stack.gate.core.leases() == [] and stack.host.ooms() == []

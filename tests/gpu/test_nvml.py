@@ -431,3 +431,58 @@ def test_memory_given_back_during_a_sample_is_not_left_unaccounted(
     assert device.used - sum(p.used or 0 for p in device.processes) == overhead
     assert device.total == device.reserved + device.used + device.free
     assert {p.pid: p.used for p in device.processes} == {4242: 335 * MiB, 5151: GiB}
+
+
+def test_a_process_that_exits_just_after_the_lists_are_read_is_not_listed(
+    host: SimulatedGpuHost, reader: NvmlReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An Ollama runner stopped for an eviction exits between the process lists and the
+    # second reading of used memory: the lower reading no longer holds its bytes, and lists
+    # that still named it would show them under Ollama after the gate took the unload as
+    # done (and its model off the books): unexplained memory, and a model evicted for it.
+    host.allocate(4242, 7796 * MiB, gpu=0)
+    host.allocate(9001, 2012 * MiB, gpu=0)
+    quiet = reader.read().devices[0]
+    overhead = quiet.used - sum(p.used or 0 for p in quiet.processes)
+    lists_read = ProcessLists.read
+    calls = []
+
+    def exiting_after(self: ProcessLists, handle: object, index: int):  # type: ignore[no-untyped-def]
+        listed = lists_read(self, handle, index)
+        if index == 0:
+            calls.append([p.pid for p in listed[0]])
+            if len(calls) == 1:
+                host.release(9001)
+        return listed
+
+    monkeypatch.setattr(ProcessLists, "read", exiting_after)
+    device = reader.read().devices[0]
+
+    assert calls == [[4242, 9001], [4242]]
+    assert {p.pid: p.used for p in device.processes} == {4242: 7796 * MiB}
+    assert device.used - sum(p.used or 0 for p in device.processes) == overhead
+    assert device.total == device.reserved + device.used + device.free
+
+
+def test_lists_are_read_at_most_list_reads_times_while_memory_keeps_moving(
+    host: SimulatedGpuHost, reader: NvmlReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A load streaming weights in moves used memory at every call: the sample ends anyway,
+    # with the lower reading of its last pair.
+    host.allocate(4242, GiB, gpu=0)
+    lists_read = ProcessLists.read
+    calls = []
+
+    def growing(self: ProcessLists, handle: object, index: int):  # type: ignore[no-untyped-def]
+        listed = lists_read(self, handle, index)
+        if index == 0:
+            calls.append(1)
+            host.allocate(4242, 100 * MiB, gpu=0)
+        return listed
+
+    monkeypatch.setattr(ProcessLists, "read", growing)
+    device = reader.read().devices[0]
+
+    assert len(calls) == nvml.LIST_READS
+    assert {p.pid: p.used for p in device.processes} == {4242: GiB + 200 * MiB}
+    assert device.total == device.reserved + device.used + device.free
