@@ -35,6 +35,13 @@ MODELS = (
     OllamaModelSpec("qwen2.5:7b", 5700 * MiB, family="qwen2", **FAST),
 )
 
+PRODUCTION = """\
+identities:
+  - name: ops
+    tokens: [prod-token]
+    class: production
+"""
+"""An identity whose token (`Bearer prod-token`) makes a request production class."""
 DEFAULT_MODELS_YAML = """\
 gemma3:12b: {envelope: 7796MiB}
 bge-m3: {class: background, envelope: 2012MiB, residency: {policy: keep_warm, ttl: 901s}}

@@ -1,11 +1,9 @@
-"""A runner that exits between NVML's read and `/proc`'s: its bytes are nobody's `other`.
+"""A runner that exits in the middle of a sample: its bytes count once, and evict nobody.
 
-A client unloads qwen2.5:7b at Ollama itself (`keep_alive: 0`, as Ollama's own idle timer
-would); the books keep it until Ollama's listing says it is gone. A sample whose NVML read
-still lists the runner but whose `/proc` read finds it reaped would count its 5.6 GiB twice
-(the resident's and `other`): the card reads as over-committed, and pressure relief evicts
-an idle model for nothing. The sampler reads the driver again instead, which no longer
-lists the runner.
+Two windows, each held open here until the runner is reaped: between NVML's read and
+`/proc`'s (the sampler reads the driver again), and between NVML's process lists and its
+second reading of used memory (the lists are read again). Samples are taken only when the
+gate asks for one (an interval of an hour), so which sample meets the runner is known.
 
 The simulated card: 16 GiB, 434 MiB driver-reserved, 1 GiB reserve: 14,926 MiB schedulable.
 """
@@ -13,10 +11,11 @@ The simulated card: 16 GiB, 434 MiB driver-reserved, 1 GiB reserve: 14,926 MiB s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 import ollama
 
@@ -26,16 +25,29 @@ from gpugate.gpu.attribution import Attribution
 from gpugate.gpu.proclists import ProcessLists
 from gpugate.gpu.sampler import Attributor
 from gpugate_sim.ollama.process import RunnerProcess
-from tests.gate.harness import running_stack
+from tests.gate.harness import PRODUCTION, Stack, running_stack
 
-PRODUCTION = """\
-identities:
-  - name: ops
-    tokens: [prod-token]
-    class: production
-"""
 REAPED = 30.0
 """Bound on the wait for the runner's reaping; reached only when something is broken."""
+
+
+def wait_reaped(pid: int) -> None:
+    """Until the process has left /proc (in a sampler's thread: the event loop reaps it)."""
+    deadline = time.monotonic() + REAPED
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def quiet_stack(tmp_path, sim_host, fakenvml_path) -> AsyncIterator[Stack]:
+    """A gate that samples only when asked, with gemma3:12b (interactive, 7,796 MiB) loaded."""
+    async with running_stack(
+        tmp_path, sim_host, fakenvml_path, extra=PRODUCTION, sample_interval="1h", stale_after="2h"
+    ) as stack:
+        await ollama.AsyncClient(host=stack.gate_url).generate(
+            model="gemma3:12b", prompt="x", options={"num_predict": 1}
+        )
+        yield stack
 
 
 class ReapedFirst:
@@ -53,9 +65,7 @@ class ReapedFirst:
         pids = list(pids)
         if self.armed.is_set() and not self.entered.is_set() and self.pid in pids:
             self.entered.set()
-            deadline = time.monotonic() + REAPED
-            while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_reaped(self.pid)
             self.raced.set()
         return self.inner.attribute(pids)
 
@@ -66,13 +76,12 @@ class ReapedFirst:
 async def test_a_runner_reaped_between_the_two_reads_evicts_nobody(
     tmp_path, sim_host, fakenvml_path
 ):
-    # Samples only when the gate asks for one: none sees qwen's runner before it exits.
-    async with running_stack(
-        tmp_path, sim_host, fakenvml_path, extra=PRODUCTION, sample_interval="1h", stale_after="2h"
-    ) as stack:
-        await ollama.AsyncClient(host=stack.gate_url).generate(
-            model="gemma3:12b", prompt="x", options={"num_predict": 1}
-        )  # interactive, 7,796 MiB
+    # A client unloads qwen2.5:7b at Ollama itself (`keep_alive: 0`, as Ollama's own idle
+    # timer would): the books keep it until Ollama's listing says it is gone. A sample whose
+    # NVML read lists its runner, no sample having seen it, but whose /proc read finds it
+    # reaped would count its 5.6 GiB twice (the resident's and `other`): the card would
+    # read as over-committed, and pressure relief would evict gemma3:12b for nothing.
+    async with quiet_stack(tmp_path, sim_host, fakenvml_path) as stack:
         await ollama.AsyncClient(
             host=stack.gate_url, headers={"Authorization": "Bearer prod-token"}
         ).generate(model="qwen2.5:7b", prompt="x", options={"num_predict": 1})
@@ -134,21 +143,13 @@ async def test_a_runner_that_exits_just_after_the_process_lists_evicts_nobody_el
         if pid in {p.pid for p in listed[0]} and not listed_alive.is_set():
             listed_alive.set()
             loop.call_soon_threadsafe(may_kill.set)
-            deadline = time.monotonic() + REAPED
-            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_reaped(pid)
             reaped.set()
         return listed
 
     monkeypatch.setattr(RunnerProcess, "kill", held_kill)
     monkeypatch.setattr(ProcessLists, "read", exiting_after)
-    # Samples only when the gate asks for one: the unload check's is the first after it.
-    async with running_stack(
-        tmp_path, sim_host, fakenvml_path, extra=PRODUCTION, sample_interval="1h", stale_after="2h"
-    ) as stack:
-        await ollama.AsyncClient(host=stack.gate_url).generate(
-            model="gemma3:12b", prompt="x", options={"num_predict": 1}
-        )  # interactive, 7,796 MiB
+    async with quiet_stack(tmp_path, sim_host, fakenvml_path) as stack:
         await ollama.AsyncClient(host=stack.gate_url).embed(model="bge-m3", input="x")
         # What the unload check compares with: both runners, as a periodic sample shows.
         stack.gate.observe(await stack.gate.sampler.sample())

@@ -13,14 +13,8 @@ import ollama
 import pytest
 
 from gpugate.core.effects import EventKind
-from tests.gate.harness import DEFAULT_MODELS_YAML, running_stack
+from tests.gate.harness import DEFAULT_MODELS_YAML, PRODUCTION, running_stack
 
-PRODUCTION = """\
-identities:
-  - name: ops
-    tokens: [prod-token]
-    class: production
-"""
 WAIT = 60.0
 """Generous: both cores may be busy."""
 
