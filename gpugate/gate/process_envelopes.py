@@ -4,12 +4,15 @@ A process runtime's memory is its process's. Once the gate started it and it ans
 most NVML showed of it during that run is what its model takes: the next start of that
 model is leased that much (as a listed model is measured from its listing). Only the
 model it started with is learned: after a `/load` the process also held, for a while, what
-it freed.
+it freed. What is learned is what the sample showed of the process, never the resident's
+bytes: while it serves a request those stay its lease's envelope (residents follow NVML
+only when idle), and a peak taken from them is the envelope learned back.
 """
 
 from __future__ import annotations
 
-from gpugate.core.residents import ResidentKey, ResidentState
+from gpugate.core.residents import Resident, ResidentKey, ResidentState
+from gpugate.core.scopes import accounted
 from gpugate.core.state import GateCore
 from gpugate.gate.envelopes import EnvelopeBook
 from gpugate.gate.link import Link
@@ -55,8 +58,21 @@ class ProcessEnvelopes:
                 resident is None
                 or not (resident.process and resident.shown)
                 or resident.state is not ResidentState.RESIDENT
-                or resident.bytes <= self._peaks.get(key, 0)
             ):
                 continue
-            self._peaks[key] = resident.bytes
-            self.envelopes.learn_peak(key, resident.bytes)
+            shown = self._shown(resident)
+            if shown <= self._peaks.get(key, 0):
+                continue
+            self._peaks[key] = shown
+            self.envelopes.learn_peak(key, shown)
+
+    def _shown(self, resident: Resident) -> int:
+        """What the last sample showed of the resident's process: its consumer's memory on
+        its GPU beyond what the books hold for the consumer's other residents and leases."""
+        observation = self.core.telemetry.observations.get(resident.gpu)
+        if observation is None:
+            return 0
+        consumer = resident.key.consumer
+        books = self.core.books
+        held = observation.managed.get(consumer, 0)
+        return held - accounted(books, consumer, resident.gpu, but=resident.key)
